@@ -1,0 +1,1 @@
+"""Ray: start or join a cluster, place one worker per GPU, dispatch work, survive faults, resume."""

@@ -1,0 +1,63 @@
+"""The seam between tunectl and a kernel: the ``TuningTask`` protocol.
+
+A task knows how to build inputs for one (static, shape) point, how to compute the reference
+output, and how to turn a config into a callable that runs the kernel. It knows nothing of Ray,
+scheduling or the results store. Task modules import torch and kernel libraries inside methods,
+so that reading a task's declarations (spec validation, planning) stays cheap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, runtime_checkable
+
+Params = Mapping[str, Any]
+
+
+class InvalidConfig(Exception):
+    """The kernel rejects this config for this point (recorded as ``invalid``, never a winner)."""
+
+
+@runtime_checkable
+class TuningTask(Protocol):
+    name: str
+    #: names of the parameters that select a kernel variant or a table (dtype, heads, ...)
+    static_params: tuple[str, ...]
+    #: names of the dynamic dimensions (batch, kv_len, ...)
+    shape_params: tuple[str, ...]
+    #: names a config may set; a config may set a subset (e.g. only its backend's options)
+    config_params: tuple[str, ...]
+
+    def default_config(self, static: Params) -> dict[str, Any]:
+        """The config equal to what the library does untuned."""
+
+    def check_point(self, static: Params, shape: Params) -> str | None:
+        """None if the point can be built (capacity, divisibility); else why not."""
+
+    def build_inputs(self, static: Params, shape: Params, device: str) -> Any:
+        """Inputs for one point, built once and reused by every config measured there."""
+
+    def reference(self, static: Params, shape: Params, inputs: Any) -> Any:
+        """The output every config must reproduce (a tensor)."""
+
+    def prepare(
+        self, static: Params, shape: Params, config: Params, inputs: Any
+    ) -> Callable[[], Any]:
+        """Compile/select the kernel for ``config``; return a call that runs it and returns its output.
+
+        Raise ``InvalidConfig`` for a config the kernel does not support at this point.
+        """
+
+    def tolerance(self, static: Params) -> tuple[float, float]:
+        """(atol, rtol) for comparing an output with the reference."""
+
+    def bytes_moved(self, static: Params, shape: Params) -> int:
+        """Bytes a kernel must read and write at this point (for achieved bandwidth); 0 if unknown."""
+
+
+DTYPE_TOLERANCE: dict[str, tuple[float, float]] = {
+    "float64": (1e-9, 1e-9),
+    "float32": (1e-4, 1e-4),
+    "float16": (2e-3, 2e-3),
+    "bfloat16": (1.6e-2, 1.6e-2),
+}

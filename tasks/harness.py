@@ -1,0 +1,81 @@
+"""The measurement harness: adaptive sampling into statistics that survive noise.
+
+A sampler runs the kernel once and returns its time in microseconds. ``measure`` warms up, then
+samples until at least ``min_samples`` were taken and the relative noise is at or under the target,
+or ``max_samples`` or ``max_seconds`` is reached. Noise is the half-width of the p20-p80 band over
+the median: robust to the odd preempted sample that a mean and standard deviation are not.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from tunectl.spec import MeasureSpec
+
+Sampler = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class Stats:
+    median_us: float
+    p20_us: float
+    p80_us: float
+    mean_us: float
+    min_us: float
+    max_us: float
+    num_samples: int
+    rel_noise: float
+    seconds: float
+
+
+def quantile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear-interpolated quantile of already sorted values."""
+    if not sorted_values:
+        raise ValueError("no samples")
+    pos = (len(sorted_values) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def summarise(samples_us: Sequence[float], seconds: float = 0.0) -> Stats:
+    s = sorted(samples_us)
+    median = quantile(s, 0.5)
+    p20, p80 = quantile(s, 0.2), quantile(s, 0.8)
+    noise = (p80 - p20) / (2 * median) if median > 0 else 0.0
+    return Stats(median, p20, p80, statistics.fmean(s), s[0], s[-1], len(s), noise, seconds)
+
+
+def measure(
+    sample: Sampler, settings: MeasureSpec, clock: Callable[[], float] = time.perf_counter
+) -> Stats:
+    """Warm up, then sample adaptively (see module doc). ``clock`` bounds the wall time."""
+    for _ in range(settings.warmup):
+        sample()
+    start = clock()
+    samples: list[float] = []
+    while True:
+        samples.append(sample())
+        n = len(samples)
+        elapsed = clock() - start
+        if n >= settings.max_samples or elapsed >= settings.max_seconds:
+            break
+        # Checking the noise costs a sort; do it on a geometric schedule past the minimum.
+        if n >= settings.min_samples and (n == settings.min_samples or n & (n - 1) == 0 or n % 64 == 0):
+            if summarise(samples).rel_noise <= settings.noise_target:
+                break
+    return summarise(samples, clock() - start)
+
+
+def cpu_sampler(fn: Callable[[], object]) -> Sampler:
+    """Times one synchronous call with the monotonic high-resolution clock."""
+
+    def sample() -> float:
+        t0 = time.perf_counter_ns()
+        fn()
+        return (time.perf_counter_ns() - t0) / 1e3
+
+    return sample

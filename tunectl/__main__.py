@@ -1,0 +1,3 @@
+from tunectl.cli import main
+
+main()

@@ -1,0 +1,23 @@
+"""The ``tunectl`` command line: each command parses, calls one library function, reports."""
+
+from __future__ import annotations
+
+import typer
+
+from tunectl.cli import bundle, export, runs, submit
+
+app = typer.Typer(
+    help="Tune LLM-inference kernels on every GPU of a Ray cluster, and publish the winners as bundles.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+app.command(help=submit.__doc__)(submit.submit)
+app.command(name="runs", help=runs.list_runs_cmd.__doc__)(runs.list_runs_cmd)
+app.command(name="winners", help=runs.winners_cmd.__doc__)(runs.winners_cmd)
+app.add_typer(export.app, name="export")
+app.add_typer(bundle.app, name="bundle")
+
+
+def main() -> None:
+    app()

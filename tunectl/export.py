@@ -1,0 +1,98 @@
+"""From results to a published bundle: select winners, build tables, publish."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tunectl.bundle import TaskTable, build_files, check_name, publish_local
+from tunectl.errors import UserError
+from tunectl.keys import Key
+from tunectl.results import read_results
+from tunectl.runs import load_run
+from tunectl.select import Winner, select_winners
+from tunectl.spec import parse_spec
+
+_ENV_FIELDS = ("device_kind", "device_name", "compute_capability", "sm_count", "cuda", "packages")
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    path: Path
+    winners: tuple[Winner, ...]
+    source_runs: tuple[str, ...]
+
+
+def _json_key(key: Key) -> dict[str, Any]:
+    return {name: list(v) if isinstance(v, tuple) else v for name, v in key}
+
+
+def entry_of(winner: Winner) -> dict[str, Any]:
+    return {
+        "static": _json_key(winner.static), "shape": _json_key(winner.shape),
+        "config": _json_key(winner.config), "is_default": winner.is_default,
+        "median_us": winner.median_us, "p20_us": winner.p20_us, "p80_us": winner.p80_us,
+        "rel_noise": winner.rel_noise, "num_samples": winner.num_samples,
+        "default_median_us": winner.default_median_us, "speedup": winner.speedup, "run_id": winner.run_id,
+    }
+
+
+def _bucketing(results: Path, run_ids: Sequence[str], task: str) -> dict[str, dict[str, Any]]:
+    """The bucket policy each shape dimension was tuned with; runs must agree."""
+    policies: dict[str, str] = {}
+    for run_id in run_ids:
+        info = load_run(results, run_id)
+        if info.task != task:
+            continue
+        spec = parse_spec(info.spec_text, info.spec_path, info.name)
+        for dim in spec.shapes:
+            if policies.setdefault(dim.name, dim.bucket) != dim.bucket:
+                raise UserError(f"runs disagree on how {task}'s {dim.name} is bucketed "
+                                f"({policies[dim.name]} vs {dim.bucket}); export them separately with --run")
+    return {name: {"policy": policy, "points": []} for name, policy in policies.items()}
+
+
+def _environment(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    latest = max(rows, key=lambda r: r["finished_at"])
+    env = json.loads(latest["env_json"] or "{}")
+    return {k: env[k] for k in _ENV_FIELDS if k in env}
+
+
+def export_bundle(
+    results: str | Path, name: str, version: str, out: str | Path,
+    run_ids: Sequence[str] | None = None, task: str | None = None, device: str | None = None,
+) -> ExportResult:
+    """Select winners from ``results`` and publish them as bundle ``name/version`` under ``out``."""
+    check_name("name", name)
+    check_name("version", version)
+    results = Path(results)
+    rows = read_results(results, run_ids=run_ids, task=task)
+    if device is not None:
+        rows = [r for r in rows if r["device_name"] == device]
+    if not rows:
+        raise UserError(f"no results to export in {results} for the runs, task and device asked for")
+    devices = sorted({r["device_name"] for r in rows})
+    if len(devices) > 1:
+        raise UserError(f"results span several devices ({'; '.join(devices)}); a bundle is for one: pick --device")
+    winners = select_winners(rows)
+    if not winners:
+        raise UserError("no configuration finished with status ok; nothing to export")
+    source_runs = tuple(sorted({r["run_id"] for r in rows}))
+    tables = []
+    for task_name in sorted({w.task for w in winners}):
+        task_winners = [w for w in winners if w.task == task_name]
+        shapes = _bucketing(results, source_runs, task_name)
+        for w in task_winners:
+            for dim, value in w.shape:
+                shapes[dim]["points"].append(value)
+        for dim in shapes.values():
+            dim["points"] = sorted(set(dim["points"]))
+        static_params = tuple(name for name, _ in task_winners[0].static)
+        entries = tuple(entry_of(w) for w in task_winners)
+        tables.append(TaskTable(task_name, static_params, shapes, entries))
+    files = build_files(name, version, tables, source_runs, _environment(rows))
+    path = publish_local(out, name, version, files)
+    return ExportResult(path, tuple(winners), source_runs)

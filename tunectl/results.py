@@ -1,0 +1,176 @@
+"""The results dataset: Parquet, hive-partitioned by task and run, appended atomically.
+
+Layout under the results root::
+
+    task=<task>/run_id=<run>/part-<seq>-<rand>.parquet    one file per flush
+    _runs/<run>.json                                      run metadata (tunectl.runs)
+
+Each part is written to a dot-file beside its final name, fsynced and renamed into place, so a
+crash leaves either the whole part or nothing a reader sees (readers skip dot- and underscore-
+files, as pyarrow, pandas and DuckDB do). Rows are never rewritten: a re-measured item in the same
+run (a retry after a lost worker) is resolved on read, the last finished row winning.
+
+This is the one module that imports pyarrow.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from tunectl.errors import ResultsError
+from tunectl.record import RECORD_FIELDS, Record
+
+SCHEMA_VERSION = 1
+PARTITIONS = ("task", "run_id")
+_TIMESTAMPS = ("started_at", "finished_at")
+
+
+def _schema() -> Any:
+    import pyarrow as pa
+
+    types = {
+        "is_default": pa.bool_(), "throttled": pa.bool_(), "num_samples": pa.int64(),
+        "bytes_moved": pa.int64(),
+    }
+    cols = []
+    for name in RECORD_FIELDS:
+        if name in PARTITIONS:
+            continue
+        if name in _TIMESTAMPS:
+            cols.append(pa.field(name, pa.timestamp("us", tz="UTC")))
+        elif name in types:
+            cols.append(pa.field(name, types[name]))
+        elif name.endswith(("_us", "_ms", "_noise", "_err", "_mhz", "_c", "_w")):
+            cols.append(pa.field(name, pa.float64()))
+        else:
+            cols.append(pa.field(name, pa.string()))
+    return pa.schema(cols, metadata={"tunectl.schema_version": str(SCHEMA_VERSION)})
+
+
+def _partitioning() -> Any:
+    import pyarrow as pa
+    import pyarrow.dataset as ds
+
+    return ds.partitioning(pa.schema([("task", pa.string()), ("run_id", pa.string())]), flavor="hive")
+
+
+class ResultsWriter:
+    """Buffers records and flushes them as atomic Parquet parts (by count or by age)."""
+
+    def __init__(self, root: str | Path, max_rows: int = 256, max_age_s: float = 2.0) -> None:
+        self.root = Path(root)
+        self.max_rows, self.max_age_s = max_rows, max_age_s
+        self._buffer: list[Record] = []
+        self._oldest = 0.0
+        self._seq = 0
+        self.rows_written = 0
+
+    def append(self, record: Record) -> None:
+        if not self._buffer:
+            self._oldest = time.monotonic()
+        self._buffer.append(record)
+        if len(self._buffer) >= self.max_rows or time.monotonic() - self._oldest >= self.max_age_s:
+            self.flush()
+
+    def flush(self) -> None:
+        by_part: dict[tuple[str, str], list[Record]] = {}
+        for rec in self._buffer:
+            by_part.setdefault((rec.task, rec.run_id), []).append(rec)
+        for (task, run_id), records in by_part.items():
+            self._write_part(task, run_id, records)
+        self._buffer.clear()
+
+    def close(self) -> None:
+        self.flush()
+
+    def _write_part(self, task: str, run_id: str, records: Sequence[Record]) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        columns: dict[str, list[Any]] = {n: [] for n in _schema().names}
+        for rec in records:
+            row = asdict(rec)
+            for name in columns:
+                value = row[name]
+                columns[name].append(int(value * 1e6) if name in _TIMESTAMPS else value)
+        table = pa.table(
+            {n: pa.array(v, type=_schema().field(n).type) for n, v in columns.items()}, schema=_schema()
+        )
+        directory = self.root / f"task={task}" / f"run_id={run_id}"
+        directory.mkdir(parents=True, exist_ok=True)
+        self._seq += 1
+        name = f"part-{int(time.time() * 1e3):013d}-{self._seq:05d}-{secrets.token_hex(4)}.parquet"
+        atomic_write(directory / name, lambda f: pq.write_table(table, f, compression="zstd"))
+        self.rows_written += len(records)
+
+
+def atomic_write(path: Path, write: Any) -> None:
+    """Write through ``write(file)`` to a hidden temp file, fsync, rename into place, fsync the dir.
+
+    On any failure the temp file is removed and ``path`` is untouched.
+    """
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def read_results(
+    root: str | Path, run_ids: Iterable[str] | None = None, task: str | None = None
+) -> list[dict[str, Any]]:
+    """Rows of the dataset (optionally of some runs or one task), one per (run, item), as dicts."""
+    import pyarrow.dataset as ds
+
+    root = Path(root)
+    if not root.is_dir():
+        raise ResultsError(f"no results dataset at {root}")
+    if not any(root.glob("task=*/run_id=*/*.parquet")):
+        return []
+    try:
+        dataset = ds.dataset(root, format="parquet", partitioning=_partitioning(), schema=_full_schema())
+        flt = None
+        if run_ids is not None:
+            flt = ds.field("run_id").isin(list(run_ids))
+        if task is not None:
+            cond = ds.field("task") == task
+            flt = cond if flt is None else flt & cond
+        rows = dataset.to_table(filter=flt).to_pylist()
+    except OSError as exc:
+        raise ResultsError(f"cannot read results at {root}: {exc}") from None
+    latest: dict[tuple[str, str], dict[str, Any]] = {}
+    for row in rows:
+        key = (row["run_id"], row["item_id"])
+        if key not in latest or row["finished_at"] >= latest[key]["finished_at"]:
+            latest[key] = row
+    return list(latest.values())
+
+
+def _full_schema() -> Any:
+    import pyarrow as pa
+
+    base = _schema()
+    return pa.schema(list(base) + [pa.field(p, pa.string()) for p in PARTITIONS], metadata=base.metadata)
+
+
+def done_item_ids(root: str | Path, run_id: str) -> set[str]:
+    """Items of ``run_id`` that already have a row (what a resume skips)."""
+    if not Path(root).is_dir():
+        return set()
+    return {row["item_id"] for row in read_results(root, run_ids=[run_id])}

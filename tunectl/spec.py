@@ -1,0 +1,247 @@
+"""Tuning specs: TOML files validated into frozen dataclasses.
+
+```toml
+name = "quickstart"                 # optional; defaults to the file's stem
+task = "decode_attention"
+
+[static]                            # grid of static parameters: a list, or one value
+dtype = ["float32"]
+num_q_heads = 16
+
+[shapes.batch]                      # one table per shape dimension
+values = [1, 4, 16]
+bucket = "pow2"                     # exact | floor | ceil | nearest | pow2
+
+[configs]                           # one grid; or [[configs]] for a union of grids
+num_splits = [1, 2, 4]
+
+[measure]                           # all optional
+max_seconds = 1.0
+
+[resources]                         # all optional
+num_gpus = 8
+accelerator_type = "H200"
+```
+Every error names the file and the field and is raised as ``SpecError``.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from tunectl.buckets import POLICIES, is_pow2
+from tunectl.errors import SpecError
+from tunectl.keys import InvalidKeyError, Key, Value, make_key, normalise_value, product
+
+_TOP_LEVEL = {"name", "description", "task", "static", "shapes", "configs", "measure", "resources"}
+
+
+@dataclass(frozen=True)
+class ShapeDim:
+    name: str
+    values: tuple[int, ...]
+    bucket: str = "exact"
+
+
+@dataclass(frozen=True)
+class MeasureSpec:
+    """How each config is timed. Recorded with every measurement."""
+
+    warmup: int = 3
+    min_samples: int = 10
+    max_samples: int = 1000
+    noise_target: float = 0.01
+    max_seconds: float = 2.0
+    l2: str = "warm"  # warm | cold
+    mode: str = "auto"  # auto (the task's serving mode) | eager | graph
+    deadline_seconds: float = 300.0
+
+
+@dataclass(frozen=True)
+class ResourceSpec:
+    num_gpus: int | None = None  # None: every GPU the cluster has
+    accelerator_type: str | None = None
+    prefetch: int = 2  # work items in flight per worker
+
+
+@dataclass(frozen=True)
+class Spec:
+    path: str
+    name: str
+    task: str
+    static: tuple[tuple[str, tuple[Value, ...]], ...]
+    shapes: tuple[ShapeDim, ...]
+    configs: tuple[Key, ...]
+    measure: MeasureSpec = field(default_factory=MeasureSpec)
+    resources: ResourceSpec = field(default_factory=ResourceSpec)
+    text: str = ""
+
+    def static_grid(self) -> list[Key]:
+        return [make_key(p) for p in product(dict(self.static))]
+
+    def shape_grid(self) -> list[Key]:
+        return [make_key(p) for p in product({d.name: d.values for d in self.shapes})]
+
+    def buckets(self) -> dict[str, dict[str, Any]]:
+        return {d.name: {"policy": d.bucket, "points": list(d.values)} for d in self.shapes}
+
+
+def load_spec(path: str | Path) -> Spec:
+    """Read and validate a spec file; raise SpecError naming the file and field on any problem."""
+    p = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError(p, "file", "no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(p, "file", f"cannot read it ({exc})") from None
+    return parse_spec(text, p, default_name=Path(path).stem)
+
+
+def parse_spec(text: str, path: str = "<spec>", default_name: str = "spec") -> Spec:
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(path, "toml", str(exc)) from None
+    return _Validator(path).spec(raw, text, default_name)
+
+
+class _Validator:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def fail(self, fld: str, message: str) -> SpecError:
+        return SpecError(self.path, fld, message)
+
+    def spec(self, raw: dict[str, Any], text: str, default_name: str) -> Spec:
+        unknown = sorted(set(raw) - _TOP_LEVEL)
+        if unknown:
+            raise self.fail(unknown[0], f"unknown key; expected one of {', '.join(sorted(_TOP_LEVEL))}")
+        task = self.task(raw.get("task"))
+        name = raw.get("name", default_name)
+        if not isinstance(name, str) or not name.replace("-", "").replace("_", "").isalnum():
+            raise self.fail("name", "must be a string of letters, digits, '-' and '_'")
+        static = self.static(raw.get("static"), task.static_params)
+        shapes = self.shapes(raw.get("shapes"), task.shape_params)
+        configs = self.configs(raw.get("configs"), task.config_params)
+        measure = self.dataclass_table(MeasureSpec, raw.get("measure", {}), "measure")
+        self.choice("measure.l2", measure.l2, ("warm", "cold"))
+        self.choice("measure.mode", measure.mode, ("auto", "eager", "graph"))
+        if measure.min_samples < 1 or measure.max_samples < measure.min_samples:
+            raise self.fail("measure.max_samples", "need 1 <= min_samples <= max_samples")
+        resources = self.dataclass_table(ResourceSpec, raw.get("resources", {}), "resources")
+        if resources.prefetch < 1:
+            raise self.fail("resources.prefetch", "must be at least 1")
+        if resources.num_gpus is not None and resources.num_gpus < 1:
+            raise self.fail("resources.num_gpus", "must be at least 1")
+        return Spec(self.path, name, task.name, static, shapes, configs, measure, resources, text)
+
+    def task(self, name: object) -> Any:
+        from tasks.registry import get_task, task_names
+
+        if name is None:
+            raise self.fail("task", "missing")
+        if not isinstance(name, str) or name not in task_names():
+            raise self.fail("task", f"unknown task {name!r}; known tasks: {', '.join(task_names())}")
+        return get_task(name)
+
+    def table(self, value: object, fld: str) -> dict[str, Any]:
+        if value is None:
+            raise self.fail(fld, "missing")
+        if not isinstance(value, dict):
+            raise self.fail(fld, f"must be a table, not {type(value).__name__}")
+        return value
+
+    def names(self, table: Mapping[str, Any], allowed: tuple[str, ...], fld: str, required: bool) -> None:
+        for name in table:
+            if name not in allowed:
+                raise self.fail(f"{fld}.{name}", f"unknown parameter; expected one of {', '.join(allowed)}")
+        missing = [n for n in allowed if n not in table] if required else []
+        if missing:
+            raise self.fail(f"{fld}.{missing[0]}", "missing")
+
+    def value_list(self, value: object, fld: str) -> tuple[Value, ...]:
+        values = value if isinstance(value, list) else [value]
+        if not values:
+            raise self.fail(fld, "empty list; give at least one value")
+        if any(isinstance(v, dict) for v in values):
+            raise self.fail(fld, "values must be scalars or arrays, not tables")
+        name = fld.rsplit(".", 1)[-1]
+        try:
+            normalised = tuple(normalise_value(name, v) for v in values)
+        except InvalidKeyError as exc:
+            raise self.fail(fld, str(exc)) from None
+        if len(set(map(repr, normalised))) != len(normalised):
+            raise self.fail(fld, "values repeat")
+        return normalised
+
+    def static(self, value: object, allowed: tuple[str, ...]) -> tuple[tuple[str, tuple[Value, ...]], ...]:
+        table = self.table(value, "static") if allowed else (value or {})
+        self.names(table, allowed, "static", required=True)
+        return tuple((n, self.value_list(table[n], f"static.{n}")) for n in sorted(table))
+
+    def shapes(self, value: object, allowed: tuple[str, ...]) -> tuple[ShapeDim, ...]:
+        table = self.table(value, "shapes")
+        self.names(table, allowed, "shapes", required=True)
+        dims = []
+        for name in sorted(table):
+            fld = f"shapes.{name}"
+            dim = self.table(table[name], fld)
+            extra = sorted(set(dim) - {"values", "bucket"})
+            if extra:
+                raise self.fail(f"{fld}.{extra[0]}", "unknown key; expected values, bucket")
+            values = dim.get("values")
+            if not isinstance(values, list) or not values:
+                raise self.fail(f"{fld}.values", "must be a non-empty list of positive integers")
+            if any(type(v) is not int or v < 1 for v in values):
+                raise self.fail(f"{fld}.values", "must be a non-empty list of positive integers")
+            if len(set(values)) != len(values):
+                raise self.fail(f"{fld}.values", "values repeat")
+            bucket = dim.get("bucket", "exact")
+            self.choice(f"{fld}.bucket", bucket, POLICIES)
+            if bucket == "pow2" and not all(is_pow2(v) for v in values):
+                raise self.fail(f"{fld}.values", "bucket 'pow2' needs every value to be a power of two")
+            dims.append(ShapeDim(name, tuple(sorted(values)), bucket))
+        return tuple(dims)
+
+    def configs(self, value: object, allowed: tuple[str, ...]) -> tuple[Key, ...]:
+        grids = value if isinstance(value, list) else [self.table(value, "configs")]
+        if not grids:
+            raise self.fail("configs", "empty list; give at least one grid")
+        keys: dict[Key, None] = {}
+        for i, grid in enumerate(grids):
+            fld = "configs" if isinstance(value, dict) else f"configs[{i}]"
+            grid = self.table(grid, fld)
+            if not grid:
+                raise self.fail(fld, "empty grid")
+            self.names(grid, allowed, fld, required=False)
+            expanded = {n: self.value_list(v, f"{fld}.{n}") for n, v in grid.items()}
+            for combo in product(expanded):
+                keys[make_key(combo)] = None
+        return tuple(keys)
+
+    def dataclass_table(self, cls: Any, value: object, fld: str) -> Any:
+        table = self.table(value, fld)
+        known = {f.name: f for f in fields(cls)}
+        for name, v in table.items():
+            if name not in known:
+                raise self.fail(f"{fld}.{name}", f"unknown key; expected one of {', '.join(known)}")
+            default = getattr(cls(), name)
+            expected = type(default) if default is not None else (int if name == "num_gpus" else str)
+            ok = isinstance(v, expected) and not (isinstance(v, bool) and expected is not bool)
+            if expected is float and isinstance(v, int) and not isinstance(v, bool):
+                ok, v = True, float(v)
+            if not ok:
+                raise self.fail(f"{fld}.{name}", f"must be {expected.__name__}, not {type(v).__name__}")
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0:
+                raise self.fail(f"{fld}.{name}", "must not be negative")
+            table = {**table, name: v}
+        return cls(**table)
+
+    def choice(self, fld: str, value: object, choices: tuple[str, ...]) -> None:
+        if value not in choices:
+            raise self.fail(fld, f"{value!r} is not one of {', '.join(choices)}")
