@@ -1,0 +1,67 @@
+"""Shared fixtures. Ray fixtures start real (local) Ray instances; each is module-scoped."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Ray prints a usage-stats banner and a dashboard warning otherwise.
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+
+@pytest.fixture(scope="module")
+def ray_two_gpus() -> Iterator[None]:
+    """A local Ray instance with 2 logical GPUs and 2 CPUs (the GPUs are for scheduling only)."""
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, logging_level="ERROR")
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture
+def quickstart_spec_text() -> str:
+    return (ROOT / "configs" / "quickstart.toml").read_text()
+
+
+TINY_SPEC = """
+name = "tiny"
+task = "decode_attention"
+[static]
+dtype = "float32"
+num_q_heads = 4
+num_kv_heads = 2
+head_dim = 16
+page_size = 8
+[shapes.batch]
+values = [1, 2, 4]
+bucket = "pow2"
+[shapes.kv_len]
+values = [64, 128]
+bucket = "ceil"
+[configs]
+num_splits = [1, 2]
+gqa = ["expand", "grouped"]
+[measure]
+warmup = 1
+min_samples = 3
+max_samples = 20
+max_seconds = 0.05
+"""
+
+
+@pytest.fixture
+def tiny_spec(tmp_path: Path) -> Path:
+    """A spec small enough to run in a second: 6 shapes x 4 configs."""
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY_SPEC)
+    return path
