@@ -27,7 +27,11 @@ def connect(address: str | None, num_gpus: int | None = None, num_cpus: int | No
     if ray.is_initialized():
         return False
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
-    kwargs: dict[str, Any] = {"logging_level": logging.ERROR, "log_to_driver": True, "include_dashboard": False}
+    kwargs: dict[str, Any] = {
+        "logging_level": logging.ERROR,
+        "log_to_driver": True,
+        "include_dashboard": False,
+    }
     # Workers import tunectl, tasks and orchestrator from the driver's interpreter environment.
     if address:
         kwargs.pop("include_dashboard")
@@ -56,16 +60,24 @@ def start_workers(
     if accelerator_type is not None:
         resource = f"accelerator_type:{accelerator_type}"
         if not any(resource in n.get("Resources", {}) for n in alive):
-            types = sorted({r.split(":", 1)[1] for n in alive for r in n.get("Resources", {})
-                            if r.startswith("accelerator_type:")})
-            raise UserError(f"no node offers accelerator type {accelerator_type!r}; the cluster has "
-                            f"{', '.join(types) or 'none'}")
+            types = sorted(
+                {
+                    r.split(":", 1)[1]
+                    for n in alive
+                    for r in n.get("Resources", {})
+                    if r.startswith("accelerator_type:")
+                }
+            )
+            raise UserError(
+                f"no node offers accelerator type {accelerator_type!r}; the cluster has "
+                f"{', '.join(types) or 'none'}"
+            )
     if total_gpus:
         count = total_gpus if num_gpus is None else min(num_gpus, total_gpus)
         opts: dict[str, Any] = {"num_gpus": 1, "num_cpus": 0}
         if accelerator_type is not None:
             opts["resources"] = {f"accelerator_type:{accelerator_type}": 0.001}
-        workers = [TuneWorker.options(**opts).remote(1) for _ in range(count)]
+        workers = [TuneWorker.options(**opts).remote(1) for _ in range(count)]  # type: ignore[attr-defined]
         nodes = {n["NodeID"] for n in alive if n.get("Resources", {}).get("GPU")}
         return workers, Placement("gpu", count, len(nodes))
     if num_gpus:
@@ -76,7 +88,7 @@ def start_workers(
         if cpus < 1:
             continue
         strategy = NodeAffinitySchedulingStrategy(node_id=node["NodeID"], soft=False)
-        workers.append(TuneWorker.options(num_cpus=cpus, scheduling_strategy=strategy).remote(cpus))
+        workers.append(TuneWorker.options(num_cpus=cpus, scheduling_strategy=strategy).remote(cpus))  # type: ignore[attr-defined]
     if not workers:
         raise UserError("the cluster has no node with a CPU or GPU to run a worker on")
     return workers, Placement("cpu", len(workers), len(workers))

@@ -69,15 +69,27 @@ class _Queue:
 def failure_record(run_id: str, item: WorkItem, status: str, message: str) -> Record:
     now = time.time()
     return Record(
-        run_id=run_id, item_id=item.item_id, task=item.task, static_key=key_text(item.static),
-        shape_key=key_text(item.shape), config_key=key_text(item.config), is_default=item.is_default,
-        status=status, message=message, started_at=now, finished_at=now,
+        run_id=run_id,
+        item_id=item.item_id,
+        task=item.task,
+        static_key=key_text(item.static),
+        shape_key=key_text(item.shape),
+        config_key=key_text(item.config),
+        is_default=item.is_default,
+        status=status,
+        message=message,
+        started_at=now,
+        finished_at=now,
     )
 
 
 def dispatch(
-    workers: Sequence[Any], items: Sequence[WorkItem], run_id: str, settings: MeasureSpec,
-    on_record: Callable[[Record], None], prefetch: int = 2,
+    workers: Sequence[Any],
+    items: Sequence[WorkItem],
+    run_id: str,
+    settings: MeasureSpec,
+    on_record: Callable[[Record], None],
+    prefetch: int = 2,
 ) -> None:
     """Run every item on some worker; call ``on_record`` exactly once per item, in completion order."""
     queue = _Queue(items)
@@ -126,8 +138,14 @@ def dispatch(
 
 
 def _worker_failed(
-    slot: _Slot, item: WorkItem, exc: Exception, run_id: str, queue: _Queue,
-    crashes: dict[str, int], timed_out: set[str], on_record: Callable[[Record], None],
+    slot: _Slot,
+    item: WorkItem,
+    exc: Exception,
+    run_id: str,
+    queue: _Queue,
+    crashes: dict[str, int],
+    timed_out: set[str],
+    on_record: Callable[[Record], None],
 ) -> None:
     """The worker died running ``item``: decide the item's fate, requeue the innocent."""
     for _, other in reversed(slot.inflight):

@@ -7,6 +7,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from orchestrator.cluster import Placement, connect, start_workers
 from orchestrator.dispatch import dispatch
@@ -28,12 +29,20 @@ class SubmitResult:
     seconds: float = 0.0
 
 
-class Progress:
+class Progress(Protocol):
     """What a caller hears while a run goes: the total once known, then each record."""
 
     def start(self, run_id: str, total: int, placement: Placement) -> None: ...
 
     def record(self, record: Record) -> None: ...
+
+
+class _Silent:
+    def start(self, run_id: str, total: int, placement: Placement) -> None:
+        pass
+
+    def record(self, record: Record) -> None:
+        pass
 
 
 def _spec_for(spec_path: str | None, resume: str | None, results: Path) -> tuple[Spec, RunInfo | None]:
@@ -48,14 +57,18 @@ def _spec_for(spec_path: str | None, resume: str | None, results: Path) -> tuple
 
 
 def submit(
-    spec_path: str | None, results: str | Path = "tunectl-results", address: str | None = None,
-    resume: str | None = None, progress: Progress | None = None,
-    num_gpus: int | None = None, num_cpus: int | None = None,
+    spec_path: str | None,
+    results: str | Path = "tunectl-results",
+    address: str | None = None,
+    resume: str | None = None,
+    progress: Progress | None = None,
+    num_gpus: int | None = None,
+    num_cpus: int | None = None,
     connect_fn: Callable[..., bool] = connect,
 ) -> SubmitResult:
     """Run (or resume) a tuning run; every record lands in ``results`` as it arrives."""
     results = Path(results)
-    progress = progress or Progress()
+    progress = progress or _Silent()
     spec, previous = _spec_for(spec_path, resume, results)  # validate before touching anything
     work = plan(spec)
     if not work.items:
@@ -66,8 +79,9 @@ def submit(
     done = done_item_ids(results, run_id) if previous else set()
     todo = [i for i in work.items if i.item_id not in done]
     started = time.time()
-    info = previous or RunInfo(run_id, spec.name, spec.task, spec.path, spec.text, "running",
-                               len(work.items), started, started)
+    info = previous or RunInfo(
+        run_id, spec.name, spec.task, spec.path, spec.text, "running", len(work.items), started, started
+    )
     owns_ray = connect_fn(address, num_gpus=num_gpus, num_cpus=num_cpus)
     save_run(results, info.with_state("running"))
     out = SubmitResult(run_id, work, None, len(done))

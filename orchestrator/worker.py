@@ -18,21 +18,19 @@ class TuneWorker:
     """One per device. A crash restarts it (Ray); the driver decides what happens to the item."""
 
     def __init__(self, num_threads: int) -> None:
-        import torch
+        from tasks.runner import runner_for_worker
 
-        from tasks.runner import ItemRunner
-
-        gpu_ids = ray.get_gpu_ids()
-        self.device = "cuda:0" if gpu_ids and torch.cuda.is_available() else "cpu"
-        if self.device == "cpu":
-            torch.set_num_threads(max(1, num_threads))
-        self.runner = ItemRunner(self.device)
+        self.runner = runner_for_worker(bool(ray.get_gpu_ids()), num_threads)
+        self.device = self.runner.device
 
     def describe(self) -> dict[str, Any]:
         ctx = ray.get_runtime_context()
         return {
-            "node_id": ctx.get_node_id(), "host": socket.gethostname(), "pid": os.getpid(),
-            "device": self.device, "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+            "node_id": ctx.get_node_id(),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "device": self.device,
+            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
             "accelerator_ids": {k: list(v) for k, v in ctx.get_accelerator_ids().items()},
         }
 

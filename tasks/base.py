@@ -31,6 +31,9 @@ class TuningTask(Protocol):
     def default_config(self, static: Params) -> dict[str, Any]:
         """The config equal to what the library does untuned."""
 
+    # Optional: ``complete_config(config) -> dict`` fills the options a config leaves implicit with
+    # their defaults, so {"num_splits": 1} and {"num_splits": 1, "gather": "index"} plan as one config.
+
     def check_point(self, static: Params, shape: Params) -> str | None:
         """None if the point can be built (capacity, divisibility); else why not."""
 
@@ -40,9 +43,7 @@ class TuningTask(Protocol):
     def reference(self, static: Params, shape: Params, inputs: Any) -> Any:
         """The output every config must reproduce (a tensor)."""
 
-    def prepare(
-        self, static: Params, shape: Params, config: Params, inputs: Any
-    ) -> Callable[[], Any]:
+    def prepare(self, static: Params, shape: Params, config: Params, inputs: Any) -> Callable[[], Any]:
         """Compile/select the kernel for ``config``; return a call that runs it and returns its output.
 
         Raise ``InvalidConfig`` for a config the kernel does not support at this point.

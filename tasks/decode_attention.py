@@ -34,6 +34,9 @@ class DecodeAttention:
     def default_config(self, static: Params) -> dict[str, Any]:
         return {"gather": "index", "gqa": "expand", "num_splits": 1}
 
+    def complete_config(self, config: Params) -> dict[str, Any]:
+        return {**self.default_config({}), **config}
+
     def check_point(self, static: Params, shape: Params) -> str | None:
         if static["num_q_heads"] % static["num_kv_heads"]:
             return "num_q_heads must be a multiple of num_kv_heads"

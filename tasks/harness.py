@@ -49,9 +49,7 @@ def summarise(samples_us: Sequence[float], seconds: float = 0.0) -> Stats:
     return Stats(median, p20, p80, statistics.fmean(s), s[0], s[-1], len(s), noise, seconds)
 
 
-def measure(
-    sample: Sampler, settings: MeasureSpec, clock: Callable[[], float] = time.perf_counter
-) -> Stats:
+def measure(sample: Sampler, settings: MeasureSpec, clock: Callable[[], float] = time.perf_counter) -> Stats:
     """Warm up, then sample adaptively (see module doc). ``clock`` bounds the wall time."""
     for _ in range(settings.warmup):
         sample()
@@ -64,9 +62,9 @@ def measure(
         if n >= settings.max_samples or elapsed >= settings.max_seconds:
             break
         # Checking the noise costs a sort; do it on a geometric schedule past the minimum.
-        if n >= settings.min_samples and (n == settings.min_samples or n & (n - 1) == 0 or n % 64 == 0):
-            if summarise(samples).rel_noise <= settings.noise_target:
-                break
+        check_now = n == settings.min_samples or n & (n - 1) == 0 or n % 64 == 0
+        if n >= settings.min_samples and check_now and summarise(samples).rel_noise <= settings.noise_target:
+            break
     return summarise(samples, clock() - start)
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from tasks.base import InvalidConfig, TuningTask
 from tasks.env import env_json, environment
 from tasks.harness import measure
+from tasks.nvml import read_state, record_fields
 from tasks.registry import get_task
 from tasks.timing import make_sampler
 from tunectl.keys import key_text
@@ -29,6 +30,16 @@ _MESSAGE_CHARS = 2000
 
 class CudaContextPoisoned(RuntimeError):
     """A kernel left the CUDA context unusable; the worker process must exit."""
+
+
+def runner_for_worker(has_gpu: bool, num_threads: int) -> ItemRunner:
+    """The runner a worker process uses: its GPU if it was given one, else the CPU's threads."""
+    import torch
+
+    device = "cuda:0" if has_gpu and torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        torch.set_num_threads(max(1, num_threads))
+    return ItemRunner(device)
 
 
 class ItemRunner:
@@ -48,13 +59,22 @@ class ItemRunner:
         mode = settings.mode if settings.mode != "auto" else getattr(task, "serving_mode", "eager")
         if not self.device.startswith("cuda"):
             mode = "eager"
-        base = dict(
-            run_id=run_id, item_id=item.item_id, task=item.task, static_key=key_text(item.static),
-            shape_key=key_text(item.shape), config_key=key_text(item.config), is_default=item.is_default,
-            measure_mode=mode, l2=settings.l2, bytes_moved=task.bytes_moved(static, shape) or None,
+        base: dict[str, Any] = dict(
+            run_id=run_id,
+            item_id=item.item_id,
+            task=item.task,
+            static_key=key_text(item.static),
+            shape_key=key_text(item.shape),
+            config_key=key_text(item.config),
+            is_default=item.is_default,
+            measure_mode=mode,
+            l2=settings.l2,
+            bytes_moved=task.bytes_moved(static, shape) or None,
             device_name=str(environment(self.device).get("device_name", "")),
-            device_kind=self.device.split(":")[0], host=socket.gethostname(),
-            worker=f"{socket.gethostname()}:{os.getpid()}", env_json=env_json(self.device),
+            device_kind=self.device.split(":")[0],
+            host=socket.gethostname(),
+            worker=f"{socket.gethostname()}:{os.getpid()}",
+            env_json=env_json(self.device),
             started_at=started,
         )
         try:
@@ -72,8 +92,14 @@ class ItemRunner:
         return self._tasks[name]
 
     def _evaluate(
-        self, task: TuningTask, item: WorkItem, static: dict[str, Any], shape: dict[str, Any],
-        config: dict[str, Any], settings: MeasureSpec, mode: str,
+        self,
+        task: TuningTask,
+        item: WorkItem,
+        static: dict[str, Any],
+        shape: dict[str, Any],
+        config: dict[str, Any],
+        settings: MeasureSpec,
+        mode: str,
     ) -> dict[str, Any]:
         point = (item.task, item.static, item.shape)
         if point != self._point:
@@ -89,15 +115,29 @@ class ItemRunner:
         atol, rtol = task.tolerance(static)
         err, ok = _compare(out, self._reference, atol, rtol)
         if not ok:
-            return {"status": "wrong_result", "max_abs_err": err, "compile_ms": compile_ms,
-                    "message": f"max abs error {err:.3g} exceeds atol={atol:g} rtol={rtol:g}"}
+            return {
+                "status": "wrong_result",
+                "max_abs_err": err,
+                "compile_ms": compile_ms,
+                "message": f"max abs error {err:.3g} exceeds atol={atol:g} rtol={rtol:g}",
+            }
         sampler = make_sampler(fn, self.device, mode, settings.l2)
+        before = read_state(self.device)
         stats = measure(sampler, settings)
+        gpu_state = record_fields(before, read_state(self.device))
         return {
-            "status": "ok", "max_abs_err": err, "compile_ms": compile_ms, "median_us": stats.median_us,
-            "p20_us": stats.p20_us, "p80_us": stats.p80_us, "mean_us": stats.mean_us,
-            "min_us": stats.min_us, "max_us": stats.max_us, "num_samples": stats.num_samples,
+            "status": "ok",
+            "max_abs_err": err,
+            "compile_ms": compile_ms,
+            "median_us": stats.median_us,
+            "p20_us": stats.p20_us,
+            "p80_us": stats.p80_us,
+            "mean_us": stats.mean_us,
+            "min_us": stats.min_us,
+            "max_us": stats.max_us,
+            "num_samples": stats.num_samples,
             "rel_noise": stats.rel_noise,
+            **gpu_state,
         }
 
     def _synchronize(self) -> None:

@@ -1,8 +1,14 @@
 """Samplers: how one call of a kernel is timed on each kind of device.
 
-CPU: the monotonic clock around a synchronous call. CUDA: events around the call on the current
-stream. ``l2="cold"`` evicts the cache before every sample (outside the timed region) by writing a
-buffer twice the size of the last-level cache.
+- CPU: the monotonic clock around a synchronous call.
+- CUDA, ``eager``: events around one call on the current stream, as a framework without graphs runs it.
+- CUDA, ``graph``: the call is captured into a CUDA graph after a warm-up and each sample times one
+  replay with events, as a serving engine runs decode. With a warm L2 a replay holds ``reps`` copies
+  of the call (enough for ~``_GRAPH_TARGET_US``) and a sample is the replay's time over ``reps``;
+  with a cold L2 a replay holds one call.
+
+``l2="cold"`` evicts the last-level cache before every sample, outside the timed region (and outside
+any graph), by writing a buffer twice the size of the cache.
 """
 
 from __future__ import annotations
@@ -14,11 +20,18 @@ from typing import Any
 from tasks.harness import Sampler, cpu_sampler
 
 _DEFAULT_LLC_BYTES = 64 << 20
+_GRAPH_TARGET_US = 200.0  # a warm-L2 replay this long keeps launch and event overhead under ~1 %
+_GRAPH_MAX_REPS = 64
+_GRAPH_WARMUP_CALLS = 3
 
 
 def make_sampler(fn: Callable[[], Any], device: str, mode: str, l2: str) -> Sampler:
     """A sampler for ``fn`` on ``device``; ``mode`` is eager or graph (graph needs CUDA)."""
+    if mode not in ("eager", "graph"):
+        raise ValueError(f"unknown measure mode {mode!r}; expected eager or graph")
     if device.startswith("cuda"):
+        if mode == "graph":
+            return _graph_sampler(fn, device, l2)
         return _cuda_sampler(fn, device, l2)
     if mode == "graph":
         raise ValueError("CUDA-graph replay needs a CUDA device")
@@ -49,19 +62,24 @@ def _llc_bytes() -> int:
         return _DEFAULT_LLC_BYTES
 
 
+def _cuda_flush(device: str) -> Callable[[], None]:
+    import torch
+
+    l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size
+    buf = torch.empty(2 * l2_bytes, dtype=torch.int8, device=device)
+    return lambda: buf.zero_() and None
+
+
 def _cuda_sampler(fn: Callable[[], Any], device: str, l2: str) -> Sampler:
     import torch
 
     start = torch.cuda.Event(enable_timing=True)
     end = torch.cuda.Event(enable_timing=True)
-    flush = None
-    if l2 == "cold":
-        l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size
-        flush = torch.empty(2 * l2_bytes, dtype=torch.int8, device=device)
+    flush = _cuda_flush(device) if l2 == "cold" else None
 
     def sample() -> float:
         if flush is not None:
-            flush.zero_()
+            flush()
         start.record()
         fn()
         end.record()
@@ -69,3 +87,59 @@ def _cuda_sampler(fn: Callable[[], Any], device: str, l2: str) -> Sampler:
         return float(start.elapsed_time(end)) * 1e3
 
     return sample
+
+
+def _graph_sampler(fn: Callable[[], Any], device: str, l2: str) -> Sampler:
+    """Capture ``fn`` into a CUDA graph and time replays (see module doc)."""
+    import torch
+
+    with torch.cuda.device(device):
+        side = torch.cuda.Stream()
+        # Warm up on a side stream, as capture requires: lazy workspaces and handles get made here.
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(_GRAPH_WARMUP_CALLS):
+                fn()
+        torch.cuda.current_stream().wait_stream(side)
+        reps = 1 if l2 == "cold" else _reps_for(_eager_estimate_us(fn))
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(reps):
+                fn()
+        torch.cuda.synchronize()
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    flush = _cuda_flush(device) if l2 == "cold" else None
+
+    def sample() -> float:
+        if flush is not None:
+            flush()
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        return float(start.elapsed_time(end)) * 1e3 / reps
+
+    sample.graph = graph  # type: ignore[attr-defined]  # the graph lives as long as its sampler
+    sample.reps = reps  # type: ignore[attr-defined]
+    return sample
+
+
+def _eager_estimate_us(fn: Callable[[], Any]) -> float:
+    import torch
+
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(3):
+        fn()
+    end.record()
+    end.synchronize()
+    return float(start.elapsed_time(end)) * 1e3 / 3
+
+
+def _reps_for(estimate_us: float) -> int:
+    """Calls per warm-L2 replay: enough for ~_GRAPH_TARGET_US, at least 1, at most _GRAPH_MAX_REPS."""
+    if estimate_us <= 0:
+        return _GRAPH_MAX_REPS
+    return max(1, min(_GRAPH_MAX_REPS, int(_GRAPH_TARGET_US // estimate_us) or 1))

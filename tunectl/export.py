@@ -32,11 +32,18 @@ def _json_key(key: Key) -> dict[str, Any]:
 
 def entry_of(winner: Winner) -> dict[str, Any]:
     return {
-        "static": _json_key(winner.static), "shape": _json_key(winner.shape),
-        "config": _json_key(winner.config), "is_default": winner.is_default,
-        "median_us": winner.median_us, "p20_us": winner.p20_us, "p80_us": winner.p80_us,
-        "rel_noise": winner.rel_noise, "num_samples": winner.num_samples,
-        "default_median_us": winner.default_median_us, "speedup": winner.speedup, "run_id": winner.run_id,
+        "static": _json_key(winner.static),
+        "shape": _json_key(winner.shape),
+        "config": _json_key(winner.config),
+        "is_default": winner.is_default,
+        "median_us": winner.median_us,
+        "p20_us": winner.p20_us,
+        "p80_us": winner.p80_us,
+        "rel_noise": winner.rel_noise,
+        "num_samples": winner.num_samples,
+        "default_median_us": winner.default_median_us,
+        "speedup": winner.speedup,
+        "run_id": winner.run_id,
     }
 
 
@@ -50,8 +57,10 @@ def _bucketing(results: Path, run_ids: Sequence[str], task: str) -> dict[str, di
         spec = parse_spec(info.spec_text, info.spec_path, info.name)
         for dim in spec.shapes:
             if policies.setdefault(dim.name, dim.bucket) != dim.bucket:
-                raise UserError(f"runs disagree on how {task}'s {dim.name} is bucketed "
-                                f"({policies[dim.name]} vs {dim.bucket}); export them separately with --run")
+                raise UserError(
+                    f"runs disagree on how {task}'s {dim.name} is bucketed "
+                    f"({policies[dim.name]} vs {dim.bucket}); export them separately with --run"
+                )
     return {name: {"policy": policy, "points": []} for name, policy in policies.items()}
 
 
@@ -62,8 +71,13 @@ def _environment(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def export_bundle(
-    results: str | Path, name: str, version: str, out: str | Path,
-    run_ids: Sequence[str] | None = None, task: str | None = None, device: str | None = None,
+    results: str | Path,
+    name: str,
+    version: str,
+    out: str | Path,
+    run_ids: Sequence[str] | None = None,
+    task: str | None = None,
+    device: str | None = None,
 ) -> ExportResult:
     """Select winners from ``results`` and publish them as bundle ``name/version`` under ``out``."""
     check_name("name", name)
@@ -76,7 +90,9 @@ def export_bundle(
         raise UserError(f"no results to export in {results} for the runs, task and device asked for")
     devices = sorted({r["device_name"] for r in rows})
     if len(devices) > 1:
-        raise UserError(f"results span several devices ({'; '.join(devices)}); a bundle is for one: pick --device")
+        raise UserError(
+            f"results span several devices ({'; '.join(devices)}); a bundle is for one: pick --device"
+        )
     winners = select_winners(rows)
     if not winners:
         raise UserError("no configuration finished with status ok; nothing to export")
@@ -86,11 +102,11 @@ def export_bundle(
         task_winners = [w for w in winners if w.task == task_name]
         shapes = _bucketing(results, source_runs, task_name)
         for w in task_winners:
-            for dim, value in w.shape:
-                shapes[dim]["points"].append(value)
+            for dim_name, value in w.shape:
+                shapes[dim_name]["points"].append(value)
         for dim in shapes.values():
             dim["points"] = sorted(set(dim["points"]))
-        static_params = tuple(name for name, _ in task_winners[0].static)
+        static_params = tuple(param for param, _ in task_winners[0].static)
         entries = tuple(entry_of(w) for w in task_winners)
         tables.append(TaskTable(task_name, static_params, shapes, entries))
     files = build_files(name, version, tables, source_runs, _environment(rows))

@@ -23,8 +23,8 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Union
 
-Scalar = Union[None, bool, int, float, str]
-Value = Union[Scalar, tuple["Value", ...]]
+Scalar = Union[None, bool, int, float, str]  # noqa: UP007 (a runtime alias)
+Value = Union[Scalar, tuple["Value", ...]]  # noqa: UP007 (recursive)
 Key = tuple[tuple[str, Value], ...]
 
 KEY_FORMAT_VERSION = 1

@@ -46,9 +46,11 @@ def plan(spec: Spec) -> Plan:
     task = get_task(spec.task)
     items: list[WorkItem] = []
     skipped: list[tuple[Key, Key, str]] = []
+    complete = getattr(task, "complete_config", None)  # fills options a config leaves implicit
     for static in spec.static_grid():
         default = make_key(task.default_config(dict(static)))
-        configs = [default] + [c for c in spec.configs if c != default]
+        given = [make_key(complete(dict(c))) if complete else c for c in spec.configs]
+        configs = list(dict.fromkeys([default, *given]))
         for shape in spec.shape_grid():
             why = task.check_point(dict(static), dict(shape))
             if why is not None:

@@ -35,7 +35,9 @@ def _schema() -> Any:
     import pyarrow as pa
 
     types = {
-        "is_default": pa.bool_(), "throttled": pa.bool_(), "num_samples": pa.int64(),
+        "is_default": pa.bool_(),
+        "throttled": pa.bool_(),
+        "num_samples": pa.int64(),
         "bytes_moved": pa.int64(),
     }
     cols = []

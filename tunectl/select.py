@@ -81,12 +81,21 @@ def select_winners(rows: Iterable[Mapping[str, Any]]) -> list[Winner]:
             best = next((r for r in ok if not r["is_default"] and _beats(r, default)), default)
         winners.append(
             Winner(
-                task=task, device_name=device, static=key_from_text(static_text),
-                shape=key_from_text(shape_text), config=key_from_text(best["config_key"]),
-                is_default=bool(best["is_default"]), median_us=best["median_us"], p20_us=best["p20_us"],
-                p80_us=best["p80_us"], rel_noise=best["rel_noise"], num_samples=best["num_samples"],
-                default_median_us=default["median_us"] if default else None, run_id=best["run_id"],
-                num_configs=len(group), num_failed=len(group) - len(ok),
+                task=task,
+                device_name=device,
+                static=key_from_text(static_text),
+                shape=key_from_text(shape_text),
+                config=key_from_text(best["config_key"]),
+                is_default=bool(best["is_default"]),
+                median_us=best["median_us"],
+                p20_us=best["p20_us"],
+                p80_us=best["p80_us"],
+                rel_noise=best["rel_noise"],
+                num_samples=best["num_samples"],
+                default_median_us=default["median_us"] if default else None,
+                run_id=best["run_id"],
+                num_configs=len(group),
+                num_failed=len(group) - len(ok),
             )
         )
     return sorted(winners, key=lambda w: (w.task, w.device_name, _sort_key(w.static), _sort_key(w.shape)))

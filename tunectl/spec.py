@@ -180,7 +180,7 @@ class _Validator:
         return normalised
 
     def static(self, value: object, allowed: tuple[str, ...]) -> tuple[tuple[str, tuple[Value, ...]], ...]:
-        table = self.table(value, "static") if allowed else (value or {})
+        table = self.table(value, "static") if allowed else dict(value or {})  # type: ignore[call-overload]
         self.names(table, allowed, "static", required=True)
         return tuple((n, self.value_list(table[n], f"static.{n}")) for n in sorted(table))
 

@@ -25,8 +25,15 @@ def winners_table(winners: Sequence[Winner], title: str = "winners") -> Table:
     for w in winners:
         default = f"{w.default_median_us:,.1f}" if w.default_median_us is not None else "failed"
         speedup = f"{w.speedup:.2f}x" if w.speedup is not None else "-"
-        row = [_compact(w.shape), _compact(w.config) + (" (default)" if w.is_default else ""),
-               f"{w.median_us:,.1f}", default, speedup, f"{w.rel_noise:.1%}", str(w.num_samples)]
+        row = [
+            _compact(w.shape),
+            _compact(w.config) + (" (default)" if w.is_default else ""),
+            f"{w.median_us:,.1f}",
+            default,
+            speedup,
+            f"{w.rel_noise:.1%}",
+            str(w.num_samples),
+        ]
         table.add_row(*([_compact(w.static)] if len(statics) > 1 else []), *row)
     if len(statics) == 1:
         table.caption = _compact(next(iter(statics)))

@@ -32,8 +32,16 @@ def list_runs_cmd(results: ResultsOption = DEFAULT_RESULTS) -> None:
         c = counts.get(run.run_id, Counter())
         failed = ", ".join(f"{n} {s}" for s, n in sorted(c.items()) if s != "ok") or "0"
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.created_at))
-        table.add_row(run.run_id, run.name, run.task, run.state, started, str(run.num_planned),
-                      str(sum(c.values())), failed)
+        table.add_row(
+            run.run_id,
+            run.name,
+            run.task,
+            run.state,
+            started,
+            str(run.num_planned),
+            str(sum(c.values())),
+            failed,
+        )
     Console().print(table)
 
 

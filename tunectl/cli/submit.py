@@ -19,8 +19,12 @@ class _Bar:
     def __init__(self, console: Console) -> None:
         self.console = console
         self.bar = Progress(
-            TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[failed]} failed"), TimeElapsedColumn(), console=console,
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[failed]} failed"),
+            TimeElapsedColumn(),
+            console=console,
             transient=False,
         )
         self.task_id: Any = None
@@ -68,18 +72,27 @@ def submit(
     try:
         with library_errors():
             out = run_submit(
-                str(spec) if spec else None, results, address=address, resume=resume, progress=bar,
+                str(spec) if spec else None,
+                results,
+                address=address,
+                resume=resume,
+                progress=bar,
                 num_gpus=num_gpus,
             )
     except KeyboardInterrupt:
         bar.stop()
-        raise fail("interrupted; what was measured is kept. Finish it with "
-                   f"`tunectl submit --resume <RUN_ID> --results {results}` (`tunectl runs` lists runs)", 130) from None
+        raise fail(
+            "interrupted; what was measured is kept. Finish it with "
+            f"`tunectl submit --resume <RUN_ID> --results {results}` (`tunectl runs` lists runs)",
+            130,
+        ) from None
     finally:
         bar.stop()
     counts = ", ".join(f"{n} {s}" for s, n in sorted(out.statuses.items()))
-    console.print(f"run [bold]{out.run_id}[/] finished in {out.seconds:.1f} s: {counts or 'nothing to do'}"
-                  + (f" ({out.num_skipped_done} already measured)" if out.num_skipped_done else ""))
+    console.print(
+        f"run [bold]{out.run_id}[/] finished in {out.seconds:.1f} s: {counts or 'nothing to do'}"
+        + (f" ({out.num_skipped_done} already measured)" if out.num_skipped_done else "")
+    )
     for static, shape, why in out.plan.skipped_points:
         console.print(f"[yellow]skipped[/] {dict(static)} {dict(shape)}: {why}")
     with library_errors():

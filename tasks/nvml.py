@@ -1,0 +1,124 @@
+"""GPU state around a measurement, read through NVML (nvidia-ml-py): clock, temperature, power, throttling.
+
+``read_state(device)`` takes one reading (None on CPU, or where NVML is missing or refuses);
+``record_fields(before, after)`` turns the readings taken around a measurement into the Record's
+``sm_clock_mhz``, ``temperature_c``, ``power_w`` and ``throttled``. Clock and power are read after
+the samples, while the GPU is still at its working clock; temperature is the higher of the two.
+A measurement is flagged throttled when a slowdown reason (power cap, thermal, power brake, hardware
+slowdown) was active at either reading, or the driver's power or thermal violation counters grew
+in between.
+
+NVML numbers GPUs physically and ignores ``CUDA_VISIBLE_DEVICES``, so a torch device is matched to
+its NVML handle by UUID, then by PCI bus id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# nvmlClocksEventReason* bits that mean the clock was pulled down (not idle, not an app-clock setting).
+THROTTLE_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80  # SwPowerCap, HwSlowdown, SwThermal, HwThermal, PowerBrake
+_PERF_POLICIES = (0, 1)  # NVML_PERF_POLICY_POWER, NVML_PERF_POLICY_THERMAL
+
+_handles: dict[str, Any] = {}
+
+
+@dataclass(frozen=True)
+class GpuState:
+    sm_clock_mhz: float | None
+    temperature_c: float | None
+    power_w: float | None
+    throttle_reasons: int | None
+    violation_ns: int | None  # power + thermal violation time since boot
+
+
+def read_state(device: str, nvml: Any = None) -> GpuState | None:
+    """One reading of ``device``'s state, or None where there is nothing to read."""
+    if not device.startswith("cuda"):
+        return None
+    try:
+        nvml = nvml or _nvml()
+        handle = _handle(device, nvml)
+    except Exception:  # no NVML, no driver, or no matching device: state is simply not recorded
+        return None
+    if handle is None:
+        return None
+    return GpuState(
+        sm_clock_mhz=_try(lambda: float(nvml.nvmlDeviceGetClockInfo(handle, nvml.NVML_CLOCK_SM))),
+        temperature_c=_try(lambda: float(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))),
+        power_w=_try(lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0),
+        throttle_reasons=_try(lambda: int(_reasons_fn(nvml)(handle))),
+        violation_ns=_try(lambda: sum(int(nvml.nvmlDeviceGetViolationStatus(handle, p).violationTime)
+                                      for p in _PERF_POLICIES)),
+    )
+
+
+def record_fields(before: GpuState | None, after: GpuState | None) -> dict[str, Any]:
+    """The Record fields for a measurement bracketed by ``before`` and ``after`` (empty if unread)."""
+    if before is None and after is None:
+        return {}
+    last = after or before
+    assert last is not None
+    temps = [s.temperature_c for s in (before, after) if s is not None and s.temperature_c is not None]
+    return {
+        "sm_clock_mhz": last.sm_clock_mhz,
+        "temperature_c": max(temps) if temps else None,
+        "power_w": last.power_w,
+        "throttled": is_throttled(before, after),
+    }
+
+
+def is_throttled(before: GpuState | None, after: GpuState | None) -> bool | None:
+    """True if clocks were pulled down around the samples; None if nothing said either way."""
+    reasons = [s.throttle_reasons for s in (before, after) if s is not None and s.throttle_reasons is not None]
+    counters = (
+        (before.violation_ns, after.violation_ns)
+        if before is not None and after is not None and None not in (before.violation_ns, after.violation_ns)
+        else None
+    )
+    if not reasons and counters is None:
+        return None
+    grew = counters is not None and counters[1] > counters[0]  # type: ignore[operator]
+    return any(r & THROTTLE_MASK for r in reasons) or grew
+
+
+def _nvml() -> Any:
+    import pynvml
+
+    pynvml.nvmlInit()  # idempotent: NVML counts its inits
+    return pynvml
+
+
+def _handle(device: str, nvml: Any) -> Any:
+    if device in _handles:
+        return _handles[device]
+    import torch
+
+    props = torch.cuda.get_device_properties(device)
+    handle = None
+    uuid = str(getattr(props, "uuid", "") or "")
+    if uuid:
+        for text in (uuid if uuid.startswith("GPU-") else f"GPU-{uuid}", uuid):
+            handle = _try(lambda t=text: nvml.nvmlDeviceGetHandleByUUID(t))
+            if handle is not None:
+                break
+    if handle is None and hasattr(props, "pci_bus_id"):
+        bus = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+        handle = _try(lambda: nvml.nvmlDeviceGetHandleByPciBusId(bus))
+    _handles[device] = handle
+    return handle
+
+
+def _reasons_fn(nvml: Any) -> Any:
+    # Renamed in newer NVML ("clocks event reasons"); the old name still works on older bindings.
+    return getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or (
+        nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+    )
+
+
+def _try(fn: Any) -> Any:
+    try:
+        return fn()
+    except Exception:  # one unreadable counter should not hide the others
+        return None

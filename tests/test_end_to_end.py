@@ -1,0 +1,111 @@
+"""The whole path on a local Ray instance with 2 logical GPUs: submit -> Parquet -> export -> lookup."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tunectl.cli import app
+from tunectl.results import read_results
+
+pytestmark = pytest.mark.slow
+STATIC = {"dtype": "float32", "num_q_heads": 4, "num_kv_heads": 2, "head_dim": 16, "page_size": 8}
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_submit_export_lookup(ray_two_gpus: None, tiny_spec: Path, tmp_path: Path) -> None:
+    runner = CliRunner()
+    results, store = tmp_path / "results", tmp_path / "bundles"
+    out = runner.invoke(app, ["submit", str(tiny_spec), "--results", str(results)])
+    assert out.exit_code == 0, out.output
+    assert "24 items on 2 gpu worker(s)" in out.output
+    assert "winners of" in out.output and "speedup" in out.output
+
+    rows = read_results(results)
+    assert len(rows) == 24 and {r["status"] for r in rows} == {"ok"}
+    assert len({r["worker"] for r in rows}) == 2, "both GPU workers took work"
+    assert all(r["median_us"] > 0 and r["num_samples"] >= 3 for r in rows)
+    assert sum(r["is_default"] for r in rows) == 6  # the default measured at every point
+
+    out = runner.invoke(
+        app,
+        [
+            "export",
+            "bundle",
+            "--results",
+            str(results),
+            "--name",
+            "tiny",
+            "--version",
+            "1",
+            "--out",
+            str(store),
+        ],
+    )
+    assert out.exit_code == 0, out.output
+    bundle_dir = store / "tiny" / "1"
+    manifest = json.loads((bundle_dir / "manifest.json").read_text())
+    assert manifest["tasks"]["decode_attention"]["shape_params"]["batch"] == {
+        "policy": "pow2",
+        "points": [1, 2, 4],
+    }
+    assert set(manifest["files"]) == {"tables/decode_attention.json"}
+    assert manifest["environment"]["device_name"]
+
+    before = _tree(store)
+    again = runner.invoke(
+        app,
+        [
+            "export",
+            "bundle",
+            "--results",
+            str(results),
+            "--name",
+            "tiny",
+            "--version",
+            "1",
+            "--out",
+            str(store),
+        ],
+    )
+    assert again.exit_code == 2 and "already exists" in again.output
+    assert "Traceback" not in again.output
+    assert _tree(store) == before, "a refused export changes nothing"
+
+    winners = {
+        json.dumps(e["shape"], sort_keys=True): e["config"]
+        for e in json.loads((bundle_dir / "tables/decode_attention.json").read_text())["entries"]
+    }
+    probe = textwrap.dedent(f"""
+        import json, sys
+        from tunectl.runtime import load_bundle
+        b = load_bundle({str(bundle_dir)!r})
+        s = {STATIC!r}
+        print(json.dumps({{
+            "b3_kv100": b.lookup("decode_attention", **s, batch=3, kv_len=100),
+            "b1_kv64": b.lookup("decode_attention", **s, batch=1, kv_len=64),
+            "too_long": b.lookup("decode_attention", **s, batch=1, kv_len=129),
+            "batch_8": b.lookup("decode_attention", **s, batch=8, kv_len=64),
+            "other_static": b.lookup("decode_attention", **{{**s, "head_dim": 32}}, batch=1, kv_len=64),
+            "other_task": b.lookup("flash_decode", **s, batch=1, kv_len=64),
+            "heavy": sorted(m for m in sys.modules
+                            if m.split(".")[0] in ("ray", "torch", "pyarrow", "typer")),
+        }}))
+    """)
+    got = json.loads(
+        subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    )
+    assert got["b3_kv100"] == winners['{"batch": 4, "kv_len": 128}']  # pow2 batch, ceil kv_len
+    assert got["b1_kv64"] == winners['{"batch": 1, "kv_len": 64}']
+    assert got["too_long"] is None and got["batch_8"] is None
+    assert got["other_static"] is None and got["other_task"] is None
+    assert got["heavy"] == []
