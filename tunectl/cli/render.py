@@ -2,39 +2,58 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from rich.table import Table
 
-from tunectl.keys import Key
+from tunectl.keys import Key, Value
 from tunectl.select import Winner
 
 
-def _compact(key: Key, skip: set[str] = frozenset()) -> str:  # type: ignore[assignment]
-    return " ".join(f"{k}={v}" for k, v in key if k not in skip)
+def _compact(key: Key, skip: Iterable[str] = ()) -> str:
+    hidden = set(skip)
+    return " ".join(f"{k}={v}" for k, v in key if k not in hidden) or "-"
+
+
+def _constant(keys: Iterable[Key]) -> dict[str, Value]:
+    """The parameters that take one value across ``keys`` (shown once, not on every row)."""
+    dicts = [dict(k) for k in keys]
+    if len(dicts) < 2:
+        return {}
+    return {n: v for n, v in dicts[0].items() if all(n in d and d[n] == v for d in dicts)}
 
 
 def winners_table(winners: Sequence[Winner], title: str = "winners") -> Table:
     """Per point: the chosen config, its median, the default's median, the speedup."""
-    statics = {w.static for w in winners}
+    same_static = _constant(w.static for w in winners) if len({w.static for w in winners}) > 1 else {}
+    one_static = len({w.static for w in winners}) == 1
+    same_config = _constant(w.config for w in winners)
     table = Table(title=title, title_justify="left")
-    if len(statics) > 1:
-        table.add_column("static")
-    for col in ("shape", "winner config", "median µs", "default µs", "speedup", "noise", "n"):
-        table.add_column(col, justify="right" if col not in ("shape", "winner config") else "left")
+    if not one_static:
+        table.add_column("static", overflow="fold")
+    table.add_column("shape", overflow="fold")
+    table.add_column("winner config", overflow="fold")
+    for col in ("median µs", "default µs", "speedup", "noise", "n"):
+        table.add_column(col, justify="right", no_wrap=True)
     for w in winners:
         default = f"{w.default_median_us:,.1f}" if w.default_median_us is not None else "failed"
         speedup = f"{w.speedup:.2f}x" if w.speedup is not None else "-"
         row = [
             _compact(w.shape),
-            _compact(w.config) + (" (default)" if w.is_default else ""),
+            _compact(w.config, same_config) + (" (default)" if w.is_default else ""),
             f"{w.median_us:,.1f}",
             default,
             speedup,
             f"{w.rel_noise:.1%}",
             str(w.num_samples),
         ]
-        table.add_row(*([_compact(w.static)] if len(statics) > 1 else []), *row)
-    if len(statics) == 1:
-        table.caption = _compact(next(iter(statics)))
+        table.add_row(*([] if one_static else [_compact(w.static, same_static)]), *row)
+    notes = []
+    if one_static and winners:
+        notes.append(_compact(winners[0].static))
+    elif same_static:
+        notes.append("all: " + " ".join(f"{k}={v}" for k, v in same_static.items()))
+    if same_config:
+        notes.append("every winner: " + " ".join(f"{k}={v}" for k, v in same_config.items()))
+    table.caption = "\n".join(notes) or None
     return table
