@@ -1,94 +1,208 @@
-"""Joining or starting a Ray cluster, and placing one worker per device on it."""
+"""Joining or starting a Ray cluster, and placing one worker per device on it.
+
+GPUs are reserved through placement groups, one per accelerator type: one bundle of one GPU per
+worker, packed. A GPU-less cluster gets one worker per node, owning the node's cores. A cluster
+with several accelerator types gets one *pool* of workers per type; each pool measures the whole
+plan, since what wins on one GPU model says little about another.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from tunectl.errors import UserError
+
+#: Pool names for devices of no declared accelerator type.
+UNTYPED_GPU = "GPU"
+CPU_POOL = "cpu"
+_ACCEL_PREFIX = "accelerator_type:"
+_AUTH_HINT = (
+    "; if the cluster uses token authentication, set RAY_AUTH_MODE=token and give its token in "
+    "RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token (`ray get-auth-token` on the head prints it)"
+)
 
 
 @dataclass(frozen=True)
 class Placement:
-    """What was placed: one entry per worker (its node and the resources it holds)."""
+    """What was placed, in numbers."""
 
     kind: str  # "gpu" or "cpu"
     num_workers: int
     num_nodes: int
+    pools: tuple[str, ...] = ()
+
+
+@dataclass
+class Pool:
+    """The workers on one kind of device (an accelerator type, or CPUs) and the group holding them."""
+
+    name: str
+    workers: list[Any] = field(default_factory=list)
+    placement_group: Any = None
+    node_ids: set[str] = field(default_factory=set)
 
 
 def connect(address: str | None, num_gpus: int | None = None, num_cpus: int | None = None) -> bool:
-    """Join ``address`` or start a local instance. Returns True if this call started/joined Ray."""
+    """Join ``address`` (or ``RAY_ADDRESS``), else start a local instance. True if this call connected.
+
+    Without an address this never joins some other Ray instance that happens to run on the machine.
+    """
     if ray.is_initialized():
         return False
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
-    kwargs: dict[str, Any] = {
-        "logging_level": logging.ERROR,
-        "log_to_driver": True,
-        "include_dashboard": False,
-    }
-    # Workers import tunectl, tasks and orchestrator from the driver's interpreter environment.
-    if address:
-        kwargs.pop("include_dashboard")
-        kwargs["address"] = address
+    joining = bool(address) or bool(os.environ.get("RAY_ADDRESS"))
+    kwargs: dict[str, Any] = {"logging_level": logging.ERROR, "log_to_driver": True}
+    if joining:
+        if num_gpus is not None or num_cpus is not None:
+            raise UserError("--num-gpus applies to a local instance only, not when joining a cluster")
+        if address:
+            kwargs["address"] = address
     else:
+        kwargs.update(address="local", include_dashboard=False)
         if num_gpus is not None:
             kwargs["num_gpus"] = num_gpus
         if num_cpus is not None:
             kwargs["num_cpus"] = num_cpus
     try:
         ray.init(**kwargs)
-    except (ConnectionError, ValueError, RuntimeError) as exc:
-        target = address or "a local Ray instance"
-        raise UserError(f"cannot connect to {target}: {str(exc).splitlines()[0]}") from None
+    except (ConnectionError, ValueError, RuntimeError, TimeoutError) as exc:
+        target = address or os.environ.get("RAY_ADDRESS") or "a local Ray instance"
+        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        hint = _AUTH_HINT if joining and os.environ.get("RAY_AUTH_MODE", "").lower() != "token" else ""
+        raise UserError(f"cannot connect to {target}: {detail}{hint}") from None
     return True
 
 
-def start_workers(
-    num_gpus: int | None = None, accelerator_type: str | None = None
-) -> tuple[list[Any], Placement]:
-    """One worker per GPU (``num_gpus=1`` each) where the cluster has GPUs, else one per node."""
-    from orchestrator.worker import TuneWorker
+def gpu_inventory() -> dict[str, tuple[int, int]]:
+    """Accelerator type -> (number of GPUs, number of nodes), over the alive nodes."""
+    inventory: dict[str, tuple[int, int]] = {}
+    for node in ray.nodes():
+        resources = node.get("Resources", {})
+        gpus = int(resources.get("GPU", 0))
+        if not node.get("Alive") or gpus < 1:
+            continue
+        types = sorted(r[len(_ACCEL_PREFIX) :] for r in resources if r.startswith(_ACCEL_PREFIX))
+        name = types[0] if types else UNTYPED_GPU
+        count, nodes = inventory.get(name, (0, 0))
+        inventory[name] = (count + gpus, nodes + 1)
+    return inventory
 
-    total_gpus = int(ray.cluster_resources().get("GPU", 0))
-    alive = [n for n in ray.nodes() if n.get("Alive")]
+
+def choose_pools(accelerator_type: str | None, num_gpus: int | None) -> list[str]:
+    """The pools a new run plans for: the spec's accelerator type, else every type the cluster has."""
+    inventory = gpu_inventory()
     if accelerator_type is not None:
-        resource = f"accelerator_type:{accelerator_type}"
-        if not any(resource in n.get("Resources", {}) for n in alive):
-            types = sorted(
-                {
-                    r.split(":", 1)[1]
-                    for n in alive
-                    for r in n.get("Resources", {})
-                    if r.startswith("accelerator_type:")
-                }
-            )
-            raise UserError(
-                f"no node offers accelerator type {accelerator_type!r}; the cluster has "
-                f"{', '.join(types) or 'none'}"
-            )
-    if total_gpus:
-        count = total_gpus if num_gpus is None else min(num_gpus, total_gpus)
-        opts: dict[str, Any] = {"num_gpus": 1, "num_cpus": 0}
-        if accelerator_type is not None:
-            opts["resources"] = {f"accelerator_type:{accelerator_type}": 0.001}
-        workers = [TuneWorker.options(**opts).remote(1) for _ in range(count)]  # type: ignore[attr-defined]
-        nodes = {n["NodeID"] for n in alive if n.get("Resources", {}).get("GPU")}
-        return workers, Placement("gpu", count, len(nodes))
+        if accelerator_type not in inventory:
+            have = ", ".join(sorted(inventory)) or "none"
+            raise UserError(f"no node offers accelerator type {accelerator_type!r}; the cluster has {have}")
+        return [accelerator_type]
+    if inventory:
+        return sorted(inventory)
     if num_gpus:
         raise UserError(f"the spec asks for {num_gpus} GPU(s) but the cluster has none")
-    workers = []
-    for node in alive:
+    return [CPU_POOL]
+
+
+def start_pools(
+    names: Sequence[str],
+    num_gpus: int | None = None,
+    compile_ahead: bool = False,
+    timeout_s: float = 120.0,
+    label: str = "tunectl",
+) -> tuple[list[Pool], Placement]:
+    """Start the workers of each named pool. ``num_gpus`` caps the workers of each pool."""
+    inventory = gpu_inventory()
+    pools: list[Pool] = []
+    try:
+        for name in names:
+            if name == CPU_POOL:
+                pools.append(_cpu_pool(compile_ahead))
+                continue
+            if name not in inventory:
+                have = ", ".join(sorted(inventory)) or "none"
+                raise UserError(f"the run is planned for {name} GPUs but the cluster has {have} now")
+            count = inventory[name][0] if num_gpus is None else min(num_gpus, inventory[name][0])
+            pools.append(_gpu_pool(name, count, compile_ahead, timeout_s, label))
+    except BaseException:
+        stop_pools(pools)
+        raise
+    kind = "cpu" if list(names) == [CPU_POOL] else "gpu"
+    nodes = set().union(*(p.node_ids for p in pools))
+    return pools, Placement(kind, sum(len(p.workers) for p in pools), len(nodes), tuple(names))
+
+
+def _gpu_pool(name: str, count: int, compile_ahead: bool, timeout_s: float, label: str) -> Pool:
+    from ray.util.placement_group import placement_group, placement_group_table
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from orchestrator.worker import TuneWorker
+
+    extra = {} if name == UNTYPED_GPU else {f"{_ACCEL_PREFIX}{name}": 0.001}
+    pg = placement_group([{"GPU": 1, **extra}] * count, strategy="PACK", name=f"{label}-{name}")
+    pool = Pool(name, placement_group=pg)
+    if not pg.wait(timeout_seconds=timeout_s):
+        stop_pools([pool])
+        raise UserError(
+            f"could not reserve {count} {name} GPU(s) within {timeout_s:.0f} s (other jobs may hold them); "
+            "set [resources] num_gpus in the spec to use fewer"
+        )
+    for index in range(count):
+        strategy = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index)
+        pool.workers.append(
+            _actor(TuneWorker)
+            .options(num_gpus=1, num_cpus=0, resources=extra, scheduling_strategy=strategy)
+            .remote(1, compile_ahead)
+        )
+    pool.node_ids = set(placement_group_table(pg).get("bundles_to_node_id", {}).values())
+    return pool
+
+
+def _cpu_pool(compile_ahead: bool) -> Pool:
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from orchestrator.worker import TuneWorker
+
+    pool = Pool(CPU_POOL)
+    for node in ray.nodes():
         cpus = int(node.get("Resources", {}).get("CPU", 0))
-        if cpus < 1:
+        if not node.get("Alive") or cpus < 1:
             continue
         strategy = NodeAffinitySchedulingStrategy(node_id=node["NodeID"], soft=False)
-        workers.append(TuneWorker.options(num_cpus=cpus, scheduling_strategy=strategy).remote(cpus))  # type: ignore[attr-defined]
-    if not workers:
+        pool.workers.append(
+            _actor(TuneWorker)
+            .options(num_cpus=cpus, scheduling_strategy=strategy)
+            .remote(cpus, compile_ahead)
+        )
+        pool.node_ids.add(node["NodeID"])
+    if not pool.workers:
         raise UserError("the cluster has no node with a CPU or GPU to run a worker on")
-    return workers, Placement("cpu", len(workers), len(workers))
+    return pool
+
+
+def _actor(cls: type) -> Any:
+    """A ``@ray.remote`` class as what it is at run time (type checkers see the plain class)."""
+    return cls
+
+
+def stop_pools(pools: Sequence[Pool]) -> None:
+    """Kill every worker for good and give the reserved GPUs back. Never raises."""
+    from ray.util.placement_group import remove_placement_group
+
+    workers = [w for pool in pools for w in pool.workers]
+    with contextlib.suppress(Exception):  # best effort: let idle workers tidy up their journals
+        closing = [w.close.remote() for w in workers]
+        ray.wait(closing, num_returns=len(closing), timeout=2.0)
+    for pool in pools:
+        for worker in pool.workers:
+            with contextlib.suppress(Exception):  # already gone: nothing to stop
+                ray.kill(worker, no_restart=True)
+        if pool.placement_group is not None:
+            with contextlib.suppress(Exception):  # already removed, or the cluster is gone
+                remove_placement_group(pool.placement_group)

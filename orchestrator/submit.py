@@ -1,22 +1,37 @@
-"""``tunectl submit`` as a library call: plan, place workers, dispatch, stream results."""
+"""``tunectl submit`` as a library call: plan, place workers, dispatch, stream results.
+
+Every record is appended to the results dataset as it arrives (nothing is held), and the run's
+metadata says how far it got, so a run stopped in any way is finished with ``resume=RUN_ID``:
+only the items without a row are measured again.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from orchestrator.cluster import Placement, connect, start_workers
-from orchestrator.dispatch import dispatch
+from orchestrator.cluster import CPU_POOL, Placement, Pool, choose_pools, connect, start_pools, stop_pools
+from orchestrator.dispatch import DispatchOptions, Lane, dispatch
 from tunectl.errors import UserError
-from tunectl.plan import Plan, plan
+from tunectl.keys import key_digest
+from tunectl.plan import Plan, WorkItem, plan
 from tunectl.record import Record
 from tunectl.results import ResultsWriter, done_item_ids
-from tunectl.runs import RunInfo, load_run, new_run_id, save_run
+from tunectl.runs import RunInfo, load_run, new_run_id, run_exists, run_log_path, save_run
 from tunectl.spec import Spec, load_spec, parse_spec
+
+log = logging.getLogger("tunectl.run")
+
+
+class RunCancelled(KeyboardInterrupt):
+    """The run was asked to stop (SIGTERM: ``tunectl cancel``, or a Ray job being stopped)."""
 
 
 @dataclass
@@ -56,6 +71,16 @@ def _spec_for(spec_path: str | None, resume: str | None, results: Path) -> tuple
     return parse_spec(info.spec_text, info.spec_path, info.name), info
 
 
+def pool_items(items: Sequence[WorkItem], pools: Sequence[str]) -> dict[str, list[WorkItem]]:
+    """Each pool's items. With several pools each measures every item, under an id of its own."""
+    if len(pools) == 1:
+        return {pools[0]: list(items)}
+    return {
+        p: [dataclasses.replace(i, item_id=key_digest((("item", i.item_id), ("pool", p)))) for i in items]
+        for p in pools
+    }
+
+
 def submit(
     spec_path: str | None,
     results: str | Path = "tunectl-results",
@@ -65,8 +90,15 @@ def submit(
     num_gpus: int | None = None,
     num_cpus: int | None = None,
     connect_fn: Callable[..., bool] = connect,
+    run_id: str | None = None,
+    compile_ahead: bool | None = None,
+    stall_timeout_s: float = 900.0,
 ) -> SubmitResult:
-    """Run (or resume) a tuning run; every record lands in ``results`` as it arrives."""
+    """Run (or resume) a tuning run; every record lands in ``results`` as it arrives.
+
+    ``compile_ahead``: prepare the next item while timing the current one; None: on for GPU workers.
+    ``run_id``: the id for a new run (a job submitted for it chose it); default a fresh one.
+    """
     results = Path(results)
     progress = progress or _Silent()
     spec, previous = _spec_for(spec_path, resume, results)  # validate before touching anything
@@ -75,17 +107,19 @@ def submit(
         raise UserError(f"{spec.path}: the spec plans no work (every point was skipped)")
     if results.exists() and not results.is_dir():
         raise UserError(f"--results {results} exists and is not a directory")
-    run_id = previous.run_id if previous else new_run_id()
-    done = done_item_ids(results, run_id) if previous else set()
-    todo = [i for i in work.items if i.item_id not in done]
+    if previous is None and run_id is not None and run_exists(results, run_id):
+        raise UserError(f"run {run_id} already exists in {results}; finish it with --resume {run_id}")
+    run_id = previous.run_id if previous else (run_id or new_run_id())
     started = time.time()
     info = previous or RunInfo(
         run_id, spec.name, spec.task, spec.path, spec.text, "running", len(work.items), started, started
     )
+    info = info.with_driver()
     owns_ray = connect_fn(address, num_gpus=num_gpus, num_cpus=num_cpus)
     save_run(results, info.with_state("running"))
-    out = SubmitResult(run_id, work, None, len(done))
+    out = SubmitResult(run_id, work, None, 0)
     writer = ResultsWriter(results)
+    pools: list[Pool] = []
 
     def on_record(record: Record) -> None:
         writer.append(record)
@@ -93,20 +127,77 @@ def submit(
         progress.record(record)
 
     try:
-        workers, out.placement = start_workers(spec.resources.num_gpus, spec.resources.accelerator_type)
-        progress.start(run_id, len(todo), out.placement)
-        dispatch(workers, todo, run_id, spec.measure, on_record, spec.resources.prefetch)
+        with _event_log(results, run_id):
+            names = (
+                list(previous.pools)
+                if previous and previous.pools
+                else choose_pools(spec.resources.accelerator_type, spec.resources.num_gpus)
+            )
+            ahead = compile_ahead if compile_ahead is not None else names != [CPU_POOL]
+            pools, out.placement = start_pools(
+                names, spec.resources.num_gpus, ahead, label=f"tunectl-{run_id}"
+            )
+            by_pool = pool_items(work.items, names)
+            info = dataclasses.replace(info, pools=tuple(names), num_planned=sum(map(len, by_pool.values())))
+            save_run(results, info.with_state("running"))
+            done = done_item_ids(results, run_id) if previous else set()
+            lanes = [
+                Lane(p.name, tuple(p.workers), tuple(i for i in by_pool[p.name] if i.item_id not in done))
+                for p in pools
+            ]
+            out.num_skipped_done = info.num_planned - sum(len(lane.items) for lane in lanes)
+            log.info(
+                "run %s: %d item(s) to measure on %d worker(s) in pool(s) %s (compile ahead: %s)",
+                run_id,
+                info.num_planned - out.num_skipped_done,
+                out.placement.num_workers,
+                ", ".join(names),
+                ahead,
+            )
+            progress.start(run_id, info.num_planned - out.num_skipped_done, out.placement)
+            options = DispatchOptions(spec.resources.prefetch, ahead, stall_timeout_s=stall_timeout_s)
+            stats = dispatch(lanes, run_id, spec.measure, on_record, options)
+            writer.close()
+            log.info(
+                "run %s finished: %d record(s), %d worker failure(s), %d item(s) requeued",
+                run_id,
+                stats.num_records,
+                stats.num_worker_failures,
+                stats.num_requeued,
+            )
     except BaseException as exc:
         writer.close()
-        state = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+        state = (
+            "cancelled"
+            if isinstance(exc, RunCancelled)
+            else "interrupted"
+            if isinstance(exc, KeyboardInterrupt)
+            else "failed"
+        )
         save_run(results, info.with_state(state, f"{type(exc).__name__}: {exc}"[:500]))
         raise
     finally:
+        stop_pools(pools)
         if owns_ray:
             import ray
 
             ray.shutdown()
-    writer.close()
     save_run(results, info.with_state("finished"))
     out.seconds = time.time() - started
     return out
+
+
+@contextlib.contextmanager
+def _event_log(results: Path, run_id: str) -> Iterator[None]:
+    """Append this run's events to ``_runs/<run>.log`` while it goes (``tunectl logs`` shows them)."""
+    handler = logging.FileHandler(run_log_path(results, run_id), encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    level = log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+        handler.close()

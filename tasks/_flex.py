@@ -50,8 +50,10 @@ def kernel_options(config: Mapping[str, Any], allowed: tuple[str, ...]) -> dict[
         kind = KERNEL_OPTIONS[name]
         if type(value) is not kind:
             raise InvalidConfig(f"kernel option {name} must be {kind.__name__}, not {value!r}")
-        if kind is int and (value < 1 or (name in _POW2_OPTIONS and value & (value - 1))):
-            raise InvalidConfig(f"kernel option {name}={value} must be a positive power of two")
+        if kind is int and value < 1:
+            raise InvalidConfig(f"kernel option {name}={value} must be positive")
+        if name in _POW2_OPTIONS and value & (value - 1):
+            raise InvalidConfig(f"kernel option {name}={value} must be a power of two")
         options[name] = value
     backend = options.get("BACKEND")
     if backend is not None and backend not in available_backends():
@@ -64,7 +66,9 @@ def check_block_sizes(options: Mapping[str, Any], sparse_q: int, sparse_kv: int)
     """Flex tiles a block mask's blocks: BLOCK_M must divide its Q block and BLOCK_N its KV block."""
     for name, sparse in (("BLOCK_M", sparse_q), ("BLOCK_N", sparse_kv)):
         if name in options and sparse % options[name]:
-            raise InvalidConfig(f"{name}={options[name]} does not divide the block mask's {sparse}-token blocks")
+            raise InvalidConfig(
+                f"{name}={options[name]} does not divide the block mask's {sparse}-token blocks"
+            )
 
 
 def flex_for(device: str, point: object, compiled: bool = True) -> Any:
@@ -91,7 +95,11 @@ def _raise_recompile_limits() -> None:
     """One point compiles one entry per kernel-option set; never fall back to eager for want of room."""
     import torch._dynamo.config as dynamo_config
 
-    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
-                 "accumulated_cache_size_limit"):
+    for name in (
+        "recompile_limit",
+        "cache_size_limit",
+        "accumulated_recompile_limit",
+        "accumulated_cache_size_limit",
+    ):
         if hasattr(dynamo_config, name):
             setattr(dynamo_config, name, max(getattr(dynamo_config, name), _RECOMPILE_LIMIT))

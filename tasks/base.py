@@ -31,6 +31,9 @@ class TuningTask(Protocol):
     def default_config(self, static: Params) -> dict[str, Any]:
         """The config equal to what the library does untuned."""
 
+    # Optional: ``selectable(static, config) -> bool`` is False for a config measured for reference
+    # only, one a server with this static key cannot use as-is (e.g. it needs the KV cache re-paged);
+    # such a config is kept in the results but never wins.
     # Optional: ``complete_config(config) -> dict`` fills the options a config leaves implicit with
     # their defaults, so {"num_splits": 1} and {"num_splits": 1, "gather": "index"} plan as one config.
 

@@ -64,11 +64,18 @@ class FlashDecode:
     name = "flash_decode"
     serving_mode = "graph"
     static_params = (
-        "causal", "dtype", "head_dim", "num_kv_heads", "num_q_heads", "page_size", "sinks", "softcap",
+        "causal",
+        "dtype",
+        "head_dim",
+        "num_kv_heads",
+        "num_q_heads",
+        "page_size",
+        "sinks",
+        "softcap",
         "window",
     )
     shape_params = ("batch", "kv_len", "q_len")
-    config_params = ("backend",) + tuple(sorted({o for opts in BACKEND_OPTIONS.values() for o in opts}))
+    config_params = ("backend", *tuple(sorted({o for opts in BACKEND_OPTIONS.values() for o in opts})))
 
     def __init__(self, compile_flex_on_cpu: bool = True) -> None:
         # Tests on CPU run Flex eagerly (same masks, block mask and layouts; seconds not minutes).
@@ -77,18 +84,31 @@ class FlashDecode:
     def default_config(self, static: Params) -> dict[str, Any]:
         return dict(BACKEND_DEFAULTS["fa4"])
 
+    def selectable(self, static: Params, config: Params) -> bool:
+        """A config that runs on a re-paged copy of the cache is a reference, not a choice for this key."""
+        return config.get("kv_page_size", static["page_size"]) == static["page_size"]
+
     def check_point(self, static: Params, shape: Params) -> str | None:
-        hq, hkv, d, page = static["num_q_heads"], static["num_kv_heads"], static["head_dim"], static["page_size"]
+        hq, hkv, d, page = (
+            static["num_q_heads"],
+            static["num_kv_heads"],
+            static["head_dim"],
+            static["page_size"],
+        )
         if static["dtype"] not in _ITEMSIZE:
             return f"dtype {static['dtype']!r} is not one of {', '.join(_ITEMSIZE)}"
         if min(hq, hkv, d, page) < 1 or hq % hkv:
-            return "head counts, head_dim and page_size must be positive, num_q_heads a multiple of num_kv_heads"
+            return (
+                "head counts, head_dim and page_size must be positive, num_q_heads a multiple of num_kv_heads"
+            )
         left, right = static["window"]
         if left < -1 or right < -1 or static["softcap"] < 0:
             return "window sides must be >= -1 and softcap >= 0"
         if not 1 <= shape["q_len"] <= shape["kv_len"]:
             return f"q_len={shape['q_len']} must be between 1 and kv_len={shape['kv_len']}"
-        kv_bytes = 2 * shape["batch"] * _capacity(shape["kv_len"], page) * hkv * d * _ITEMSIZE[static["dtype"]]
+        kv_bytes = (
+            2 * shape["batch"] * _capacity(shape["kv_len"], page) * hkv * d * _ITEMSIZE[static["dtype"]]
+        )
         if kv_bytes > _MAX_KV_BYTES:
             return f"the KV cache would take {kv_bytes / 2**30:.1f} GiB (limit {_MAX_KV_BYTES / 2**30:.0f})"
         return None

@@ -49,8 +49,11 @@ def read_state(device: str, nvml: Any = None) -> GpuState | None:
         temperature_c=_try(lambda: float(nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU))),
         power_w=_try(lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0),
         throttle_reasons=_try(lambda: int(_reasons_fn(nvml)(handle))),
-        violation_ns=_try(lambda: sum(int(nvml.nvmlDeviceGetViolationStatus(handle, p).violationTime)
-                                      for p in _PERF_POLICIES)),
+        violation_ns=_try(
+            lambda: sum(
+                int(nvml.nvmlDeviceGetViolationStatus(handle, p).violationTime) for p in _PERF_POLICIES
+            )
+        ),
     )
 
 
@@ -71,7 +74,9 @@ def record_fields(before: GpuState | None, after: GpuState | None) -> dict[str, 
 
 def is_throttled(before: GpuState | None, after: GpuState | None) -> bool | None:
     """True if clocks were pulled down around the samples; None if nothing said either way."""
-    reasons = [s.throttle_reasons for s in (before, after) if s is not None and s.throttle_reasons is not None]
+    reasons = [
+        s.throttle_reasons for s in (before, after) if s is not None and s.throttle_reasons is not None
+    ]
     counters = (
         (before.violation_ns, after.violation_ns)
         if before is not None and after is not None and None not in (before.violation_ns, after.violation_ns)

@@ -9,6 +9,8 @@ from tasks.base import TuningTask
 _TASKS: dict[str, str] = {
     "decode_attention": "tasks.decode_attention:DecodeAttention",
     "fault_injection": "tasks.fault_injection:FaultInjection",
+    "flash_decode": "tasks.flash_decode:FlashDecode",
+    "flex_prefill": "tasks.flex_prefill:FlexPrefill",
 }
 
 

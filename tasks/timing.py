@@ -2,10 +2,13 @@
 
 - CPU: the monotonic clock around a synchronous call.
 - CUDA, ``eager``: events around one call on the current stream, as a framework without graphs runs it.
+  A short spin kernel is queued before the start event, so the GPU is still busy while the CPU
+  launches the call: the sample is the GPU's time for the call, not the host's launch latency.
 - CUDA, ``graph``: the call is captured into a CUDA graph after a warm-up and each sample times one
   replay with events, as a serving engine runs decode. With a warm L2 a replay holds ``reps`` copies
   of the call (enough for ~``_GRAPH_TARGET_US``) and a sample is the replay's time over ``reps``;
-  with a cold L2 a replay holds one call.
+  with a cold L2 a replay holds one call. As in eager mode, a spin kernel ahead of the start event
+  keeps the host's launch latency out of the sample.
 
 ``l2="cold"`` evicts the last-level cache before every sample, outside the timed region (and outside
 any graph), by writing a buffer twice the size of the cache.
@@ -23,6 +26,7 @@ _DEFAULT_LLC_BYTES = 64 << 20
 _GRAPH_TARGET_US = 200.0  # a warm-L2 replay this long keeps launch and event overhead under ~1 %
 _GRAPH_MAX_REPS = 64
 _GRAPH_WARMUP_CALLS = 3
+_SPIN_CYCLES = 500_000  # ~0.25 ms at H200 clocks: longer than a compiled call's host overhead
 
 
 def make_sampler(fn: Callable[[], Any], device: str, mode: str, l2: str) -> Sampler:
@@ -52,7 +56,11 @@ def _cpu_flush() -> Callable[[], None]:
     import torch
 
     buf = torch.empty(2 * _llc_bytes() // 4, dtype=torch.float32)
-    return lambda: buf.fill_(1.0) and None
+
+    def flush() -> None:
+        buf.fill_(1.0)
+
+    return flush
 
 
 def _llc_bytes() -> int:
@@ -67,7 +75,11 @@ def _cuda_flush(device: str) -> Callable[[], None]:
 
     l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size
     buf = torch.empty(2 * l2_bytes, dtype=torch.int8, device=device)
-    return lambda: buf.zero_() and None
+
+    def flush() -> None:
+        buf.zero_()
+
+    return flush
 
 
 def _cuda_sampler(fn: Callable[[], Any], device: str, l2: str) -> Sampler:
@@ -80,6 +92,7 @@ def _cuda_sampler(fn: Callable[[], Any], device: str, l2: str) -> Sampler:
     def sample() -> float:
         if flush is not None:
             flush()
+        torch.cuda._sleep(_SPIN_CYCLES)
         start.record()
         fn()
         end.record()
@@ -114,6 +127,7 @@ def _graph_sampler(fn: Callable[[], Any], device: str, l2: str) -> Sampler:
     def sample() -> float:
         if flush is not None:
             flush()
+        torch.cuda._sleep(_SPIN_CYCLES)  # keeps the GPU busy while the host launches the replay
         start.record()
         graph.replay()
         end.record()

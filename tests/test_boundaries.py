@@ -19,7 +19,7 @@ def _modules_after(statement: str) -> list[str]:
     return json.loads(out.stdout)  # type: ignore[no-any-return]
 
 
-@pytest.mark.parametrize("module", ["tunectl.runtime", "tunectl.bundle", "tunectl.keys"])
+@pytest.mark.parametrize("module", ["tunectl.runtime", "tunectl.bundle", "tunectl.keys", "tunectl.adapters"])
 def test_serving_modules_import_only_the_standard_library(module: str) -> None:
     at_start = set(_modules_after(""))  # site hooks (.pth files) load before any import of ours
     loaded = set(_modules_after(f"import {module}")) - at_start

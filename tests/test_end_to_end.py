@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from tunectl.cli import app
 from tunectl.results import read_results
+from tunectl.runtime import load_bundle
 
 pytestmark = pytest.mark.slow
 STATIC = {"dtype": "float32", "num_q_heads": 4, "num_kv_heads": 2, "head_dim": 16, "page_size": 8}
@@ -58,7 +59,7 @@ def test_submit_export_lookup(ray_two_gpus: None, tiny_spec: Path, tmp_path: Pat
         "policy": "pow2",
         "points": [1, 2, 4],
     }
-    assert set(manifest["files"]) == {"tables/decode_attention.json"}
+    assert set(manifest["files"]) == {"tables/decode_attention.json", "stats/decode_attention.json"}
     assert manifest["environment"]["device_name"]
 
     before = _tree(store)
@@ -81,10 +82,8 @@ def test_submit_export_lookup(ray_two_gpus: None, tiny_spec: Path, tmp_path: Pat
     assert "Traceback" not in again.output
     assert _tree(store) == before, "a refused export changes nothing"
 
-    winners = {
-        json.dumps(e["shape"], sort_keys=True): e["config"]
-        for e in json.loads((bundle_dir / "tables/decode_attention.json").read_text())["entries"]
-    }
+    entries = load_bundle(bundle_dir, env_policy="off").entries("decode_attention")
+    winners = {json.dumps(e["shape"], sort_keys=True): e["config"] for e in entries}
     probe = textwrap.dedent(f"""
         import json, sys
         from tunectl.runtime import load_bundle

@@ -72,3 +72,23 @@ def test_the_latest_measurement_of_a_config_counts() -> None:
 def test_points_are_ordered_by_value_not_text() -> None:
     rows = [_row('{"c":0}', 1.0, default=True, shape=f'{{"batch":{b}}}') for b in (16, 4, 1)]
     assert [dict(w.shape)["batch"] for w in select_winners(rows)] == [1, 4, 16]
+
+
+def test_a_config_the_task_marks_reference_only_never_wins() -> None:
+    rows = [_row('{"c":0}', 100.0, default=True), _row('{"c":1}', 10.0), _row('{"c":2}', 50.0)]
+    [w] = select_winners(rows, selectable=lambda task, static, config: dict(config)["c"] != 1)
+    assert dict(w.config) == {"c": 2} and w.num_failed == 0
+
+
+def test_flash_decode_never_picks_a_kernel_that_needs_the_cache_re_paged() -> None:
+    static = (
+        '{"causal":true,"dtype":"bfloat16","head_dim":128,"num_kv_heads":8,"num_q_heads":32,'
+        '"page_size":16,"sinks":false,"softcap":0.0,"window":[-1,-1]}'
+    )
+    rows = [
+        {**_row('{"backend":"fa4"}', 100.0, default=True), "task": "flash_decode", "static_key": static},
+        {**_row('{"backend":"fa2","kv_page_size":256}', 50.0), "task": "flash_decode", "static_key": static},
+        {**_row('{"backend":"flex"}', 80.0), "task": "flash_decode", "static_key": static},
+    ]
+    [w] = select_winners(rows)
+    assert dict(w.config) == {"backend": "flex"}

@@ -7,60 +7,96 @@ Tuning measures a dimension at declared points; at lookup a value is mapped to o
 - ``nearest``: the closest point (a tie goes to the larger);
 - ``pow2``: the next power of two >= value, if it was tuned.
 
-A value outside what a policy can map returns None: a miss, never a guess.
+A value outside what a policy can map returns None: a miss, never a guess. A value equal to an
+integer buckets as that integer (``4``, ``4.0``, ``numpy.int64(4)``; like any Python value, ``True``
+equals 1); anything else (``4.5``, ``"4"``, None) is a miss. Equal values therefore always bucket
+alike, which is what lets the runtime remember results by value. A bucketer never raises.
 """
 
 from __future__ import annotations
 
 import bisect
+import operator
 from collections.abc import Callable, Sequence
 
 POLICIES = ("exact", "floor", "ceil", "nearest", "pow2")
 
-Bucketer = Callable[[int], "int | None"]
+Bucketer = Callable[[object], "int | None"]
 
 
 def is_pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
+def as_int(value: object) -> int | None:
+    """The integer ``value`` equals, or None."""
+    if type(value) is int:
+        return value
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else None
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+
+
 def make_bucketer(policy: str, points: Sequence[int]) -> Bucketer:
     """A function mapping a value to its tuned point under ``policy``, or None on a miss."""
     pts = sorted(set(points))
-    members = frozenset(pts)
+    if any(type(p) is not int for p in pts):
+        raise ValueError(f"bucket points must be integers, not {pts!r}")
+    if policy not in POLICIES:
+        raise ValueError(f"unknown bucket policy {policy!r}; expected one of {', '.join(POLICIES)}")
+    if not pts:
+        return lambda v: None
+    # Every closure starts with the common case, a plain int, and coerces anything else once.
     if policy == "exact":
-        return lambda v: v if v in members else None
-    if policy == "pow2":
+        members = {p: p for p in pts}
 
-        def pow2(v: int) -> int | None:
-            up = 1 << (v - 1).bit_length() if v > 0 else 0
-            return up if up in members else None
+        def exact(v: object) -> int | None:
+            return members.get(v if type(v) is int else as_int(v))  # type: ignore[arg-type]
+
+        return exact
+    if policy == "pow2":
+        members = {p: p for p in pts}
+
+        def pow2(v: object) -> int | None:
+            n = v if type(v) is int else as_int(v)
+            if n is None or n < 1:
+                return None
+            return members.get(1 << (n - 1).bit_length())
 
         return pow2
+    lo, hi = pts[0], pts[-1]
     if policy == "floor":
 
-        def floor(v: int) -> int | None:
-            i = bisect.bisect_right(pts, v)
-            return pts[i - 1] if i else None
+        def floor(v: object) -> int | None:
+            n = v if type(v) is int else as_int(v)
+            if n is None or n < lo:
+                return None
+            return pts[bisect.bisect_right(pts, n) - 1]
 
         return floor
     if policy == "ceil":
 
-        def ceil(v: int) -> int | None:
-            i = bisect.bisect_left(pts, v)
-            return pts[i] if i < len(pts) else None
+        def ceil(v: object) -> int | None:
+            n = v if type(v) is int else as_int(v)
+            if n is None or n > hi:
+                return None
+            return pts[bisect.bisect_left(pts, n)]
 
         return ceil
-    if policy == "nearest":
 
-        def nearest(v: int) -> int | None:
-            i = bisect.bisect_left(pts, v)
-            if i == 0:
-                return pts[0]
-            if i == len(pts):
-                return pts[-1]
-            lo, hi = pts[i - 1], pts[i]
-            return lo if v - lo < hi - v else hi
+    def nearest(v: object) -> int | None:
+        n = v if type(v) is int else as_int(v)
+        if n is None:
+            return None
+        i = bisect.bisect_left(pts, n)
+        if i == 0:
+            return lo
+        if i == len(pts):
+            return hi
+        below, above = pts[i - 1], pts[i]
+        return below if n - below < above - n else above
 
-        return nearest
-    raise ValueError(f"unknown bucket policy {policy!r}; expected one of {', '.join(POLICIES)}")
+    return nearest

@@ -1,28 +1,42 @@
-"""Building and publishing bundles. Standard library only.
+"""Building, publishing and promoting bundles. Standard library only.
 
-A bundle is ``<store>/<name>/<version>/`` holding ``tables/<task>.json`` and ``manifest.json``, which
-lists the sha256 of every other file. Publishing writes everything into a hidden staging directory
-beside the target, tables first and the manifest last, then renames the directory into place: a
-reader sees the whole version or none of it. An existing version is never touched.
+A store holds ``<name>/<version>/`` directories and ``<name>/_channels/<channel>.json`` pointers::
+
+    <store>/<name>/<version>/manifest.json        schema version, environment, tasks, sha256 of every file
+    <store>/<name>/<version>/tables/<task>.json   static keys, configs, and one row per entry (lookup)
+    <store>/<name>/<version>/stats/<task>.json    per-entry statistics, by column (parsed on first use)
+    <store>/<name>/_channels/<channel>.json       {"version", "manifest_sha256", "previous", ...}
+
+Publishing writes every table first and the manifest last; a version without a manifest does not
+exist. Versions are immutable: publishing an existing one fails and changes nothing. A channel is
+replaced atomically (a local temp file, fsync, ``os.replace``; on object storage, one PUT of a small
+object), and names the sha256 of the manifest it promoted, so a version replaced behind its back is
+refused at load. ``BundleStore`` is the seam: ``LocalStore`` here, pyarrow.fs stores in
+``tunectl.stores``.
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
+import io
 import json
 import os
 import re
 import secrets
 import shutil
+import tarfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from tunectl import __version__
 from tunectl.errors import BundleExistsError, UserError
-from tunectl.runtime import MANIFEST, SCHEMA_VERSION
+from tunectl.runtime import CHANNELS, MANIFEST, SCHEMA_VERSION, Bundle, Fetcher, load_bundle, safe_member
+from tunectl.runtime.format import ARCHIVE_SUFFIXES, BundleCorruptError, BundleReadError
+from tunectl.runtime.sources import Source, read_verified, resolve
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -39,12 +53,63 @@ class TaskTable:
 
 def check_name(kind: str, value: str) -> str:
     if not _NAME.match(value) or value in (".", ".."):
-        raise UserError(f"bundle {kind} {value!r} must be letters, digits, '.', '_' or '-' (not starting with one)")
+        raise UserError(
+            f"bundle {kind} {value!r} must be letters, digits, '.', '_' or '-' (not starting with one)"
+        )
     return value
 
 
-def _dump(obj: Any) -> bytes:
+def _dump(obj: Any, compact: bool = False) -> bytes:
+    if compact:
+        return (json.dumps(obj, separators=(",", ":"), sort_keys=True, allow_nan=False) + "\n").encode()
     return (json.dumps(obj, indent=1, sort_keys=True, allow_nan=False) + "\n").encode()
+
+
+def _hashable(value: Any) -> Any:
+    return tuple(_hashable(v) for v in value) if isinstance(value, list) else value
+
+
+def _columns(table: TaskTable) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+    """The table (static keys, configs, flat rows) and its statistics by column, for one task."""
+    shape_params = sorted(table.shape_params)
+    points = {p: set(table.shape_params[p]["points"]) for p in shape_params}
+    statics: dict[str, int] = {}
+    configs: dict[str, int] = {}
+    seen: set[Any] = set()
+    rows: list[Any] = []
+    stats: dict[str, list[Any]] = {}
+    for i, entry in enumerate(table.entries):
+        try:
+            static = [entry["static"][p] for p in table.static_params]
+            shape = [entry["shape"][p] for p in shape_params]
+            config = dict(entry["config"])
+        except KeyError as exc:
+            raise UserError(f"task {table.task}: entry {i} lacks {exc.args[0]!r}") from None
+        for p, value in zip(shape_params, shape, strict=True):
+            if value not in points[p]:
+                raise UserError(f"task {table.task}: entry {i} has {p}={value!r}, not a declared point")
+        key = (_hashable(static), tuple(shape))
+        if key in seen:  # equal as lookup keys (1 == True == 1.0 in Python): one would shadow the other
+            raise UserError(f"task {table.task}: two entries share the key {static!r} {shape!r}")
+        seen.add(key)
+        s = statics.setdefault(json.dumps(static, sort_keys=True), len(statics))
+        c = configs.setdefault(json.dumps(config, sort_keys=True), len(configs))
+        rows += [s, *shape, c]
+        for col, value in entry.items():
+            if col not in ("static", "shape", "config"):
+                stats.setdefault(col, [None] * i).append(value)
+        for values in stats.values():
+            values.extend([None] * (i + 1 - len(values)))
+    doc = {
+        "schema_version": SCHEMA_VERSION,
+        "task": table.task,
+        "static_params": list(table.static_params),
+        "shape_params": shape_params,
+        "statics": [json.loads(s) for s in statics],
+        "configs": [json.loads(c) for c in configs],
+        "rows": rows,
+    }
+    return doc, stats
 
 
 def build_files(
@@ -60,10 +125,16 @@ def build_files(
     files: dict[str, bytes] = {}
     tasks: dict[str, Any] = {}
     for table in sorted(tables, key=lambda t: t.task):
-        rel = f"tables/{check_name('task', table.task)}.json"
-        files[rel] = _dump({"schema_version": SCHEMA_VERSION, "task": table.task, "entries": list(table.entries)})
+        check_name("task", table.task)
+        doc, stats = _columns(table)
+        table_at, stats_at = f"tables/{table.task}.json", f"stats/{table.task}.json"
+        files[table_at] = _dump(doc, compact=True)
+        files[stats_at] = _dump(
+            {"schema_version": SCHEMA_VERSION, "task": table.task, "columns": stats}, True
+        )
         tasks[table.task] = {
-            "table": rel,
+            "table": table_at,
+            "stats": stats_at,
             "static_params": list(table.static_params),
             "shape_params": {k: dict(v) for k, v in sorted(table.shape_params.items())},
             "num_entries": len(table.entries),
@@ -83,26 +154,302 @@ def build_files(
     return files
 
 
+class BundleStore(Protocol):
+    """Where bundles live. Member paths are POSIX and relative to the store's root."""
+
+    url: str
+    #: how the runtime reads this store's URIs (None: local paths, read by the runtime itself)
+    fetcher: Fetcher | None
+
+    def location(self, *parts: str) -> str:
+        """The path or URI of a member, as ``load_bundle`` takes it."""
+
+    def read(self, rel: str) -> bytes:
+        """A member's bytes; FileNotFoundError if it does not exist."""
+
+    def list_dir(self, rel: str) -> list[str]:
+        """Names directly under ``rel`` ("" is the root), sorted; empty if there is nothing."""
+
+    def publish_version(self, name: str, version: str, files: Mapping[str, bytes]) -> str:
+        """Write a new version, the manifest last; BundleExistsError if it exists. Returns its location."""
+
+    def replace(self, rel: str, data: bytes) -> None:
+        """Replace a small member atomically: readers see the old bytes or the new, never a mix."""
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _sync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class LocalStore:
+    """A store in a local directory (or a mounted volume)."""
+
+    fetcher: Fetcher | None = None
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self.url = str(self.root)
+
+    def location(self, *parts: str) -> str:
+        return str(self.root.joinpath(*parts))
+
+    def read(self, rel: str) -> bytes:
+        path = safe_member(self.root, rel)
+        try:
+            return path.read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            raise FileNotFoundError(str(path)) from None
+        except OSError as exc:
+            raise BundleReadError(f"cannot read {path}: {exc}") from None
+
+    def list_dir(self, rel: str) -> list[str]:
+        path = safe_member(self.root, rel) if rel else self.root
+        return sorted(p.name for p in path.iterdir()) if path.is_dir() else []
+
+    def publish_version(self, name: str, version: str, files: Mapping[str, bytes]) -> str:
+        return str(publish_local(self.root, name, version, files))
+
+    def replace(self, rel: str, data: bytes) -> None:
+        target = safe_member(self.root, rel)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temp = target.parent / f".{target.name}.{secrets.token_hex(4)}.tmp"
+        try:
+            _write_synced(temp, data)
+            os.replace(temp, target)
+            _sync_dir(target.parent)
+        finally:
+            temp.unlink(missing_ok=True)
+
+
 def publish_local(store: str | Path, name: str, version: str, files: Mapping[str, bytes]) -> Path:
     """Publish ``files`` as ``store/name/version``; BundleExistsError if that version exists."""
     target = Path(store) / check_name("name", name) / check_name("version", version)
     if target.exists():
-        raise BundleExistsError(f"bundle {name}/{version} already exists at {target}; versions are immutable, "
-                                "publish a new version")
+        raise BundleExistsError(
+            f"bundle {name}/{version} already exists at {target}; versions are immutable: publish a new one"
+        )
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = target.parent / f".{version}.{secrets.token_hex(4)}.staging"
     try:
         for rel in sorted(files, key=lambda r: r == MANIFEST):  # the manifest last
-            path = staging.joinpath(*rel.split("/"))
+            path = safe_member(staging, rel)
             path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "wb") as f:
-                f.write(files[rel])
-                f.flush()
-                os.fsync(f.fileno())
+            _write_synced(path, files[rel])
         try:
             os.rename(staging, target)  # fails on a non-empty target: a concurrent publish lost the race
         except OSError:
             raise BundleExistsError(f"bundle {name}/{version} already exists at {target}") from None
+        _sync_dir(target.parent)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def publish(store: BundleStore, name: str, version: str, files: Mapping[str, bytes]) -> str:
+    """Publish a built bundle to any store; returns its location."""
+    return store.publish_version(check_name("name", name), check_name("version", version), files)
+
+
+@dataclass(frozen=True)
+class ChannelPointer:
+    name: str
+    channel: str
+    version: str
+    manifest_sha256: str
+    previous: str | None
+    promoted_at: str
+
+
+def channel_member(name: str, channel: str) -> str:
+    return f"{check_name('name', name)}/{CHANNELS}/{check_name('channel', channel)}.json"
+
+
+def read_channel(store: BundleStore, name: str, channel: str) -> ChannelPointer | None:
+    """What ``channel`` of ``name`` points at, or None if it was never promoted."""
+    try:
+        raw = json.loads(store.read(channel_member(name, channel)))
+        return ChannelPointer(**{k: raw.get(k) for k in ChannelPointer.__dataclass_fields__})
+    except FileNotFoundError:
+        return None
+    except (ValueError, TypeError) as exc:
+        raise BundleCorruptError(f"channel {name}@{channel} in {store.url} is unreadable: {exc}") from None
+
+
+def promote(store: BundleStore, name: str, version: str, channel: str) -> ChannelPointer:
+    """Point ``channel`` of ``name`` at ``version``, after verifying that version in full."""
+    member = channel_member(name, channel)
+    bundle = load_bundle(
+        store.location(name, check_name("version", version)), env_policy="off", fetcher=store.fetcher
+    )
+    bundle.check_statistics()
+    before = read_channel(store, name, channel)
+    previous = None if before is None else before.previous if before.version == version else before.version
+    pointer = ChannelPointer(
+        name=name,
+        channel=channel,
+        version=version,
+        manifest_sha256=bundle.manifest_sha256,  # the bytes just verified, not a second read
+        previous=previous,
+        promoted_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    )
+    store.replace(member, _dump(pointer.__dict__))
+    return pointer
+
+
+@dataclass(frozen=True)
+class VersionListing:
+    name: str
+    version: str
+    created_at: str
+    num_entries: int
+    device_name: str
+    tasks: tuple[str, ...]
+
+
+def list_bundles(store: BundleStore) -> tuple[list[VersionListing], list[ChannelPointer]]:
+    """Every published version (one with a readable manifest) and every channel in ``store``."""
+    versions, channels = [], []
+    for name in store.list_dir(""):
+        if not _NAME.match(name):
+            continue
+        for version in store.list_dir(name):
+            if not _NAME.match(version):
+                continue  # staging directories, channels
+            try:
+                manifest = json.loads(store.read(f"{name}/{version}/{MANIFEST}"))
+                tasks = manifest.get("tasks", {})
+                versions.append(
+                    VersionListing(
+                        name,
+                        version,
+                        str(manifest.get("created_at", "")),
+                        sum(int(t.get("num_entries", 0)) for t in tasks.values()),
+                        str(manifest.get("environment", {}).get("device_name", "")),
+                        tuple(sorted(tasks)),
+                    )
+                )
+            except (FileNotFoundError, ValueError, AttributeError, TypeError):
+                continue  # no manifest (an unfinished publish) or not a bundle: not a version
+        for file in store.list_dir(f"{name}/{CHANNELS}"):
+            pointer = (
+                read_channel(store, name, file.removesuffix(".json")) if file.endswith(".json") else None
+            )
+            if pointer is not None:
+                channels.append(pointer)
+    return versions, channels
+
+
+def pack(source: str, out: str | os.PathLike[str], fetcher: Fetcher | None = None) -> Path:
+    """Write the verified bundle at ``source`` as one ``.tar.gz`` (deterministic, written atomically)."""
+    where, _ = resolve(source, None, None, None, fetcher)
+    _, raw, files = read_verified(Source(where, fetcher))
+    out = Path(out)
+    if not out.name.endswith(ARCHIVE_SUFFIXES):
+        raise UserError(f"{out}: an archive's name ends with {' or '.join(ARCHIVE_SUFFIXES)}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    temp = out.parent / f".{out.name}.{secrets.token_hex(4)}.tmp"
+    try:
+        with open(temp, "wb") as f:
+            compress = out.name.endswith(("gz", "tgz"))
+            # gzip records a file name and a time in its header: blank both, so equal bundles pack equal
+            stream: Any = gzip.GzipFile(filename="", mode="wb", fileobj=f, mtime=0) if compress else f
+            with tarfile.open(fileobj=stream, mode="w", format=tarfile.PAX_FORMAT) as tar:
+                for rel, data in sorted({**files, MANIFEST: raw}.items(), key=lambda kv: kv[0] == MANIFEST):
+                    info = tarfile.TarInfo(rel)
+                    info.size, info.mode, info.mtime = len(data), 0o644, 0
+                    tar.addfile(info, io.BytesIO(data))
+            if compress:
+                stream.close()
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, out)
+    finally:
+        temp.unlink(missing_ok=True)
+    return out
+
+
+@dataclass(frozen=True)
+class EntryChange:
+    """One (task, static, shape) point compared across two bundles."""
+
+    task: str
+    static: Mapping[str, Any]
+    shape: Mapping[str, Any]
+    kind: str  # added | removed | changed (another config) | same (the config, maybe another median)
+    old_config: Mapping[str, Any] | None
+    new_config: Mapping[str, Any] | None
+    old_median_us: float | None
+    new_median_us: float | None
+
+    @property
+    def median_change(self) -> float | None:
+        """New median over old, minus one (-0.25: 25 % faster); None where either is missing."""
+        if not self.old_median_us or self.new_median_us is None:
+            return None
+        return self.new_median_us / self.old_median_us - 1.0
+
+
+@dataclass(frozen=True)
+class BundleDiff:
+    old: str
+    new: str
+    changes: tuple[EntryChange, ...]
+    notes: tuple[str, ...]  # task-level differences: tasks added or removed, bucketing changed
+
+    def count(self, kind: str) -> int:
+        return sum(c.kind == kind for c in self.changes)
+
+
+def _by_point(bundle: Bundle, task: str) -> dict[str, dict[str, Any]]:
+    return {json.dumps([e["static"], e["shape"]], sort_keys=True): e for e in bundle.entries(task)}
+
+
+def _order(point: str) -> tuple[Any, ...]:
+    """Points in table order: by static key, then shape values as numbers (batch 4 before 16)."""
+    static, shape = json.loads(point)
+    return json.dumps(static, sort_keys=True), [(k, str(type(v)), v) for k, v in sorted(shape.items())]
+
+
+def diff_bundles(old: Bundle, new: Bundle) -> BundleDiff:
+    """Per task and point: entries added, removed, given another config, or kept (with both medians)."""
+    notes, changes = [], []
+    for task in sorted(set(old.tasks) | set(new.tasks)):
+        if task not in new.tasks or task not in old.tasks:
+            notes.append(f"task {task} {'removed' if task in old.tasks else 'added'}")
+        elif old.task_info(task) != new.task_info(task):
+            notes.append(f"task {task}: static parameters or bucketing changed")
+        before = _by_point(old, task) if task in old.tasks else {}
+        after = _by_point(new, task) if task in new.tasks else {}
+        for point in sorted(set(before) | set(after), key=_order):
+            a, b = before.get(point), after.get(point)
+            kind = "added" if a is None else "removed" if b is None else "same"
+            if a is not None and b is not None and a["config"] != b["config"]:
+                kind = "changed"
+            either = a or b
+            assert either is not None
+            old_config, old_median = (a["config"], a.get("median_us")) if a else (None, None)
+            new_config, new_median = (b["config"], b.get("median_us")) if b else (None, None)
+            changes.append(
+                EntryChange(
+                    task,
+                    either["static"],
+                    either["shape"],
+                    kind,
+                    old_config,
+                    new_config,
+                    old_median,
+                    new_median,
+                )
+            )
+    return BundleDiff(f"{old.name}/{old.version}", f"{new.name}/{new.version}", tuple(changes), tuple(notes))

@@ -8,22 +8,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tunectl.bundle import TaskTable, build_files, check_name, publish_local
+from tunectl.bundle import TaskTable, build_files, check_name, publish
 from tunectl.errors import UserError
 from tunectl.keys import Key
 from tunectl.results import read_results
 from tunectl.runs import load_run
 from tunectl.select import Winner, select_winners
 from tunectl.spec import parse_spec
+from tunectl.stores import open_store
 
 _ENV_FIELDS = ("device_kind", "device_name", "compute_capability", "sm_count", "cuda", "packages")
 
 
 @dataclass(frozen=True)
 class ExportResult:
-    path: Path
+    location: str  # the published version: a directory, or a URI in object storage
     winners: tuple[Winner, ...]
     source_runs: tuple[str, ...]
+
+    @property
+    def path(self) -> Path:
+        """The published version's directory (for a local store)."""
+        return Path(self.location)
 
 
 def _json_key(key: Key) -> dict[str, Any]:
@@ -79,9 +85,13 @@ def export_bundle(
     task: str | None = None,
     device: str | None = None,
 ) -> ExportResult:
-    """Select winners from ``results`` and publish them as bundle ``name/version`` under ``out``."""
+    """Select winners from ``results`` and publish them as bundle ``name/version`` in store ``out``.
+
+    ``out`` is a local directory or a store URI (``s3://bucket/prefix``, see ``tunectl.stores``).
+    """
     check_name("name", name)
     check_name("version", version)
+    store = open_store(out)
     results = Path(results)
     rows = read_results(results, run_ids=run_ids, task=task)
     if device is not None:
@@ -110,5 +120,5 @@ def export_bundle(
         entries = tuple(entry_of(w) for w in task_winners)
         tables.append(TaskTable(task_name, static_params, shapes, entries))
     files = build_files(name, version, tables, source_runs, _environment(rows))
-    path = publish_local(out, name, version, files)
-    return ExportResult(path, tuple(winners), source_runs)
+    location = publish(store, name, version, files)
+    return ExportResult(location, tuple(winners), source_runs)

@@ -1,18 +1,33 @@
-"""Run metadata: what a run was asked to do and how far it got. Stored as JSON beside the results."""
+"""Run metadata: what a run was asked to do and how far it got. Stored as JSON beside the results.
+
+Layout under the results root::
+
+    _runs/<run>.json    the run's metadata (this module), replaced atomically on every change
+    _runs/<run>.log     the run's event log: workers starting, dying, items retried or timed out
+
+A run records the host and process of the driver running it, so a run whose driver died without a
+word (SIGKILL, a lost machine) shows as interrupted rather than running forever, and ``cancel`` can
+stop a driver on this machine.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import secrets
+import signal
+import socket
 import time
-from dataclasses import asdict, dataclass, replace
+from collections import Counter
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any
 
 from tunectl.errors import UserError
 from tunectl.results import atomic_write
 
 RUNS_DIR = "_runs"
-STATES = ("running", "finished", "interrupted", "failed")
+STATES = ("running", "finished", "interrupted", "cancelled", "failed")
 
 
 @dataclass(frozen=True)
@@ -27,14 +42,48 @@ class RunInfo:
     created_at: float
     updated_at: float
     message: str = ""
+    #: the pools (accelerator types, or "cpu") the run is planned for; each measures the whole plan
+    pools: tuple[str, ...] = ()
+    driver_host: str = ""
+    driver_pid: int = 0
+    driver_start: int = 0  # the driver process's start time (clock ticks since boot), against pid reuse
 
     def with_state(self, state: str, message: str = "") -> RunInfo:
+        assert state in STATES, state
         return replace(self, state=state, message=message, updated_at=time.time())
+
+    def with_driver(self) -> RunInfo:
+        """The same run, driven by this process from now on."""
+        pid = os.getpid()
+        return replace(
+            self, driver_host=socket.gethostname(), driver_pid=pid, driver_start=_process_start(pid) or 0
+        )
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """A run with its counts from the results dataset and its state as a user should read it."""
+
+    info: RunInfo
+    state: str  # the recorded state, except a 'running' run whose driver is gone reads 'interrupted'
+    counts: dict[str, int] = field(default_factory=dict)  # status -> rows
+
+    @property
+    def num_done(self) -> int:
+        return sum(self.counts.values())
+
+    @property
+    def failed(self) -> dict[str, int]:
+        return {s: n for s, n in sorted(self.counts.items()) if s != "ok"}
 
 
 def new_run_id() -> str:
     """Sortable by start time, unique across drivers: r20261129-221300-3fa2c1."""
     return time.strftime("r%Y%m%d-%H%M%S-", time.gmtime()) + secrets.token_hex(3)
+
+
+def run_log_path(root: str | Path, run_id: str) -> Path:
+    return Path(root) / RUNS_DIR / f"{run_id}.log"
 
 
 def save_run(root: str | Path, info: RunInfo) -> None:
@@ -44,10 +93,18 @@ def save_run(root: str | Path, info: RunInfo) -> None:
     atomic_write(directory / f"{info.run_id}.json", lambda f: f.write(data))
 
 
+def run_exists(root: str | Path, run_id: str) -> bool:
+    return (Path(root) / RUNS_DIR / f"{run_id}.json").is_file()
+
+
 def load_run(root: str | Path, run_id: str) -> RunInfo:
     path = Path(root) / RUNS_DIR / f"{run_id}.json"
     try:
-        return RunInfo(**json.loads(path.read_text(encoding="utf-8")))
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        known = {f.name for f in fields(RunInfo)}
+        raw = {k: v for k, v in raw.items() if k in known}  # written by a newer tunectl: keep what we know
+        raw["pools"] = tuple(raw.get("pools", ()))
+        return RunInfo(**raw)
     except FileNotFoundError:
         raise UserError(f"no run {run_id!r} in {root}; `tunectl runs --results {root}` lists them") from None
     except (ValueError, TypeError) as exc:
@@ -60,3 +117,76 @@ def list_runs(root: str | Path) -> list[RunInfo]:
         return []
     runs = [load_run(root, p.stem) for p in sorted(directory.glob("r*.json"))]
     return sorted(runs, key=lambda r: r.created_at)
+
+
+def summarise_runs(root: str | Path, rows: list[dict[str, Any]] | None = None) -> list[RunSummary]:
+    """Every run under ``root`` with its row counts by status (``rows``: the dataset, if already read)."""
+    runs = list_runs(root)
+    if rows is None and runs:
+        from tunectl.results import read_results
+
+        rows = read_results(root)
+    counts: dict[str, Counter[str]] = {}
+    for row in rows or []:
+        counts.setdefault(row["run_id"], Counter())[row["status"]] += 1
+    return [RunSummary(r, effective_state(r), dict(counts.get(r.run_id, Counter()))) for r in runs]
+
+
+def driver_alive(info: RunInfo) -> bool | None:
+    """Whether the run's driver process still runs; None when it ran on another host (cannot tell)."""
+    if not info.driver_pid or info.driver_host != socket.gethostname():
+        return None
+    start = _process_start(info.driver_pid)
+    return start is not None and (not info.driver_start or not start or start == info.driver_start)
+
+
+def effective_state(info: RunInfo) -> str:
+    if info.state == "running" and driver_alive(info) is False:
+        return "interrupted"
+    return info.state
+
+
+def cancel_local_run(root: str | Path, run_id: str, wait_s: float = 15.0) -> str:
+    """Stop the driver of a running run on this machine (SIGTERM: it records what it has and stops).
+
+    Returns what happened, in a sentence. A run whose driver is already gone is marked interrupted.
+    """
+    info = load_run(root, run_id)
+    if info.state != "running":
+        raise UserError(f"run {run_id} is not running (it is {info.state})")
+    alive = driver_alive(info)
+    if alive is None:
+        raise UserError(
+            f"run {run_id} is driven from host {info.driver_host or '?'} (pid {info.driver_pid}); "
+            "cancel it there, "
+            "or with `tunectl cancel RUN --address http://HEAD:8265` if it was submitted as a job"
+        )
+    if not alive:
+        save_run(root, info.with_state("interrupted", "its driver was gone"))
+        return f"run {run_id} had no driver left; marked interrupted (finish it with --resume {run_id})"
+    os.kill(info.driver_pid, signal.SIGTERM)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if load_run(root, run_id).state != "running" or not driver_alive(info):
+            break
+        time.sleep(0.1)
+    state = effective_state(load_run(root, run_id))
+    return f"run {run_id} stopped: {state}; finish it with `tunectl submit --resume {run_id}`"
+
+
+def _process_start(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (Linux), or None if there is no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            return 0
+        return 0  # alive, start time unknown (no /proc)
+    after_name = stat.rsplit(")", 1)[1].split()
+    if after_name and after_name[0] == "Z":
+        return None  # a zombie has finished
+    return int(after_name[19]) if len(after_name) > 19 else 0

@@ -1,6 +1,8 @@
 """Choosing winners from results, honestly.
 
-Per (task, device, static key, shape): only configs with status ``ok`` compete. A non-default
+Per (task, device, static key, shape): only configs with status ``ok`` compete, and only those a
+server with that static key can use as they are (a task may measure others for reference, such as
+a kernel run on a re-paged cache; ``selectable``). A non-default
 config wins only when its median beats the default's by more than the measured noise of both
 (``median * (1 + noise) < default median``); otherwise the default keeps its place. Among those
 that clear the bar the lowest median wins, ties broken by the config's canonical text, so two
@@ -10,8 +12,9 @@ latest measurement counts.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 from tunectl.keys import Key, key_from_text
@@ -57,20 +60,41 @@ def _sort_key(key: Key) -> tuple[Any, ...]:
     return tuple((name, type(v).__name__, v if not isinstance(v, tuple) else repr(v)) for name, v in key)
 
 
+Selectable = Callable[[str, Key, Key], bool]  # (task, static, config) -> may it win?
+
+
+@cache
+def _task_rule(task: str) -> Callable[[Mapping[str, Any], Mapping[str, Any]], bool] | None:
+    from tasks.registry import get_task, task_names
+
+    return getattr(get_task(task), "selectable", None) if task in task_names() else None
+
+
+def task_selectable(task: str, static: Key, config: Key) -> bool:
+    """The task's own rule (``TuningTask.selectable``), where it declares one."""
+    rule = _task_rule(task)
+    return True if rule is None else bool(rule(dict(static), dict(config)))
+
+
 def _beats(row: Mapping[str, Any], default: Mapping[str, Any]) -> bool:
     margin = max(row["rel_noise"] or 0.0, default["rel_noise"] or 0.0)
     return bool(row["median_us"] * (1.0 + margin) < default["median_us"])
 
 
-def select_winners(rows: Iterable[Mapping[str, Any]]) -> list[Winner]:
-    """One winner per (task, device, static, shape) that has at least one ok measurement."""
+def select_winners(
+    rows: Iterable[Mapping[str, Any]], selectable: Selectable = task_selectable
+) -> list[Winner]:
+    """One winner per (task, device, static, shape) that has at least one ok, selectable measurement."""
     groups: dict[tuple[str, ...], list[Mapping[str, Any]]] = {}
     for key, row in _latest(rows).items():
         groups.setdefault(key[:4], []).append(row)
     winners = []
     for (task, device, static_text, shape_text), group in groups.items():
+        static = key_from_text(static_text)
         ok = sorted(
-            (r for r in group if r["status"] == "ok"), key=lambda r: (r["median_us"], r["config_key"])
+            (r for r in group
+             if r["status"] == "ok" and selectable(task, static, key_from_text(r["config_key"]))),
+            key=lambda r: (r["median_us"], r["config_key"]),
         )
         if not ok:
             continue
@@ -83,7 +107,7 @@ def select_winners(rows: Iterable[Mapping[str, Any]]) -> list[Winner]:
             Winner(
                 task=task,
                 device_name=device,
-                static=key_from_text(static_text),
+                static=static,
                 shape=key_from_text(shape_text),
                 config=key_from_text(best["config_key"]),
                 is_default=bool(best["is_default"]),
@@ -95,7 +119,7 @@ def select_winners(rows: Iterable[Mapping[str, Any]]) -> list[Winner]:
                 default_median_us=default["median_us"] if default else None,
                 run_id=best["run_id"],
                 num_configs=len(group),
-                num_failed=len(group) - len(ok),
+                num_failed=sum(r["status"] != "ok" for r in group),
             )
         )
     return sorted(winners, key=lambda w: (w.task, w.device_name, _sort_key(w.static), _sort_key(w.shape)))

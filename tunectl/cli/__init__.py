@@ -15,6 +15,8 @@ app = typer.Typer(
 app.command(help=submit.__doc__)(submit.submit)
 app.command(name="runs", help=runs.list_runs_cmd.__doc__)(runs.list_runs_cmd)
 app.command(name="winners", help=runs.winners_cmd.__doc__)(runs.winners_cmd)
+app.command(name="logs", help=runs.logs_cmd.__doc__)(runs.logs_cmd)
+app.command(name="cancel", help=runs.cancel_cmd.__doc__)(runs.cancel_cmd)
 app.add_typer(export.app, name="export")
 app.add_typer(bundle.app, name="bundle")
 

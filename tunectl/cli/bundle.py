@@ -1,33 +1,218 @@
-"""Inspect and check published bundles."""
+"""Inspect, check, compare, promote and pack published bundles.
+
+A SOURCE is a bundle directory (``bundles/quickstart/1``), an archive (``quickstart-1.tar.gz``), a URI
+(``s3://bucket/bundles/quickstart/1``), or what a channel points at (``bundles/quickstart@stable``).
+"""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from rich.console import Console
+from rich.table import Table
 
 from tunectl.cli._common import library_errors
 
-app = typer.Typer(help="Inspect and check published bundles.", no_args_is_help=True)
+app = typer.Typer(help="Inspect, check, compare, promote and pack published bundles.", no_args_is_help=True)
+
+SourceArg = Annotated[str, typer.Argument(help="A bundle: directory, archive, URI, or STORE/NAME@CHANNEL.")]
+StoreOption = Annotated[str, typer.Option("--store", help="Bundle store: a directory or a URI (s3://...).")]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
+DEFAULT_STORE = "bundles"
+
+
+def _load(source: str, env_policy: str = "off") -> Any:
+    from tunectl.runtime import load_bundle, uri_scheme
+    from tunectl.stores import fetch
+
+    remote = uri_scheme(source) not in (None, "file")
+    return load_bundle(source, env_policy=env_policy, fetcher=fetch if remote else None)
+
+
+@app.command("list")
+def list_cmd(
+    store: Annotated[str, typer.Argument(help="Bundle store: a directory or a URI.")] = DEFAULT_STORE,
+    as_json: JsonOption = False,
+) -> None:
+    """List every published version in STORE, and the channels that point at them."""
+    from tunectl.bundle import list_bundles
+    from tunectl.stores import open_store
+
+    with library_errors():
+        versions, channels = list_bundles(open_store(store))
+    if as_json:
+        typer.echo(
+            json.dumps(
+                {"versions": [v.__dict__ for v in versions], "channels": [c.__dict__ for c in channels]},
+                indent=2,
+                default=list,
+            )
+        )
+        return
+    if not versions:
+        typer.echo(f"no bundles in {store}")
+        return
+    table = Table(title=f"bundles in {store}", title_justify="left")
+    for col in ("name", "version", "channels", "created", "entries", "device", "tasks"):
+        table.add_column(col, justify="right" if col == "entries" else "left", overflow="fold")
+    for v in versions:
+        marks = ", ".join(c.channel for c in channels if c.name == v.name and c.version == v.version)
+        table.add_row(
+            v.name, v.version, marks, v.created_at, str(v.num_entries), v.device_name, ", ".join(v.tasks)
+        )
+    Console().print(table)
 
 
 @app.command("verify")
-def verify_cmd(path: Annotated[Path, typer.Argument(help="A bundle directory (<store>/<name>/<version>).")]) -> None:
-    """Check a bundle's schema version and every file's checksum."""
-    from tunectl.runtime import load_bundle
-
+def verify_cmd(
+    source: SourceArg,
+    env_policy: Annotated[
+        str,
+        typer.Option(help="Also check this machine against the bundle's environment: off | warn | strict."),
+    ] = "off",
+) -> None:
+    """Check a bundle's schema version, every file's checksum and every table; exit 1 if anything is wrong."""
     with library_errors():
-        bundle = load_bundle(path, env_policy="off")
-    typer.echo(f"ok: {bundle.name}/{bundle.version}, {len(bundle)} entries, tasks: {', '.join(bundle.tasks)}")
+        bundle = _load(source, env_policy)
+        bundle.check_statistics()
+    via = f" (channel {bundle.channel})" if bundle.channel else ""
+    tasks = ", ".join(bundle.tasks)
+    typer.echo(f"ok: {bundle.name}/{bundle.version}{via}, {len(bundle)} entries, tasks: {tasks}")
 
 
 @app.command("show")
-def show_cmd(path: Annotated[Path, typer.Argument(help="A bundle directory (<store>/<name>/<version>).")]) -> None:
-    """Print a verified bundle's manifest."""
-    from tunectl.runtime import load_bundle
+def show_cmd(
+    source: SourceArg,
+    entries: Annotated[bool, typer.Option("--entries", help="Also list every entry.")] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Print a verified bundle's manifest: environment, source runs, tasks and their bucketing."""
+    with library_errors():
+        bundle = _load(source)
+        rows = {task: list(bundle.entries(task)) for task in bundle.tasks} if entries else {}
+    if as_json:
+        typer.echo(
+            json.dumps(
+                {**bundle.manifest, **({"entries": rows} if entries else {})}, indent=2, sort_keys=True
+            )
+        )
+        return
+    m = bundle.manifest
+    typer.echo(
+        f"{bundle.name}/{bundle.version}  created {m.get('created_at')}  tunectl {m.get('tunectl_version')}"
+    )
+    typer.echo(f"location: {bundle.location}" + (f"  (channel {bundle.channel})" if bundle.channel else ""))
+    typer.echo(f"environment: {json.dumps(m['environment'], sort_keys=True)}")
+    typer.echo(f"source runs: {', '.join(m.get('source_runs', [])) or '-'}")
+    for task in bundle.tasks:
+        info = bundle.task_info(task)
+        dims = ", ".join(f"{p} {d['policy']} {d['points']}" for p, d in info["shape_params"].items())
+        typer.echo(
+            f"task {task}: {m['tasks'][task].get('num_entries')} entries; static "
+            f"{', '.join(info['static_params'])}; shapes {dims}"
+        )
+    for task, listed in rows.items():
+        table = Table(title=task, title_justify="left")
+        for col in ("static", "shape", "config", "median µs", "speedup"):
+            table.add_column(col, justify="right" if col in ("median µs", "speedup") else "left")
+        for e in listed:
+            speedup = f"{e['speedup']:.2f}x" if e.get("speedup") else "-"
+            table.add_row(
+                _kv(e["static"]), _kv(e["shape"]), _kv(e["config"]), _us(e.get("median_us")), speedup
+            )
+        Console().print(table)
+
+
+def _kv(mapping: dict[str, Any] | None) -> str:
+    return "-" if mapping is None else " ".join(f"{k}={v}" for k, v in mapping.items())
+
+
+def _us(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.1f}"
+
+
+@app.command("diff")
+def diff_cmd(
+    old: Annotated[str, typer.Argument(help="The bundle to compare from (a SOURCE).")],
+    new: Annotated[str, typer.Argument(help="The bundle to compare to (a SOURCE).")],
+    show_all: Annotated[
+        bool, typer.Option("--all", help="Also list points whose config is the same.")
+    ] = False,
+    as_json: JsonOption = False,
+) -> None:
+    """Per task and point: configs added, removed or changed between OLD and NEW, and the median change."""
+    from tunectl.bundle import diff_bundles
 
     with library_errors():
-        bundle = load_bundle(path, env_policy="off")
-    typer.echo(json.dumps(bundle.manifest, indent=2, sort_keys=True))
+        diff = diff_bundles(_load(old), _load(new))
+    shown = [c for c in diff.changes if show_all or c.kind != "same"]
+    if as_json:
+        doc = {
+            "old": diff.old,
+            "new": diff.new,
+            "notes": list(diff.notes),
+            "changes": [{**c.__dict__, "median_change": c.median_change} for c in shown],
+        }
+        typer.echo(json.dumps(doc, indent=2, sort_keys=True))
+        return
+    for note in diff.notes:
+        typer.echo(note)
+    counts = ", ".join(f"{diff.count(k)} {k}" for k in ("added", "removed", "changed", "same"))
+    typer.echo(f"{diff.old} -> {diff.new}: {counts}")
+    if not shown:
+        return
+    table = Table(title_justify="left")
+    for col in ("task", "static", "shape", "", "old config", "new config", "old µs", "new µs", "median"):
+        table.add_column(col, justify="right" if col in ("old µs", "new µs", "median") else "left")
+    for c in shown:
+        change = "-" if c.median_change is None else f"{c.median_change:+.1%}"
+        table.add_row(
+            c.task,
+            _kv(dict(c.static)),
+            _kv(dict(c.shape)),
+            c.kind,
+            _kv(_plain(c.old_config)),
+            _kv(_plain(c.new_config)),
+            _us(c.old_median_us),
+            _us(c.new_median_us),
+            change,
+        )
+    Console(width=200).print(table)
+
+
+def _plain(mapping: Any) -> dict[str, Any] | None:
+    return None if mapping is None else dict(mapping)
+
+
+@app.command("promote")
+def promote_cmd(
+    name: Annotated[str, typer.Argument(help="Bundle name.")],
+    version: Annotated[str, typer.Argument(help="The version the channel will point at.")],
+    channel: Annotated[str, typer.Option(help="Channel to move (stable, canary, ...).")] = "stable",
+    store: StoreOption = DEFAULT_STORE,
+) -> None:
+    """Point CHANNEL of NAME at VERSION (verified first); the pointer is replaced atomically."""
+    from tunectl.bundle import promote
+    from tunectl.stores import open_store
+
+    with library_errors():
+        pointer = promote(open_store(store), name, version, channel)
+    was = f" (was {pointer.previous})" if pointer.previous else ""
+    typer.echo(f"{name}@{channel} -> {version}{was} in {store}")
+
+
+@app.command("pack")
+def pack_cmd(
+    source: SourceArg,
+    out: Annotated[str, typer.Argument(help="The archive to write (.tar.gz, .tgz or .tar).")],
+) -> None:
+    """Write a verified bundle as one archive, which load_bundle and TUNECTL_BUNDLE accept as is."""
+    from tunectl.bundle import pack
+    from tunectl.runtime import uri_scheme
+    from tunectl.stores import fetch
+
+    with library_errors():
+        path = pack(source, out, fetcher=fetch if uri_scheme(source) not in (None, "file") else None)
+    typer.echo(f"packed {source} into {path}")

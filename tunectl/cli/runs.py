@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections import Counter
 from typing import Annotated
 
 import typer
@@ -16,33 +15,82 @@ from tunectl.cli.render import winners_table
 
 def list_runs_cmd(results: ResultsOption = DEFAULT_RESULTS) -> None:
     """List runs with their state and counts: planned, done, failed by status."""
-    from tunectl.results import read_results
-    from tunectl.runs import list_runs
+    from tunectl.runs import summarise_runs
 
     with library_errors():
-        runs = list_runs(results)
-        rows = read_results(results) if runs else []
-    counts: dict[str, Counter[str]] = {}
-    for row in rows:
-        counts.setdefault(row["run_id"], Counter())[row["status"]] += 1
+        runs = summarise_runs(results)
     table = Table(title=f"runs in {results}", title_justify="left")
     for col in ("run", "name", "task", "state", "started", "planned", "done", "failed"):
         table.add_column(col)
     for run in runs:
-        c = counts.get(run.run_id, Counter())
-        failed = ", ".join(f"{n} {s}" for s, n in sorted(c.items()) if s != "ok") or "0"
-        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.created_at))
+        failed = ", ".join(f"{n} {s}" for s, n in run.failed.items()) or "0"
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.info.created_at))
         table.add_row(
-            run.run_id,
-            run.name,
-            run.task,
+            run.info.run_id,
+            run.info.name,
+            run.info.task,
             run.state,
             started,
-            str(run.num_planned),
-            str(sum(c.values())),
+            str(run.info.num_planned),
+            str(run.num_done),
             failed,
         )
     Console().print(table)
+
+
+AddressOption = Annotated[
+    str | None,
+    typer.Option(
+        "--address",
+        envvar="RAY_API_SERVER_ADDRESS",
+        help="For a run submitted with --job: the cluster's dashboard, http://HEAD:8265.",
+    ),
+]
+RunArg = Annotated[str, typer.Argument(help="A run id (`tunectl runs` lists them).", show_default=False)]
+
+
+def logs_cmd(
+    run: RunArg,
+    results: ResultsOption = DEFAULT_RESULTS,
+    address: AddressOption = None,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="With --address: keep printing until it ends.")
+    ] = False,
+) -> None:
+    """Show a run's log: its job's output with --address, else its event log under --results."""
+    from tunectl.runs import load_run, run_log_path
+
+    if address:
+        from orchestrator.jobs import follow_job_logs, job_logs
+
+        with library_errors():
+            if follow:
+                status = follow_job_logs(address, run, lambda text: typer.echo(text, nl=False))
+                typer.echo(f"job of run {run}: {status}")
+            else:
+                typer.echo(job_logs(address, run), nl=False)
+        return
+    with library_errors():
+        info = load_run(results, run)
+    path = run_log_path(results, run)
+    if path.is_file():
+        typer.echo(path.read_text(encoding="utf-8"), nl=False)
+    typer.echo(f"run {run}: {info.state}" + (f" ({info.message})" if info.message else ""))
+
+
+def cancel_cmd(run: RunArg, results: ResultsOption = DEFAULT_RESULTS, address: AddressOption = None) -> None:
+    """Stop a run: its job with --address, else its driver on this machine. Resume it later."""
+    if address:
+        from orchestrator.jobs import cancel_job
+
+        with library_errors():
+            status = cancel_job(address, run)
+        typer.echo(f"job of run {run}: {status}; finish it with `tunectl submit --job --resume {run}`")
+        return
+    from tunectl.runs import cancel_local_run
+
+    with library_errors():
+        typer.echo(cancel_local_run(results, run))
 
 
 def winners_cmd(

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -46,13 +50,59 @@ class _Bar:
         self.bar.stop()
 
 
+class _ConsoleLog(logging.Handler):
+    """The run's events on the console, above the progress bar (all of them when not a terminal)."""
+
+    def __init__(self, console: Console) -> None:
+        super().__init__(logging.INFO if not console.is_terminal else logging.WARNING)
+        self.console = console
+
+    def emit(self, record: logging.LogRecord) -> None:
+        style = "yellow" if record.levelno >= logging.WARNING else "dim"
+        self.console.print(f"[{style}]{record.getMessage()}[/]", highlight=False, markup=True)
+
+
+def _cancelled(signum: int, frame: Any) -> None:
+    from orchestrator.submit import RunCancelled
+
+    raise RunCancelled()
+
+
+def _connect(*args: Any, **kwargs: Any) -> bool:
+    """Join or start Ray, then take SIGTERM back (``ray.init`` installs a handler that just exits)."""
+    from orchestrator.cluster import connect
+
+    owns_ray = connect(*args, **kwargs)
+    signal.signal(signal.SIGTERM, _cancelled)
+    return owns_ray
+
+
+@contextlib.contextmanager
+def _run_events(console: Console) -> Iterator[None]:
+    """Show the run's events on the console, and turn SIGTERM (a cancel) into a clean stop."""
+    logger = logging.getLogger("tunectl.run")
+    handler = _ConsoleLog(console)
+    logger.addHandler(handler)
+    propagate, logger.propagate = logger.propagate, False
+    previous = signal.signal(signal.SIGTERM, _cancelled)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        logger.removeHandler(handler)
+        logger.propagate = propagate
+
+
 def submit(
     spec: Annotated[
         Path | None, typer.Argument(help="Tuning spec (TOML). Not needed with --resume.", show_default=False)
     ] = None,
     address: Annotated[
         str | None,
-        typer.Option(help="Ray cluster to join (e.g. auto, ray://head:10001). Default: a local instance."),
+        typer.Option(
+            help="Ray cluster to join (auto, HOST:6379, ray://HEAD:10001); with --job the dashboard, "
+            "http://HEAD:8265. Default: a local instance."
+        ),
     ] = None,
     results: ResultsOption = DEFAULT_RESULTS,
     resume: Annotated[
@@ -61,8 +111,32 @@ def submit(
     num_gpus: Annotated[
         int | None, typer.Option(help="Local instance only: GPUs to offer Ray (default: detected).")
     ] = None,
+    job: Annotated[
+        bool,
+        typer.Option(
+            "--job",
+            help="Submit through Ray's Job Submission API: the driver runs on the "
+            "cluster (--address http://HEAD:8265; --results is a path on the cluster).",
+        ),
+    ] = False,
+    follow: Annotated[
+        bool, typer.Option("--follow", help="With --job: print the job's log until it ends.")
+    ] = False,
+    compile_ahead: Annotated[
+        bool | None,
+        typer.Option(
+            "--compile-ahead/--no-compile-ahead",
+            help="Prepare the next config while timing the current one. Default: on for GPU workers.",
+        ),
+    ] = None,
+    run_id: Annotated[
+        str | None, typer.Option(hidden=True, help="The id of a new run (set by --job).")
+    ] = None,
 ) -> None:
     """Plan SPEC's shape x config work, measure it on a Ray cluster, stream results to Parquet."""
+    if job:
+        _submit_job(spec, address, results, resume, compile_ahead, follow)
+        return
     from orchestrator.submit import submit as run_submit
     from tunectl.results import read_results
     from tunectl.select import select_winners
@@ -70,7 +144,7 @@ def submit(
     console = Console()
     bar = _Bar(console)
     try:
-        with library_errors():
+        with library_errors(), _run_events(console):
             out = run_submit(
                 str(spec) if spec else None,
                 results,
@@ -78,11 +152,14 @@ def submit(
                 resume=resume,
                 progress=bar,
                 num_gpus=num_gpus,
+                run_id=run_id,
+                compile_ahead=compile_ahead,
+                connect_fn=_connect,
             )
     except KeyboardInterrupt:
         bar.stop()
         raise fail(
-            "interrupted; what was measured is kept. Finish it with "
+            "stopped; what was measured is kept. Finish it with "
             f"`tunectl submit --resume <RUN_ID> --results {results}` (`tunectl runs` lists runs)",
             130,
         ) from None
@@ -99,3 +176,29 @@ def submit(
         winners = select_winners(read_results(results, run_ids=[out.run_id]))
     console.print(winners_table(winners, title=f"winners of {out.run_id} ({out.plan.spec.task})"))
     console.print(f"results: {results}")
+
+
+def _submit_job(
+    spec: Path | None,
+    address: str | None,
+    results: Path,
+    resume: str | None,
+    compile_ahead: bool | None,
+    follow: bool,
+) -> None:
+    from orchestrator.jobs import follow_job_logs, submit_job
+
+    with library_errors():
+        ref = submit_job(address, str(spec) if spec else None, str(results), resume, compile_ahead)
+    typer.echo(f"run {ref.run_id} submitted as job {ref.submission_id} to {ref.address}")
+    if not follow:
+        typer.echo(
+            f"follow it: tunectl logs {ref.run_id} --address {ref.address} --follow\n"
+            f"stop it:   tunectl cancel {ref.run_id} --address {ref.address}"
+        )
+        return
+    with library_errors():
+        status = follow_job_logs(ref.address, ref.run_id, lambda text: typer.echo(text, nl=False))
+    typer.echo(f"job {ref.submission_id}: {status}")
+    if status != "SUCCEEDED":
+        raise typer.Exit(1)

@@ -1,0 +1,117 @@
+"""A decode server in miniature: load a tuned bundle at start-up, say what was loaded, decode with it.
+
+    TUNECTL_BUNDLE=/bundles/quickstart@stable python deploy/serving/serve.py --steps 16
+
+``TUNECTL_BUNDLE`` names the bundle: a directory, a ``.tar.gz`` from ``tunectl bundle pack``, a URI
+(read through ``tunectl.stores.fetch``, which needs pyarrow), or ``STORE/NAME@CHANNEL``.
+``TUNECTL_ENV_POLICY`` is ``strict``, ``warn`` (default) or ``off``. Under ``strict`` a bundle that
+is bad or was tuned elsewhere stops the server before it takes traffic (exit 3); otherwise the
+server logs why and decodes with the kernel's defaults: a bad bundle never takes serving down.
+
+Each step serves one batch of decode requests with the CPU split-KV paged decode kernel
+(``tasks.decode_attention``): it looks the shape up (no I/O: the tables are in memory), turns the
+entry into the kernel's arguments with ``tunectl.adapters``, and runs the kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from typing import Any
+
+from tunectl import adapters
+from tunectl.runtime import (
+    ENV_POLICY_VAR,
+    ENV_VAR,
+    Bundle,
+    BundleError,
+    empty_bundle,
+    load_bundle,
+    uri_scheme,
+)
+
+log = logging.getLogger("serve")
+TASK = "decode_attention"
+#: the model this server runs: what selects the kernel variant (the bundle's static key)
+MODEL = {"dtype": "float32", "num_q_heads": 8, "num_kv_heads": 2, "head_dim": 64, "page_size": 16}
+EXIT_STRICT_REFUSED = 3
+
+
+def load(policy: str) -> Bundle:
+    """The bundle named by $TUNECTL_BUNDLE; under strict a bad one exits, otherwise it is replaced by none."""
+    source = os.environ.get(ENV_VAR)
+    fetcher: Any = None
+    if source and uri_scheme(source) not in (None, "file"):
+        from tunectl.stores import fetch  # pyarrow is imported only when a URI is read
+
+        fetcher = fetch
+    try:
+        bundle = load_bundle(source, env_policy=policy, fetcher=fetcher)
+    except BundleError as exc:
+        if policy == "strict":
+            log.critical("refusing to serve: %s", exc)
+            raise SystemExit(EXIT_STRICT_REFUSED) from None
+        log.error("no tuned configs (%s); decoding with the kernel's defaults", exc)
+        return empty_bundle(str(exc))
+    log.info("loaded bundle %s", bundle.summary())
+    log.info("bundle environment: %s", bundle.manifest.get("environment"))
+    for task in bundle.tasks:
+        info = bundle.task_info(task)
+        dims = ", ".join(f"{p}:{d['policy']}" for p, d in info["shape_params"].items())
+        log.info("task %s: %d entries over %s", task, bundle.manifest["tasks"][task]["num_entries"], dims)
+    for problem in bundle.environment_problems:
+        log.warning("bundle environment differs: %s", problem)
+    return bundle
+
+
+def requests(num_steps: int, start_kv_len: int) -> list[tuple[int, int]]:
+    """(batch, kv_len) per step: batches come and go, contexts grow by one token per step."""
+    batches = (1, 3, 4, 9, 16, 2)
+    return [(batches[i % len(batches)], start_kv_len + i) for i in range(num_steps)]
+
+
+def serve(bundle: Bundle, num_steps: int, start_kv_len: int) -> dict[str, int]:
+    """Run the decode loop; returns how many steps ran tuned and how many on defaults."""
+    from tasks.decode_attention import DecodeAttention, split_kv_decode
+
+    task = DecodeAttention()
+    counts = {"tuned": 0, "default": 0}
+    for step, (batch, kv_len) in enumerate(requests(num_steps, start_kv_len)):
+        shape = {"batch": batch, "kv_len": kv_len}
+        call = adapters.call(bundle, TASK, **MODEL, **shape)
+        inputs = task.build_inputs(MODEL, shape, "cpu")  # stands in for the server's live KV cache
+        started = time.perf_counter()
+        out = split_kv_decode(inputs, **call.kwargs)
+        took_us = (time.perf_counter() - started) * 1e6
+        counts["tuned" if call.tuned else "default"] += 1
+        log.info(
+            "step %d batch=%d kv_len=%d %s %s -> %s in %.0f us",
+            step,
+            batch,
+            kv_len,
+            "tuned" if call.tuned else "default",
+            call.kwargs,
+            tuple(out.shape),
+            took_us,
+        )
+    return counts
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--steps", type=int, default=12, help="decode steps to serve")
+    parser.add_argument("--kv-len", type=int, default=1000, help="context length at the first step")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    policy = os.environ.get(ENV_POLICY_VAR) or "warn"
+    bundle = load(policy)
+    counts = serve(bundle, args.steps, args.kv_len)
+    log.info("served %d steps: %d tuned, %d on defaults", args.steps, counts["tuned"], counts["default"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""Deciding which item killed a worker process, from what the process wrote down before it died.
+
+A worker notes in a small journal on its node what it is running and what it is preparing in the
+background, before and after each item. When its process dies, Ray starts a new one for the same
+actor, which reads the journal and reports it (its predecessor's *last words*). That is exact where
+Ray is not: a process that dies right after finishing an item can take that item's result with it,
+so "the oldest unanswered call" is not always the one that was running.
+
+The items named in the last words are charged one death each and run again alone (nothing prepared
+beside them); an item charged more than ``MAX_CRASH_RETRIES`` deaths is recorded as ``crash``. The
+process's other unanswered items go back to the queue uncharged. Without last words (the node died,
+or the worker never came back) nobody is charged: a config that kills workers will kill the next
+one, which does come back and say so.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tunectl.plan import WorkItem
+
+MAX_CRASH_RETRIES = 1
+
+
+@dataclass
+class Verdict:
+    innocent: list[WorkItem] = field(default_factory=list)  # back to the queue, uncharged
+    retry: list[WorkItem] = field(default_factory=list)  # charged once more; run again alone
+    crashed: list[WorkItem] = field(default_factory=list)  # charged too often: record ``crash``
+    known: bool = True  # the verdict rests on the process's last words
+
+
+@dataclass
+class Blame:
+    deaths: Counter[str] = field(default_factory=Counter)
+    suspects: set[str] = field(default_factory=set)
+
+    def judge(
+        self, unanswered: Sequence[tuple[WorkItem, WorkItem | None]], last_words: dict[str, Any] | None
+    ) -> Verdict:
+        """``unanswered``: (item, its announced lookahead) per call without an answer, oldest first,
+        plus any item held back for the worker as (item, None)."""
+        items = [item for item, _ in unanswered]
+        if last_words is None:
+            return Verdict(innocent=items, known=False)
+        named = {last_words.get("running"), last_words.get("preparing")} - {None}
+        culprits = [i for i in items if i.item_id in named]
+        verdict = Verdict()
+        for item in items:
+            if item not in culprits:
+                verdict.innocent.append(item)
+                continue
+            self.deaths[item.item_id] += 1
+            self.suspects.add(item.item_id)
+            if self.deaths[item.item_id] > MAX_CRASH_RETRIES:
+                verdict.crashed.append(item)
+            else:
+                verdict.retry.append(item)
+        return verdict
+
+    def is_suspect(self, item: WorkItem) -> bool:
+        return item.item_id in self.suspects

@@ -1,0 +1,80 @@
+"""A lane's work queue, and the records the orchestrator writes for items no worker could report on."""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict, deque
+from collections.abc import Iterable
+from typing import Any
+
+from tunectl.keys import key_text
+from tunectl.plan import WorkItem
+from tunectl.record import Record
+
+
+class WorkQueue:
+    """Items grouped by (static, shape) point, handed out with affinity to a worker's current point.
+
+    Suspects (items that may have killed a worker) wait in a queue of their own and go out first,
+    one per call, never announced as anyone's lookahead.
+    """
+
+    def __init__(self, items: Iterable[WorkItem]) -> None:
+        self.groups: OrderedDict[Any, deque[WorkItem]] = OrderedDict()
+        self.retry: deque[WorkItem] = deque()
+        self.size = 0
+        for item in items:
+            self.groups.setdefault(item.point, deque()).append(item)
+            self.size += 1
+
+    def __len__(self) -> int:
+        return self.size
+
+    def push_front(self, item: WorkItem) -> None:
+        """Back to the head of its point's group: the next worker on that point takes it first."""
+        self.groups.setdefault(item.point, deque()).appendleft(item)
+        self.groups.move_to_end(item.point, last=False)
+        self.size += 1
+
+    def push_retry(self, item: WorkItem) -> None:
+        self.retry.append(item)
+        self.size += 1
+
+    def pop(self, point: Any, busy: set[Any]) -> WorkItem | None:
+        """A retry first; else an item at ``point``; else one at a point no other worker is on."""
+        if self.retry:
+            self.size -= 1
+            return self.retry.popleft()
+        if point in self.groups:
+            return self._take(point)
+        key = next((p for p in self.groups if p not in busy), None)
+        if key is None:
+            key = max(self.groups, key=lambda p: len(self.groups[p]), default=None)
+        return None if key is None else self._take(key)
+
+    def pop_same_point(self, point: Any) -> WorkItem | None:
+        return self._take(point) if point in self.groups else None
+
+    def _take(self, key: Any) -> WorkItem:
+        group = self.groups[key]
+        item = group.popleft()
+        if not group:
+            del self.groups[key]
+        self.size -= 1
+        return item
+
+
+def failure_record(run_id: str, item: WorkItem, status: str, message: str) -> Record:
+    """A record for an item that got no result from a worker (crash, timeout, a failed call)."""
+    now = time.time()
+    return Record(
+        run_id=run_id, item_id=item.item_id, task=item.task, static_key=key_text(item.static),
+        shape_key=key_text(item.shape), config_key=key_text(item.config), is_default=item.is_default,
+        status=status, message=message, started_at=now, finished_at=now,
+    )  # fmt: skip
+
+
+def describe(item: WorkItem) -> str:
+    """An item as a person reads it in a log: its config at its shape."""
+    text = f"{key_text(item.config)} at {key_text(item.shape)}"
+    return text if len(text) <= 200 else text[:197] + "..."

@@ -1,0 +1,89 @@
+"""The driver itself stops mid-run (SIGKILL, or `tunectl cancel`): `submit --resume` finishes the run."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.test_faults import assert_one_row_per_item, planned_ids, write_spec
+from tunectl.cli import app
+from tunectl.runs import list_runs, summarise_runs
+
+pytestmark = pytest.mark.slow
+
+SLOW = '[[configs]]\nfault = "none"\nrun_ms = 60\nvariant = [' + ", ".join(map(str, range(30))) + "]\n"
+
+
+@contextlib.contextmanager
+def driver(*args: str) -> Iterator[subprocess.Popen[str]]:
+    """`tunectl ARGS` in a session of its own; whatever it started is killed when the test is done."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tunectl", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
+    )  # fmt: skip
+    try:
+        yield proc
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # the Ray processes this driver started
+        proc.wait()
+
+
+def wait_for_rows(results: Path, timeout_s: float = 60.0) -> str:
+    """The run id, once the run has written some rows."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        runs = list_runs(results) if results.exists() else []
+        if runs and list(results.glob("task=*/run_id=*/part-*.parquet")):
+            return runs[0].run_id
+        time.sleep(0.1)
+    raise AssertionError("the run wrote nothing in time")
+
+
+def resume(results: Path, run_id: str) -> str:
+    with driver("submit", "--resume", run_id, "--results", str(results)) as proc:
+        out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out
+    return out
+
+
+def test_a_driver_killed_mid_run_leaves_what_it_wrote_and_resume_finishes_the_run(tmp_path: Path) -> None:
+    spec, results = write_spec(tmp_path, SLOW), tmp_path / "results"
+    with driver("submit", str(spec), "--results", str(results)) as proc:
+        run_id = wait_for_rows(results)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+    (summary,) = summarise_runs(results)
+    assert summary.state == "interrupted", "a running run whose driver is gone reads as interrupted"
+    assert 0 < summary.num_done < len(planned_ids(spec))
+
+    assert "already measured" in resume(results, run_id)
+    assert_one_row_per_item(results, run_id, planned_ids(spec))
+    (summary,) = summarise_runs(results)
+    assert (summary.state, summary.num_done, summary.info.num_planned) == ("finished", 31, 31)
+
+
+def test_cancel_stops_a_local_run_cleanly_and_resume_finishes_it(tmp_path: Path) -> None:
+    spec, results = write_spec(tmp_path, SLOW), tmp_path / "results"
+    with driver("submit", str(spec), "--results", str(results)) as proc:
+        run_id = wait_for_rows(results)
+        cancelled = CliRunner().invoke(app, ["cancel", run_id, "--results", str(results)])
+        out, _ = proc.communicate(timeout=30)
+    assert cancelled.exit_code == 0, cancelled.output
+    assert "stopped: cancelled" in cancelled.output
+    assert proc.returncode == 130 and "Traceback" not in out
+
+    listed = CliRunner().invoke(app, ["runs", "--results", str(results)], env={"COLUMNS": "200"})
+    assert "cancelled" in listed.output
+    resume(results, run_id)
+    assert_one_row_per_item(results, run_id, planned_ids(spec))

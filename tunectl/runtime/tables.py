@@ -1,0 +1,332 @@
+"""A loaded bundle's tables and the lookup built on them. Standard library only."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from operator import itemgetter
+from pathlib import Path
+from typing import Any
+
+from tunectl.buckets import make_bucketer
+from tunectl.keys import InvalidKeyError, normalise_value, normaliser_for
+from tunectl.runtime.format import BundleCorruptError, load_json
+from tunectl.runtime.sources import uri_scheme
+
+
+def _from_json(value: Any) -> Any:
+    return tuple(_from_json(v) for v in value) if isinstance(value, list) else value
+
+
+def _to_json(value: Any) -> Any:
+    return [_to_json(v) for v in value] if isinstance(value, tuple) else value
+
+
+def _v1_table(spec: Mapping[str, Any], doc: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+    """A schema-1 table (a list of whole entries) in the schema-2 layout: lookup columns and stats."""
+    statics: dict[str, int] = {}
+    configs: dict[str, int] = {}
+    rows: list[Any] = []
+    stats: dict[str, list[Any]] = {}
+    shape_params = sorted(spec["shape_params"])
+    for i, entry in enumerate(doc["entries"]):
+        static = json.dumps([entry["static"][p] for p in spec["static_params"]])
+        config = json.dumps(entry["config"], sort_keys=True)
+        rows += [
+            statics.setdefault(static, len(statics)),
+            *(entry["shape"][p] for p in shape_params),
+            configs.setdefault(config, len(configs)),
+        ]
+        for col, value in entry.items():
+            if col not in ("static", "shape", "config"):
+                stats.setdefault(col, [None] * i).append(value)
+        for values in stats.values():
+            values.extend([None] * (i + 1 - len(values)))
+    table = {
+        "statics": [json.loads(s) for s in statics],
+        "configs": [json.loads(c) for c in configs],
+        "rows": rows,
+    }
+    return table, stats
+
+
+class _TaskIndex:
+    """One task's table, and the lookup structure built from it once at load."""
+
+    def __init__(self, name: str, spec: Mapping[str, Any], table: Mapping[str, Any], stats: Any) -> None:
+        self.name = name
+        self.static_params = tuple(spec["static_params"])
+        shapes = spec["shape_params"]
+        self.shape_params = tuple(sorted(shapes))
+        self.policies = {
+            p: {"policy": shapes[p]["policy"], "points": list(shapes[p]["points"])} for p in shapes
+        }
+        self.statics = [tuple(_from_json(v) for v in s) for s in table["statics"]]
+        configs: list[dict[str, Any]] = table["configs"]
+        if any(len(s) != len(self.static_params) for s in self.statics) or not all(
+            isinstance(c, dict) for c in configs
+        ):
+            raise ValueError("static keys or configs do not match the task's parameters")
+        width = len(self.shape_params) + 2
+        rows = table["rows"]
+        if len(rows) % width:
+            raise ValueError(f"rows hold {len(rows)} values, not a multiple of {width}")
+        self.row_static: list[int] = rows[0::width]
+        self.row_shape: list[list[Any]] = [rows[i::width] for i in range(1, width - 1)]
+        config_ids: list[int] = rows[width - 1 :: width]
+        for ids, count in ((self.row_static, len(self.statics)), (config_ids, len(configs))):
+            if ids and (min(ids) < 0 or max(ids) >= count):
+                raise ValueError("a row refers to a static key or config the table does not hold")
+        self.row_config = [configs[c] for c in config_ids]
+        # static key -> its index; (static index, shape values...) -> row: built by C loops alone
+        self.static_ids = {static: i for i, static in enumerate(self.statics)}
+        self.rows = dict(
+            zip(zip(self.row_static, *self.row_shape, strict=True), range(len(config_ids)), strict=True)
+        )
+        if len(self.static_ids) != len(self.statics) or len(self.rows) != len(config_ids):
+            raise ValueError("two entries share one key")
+        self._stats = stats  # raw bytes until first asked for (serving never asks), then columns
+        self._stats_lock = threading.Lock()
+        dims = [(p, make_bucketer(shapes[p]["policy"], shapes[p]["points"])) for p in self.shape_params]
+        self.find, self.lookup = _finders(
+            self.static_params, dims, self.static_ids, self.rows, self.row_config
+        )
+
+    def __len__(self) -> int:
+        return len(self.row_config)
+
+    def stats(self) -> dict[str, list[Any]]:
+        with self._stats_lock:
+            if isinstance(self._stats, bytes):
+                doc = load_json(self._stats, f"statistics of task {self.name}")
+                columns = doc.get("columns") if isinstance(doc, dict) else None
+                if not isinstance(columns, dict) or any(len(v) != len(self) for v in columns.values()):
+                    raise BundleCorruptError(f"statistics of task {self.name} do not match its table")
+                self._stats = columns
+            return self._stats or {}
+
+    def entry(self, row: int) -> dict[str, Any]:
+        """The whole entry at ``row``: static and shape keys, the config and its statistics (plain JSON)."""
+        static = dict(zip(self.static_params, map(_to_json, self.statics[self.row_static[row]]), strict=True))
+        shape = {p: col[row] for p, col in zip(self.shape_params, self.row_shape, strict=True)}
+        stats = {name: values[row] for name, values in self.stats().items()}
+        return {
+            "static": static,
+            "shape": shape,
+            "config": json.loads(json.dumps(self.row_config[row])),
+            **stats,
+        }
+
+
+_MISSING = object()
+_MEMO_LIMIT = 1 << 14  # entries a memo holds before it starts afresh (keys drift: kv_len grows each step)
+_WINDOW = normaliser_for("window")
+
+
+def _getter(names: tuple[str, ...]) -> Callable[[Mapping[str, Any]], tuple[Any, ...]]:
+    if len(names) > 1:
+        return itemgetter(*names)
+    if names:
+        only = names[0]
+        return lambda params: (params[only],)
+    return lambda params: ()
+
+
+def _remember(memo: dict[Any, Any], key: Any, value: Any) -> None:
+    if len(memo) >= _MEMO_LIMIT:
+        memo.clear()
+    memo[key] = value
+
+
+def _integral(value: Any) -> Any:
+    """The int an integral bool or float equals; anything else unchanged."""
+    if isinstance(value, bool) or (isinstance(value, float) and value.is_integer()):
+        return int(value)
+    return value
+
+
+def _lenient_window(value: Any) -> Any:
+    """A window as tuning normalises it, but with 5.0 or True taken for the ints they equal."""
+    return tuple(map(_integral, value)) if isinstance(value, (tuple, list)) else _integral(value)
+
+
+def _finders(
+    static_params: tuple[str, ...],
+    dims: list[tuple[str, Any]],
+    static_ids: dict[Any, int],
+    rows: dict[tuple[Any, ...], int],
+    configs: list[Any],
+) -> tuple[Callable[[Mapping[str, Any]], Any], Callable[[Mapping[str, Any]], Any]]:
+    """``find(params) -> row | None`` and ``lookup(params) -> config copy | None``, as closures.
+
+    The hot path is one tuple of the raw parameter values and one hit in a memo of results by those
+    values (a serving step looks the same shape up once per layer). A new key resolves through
+    smaller memos (static values as given, then normalised, to the static key's index; each
+    dimension's value to its bucket) to one hit in the rows by (static index, buckets...).
+    Remembering by value is sound because equal values always resolve alike: the table holds
+    normalised values and normalising is idempotent, the window's normaliser is given the int a 5.0
+    or a True equals (tuning's own refuses them), and buckets take equal values alike
+    (``tunectl.buckets``). Every memo is a dict, bounded, and safe to share between threads.
+    """
+    get_all = _getter((*static_params, *(name for name, _ in dims)))
+    get_static = _getter(static_params)
+    lenient = [(n, _lenient_window if normaliser_for(n) is _WINDOW else None) for n in static_params]
+    steps: list[tuple[str, dict[Any, Any], Any]] = [(name, {}, bucket) for name, bucket in dims]
+    memo: dict[Any, Any] = {}
+    normalised: dict[Any, Any] = {}
+
+    def static_id(params: Mapping[str, Any]) -> Any:
+        raw: Any = get_static(params)
+        try:
+            found = static_ids.get(raw)
+            if found is None:
+                found = normalised.get(raw, _MISSING)
+            if found is not _MISSING:
+                return found
+        except TypeError:  # an unhashable value (a list): normalise it, remember nothing
+            raw = None
+        try:
+            key = tuple(normalise_value(n, ease(params[n]) if ease else params[n]) for n, ease in lenient)
+            found = static_ids.get(key)
+        except (TypeError, InvalidKeyError):
+            found = None
+        if raw is not None:
+            _remember(normalised, raw, found)
+        return found
+
+    def resolve(params: Mapping[str, Any]) -> Any:
+        found = static_id(params)
+        if found is None:
+            return None
+        key = [found]
+        for name, points, bucket in steps:
+            value = params[name]
+            try:
+                point = points.get(value, _MISSING)
+                if point is _MISSING:
+                    point = bucket(value)
+                    _remember(points, value, point)
+            except TypeError:  # unhashable: not an integer, a miss
+                return None
+            if point is None:
+                return None
+            key.append(point)
+        return rows.get(tuple(key))
+
+    def find(params: Mapping[str, Any]) -> Any:
+        try:
+            key = get_all(params)
+        except KeyError:  # a parameter is missing
+            return None
+        try:
+            row = memo.get(key, _MISSING)
+        except TypeError:  # an unhashable value: resolve it, remember nothing
+            return resolve(params)
+        if row is _MISSING:
+            row = resolve(params)
+            _remember(memo, key, row)
+        return row
+
+    def lookup(params: Mapping[str, Any]) -> Any:  # find(), inlined: this is the hot path
+        try:
+            key = get_all(params)
+        except KeyError:
+            return None
+        try:
+            row = memo.get(key, _MISSING)
+        except TypeError:
+            row = resolve(params)
+        else:
+            if row is _MISSING:
+                row = resolve(params)
+                _remember(memo, key, row)
+        return None if row is None else configs[row].copy()
+
+    return find, lookup
+
+
+class Bundle:
+    """A loaded, verified bundle. Immutable; lookups are thread-safe and do no I/O."""
+
+    def __init__(
+        self,
+        location: str,
+        manifest: Mapping[str, Any],
+        tasks: dict[str, _TaskIndex],
+        channel: str | None = None,
+        environment_problems: tuple[str, ...] = (),
+        manifest_sha256: str = "",
+    ) -> None:
+        self.location = location
+        self.manifest_sha256 = manifest_sha256  # which bytes were loaded: what a channel pins
+        self.path = Path(location) if uri_scheme(location) is None else None
+        self.manifest = manifest
+        self.name: str = manifest["name"]
+        self.version: str = str(manifest["version"])
+        self.channel = channel
+        self.environment_problems = environment_problems
+        self._tasks = tasks
+        self._lookups = {name: index.lookup for name, index in tasks.items()}
+        self._num_entries = sum(len(t) for t in tasks.values())
+
+    @property
+    def tasks(self) -> tuple[str, ...]:
+        return tuple(sorted(self._tasks))
+
+    def lookup(self, task: str, /, **params: Any) -> dict[str, Any] | None:
+        """The tuned config for ``task`` at ``params``, or None on a miss."""
+        find = self._lookups.get(task)
+        return None if find is None else find(params)  # type: ignore[no-any-return]
+
+    def entry(self, task: str, /, **params: Any) -> dict[str, Any] | None:
+        """The whole table entry (config plus its statistics and source run), or None on a miss."""
+        index = self._tasks.get(task)
+        row = index.find(params) if index is not None else None
+        return None if row is None or index is None else index.entry(row)
+
+    def entries(self, task: str) -> Iterator[dict[str, Any]]:
+        """Every entry of ``task``, in table order."""
+        index = self._tasks[task]
+        return (index.entry(row) for row in range(len(index)))
+
+    def task_info(self, task: str) -> dict[str, Any]:
+        """``static_params`` and ``shape_params`` (name -> policy and points) of ``task``."""
+        index = self._tasks[task]
+        return {"static_params": list(index.static_params), "shape_params": dict(index.policies)}
+
+    def check_statistics(self) -> None:
+        """Parse every task's statistics now (they are parsed on first use otherwise)."""
+        for index in self._tasks.values():
+            index.stats()
+
+    def summary(self) -> str:
+        env = self.manifest.get("environment", {})
+        via = f" (channel {self.channel})" if self.channel else ""
+        return (
+            f"{self.name}/{self.version}{via} from {self.location}: {len(self)} entries, tasks "
+            f"{', '.join(self.tasks) or '-'}; tuned on {env.get('device_name', 'an unrecorded device')}"
+        )
+
+    def __len__(self) -> int:
+        return self._num_entries
+
+    def __repr__(self) -> str:
+        return (
+            f"Bundle({self.name!r}, version={self.version!r}, tasks={list(self.tasks)}, entries={len(self)})"
+        )
+
+
+def task_index(name: str, spec: Any, files: Mapping[str, bytes], schema: int) -> _TaskIndex:
+    try:
+        doc = load_json(files[spec["table"]], f"table of task {name!r}")
+        if schema == 1:
+            table, stats = _v1_table(spec, doc)
+            return _TaskIndex(name, spec, table, stats)
+        if doc.get("task") != name or doc.get("schema_version") != schema:
+            raise ValueError(
+                f"the table file is for {doc.get('task')!r}, schema {doc.get('schema_version')!r}"
+            )
+        return _TaskIndex(name, spec, doc, files[spec["stats"]] if spec.get("stats") else {})
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+        raise BundleCorruptError(f"table of task {name!r} is malformed: {exc!r}") from None
