@@ -118,7 +118,8 @@ def busy_fraction(rows: list[dict[str, Any]], warmup: int) -> float:
 def bench_overhead(args: argparse.Namespace, tmp: Path) -> None:
     print("| workers | items | per-item median | per-item p90 | per-item mean | wall (incl. startup) |")
     print("|---|---|---|---|---|---|")
-    for label, extra in (("1 GPU (logical)", ["--num-gpus", "1"]), ("1 CPU", [])):
+    gpu = ["--num-gpus", "1", "--compile-ahead"]
+    for label, extra in (("1 GPU (logical; compile-ahead on)", gpu), ("1 CPU", ["--no-compile-ahead"])):
         for rep in range(args.repeat):
             spec = tmp / f"overhead-{rep}.toml"
             spec.write_text(spec_text(f'[configs]\nfault = "none"\n{variants(args.items)}'))
@@ -129,15 +130,42 @@ def bench_overhead(args: argparse.Namespace, tmp: Path) -> None:
                   f"{out['wall_s']:.1f} s |")  # fmt: skip
 
 
+# The library call `tunectl submit` makes, with a progress hook that samples the driver's memory.
+_SAMPLER = """
+import json, sys
+from orchestrator.submit import submit
+
+def rss():
+    return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS")) / 1024
+
+class Sample:
+    def start(self, run_id, total, placement):
+        self.total, self.seen, self.rss = total, 0, {"0%": rss()}
+    def record(self, record):
+        self.seen += 1
+        if self.seen * 4 % self.total < 4 and self.seen * 4 // self.total in (1, 2, 3, 4):
+            self.rss[f"{self.seen * 100 // self.total}%"] = rss()
+
+progress = Sample()
+submit(sys.argv[1], sys.argv[2], progress=progress, num_gpus=1)
+print("BENCH " + json.dumps(progress.rss))
+"""
+
+
 def bench_memory(args: argparse.Namespace, tmp: Path) -> None:
-    print("| items | driver peak RSS | per-item median |")
-    print("|---|---|---|")
+    """Driver RSS while records stream (placed, then at 25/50/75/100 % of the items), and the CLI's peak."""
+    print("| items | RSS placed | 25 % | 50 % | 75 % | 100 % | `tunectl submit` peak (incl. winners table) |")
+    print("|---|---|---|---|---|---|---|")
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     for count in args.items_list:
         spec = tmp / f"memory-{count}.toml"
         spec.write_text(spec_text(f'[configs]\nfault = "none"\n{variants(count)}'))
+        done = subprocess.run([sys.executable, "-c", _SAMPLER, str(spec), str(tmp / f"mem-lib-{count}")],
+                              capture_output=True, text=True, env=env, cwd=ROOT)  # fmt: skip
+        line = next(ln for ln in done.stdout.splitlines() if ln.startswith("BENCH "))
+        samples = [f"{v:.0f} MiB" for v in json.loads(line[6:]).values()]
         out = submit(spec, tmp / f"memory-{count}", "--num-gpus", "1")
-        gaps = per_item_intervals(out["rows"])
-        print(f"| {count} | {out['peak_rss_kib'] / 1024:.0f} MiB | {statistics.median(gaps) * 1e3:.2f} ms |")
+        print(f"| {count} | {' | '.join(samples)} | {out['peak_rss_kib'] / 1024:.0f} MiB |")
 
 
 def bench_scaling(args: argparse.Namespace, tmp: Path) -> None:
@@ -159,8 +187,8 @@ def bench_overlap(args: argparse.Namespace, tmp: Path) -> None:
         spec, warmup = Path(args.spec), args.warmup
     else:
         spec, warmup = tmp / "overlap.toml", 0
-        configs = f'[configs]\nfault = "none"\ncompile_ms = {args.compile_ms}\nrun_ms = {args.run_ms}\n'
-        spec.write_text(spec_text(configs + variants(args.items), samples=args.samples))
+        configs = f'[configs]\nfault = "none"\ncompile_ms = {args.compile_ms}\nrun_ms = {args.kernel_ms}\n'
+        spec.write_text(spec_text(configs + variants(args.overlap_items), samples=args.samples))
     print("| compile ahead | items | device busy fraction | wall |")
     print("|---|---|---|---|")
     for flag in ("--no-compile-ahead", "--compile-ahead"):
@@ -180,7 +208,11 @@ def main() -> None:
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--items-per-worker", type=int, default=40)
     parser.add_argument("--run-ms", type=float, default=50.0)
-    parser.add_argument("--compile-ms", type=float, default=40.0)
+    parser.add_argument(
+        "--compile-ms", type=float, default=40.0, help="overlap: the compiler stand-in's time"
+    )
+    parser.add_argument("--kernel-ms", type=float, default=10.0, help="overlap: one kernel call's time")
+    parser.add_argument("--overlap-items", type=int, default=60)
     parser.add_argument("--samples", type=int, default=4)
     parser.add_argument("--spec", help="overlap: a real spec instead of the stand-in")
     parser.add_argument("--warmup", type=int, default=0, help="overlap --spec: the spec's warmup count")
@@ -190,8 +222,6 @@ def main() -> None:
         for what in ("overhead", "memory", "scaling", "overlap") if args.what == "all" else (args.what,):
             started = time.perf_counter()
             print(f"\n## {what}\n")
-            if what == "overlap" and args.what == "all":
-                args.items, args.run_ms = 60, 10.0
             globals()[f"bench_{what}"](args, Path(tmp))
             print(f"\n({time.perf_counter() - started:.0f} s)")
 

@@ -179,13 +179,14 @@ class _Dispatcher:
         except _WORKER_LOST as exc:
             slot.probe_failures += 1
             slot.failure = _first_line(exc)
-            # Ask again later: Ray may yet restart it (a node replaced, a placement group rescheduled).
-            slot.probe_at = time.monotonic() + min(2.0**slot.probe_failures, 30.0)
-            self._judge(slot, None)  # it cannot say what killed it now: its items go to the others
+            # Ask again soon (a restart in progress answers late), then ever less often: Ray may yet
+            # restart it elsewhere (a node replaced, a placement group rescheduled).
+            slot.probe_at = time.monotonic() + min(0.5 * 2.0 ** (slot.probe_failures - 1), 30.0)
             if slot.probe_failures == MAX_PROBE_FAILURES:
                 slot.state = "lost"
                 self.stats.num_lost_workers += 1
                 log.warning("worker %s is lost: %s", slot.name, slot.failure)
+                self._judge(slot, None)  # it cannot say what killed it: its items go to the others
             return
         if slot.state == "lost":
             self.stats.num_lost_workers -= 1

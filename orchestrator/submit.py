@@ -17,14 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from orchestrator.cluster import CPU_POOL, Placement, Pool, choose_pools, connect, start_pools, stop_pools
+from orchestrator.cluster import Placement, Pool, choose_pools, connect, start_pools, stop_pools
 from orchestrator.dispatch import DispatchOptions, Lane, dispatch
 from tunectl.errors import UserError
 from tunectl.keys import key_digest
 from tunectl.plan import Plan, WorkItem, plan
 from tunectl.record import Record
 from tunectl.results import ResultsWriter, done_item_ids
-from tunectl.runs import RunInfo, load_run, new_run_id, run_exists, run_log_path, save_run
+from tunectl.runs import RunInfo, driver_alive, load_run, new_run_id, run_exists, run_log_path, save_run
 from tunectl.spec import Spec, load_spec, parse_spec
 
 log = logging.getLogger("tunectl.run")
@@ -68,6 +68,10 @@ def _spec_for(spec_path: str | None, resume: str | None, results: Path) -> tuple
     info = load_run(results, resume)
     if info.state == "finished":
         raise UserError(f"run {resume} already finished; nothing to resume")
+    if info.state == "running" and driver_alive(info):
+        raise UserError(
+            f"run {resume} is still running (pid {info.driver_pid}); stop it first: `tunectl cancel {resume}`"
+        )
     return parse_spec(info.spec_text, info.spec_path, info.name), info
 
 
@@ -96,7 +100,9 @@ def submit(
 ) -> SubmitResult:
     """Run (or resume) a tuning run; every record lands in ``results`` as it arrives.
 
-    ``compile_ahead``: prepare the next item while timing the current one; None: on for GPU workers.
+    ``compile_ahead``: prepare the next item in a background thread while timing the current one. Off
+    unless asked for: a preparation that launches device work or holds the interpreter lock while
+    a kernel is timed skews that time (seen on the H200: single timed calls stretched up to 1000x).
     ``run_id``: the id for a new run (a job submitted for it chose it); default a fresh one.
     """
     results = Path(results)
@@ -128,53 +134,28 @@ def submit(
 
     try:
         with _event_log(results, run_id):
-            names = (
-                list(previous.pools)
-                if previous and previous.pools
-                else choose_pools(spec.resources.accelerator_type, spec.resources.num_gpus)
-            )
-            ahead = compile_ahead if compile_ahead is not None else names != [CPU_POOL]
+            names = list(previous.pools) if previous and previous.pools else choose_pools(
+                spec.resources.accelerator_type, spec.resources.num_gpus
+            )  # fmt: skip
+            ahead = bool(compile_ahead)
             pools, out.placement = start_pools(
                 names, spec.resources.num_gpus, ahead, label=f"tunectl-{run_id}"
             )
-            by_pool = pool_items(work.items, names)
-            info = dataclasses.replace(info, pools=tuple(names), num_planned=sum(map(len, by_pool.values())))
+            lanes, info = _lanes(pools, work, info, results, resumed=previous is not None)
             save_run(results, info.with_state("running"))
-            done = done_item_ids(results, run_id) if previous else set()
-            lanes = [
-                Lane(p.name, tuple(p.workers), tuple(i for i in by_pool[p.name] if i.item_id not in done))
-                for p in pools
-            ]
-            out.num_skipped_done = info.num_planned - sum(len(lane.items) for lane in lanes)
-            log.info(
-                "run %s: %d item(s) to measure on %d worker(s) in pool(s) %s (compile ahead: %s)",
-                run_id,
-                info.num_planned - out.num_skipped_done,
-                out.placement.num_workers,
-                ", ".join(names),
-                ahead,
-            )
-            progress.start(run_id, info.num_planned - out.num_skipped_done, out.placement)
+            todo = sum(len(lane.items) for lane in lanes)
+            out.num_skipped_done = info.num_planned - todo
+            log.info("run %s: %d item(s) to measure on %d worker(s) in pool(s) %s (compile ahead: %s)",
+                     run_id, todo, out.placement.num_workers, ", ".join(names), ahead)  # fmt: skip
+            progress.start(run_id, todo, out.placement)
             options = DispatchOptions(spec.resources.prefetch, ahead, stall_timeout_s=stall_timeout_s)
             stats = dispatch(lanes, run_id, spec.measure, on_record, options)
             writer.close()
-            log.info(
-                "run %s finished: %d record(s), %d worker failure(s), %d item(s) requeued",
-                run_id,
-                stats.num_records,
-                stats.num_worker_failures,
-                stats.num_requeued,
-            )
+            log.info("run %s finished: %d record(s), %d worker failure(s), %d item(s) requeued",
+                     run_id, stats.num_records, stats.num_worker_failures, stats.num_requeued)  # fmt: skip
     except BaseException as exc:
         writer.close()
-        state = (
-            "cancelled"
-            if isinstance(exc, RunCancelled)
-            else "interrupted"
-            if isinstance(exc, KeyboardInterrupt)
-            else "failed"
-        )
-        save_run(results, info.with_state(state, f"{type(exc).__name__}: {exc}"[:500]))
+        save_run(results, info.with_state(_stopped_state(exc), f"{type(exc).__name__}: {exc}"[:500]))
         raise
     finally:
         stop_pools(pools)
@@ -185,6 +166,27 @@ def submit(
     save_run(results, info.with_state("finished"))
     out.seconds = time.time() - started
     return out
+
+
+def _lanes(
+    pools: list[Pool], work: Plan, info: RunInfo, results: Path, resumed: bool
+) -> tuple[list[Lane], RunInfo]:
+    """Each pool's items, less those a resumed run already has; the run's metadata updated to match."""
+    names = [p.name for p in pools]
+    by_pool = pool_items(work.items, names)
+    info = dataclasses.replace(info, pools=tuple(names), num_planned=sum(map(len, by_pool.values())))
+    done = done_item_ids(results, info.run_id) if resumed else set()
+    lanes = [
+        Lane(p.name, tuple(p.workers), tuple(i for i in by_pool[p.name] if i.item_id not in done))
+        for p in pools
+    ]
+    return lanes, info
+
+
+def _stopped_state(exc: BaseException) -> str:
+    if isinstance(exc, RunCancelled):
+        return "cancelled"
+    return "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
 
 
 @contextlib.contextmanager

@@ -40,20 +40,16 @@ class TuneWorker:
     """
 
     def __init__(self, num_threads: int, compile_ahead: bool = False) -> None:
-        import torch
-
         from orchestrator.pipeline import CompileAheadRunner
         from tasks.runner import ItemRunner
 
         self.incarnation = secrets.token_hex(8)  # calls sent to an earlier process are not run by this one
         self.journal = journal_path(ray.get_runtime_context().get_actor_id() or f"pid-{os.getpid()}")
         self.last_words = _read_last_words(self.journal)
-        gpu_ids = ray.get_gpu_ids()
-        self.device = "cuda:0" if gpu_ids and torch.cuda.is_available() else "cpu"
-        if self.device == "cpu":
-            torch.set_num_threads(max(1, num_threads))
+        runner_cls = CompileAheadRunner if compile_ahead else ItemRunner
+        self.runner = runner_cls.for_process(bool(ray.get_gpu_ids()), num_threads)
+        self.device = self.runner.device
         self.compile_ahead = compile_ahead
-        self.runner = CompileAheadRunner(self.device) if compile_ahead else ItemRunner(self.device)
 
     def describe(self) -> dict[str, Any]:
         """Where this worker runs, and its predecessor's last words (reported once)."""

@@ -109,7 +109,8 @@ def _handle(device: str, nvml: Any) -> Any:
             if handle is not None:
                 break
     if handle is None and hasattr(props, "pci_bus_id"):
-        bus = f"{props.pci_domain_id:08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+        domain, dev = getattr(props, "pci_domain_id", 0), getattr(props, "pci_device_id", 0)
+        bus = f"{domain:08x}:{props.pci_bus_id:02x}:{dev:02x}.0"
         handle = _try(lambda: nvml.nvmlDeviceGetHandleByPciBusId(bus))
     _handles[device] = handle
     return handle

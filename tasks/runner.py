@@ -33,16 +33,6 @@ class CudaContextPoisoned(RuntimeError):
     """A kernel left the CUDA context unusable; the worker process must exit."""
 
 
-def runner_for_worker(has_gpu: bool, num_threads: int) -> ItemRunner:
-    """The runner a worker process uses: its GPU if it was given one, else the CPU's threads."""
-    import torch
-
-    device = "cuda:0" if has_gpu and torch.cuda.is_available() else "cpu"
-    if device == "cpu":
-        torch.set_num_threads(max(1, num_threads))
-    return ItemRunner(device)
-
-
 class ItemRunner:
     """Evaluates work items on one device. One per worker process."""
 
@@ -52,6 +42,16 @@ class ItemRunner:
         self._point: tuple[Any, ...] | None = None
         self._inputs: Any = None
         self._reference: Any = None
+
+    @classmethod
+    def for_process(cls, gpu_assigned: bool, num_threads: int) -> ItemRunner:
+        """A runner on this process's GPU if it was given one torch can use, else on ``num_threads`` CPUs."""
+        import torch
+
+        device = "cuda:0" if gpu_assigned and torch.cuda.is_available() else "cpu"
+        if device == "cpu":
+            torch.set_num_threads(max(1, num_threads))
+        return cls(device)
 
     def run(self, run_id: str, item: WorkItem, settings: MeasureSpec) -> Record:
         started = time.time()

@@ -21,7 +21,7 @@ def ray_two_gpus() -> Iterator[None]:
 
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(num_cpus=2, num_gpus=2, include_dashboard=False, logging_level="ERROR")
+    ray.init(address="local", num_cpus=2, num_gpus=2, include_dashboard=False, logging_level="ERROR")
     try:
         yield
     finally:

@@ -33,7 +33,6 @@ def test_submit_export_lookup(ray_two_gpus: None, tiny_spec: Path, tmp_path: Pat
 
     rows = read_results(results)
     assert len(rows) == 24 and {r["status"] for r in rows} == {"ok"}
-    assert len({r["worker"] for r in rows}) == 2, "both GPU workers took work"
     assert all(r["median_us"] > 0 and r["num_samples"] >= 3 for r in rows)
     assert sum(r["is_default"] for r in rows) == 6  # the default measured at every point
 

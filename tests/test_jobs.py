@@ -117,6 +117,15 @@ def assert_token_nowhere(head: Head, output: str, results: Path) -> None:
             assert head.token.encode() not in path.read_bytes(), f"the token leaked into {path}"
 
 
+def test_client_mode_and_the_gcs_address_both_join_with_the_token(head: Head, tmp_path: Path) -> None:
+    spec = write_spec(tmp_path, FAST)
+    for address, results in ((head.client, tmp_path / "via-client"), (head.gcs, tmp_path / "via-gcs")):
+        code, out = tunectl(head, "submit", str(spec), "--address", address, "--results", str(results))
+        assert code == 0, out
+        assert "1 gpu worker(s)" in out, "the head's GPU, not a new local instance"
+        assert_token_nowhere(head, out, results)
+
+
 def test_a_job_runs_tunectl_submit_on_the_cluster_and_its_log_can_be_followed(
     head: Head, tmp_path: Path
 ) -> None:
@@ -153,15 +162,6 @@ def test_a_cancelled_job_stops_cleanly_and_a_resumed_job_finishes_the_run(head: 
     assert code == 0 and "already measured" in out, out
     assert_one_row_per_item(results, run_id, planned_ids(spec))
     assert load_run(results, run_id).state == "finished"
-
-
-def test_client_mode_and_the_gcs_address_both_join_with_the_token(head: Head, tmp_path: Path) -> None:
-    spec = write_spec(tmp_path, FAST)
-    for address, results in ((head.client, tmp_path / "via-client"), (head.gcs, tmp_path / "via-gcs")):
-        code, out = tunectl(head, "submit", str(spec), "--address", address, "--results", str(results))
-        assert code == 0, out
-        assert "1 gpu worker(s)" in out, "the head's GPU, not a new local instance"
-        assert_token_nowhere(head, out, results)
 
 
 def test_a_wrong_token_is_refused_with_a_clear_message_that_does_not_echo_it(

@@ -92,8 +92,11 @@ def select_winners(
     for (task, device, static_text, shape_text), group in groups.items():
         static = key_from_text(static_text)
         ok = sorted(
-            (r for r in group
-             if r["status"] == "ok" and selectable(task, static, key_from_text(r["config_key"]))),
+            (
+                r
+                for r in group
+                if r["status"] == "ok" and selectable(task, static, key_from_text(r["config_key"]))
+            ),
             key=lambda r: (r["median_us"], r["config_key"]),
         )
         if not ok:

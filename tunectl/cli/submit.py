@@ -38,6 +38,11 @@ class _Bar:
         self.console.print(
             f"run [bold]{run_id}[/]: {total} items on {placement.num_workers} {placement.kind} worker(s) "
             f"across {placement.num_nodes} node(s)"
+            + (
+                f", once per accelerator type: {', '.join(placement.pools)}"
+                if len(placement.pools) > 1
+                else ""
+            )
         )
         self.bar.start()
         self.task_id = self.bar.add_task("measuring", total=total, failed=0)
@@ -126,7 +131,8 @@ def submit(
         bool | None,
         typer.Option(
             "--compile-ahead/--no-compile-ahead",
-            help="Prepare the next config while timing the current one. Default: on for GPU workers.",
+            help="Prepare the next config while timing the current one (keeps the GPU busy during "
+            "compiles; only for tasks whose prepare is host-only). Default: off.",
         ),
     ] = None,
     run_id: Annotated[
