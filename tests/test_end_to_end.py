@@ -36,21 +36,9 @@ def test_submit_export_lookup(ray_two_gpus: None, tiny_spec: Path, tmp_path: Pat
     assert all(r["median_us"] > 0 and r["num_samples"] >= 3 for r in rows)
     assert sum(r["is_default"] for r in rows) == 6  # the default measured at every point
 
-    out = runner.invoke(
-        app,
-        [
-            "export",
-            "bundle",
-            "--results",
-            str(results),
-            "--name",
-            "tiny",
-            "--version",
-            "1",
-            "--out",
-            str(store),
-        ],
-    )
+    export = ["export", "bundle", "--results", str(results), "--name", "tiny", "--version", "1"]
+    export += ["--out", str(store)]
+    out = runner.invoke(app, export)
     assert out.exit_code == 0, out.output
     bundle_dir = store / "tiny" / "1"
     manifest = json.loads((bundle_dir / "manifest.json").read_text())
@@ -62,21 +50,7 @@ def test_submit_export_lookup(ray_two_gpus: None, tiny_spec: Path, tmp_path: Pat
     assert manifest["environment"]["device_name"]
 
     before = _tree(store)
-    again = runner.invoke(
-        app,
-        [
-            "export",
-            "bundle",
-            "--results",
-            str(results),
-            "--name",
-            "tiny",
-            "--version",
-            "1",
-            "--out",
-            str(store),
-        ],
-    )
+    again = runner.invoke(app, export)
     assert again.exit_code == 2 and "already exists" in again.output
     assert "Traceback" not in again.output
     assert _tree(store) == before, "a refused export changes nothing"
