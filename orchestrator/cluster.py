@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -71,13 +72,35 @@ def connect(address: str | None, num_gpus: int | None = None, num_cpus: int | No
         if num_cpus is not None:
             kwargs["num_cpus"] = num_cpus
     try:
-        ray.init(**kwargs)
+        _init_with_retries(kwargs)
     except (ConnectionError, ValueError, RuntimeError, TimeoutError) as exc:
         target = address or os.environ.get("RAY_ADDRESS") or "a local Ray instance"
-        detail = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        detail = " ".join(lines)[:300] or type(exc).__name__
         hint = _AUTH_HINT if joining and os.environ.get("RAY_AUTH_MODE", "").lower() != "token" else ""
         raise UserError(f"cannot connect to {target}: {detail}{hint}") from None
     return True
+
+
+def _init_with_retries(kwargs: dict[str, Any], attempts: int = 3, backoff_s: float = 2.0) -> None:
+    """``ray.init``, retried where a Ray client server failed to start its session in time.
+
+    A busy head starts a server process per client session; when that start outlasts Ray's own
+    wait, the client sees "Initialization failure from server" although a second try succeeds.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            ray.init(**kwargs)
+            return
+        except ConnectionError as exc:
+            transient = str(kwargs.get("address", "")).startswith(
+                "ray://"
+            ) and "Initialization failure" in str(exc)
+            if not transient or attempt == attempts:
+                raise
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+            time.sleep(backoff_s * attempt)
 
 
 def gpu_inventory() -> dict[str, tuple[int, int]]:
