@@ -29,10 +29,10 @@ DECODE_BACKENDS = ("fa4", "sdpa", "flex")  # the backends that run on the cache'
 REPAGED = "fa2"  # needs 256-token pages: measured on a re-paged copy, for reference only
 REPRODUCE = """\
 ```bash
-# here: build the parts the GPU machine lacks (Ray, flash-attn-4, flash-attn 2 for SM90)
-bash ../shared/device/stage.sh
-# there, once per part: bash .device/stageK/bootstrap.sh ; then, from the project root:
-source /tmp/tunectl-site/env.sh && export PYTHONPATH=$PWD:$PYTHONPATH
+# on the H200 host (Python 3.12, torch 2.11 + CUDA 13): ray 2.60, flash-attn-4 4.0.0b36 with
+# nvidia-cutlass-dsl 4.8.1, and flash-attn 2.8.3 built from source for SM90 (FLASH_ATTN_CUDA_ARCHS=90)
+# importable; then, from the project root:
+export PYTHONPATH=$PWD:$PYTHONPATH
 python -m pytest -m gpu tests/test_gpu_harness.py tests/test_gpu_kernels.py -s      # ~2 min smoke
 python -m tunectl submit configs/h200/flash_decode.toml --results RESULTS --no-compile-ahead  # ~3 min
 python -m tunectl submit configs/h200/flash_decode_page256.toml --results RESULTS        # ~1.5 min
