@@ -36,7 +36,7 @@ def make_sampler(fn: Callable[[], Any], device: str, mode: str, l2: str) -> Samp
     if device.startswith("cuda"):
         if mode == "graph":
             return _graph_sampler(fn, device, l2)
-        return _cuda_sampler(fn, device, l2)
+        return _event_sampler(fn, device, l2)
     if mode == "graph":
         raise ValueError("CUDA-graph replay needs a CUDA device")
     if l2 == "cold":
@@ -82,7 +82,9 @@ def _cuda_flush(device: str) -> Callable[[], None]:
     return flush
 
 
-def _cuda_sampler(fn: Callable[[], Any], device: str, l2: str) -> Sampler:
+def _event_sampler(launch: Callable[[], Any], device: str, l2: str, calls_per_launch: int = 1) -> Sampler:
+    """Times one ``launch`` with CUDA events: cache flushed first (cold), a spin kernel queued ahead of
+    the start event so the host's launch latency stays out; the time per call."""
     import torch
 
     start = torch.cuda.Event(enable_timing=True)
@@ -92,12 +94,12 @@ def _cuda_sampler(fn: Callable[[], Any], device: str, l2: str) -> Sampler:
     def sample() -> float:
         if flush is not None:
             flush()
-        torch.cuda._sleep(_SPIN_CYCLES)
+        torch.cuda._sleep(_SPIN_CYCLES)  # keeps the GPU busy while the host launches
         start.record()
-        fn()
+        launch()
         end.record()
         end.synchronize()
-        return float(start.elapsed_time(end)) * 1e3
+        return float(start.elapsed_time(end)) * 1e3 / calls_per_launch
 
     return sample
 
@@ -120,20 +122,7 @@ def _graph_sampler(fn: Callable[[], Any], device: str, l2: str) -> Sampler:
             for _ in range(reps):
                 fn()
         torch.cuda.synchronize()
-    start = torch.cuda.Event(enable_timing=True)
-    end = torch.cuda.Event(enable_timing=True)
-    flush = _cuda_flush(device) if l2 == "cold" else None
-
-    def sample() -> float:
-        if flush is not None:
-            flush()
-        torch.cuda._sleep(_SPIN_CYCLES)  # keeps the GPU busy while the host launches the replay
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        return float(start.elapsed_time(end)) * 1e3 / reps
-
+    sample = _event_sampler(graph.replay, device, l2, reps)
     sample.graph = graph  # type: ignore[attr-defined]  # the graph lives as long as its sampler
     sample.reps = reps  # type: ignore[attr-defined]
     return sample

@@ -35,8 +35,8 @@ from typing import Any, Protocol
 from tunectl import __version__
 from tunectl.errors import BundleExistsError, UserError
 from tunectl.runtime import CHANNELS, MANIFEST, SCHEMA_VERSION, Bundle, Fetcher, load_bundle, safe_member
-from tunectl.runtime.format import ARCHIVE_SUFFIXES, BundleCorruptError, BundleReadError
-from tunectl.runtime.sources import Source, read_verified, resolve
+from tunectl.runtime.format import ARCHIVE_SUFFIXES, BundleCorruptError
+from tunectl.runtime.sources import Source, read_local, read_verified, resolve
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -205,13 +205,7 @@ class LocalStore:
         return str(self.root.joinpath(*parts))
 
     def read(self, rel: str) -> bytes:
-        path = safe_member(self.root, rel)
-        try:
-            return path.read_bytes()
-        except (FileNotFoundError, NotADirectoryError):
-            raise FileNotFoundError(str(path)) from None
-        except OSError as exc:
-            raise BundleReadError(f"cannot read {path}: {exc}") from None
+        return read_local(safe_member(self.root, rel))
 
     def list_dir(self, rel: str) -> list[str]:
         path = safe_member(self.root, rel) if rel else self.root

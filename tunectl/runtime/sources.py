@@ -86,7 +86,8 @@ def _fetch(fetcher: Fetcher, uri: str) -> bytes:
         raise BundleReadError(f"cannot read {uri}: {type(exc).__name__}: {exc}") from None
 
 
-def _read_local(path: Path) -> bytes:
+def read_local(path: Path) -> bytes:
+    """A local file's bytes; FileNotFoundError if it is absent, BundleReadError if unreadable."""
     try:
         return path.read_bytes()
     except (FileNotFoundError, NotADirectoryError):
@@ -106,7 +107,7 @@ def _local_path(where: str) -> Path | None:
 def read_location(where: str, fetcher: Fetcher | None = None) -> bytes:
     """The bytes at a path or URI; FileNotFoundError if there is nothing there."""
     local = _local_path(where)
-    return _read_local(local) if local is not None else _fetch(_fetcher_for(where, fetcher), where)
+    return read_local(local) if local is not None else _fetch(_fetcher_for(where, fetcher), where)
 
 
 def _archive_members(data: bytes, where: str) -> dict[str, bytes]:
@@ -151,7 +152,7 @@ class Source:
                 raise FileNotFoundError(member)
             return self._members[member]
         if self._local is not None:
-            return _read_local(safe_member(self._local, member))
+            return read_local(safe_member(self._local, member))
         assert self._fetcher is not None
         return _fetch(self._fetcher, join_uri(self.where, member))
 
