@@ -10,6 +10,14 @@ from dataclasses import dataclass, fields
 STATUSES = ("ok", "wrong_result", "error", "invalid", "crash", "timeout")
 FAILED = tuple(s for s in STATUSES if s != "ok")
 
+#: What a row measured. measure: one config, timed on its own to the spec's noise target. screen: a
+#: cheaper look at one config (a successive-halving rung below the top). final: finalists of one
+#: point timed in interleaved rounds against the default on one device (``speedup*`` is the paired
+#: ratio with its 95 % interval). validate: a bundle's config against the default, each run as an
+#: L-layer stack (``layers``) with a cache-thrashing kernel between layers. import: taken from
+#: another tuner's log, not measured by tunectl.
+PHASES = ("measure", "screen", "final", "validate", "import")
+
 
 @dataclass(frozen=True)
 class Record:
@@ -34,6 +42,13 @@ class Record:
     compile_ms: float | None = None
     bytes_moved: int | None = None
     measure_mode: str = ""
+    phase: str = "measure"
+    rung: int | None = None
+    rounds: int | None = None
+    layers: int | None = None
+    speedup: float | None = None  # default time over this config's, paired (final, validate)
+    speedup_lo: float | None = None
+    speedup_hi: float | None = None
     l2: str = ""
     sm_clock_mhz: float | None = None
     temperature_c: float | None = None

@@ -29,6 +29,7 @@ from tunectl.record import RECORD_FIELDS, Record
 SCHEMA_VERSION = 1
 PARTITIONS = ("task", "run_id")
 _TIMESTAMPS = ("started_at", "finished_at")
+_FLOAT_SUFFIXES = ("_us", "_ms", "_noise", "_err", "_mhz", "_c", "_w")
 
 
 def _schema() -> Any:
@@ -39,6 +40,9 @@ def _schema() -> Any:
         "throttled": pa.bool_(),
         "num_samples": pa.int64(),
         "bytes_moved": pa.int64(),
+        "rung": pa.int64(),
+        "rounds": pa.int64(),
+        "layers": pa.int64(),
     }
     cols = []
     for name in RECORD_FIELDS:
@@ -48,7 +52,7 @@ def _schema() -> Any:
             cols.append(pa.field(name, pa.timestamp("us", tz="UTC")))
         elif name in types:
             cols.append(pa.field(name, types[name]))
-        elif name.endswith(("_us", "_ms", "_noise", "_err", "_mhz", "_c", "_w")):
+        elif name.startswith("speedup") or name.endswith(_FLOAT_SUFFIXES):
             cols.append(pa.field(name, pa.float64()))
         else:
             cols.append(pa.field(name, pa.string()))
@@ -158,6 +162,7 @@ def read_results(
         raise ResultsError(f"cannot read results at {root}: {exc}") from None
     latest: dict[tuple[str, str], dict[str, Any]] = {}
     for row in rows:
+        row["phase"] = row["phase"] or "measure"  # rows written before phases existed
         key = (row["run_id"], row["item_id"])
         if key not in latest or row["finished_at"] >= latest[key]["finished_at"]:
             latest[key] = row
