@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +30,7 @@ import ray
 from ray import exceptions as rex
 
 from orchestrator.blame import Blame, Verdict
-from orchestrator.workqueue import WorkQueue, describe, failure_record
+from orchestrator.workqueue import WorkQueue, describe, failure_records
 from tunectl.errors import TunectlError
 from tunectl.plan import WorkItem
 from tunectl.record import Record
@@ -106,20 +106,27 @@ class _Slot:
     death: str = ""  # what Ray said when the worker died
 
 
+#: Told each finished item's records (with its lane), it answers the items the lane runs next.
+FollowUp = Callable[[str, list[Record]], Iterable[WorkItem]]
+
+
 def dispatch(
     lanes: Sequence[Lane], run_id: str, settings: MeasureSpec, on_record: Callable[[Record], None],
-    options: DispatchOptions = DispatchOptions(),
+    options: DispatchOptions = DispatchOptions(), follow_up: FollowUp | None = None,
 ) -> DispatchStats:  # fmt: skip
-    """Run every item of every lane; call ``on_record`` exactly once per item, in completion order."""
-    return _Dispatcher(lanes, run_id, settings, on_record, options).run()
+    """Run every item of every lane; call ``on_record`` exactly once per record (one per item, one per
+    arm of a comparison), in completion order. ``follow_up`` adds items as results come in (a search
+    choosing what to measure next); the run ends when no lane has work left."""
+    return _Dispatcher(lanes, run_id, settings, on_record, options, follow_up).run()
 
 
 class _Dispatcher:
     def __init__(
         self, lanes: Sequence[Lane], run_id: str, settings: MeasureSpec,
-        on_record: Callable[[Record], None], options: DispatchOptions,
+        on_record: Callable[[Record], None], options: DispatchOptions, follow_up: FollowUp | None,
     ) -> None:  # fmt: skip
         self.run_id, self.settings, self.on_record, self.options = run_id, settings, on_record, options
+        self.follow_up = follow_up
         self.queues = {lane.name: WorkQueue(lane.items) for lane in lanes}
         self.slots = [
             _Slot(w, lane.name, f"{lane.name}#{i}") for lane in lanes for i, w in enumerate(lane.workers)
@@ -212,21 +219,21 @@ class _Dispatcher:
         if call is None:
             return  # a call already settled as part of a worker failure
         try:
-            record = ray.get(ref)
+            records = ray.get(ref)
         except _WORKER_LOST as exc:
             self._worker_failed(slot, exc)
             return
         except rex.RayError as exc:  # the worker survived but its call failed outside the task's code
-            record = failure_record(
+            records = failure_records(
                 self.run_id, call.item, "error", f"worker call failed: {_first_line(exc)}"
             )
-        if record is None:  # a new process of this worker refused a call meant for the old one
+        if records is None:  # a new process of this worker refused a call meant for the old one
             self._worker_failed(slot, RuntimeError("the worker process was replaced"))
             return
         if call is slot.calls[0]:
             slot.head_since = time.monotonic()
         slot.calls.remove(call)
-        self._emit(record)
+        self._emit(slot.lane, records)
         if slot.killed_item is None:
             self._fill(slot)
         elif not slot.calls:
@@ -234,14 +241,21 @@ class _Dispatcher:
             slot.killed_item = None
             self._probe(slot)
 
-    def _emit(self, record: Record) -> None:
-        if record.item_id in self.recorded:
-            log.warning("dropped a second result for item %s", record.item_id)  # never expected
-            return
-        self.recorded.add(record.item_id)
-        self.stats.num_records += 1
-        self.stats.statuses[record.status] += 1
-        self.on_record(record)
+    def _emit(self, lane: str, result: Record | list[Record]) -> None:
+        records = result if isinstance(result, list) else [result]
+        fresh = [r for r in records if r.item_id not in self.recorded]
+        if len(fresh) < len(records):
+            log.warning("dropped a second result for item %s", records[0].item_id)  # never expected
+        for record in fresh:
+            self.recorded.add(record.item_id)
+            self.stats.num_records += 1
+            self.stats.statuses[record.status] += 1
+            self.on_record(record)
+        if self.follow_up is not None and fresh:
+            queue = self.queues[lane]
+            for item in self.follow_up(lane, fresh):
+                queue.push(item)
+            self._fill_lane(lane)
 
     # -- handing out work --------------------------------------------------------------------------
 
@@ -282,7 +296,7 @@ class _Dispatcher:
         slot.calls.clear()
         for call in calls:
             self.owner.pop(call.ref, None)
-        calls = self._settle_finished(calls)
+        calls = self._settle_finished(slot.lane, calls)
         unanswered = [(c.item, c.lookahead) for c in calls] + (
             [(slot.reserved, None)] if slot.reserved else []
         )
@@ -293,7 +307,7 @@ class _Dispatcher:
             message = (
                 f"ran past the per-item deadline of {self.settings.deadline_seconds:g} s; worker restarted"
             )
-            self._emit(failure_record(self.run_id, calls[0].item, "timeout", message))
+            self._emit(slot.lane, failure_records(self.run_id, calls[0].item, "timeout", message))
         if killed is not None or self._node_dead(slot.node_id):
             if killed is None:
                 log.warning("worker %s lost with its node %s; its %d item(s) go back to the queue",
@@ -303,23 +317,23 @@ class _Dispatcher:
             slot.limbo, slot.death = unanswered, _death_detail(exc)  # judged once the worker is back
             slot.limbo_since = time.monotonic()
 
-    def _settle_finished(self, calls: list[_Call]) -> list[_Call]:
+    def _settle_finished(self, lane: str, calls: list[_Call]) -> list[_Call]:
         """Record the calls whose results arrived before the worker died; return the others."""
         while calls:
             ready, _ = ray.wait([calls[0].ref], num_returns=1, timeout=0)
             if not ready:
                 break
             try:
-                record = ray.get(calls[0].ref)
+                records = ray.get(calls[0].ref)
             except _WORKER_LOST:
                 break
             except rex.RayError as exc:
-                record = failure_record(
+                records = failure_records(
                     self.run_id, calls[0].item, "error", f"worker call failed: {_first_line(exc)}"
                 )
-            if record is None:
+            if records is None:
                 break  # refused by the process that replaced the dead one: it never ran
-            self._emit(record)
+            self._emit(lane, records)
             calls.pop(0)
         return calls
 
@@ -334,7 +348,7 @@ class _Dispatcher:
                 f"the worker process died while running it {self.blame.deaths[item.item_id]} times "
                 f"(it was retried alone); Ray: {slot.death}"
             )
-            self._emit(failure_record(self.run_id, item, "crash", message))
+            self._emit(slot.lane, failure_records(self.run_id, item, "crash", message))
             log.warning("worker %s died running %s again: recorded as crash", slot.name, describe(item))
         for item in verdict.retry:
             log.warning("worker %s died running %s; it runs again, alone", slot.name, describe(item))

@@ -69,7 +69,7 @@ class TuneWorker:
         settings: MeasureSpec,
         lookahead: WorkItem | None = None,
         incarnation: str = "",
-    ) -> Record | None:
+    ) -> Record | list[Record] | None:
         """Measure ``item``. ``lookahead`` is the item this worker gets next, if the dispatcher knows it.
 
         Returns None, doing nothing, for a call sent to an earlier process of this actor: Ray hands

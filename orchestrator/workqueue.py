@@ -36,6 +36,11 @@ class WorkQueue:
         self.groups.move_to_end(item.point, last=False)
         self.size += 1
 
+    def push(self, item: WorkItem) -> None:
+        """A new item, behind those already waiting at its point."""
+        self.groups.setdefault(item.point, deque()).append(item)
+        self.size += 1
+
     def push_retry(self, item: WorkItem) -> None:
         self.retry.append(item)
         self.size += 1
@@ -64,14 +69,30 @@ class WorkQueue:
         return item
 
 
-def failure_record(run_id: str, item: WorkItem, status: str, message: str) -> Record:
-    """A record for an item that got no result from a worker (crash, timeout, a failed call)."""
+def failure_records(run_id: str, item: WorkItem, status: str, message: str) -> list[Record]:
+    """Records for an item that got no result from a worker (crash, timeout, a failed call): one, or
+    one per arm of a comparison."""
     now = time.time()
-    return Record(
-        run_id=run_id, item_id=item.item_id, task=item.task, static_key=key_text(item.static),
-        shape_key=key_text(item.shape), config_key=key_text(item.config), is_default=item.is_default,
-        status=status, message=message, started_at=now, finished_at=now,
-    )  # fmt: skip
+    configs = item.arms or (item.config,)
+    defaults = [i == 0 for i in range(len(configs))] if item.arms else [item.is_default]
+    return [
+        Record(
+            run_id=run_id,
+            item_id=rid,
+            task=item.task,
+            static_key=key_text(item.static),
+            shape_key=key_text(item.shape),
+            config_key=key_text(config),
+            is_default=is_default,
+            status=status,
+            message=message,
+            phase=item.phase,
+            rung=item.rung,
+            started_at=now,
+            finished_at=now,
+        )
+        for rid, config, is_default in zip(item.record_ids(), configs, defaults, strict=True)
+    ]
 
 
 def describe(item: WorkItem) -> str:

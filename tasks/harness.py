@@ -8,6 +8,8 @@ the median: robust to the odd preempted sample that a mean and standard deviatio
 
 from __future__ import annotations
 
+import dataclasses
+import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -51,6 +53,14 @@ def summarise(samples_us: Sequence[float], seconds: float = 0.0) -> Stats:
 
 def measure(sample: Sampler, settings: MeasureSpec, clock: Callable[[], float] = time.perf_counter) -> Stats:
     """Warm up, then sample adaptively (see module doc). ``clock`` bounds the wall time."""
+    samples, seconds = collect(sample, settings, clock)
+    return summarise(samples, seconds)
+
+
+def collect(
+    sample: Sampler, settings: MeasureSpec, clock: Callable[[], float] = time.perf_counter
+) -> tuple[list[float], float]:
+    """The samples ``measure`` summarises, and the seconds they took."""
     for _ in range(settings.warmup):
         sample()
     start = clock()
@@ -65,7 +75,42 @@ def measure(sample: Sampler, settings: MeasureSpec, clock: Callable[[], float] =
         check_now = n == settings.min_samples or n & (n - 1) == 0 or n % 64 == 0
         if n >= settings.min_samples and check_now and summarise(samples).rel_noise <= settings.noise_target:
             break
-    return summarise(samples, clock() - start)
+    return samples, clock() - start
+
+
+def scaled(settings: MeasureSpec, fraction: float) -> MeasureSpec:
+    """A cheaper look (a screening rung): ``fraction`` of the time and sample caps, at least 3 samples."""
+    if fraction >= 1.0:
+        return settings
+    min_samples = max(3, min(settings.min_samples, round(settings.min_samples * fraction)))
+    return dataclasses.replace(
+        settings,
+        min_samples=min_samples,
+        max_samples=max(min_samples, round(settings.max_samples * fraction)),
+        max_seconds=settings.max_seconds * fraction,
+    )
+
+
+def interleave(
+    samplers: Sequence[Sampler], rounds: int, settings: MeasureSpec, seed: int,
+    clock: Callable[[], float] = time.perf_counter,
+) -> list[list[list[float]]]:  # fmt: skip
+    """Time every sampler in ``rounds`` rounds, each in a fresh random order (seeded): per sampler,
+    per round, the samples. A round is a short adaptive measurement with 1/rounds of the time cap."""
+    per_round = dataclasses.replace(
+        scaled(settings, 1.0 / rounds), warmup=0, min_samples=max(3, settings.min_samples // 2)
+    )
+    for sample in samplers:
+        for _ in range(settings.warmup):
+            sample()
+    order = list(range(len(samplers)))
+    rng = random.Random(seed)
+    out: list[list[list[float]]] = [[] for _ in samplers]
+    for _ in range(rounds):
+        rng.shuffle(order)
+        for i in order:
+            out[i].append(collect(samplers[i], per_round, clock)[0])
+    return out
 
 
 def cpu_sampler(fn: Callable[[], object]) -> Sampler:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+import statistics
 import time
 import traceback
 from collections.abc import Callable
@@ -17,16 +18,20 @@ from typing import Any
 
 from tasks.base import InvalidConfig, TuningTask
 from tasks.env import env_json, environment
-from tasks.harness import measure
+from tasks.harness import Sampler, interleave, measure, quantile, scaled
 from tasks.nvml import read_state, record_fields
 from tasks.registry import get_task
-from tasks.timing import make_sampler
+from tasks.timing import make_sampler, stack_sampler
 from tunectl.keys import key_text
-from tunectl.plan import WorkItem
+from tunectl.plan import WorkItem, member_id
 from tunectl.record import Record
 from tunectl.spec import MeasureSpec
+from tunectl.stats import paired_speedup
 
 _MESSAGE_CHARS = 2000
+_STACK_MEMORY_SHARE = 0.3  # of the free device memory, for a stack's extra input sets
+_CPU_STACK_BYTES = 1 << 30
+_NO_BASELINE = {"status": "error", "message": "not compared: the default failed at this point"}
 
 
 class CudaContextPoisoned(RuntimeError):
@@ -53,7 +58,8 @@ class ItemRunner:
             torch.set_num_threads(max(1, num_threads))
         return cls(device)
 
-    def run(self, run_id: str, item: WorkItem, settings: MeasureSpec) -> Record:
+    def run(self, run_id: str, item: WorkItem, settings: MeasureSpec) -> Record | list[Record]:
+        """The item's record; a comparison item (``item.arms``) gives one record per arm."""
         started = time.time()
         task = self._task(item.task)
         static, shape, config = dict(item.static), dict(item.shape), dict(item.config)
@@ -62,14 +68,13 @@ class ItemRunner:
             mode = "eager"
         base: dict[str, Any] = dict(
             run_id=run_id,
-            item_id=item.item_id,
             task=item.task,
             static_key=key_text(item.static),
             shape_key=key_text(item.shape),
-            config_key=key_text(item.config),
-            is_default=item.is_default,
             measure_mode=mode,
             l2=settings.l2,
+            phase=item.phase,
+            rung=item.rung,
             bytes_moved=task.bytes_moved(static, shape) or None,
             device_name=str(environment(self.device).get("device_name", "")),
             device_kind=self.device.split(":")[0],
@@ -78,14 +83,31 @@ class ItemRunner:
             env_json=env_json(self.device),
             started_at=started,
         )
+        if item.arms:
+            arms = self._guarded(lambda: self._compare(task, item, settings, mode), len(item.arms))
+            return [
+                Record(**base, item_id=member_id(item.item_id, arm), config_key=key_text(arm),
+                       is_default=i == 0, **fields, finished_at=time.time())
+                for i, (arm, fields) in enumerate(zip(item.arms, arms, strict=True))
+            ]  # fmt: skip
+        settings = scaled(settings, item.budget)
+        [fields] = self._guarded(
+            lambda: [self._evaluate(task, item, static, shape, config, settings, mode)], 1
+        )
+        return Record(
+            **base, item_id=item.item_id, config_key=key_text(item.config), is_default=item.is_default,
+            **fields, finished_at=time.time(),
+        )  # fmt: skip
+
+    def _guarded(self, evaluate: Callable[[], list[dict[str, Any]]], n: int) -> list[dict[str, Any]]:
+        """``evaluate``'s fields; a config that fails is data (a status), never a failure of the run."""
         try:
-            fields = self._evaluate(task, item, static, shape, config, settings, mode)
+            return evaluate()
         except InvalidConfig as exc:
-            fields = {"status": "invalid", "message": _clip(str(exc))}
-        except Exception as exc:  # a failing config is data, not a failure of the run
+            return [{"status": "invalid", "message": _clip(str(exc))}] * n
+        except Exception as exc:
             self._check_context()
-            fields = {"status": "error", "message": _clip(f"{type(exc).__name__}: {exc}\n{_tail(exc)}")}
-        return Record(**base, **fields, finished_at=time.time())
+            return [{"status": "error", "message": _clip(f"{type(exc).__name__}: {exc}\n{_tail(exc)}")}] * n
 
     def _task(self, name: str) -> TuningTask:
         if name not in self._tasks:
@@ -102,34 +124,18 @@ class ItemRunner:
         settings: MeasureSpec,
         mode: str,
     ) -> dict[str, Any]:
-        point = (item.task, item.static, item.shape)
-        if point != self._point:
-            self._point, self._inputs, self._reference = None, None, None  # free the old point first
-            inputs = task.build_inputs(static, shape, self.device)
-            self._reference = task.reference(static, shape, inputs)
-            self._inputs, self._point = inputs, point
+        self._load_point(task, item)
         fn, prepare_s = self._prepare(task, item, static, shape, config)
-        t0 = time.perf_counter()
-        out = fn()
-        self._synchronize()
-        compile_ms = (prepare_s + time.perf_counter() - t0) * 1e3
-        atol, rtol = task.tolerance(static)
-        err, ok = _compare(out, self._reference, atol, rtol)
-        if not ok:
-            return {
-                "status": "wrong_result",
-                "max_abs_err": err,
-                "compile_ms": compile_ms,
-                "message": f"max abs error {err:.3g} exceeds atol={atol:g} rtol={rtol:g}",
-            }
+        failed, checked = self._check(task, static, fn, prepare_s)
+        if failed:
+            return checked
         sampler = make_sampler(fn, self.device, mode, settings.l2)
         before = read_state(self.device)
         stats = measure(sampler, settings)
         gpu_state = record_fields(before, read_state(self.device))
         return {
+            **checked,
             "status": "ok",
-            "max_abs_err": err,
-            "compile_ms": compile_ms,
             "median_us": stats.median_us,
             "p20_us": stats.p20_us,
             "p80_us": stats.p80_us,
@@ -140,6 +146,82 @@ class ItemRunner:
             "rel_noise": stats.rel_noise,
             **gpu_state,
         }
+
+    def _load_point(self, task: TuningTask, item: WorkItem) -> None:
+        """Build the point's inputs and reference, unless the last item was at the same point."""
+        point = (item.task, item.static, item.shape)
+        if point != self._point:
+            self._point, self._inputs, self._reference = None, None, None  # free the old point first
+            static, shape = dict(item.static), dict(item.shape)
+            inputs = task.build_inputs(static, shape, self.device)
+            self._reference = task.reference(static, shape, inputs)
+            self._inputs, self._point = inputs, point
+
+    def _check(
+        self, task: TuningTask, static: dict[str, Any], fn: Callable[[], Any], prepare_s: float
+    ) -> tuple[bool, dict[str, Any]]:
+        """Run ``fn`` once against the point's reference: (failed, fields for its record)."""
+        t0 = time.perf_counter()
+        out = fn()
+        self._synchronize()
+        compile_ms = (prepare_s + time.perf_counter() - t0) * 1e3
+        atol, rtol = task.tolerance(static)
+        err, ok = _compare(out, self._reference, atol, rtol)
+        if ok:
+            return False, {"max_abs_err": err, "compile_ms": compile_ms}
+        return True, {
+            "status": "wrong_result",
+            "max_abs_err": err,
+            "compile_ms": compile_ms,
+            "message": f"max abs error {err:.3g} exceeds atol={atol:g} rtol={rtol:g}",
+        }
+
+    def _compare(
+        self, task: TuningTask, item: WorkItem, settings: MeasureSpec, mode: str
+    ) -> list[dict[str, Any]]:
+        """Fields per arm of a comparison item: each arm checked, then all timed in interleaved rounds."""
+        static, shape = dict(item.static), dict(item.shape)
+        self._load_point(task, item)
+        stacks = self._layer_inputs(task, item) if item.phase == "validate" else None
+        fields: list[dict[str, Any]] = []
+        samplers: dict[int, Sampler] = {}  # arms that passed the check
+        for i, arm in enumerate(item.arms):
+            t0 = time.perf_counter()
+            fn = task.prepare(static, shape, dict(arm), self._inputs)
+            failed, checked = self._check(task, static, fn, time.perf_counter() - t0)
+            fields.append(checked)
+            if failed:
+                continue
+            if stacks is None:
+                samplers[i] = make_sampler(fn, self.device, mode, settings.l2)
+            else:
+                calls = [fn] + [task.prepare(static, shape, dict(arm), inputs) for inputs in stacks[1:]]
+                layers = [calls[j % len(calls)] for j in range(item.layers)]
+                samplers[i] = stack_sampler(layers, self.device, mode)
+        if 0 not in samplers:  # no baseline, nothing to compare with
+            return [fields[0]] + [{**f, **_NO_BASELINE} for f in fields[1:]]
+        timed = list(samplers.values())
+        if stacks is not None:
+            timed.append(stack_sampler([_nothing] * item.layers, self.device, mode, with_calls=False))
+        rounds = interleave(timed, item.rounds, settings, seed=int(item.item_id[:12], 16))
+        times = _round_times(rounds, item.layers if stacks is not None else 0)
+        for (i, _), t, r in zip(samplers.items(), times, rounds, strict=False):
+            fields[i] = {**fields[i], **_arm_stats(times[0], t, r)}
+        return fields
+
+    def _layer_inputs(self, task: TuningTask, item: WorkItem) -> list[Any]:
+        """Input sets for a stack of ``item.layers`` layers: one per layer, as many as fit in memory
+        (then layers reuse them in turn); the point's own inputs are the first."""
+        static, shape = dict(item.static), dict(item.shape)
+        per_set = max(1, task.bytes_moved(static, shape))
+        if self.device.startswith("cuda"):
+            import torch
+
+            budget = torch.cuda.mem_get_info(self.device)[0] * _STACK_MEMORY_SHARE
+        else:
+            budget = _CPU_STACK_BYTES
+        num_sets = max(1, min(item.layers, int(budget // per_set)))
+        return [self._inputs] + [task.build_inputs(static, shape, self.device) for _ in range(num_sets - 1)]
 
     def _prepare(
         self,
@@ -181,6 +263,47 @@ def _compare(out: Any, ref: Any, atol: float, rtol: float) -> tuple[float, bool]
         return float("inf"), False
     ok = bool((diff <= atol + rtol * ref.double().to(out.device).abs()).all())
     return err, ok
+
+
+def _nothing() -> None:
+    return None
+
+
+def _round_times(rounds: list[list[list[float]]], layers: int) -> list[list[float]]:
+    """Per arm, per round, the median time of one call. For stacks (``layers`` > 0) the last entry
+    of ``rounds`` is the thrash-only stack, whose time is taken out of each arm's in the same round."""
+    medians = [[statistics.median(samples) for samples in arm] for arm in rounds]
+    if not layers:
+        return medians
+    thrash = medians[-1]
+    net = [[(t - z) / layers for t, z in zip(arm, thrash, strict=True)] for arm in medians[:-1]]
+    if min(min(arm) for arm in net) <= 0:
+        raise RuntimeError(
+            "the stack's calls took no measurable time beside its cache-thrashing kernels; "
+            "validate this point with more layers or a larger shape"
+        )
+    return net
+
+
+def _arm_stats(baseline: list[float], times: list[float], rounds: list[list[float]]) -> dict[str, Any]:
+    """One arm's record fields: its per-call times over the rounds, and the paired speedup."""
+    ordered = sorted(times)
+    speedup = paired_speedup(baseline, times)
+    return {
+        "status": "ok",
+        "median_us": quantile(ordered, 0.5),
+        "p20_us": quantile(ordered, 0.2),
+        "p80_us": quantile(ordered, 0.8),
+        "mean_us": statistics.fmean(times),
+        "min_us": ordered[0],
+        "max_us": ordered[-1],
+        "num_samples": sum(map(len, rounds)),
+        "rel_noise": (quantile(ordered, 0.8) - quantile(ordered, 0.2)) / (2 * quantile(ordered, 0.5)),
+        "rounds": len(times),
+        "speedup": speedup.estimate,
+        "speedup_lo": speedup.lo,
+        "speedup_hi": speedup.hi,
+    }
 
 
 def _clip(text: str) -> str:

@@ -17,7 +17,7 @@ any graph), by writing a buffer twice the size of the cache.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from tasks.harness import Sampler, cpu_sampler
@@ -42,6 +42,27 @@ def make_sampler(fn: Callable[[], Any], device: str, mode: str, l2: str) -> Samp
     if l2 == "cold":
         return _with_flush(cpu_sampler(fn), _cpu_flush())
     return cpu_sampler(fn)
+
+
+def stack_sampler(
+    layers: Sequence[Callable[[], Any]], device: str, mode: str, with_calls: bool = True
+) -> Sampler:
+    """Times a stack: each of ``layers`` called in turn, a cache-thrashing kernel (a write of twice the
+    last-level cache) before each, as a model's other kernels evict the cache between its attention
+    layers. Without the calls (``with_calls=False``) it times the thrash kernels' share alone."""
+    flush = (_cuda_flush if device.startswith("cuda") else lambda _d: _cpu_flush())(device)
+
+    def stack() -> None:
+        for layer in layers:
+            flush()
+            layer()
+
+    def thrash_only() -> None:
+        for _ in layers:
+            flush()
+
+    # "cold": one stack per graph replay, and the cache evicted before each sample as well.
+    return make_sampler(stack if with_calls else thrash_only, device, mode, "cold")
 
 
 def _with_flush(sample: Sampler, flush: Callable[[], None]) -> Sampler:

@@ -9,13 +9,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tunectl.keys import Key, key_digest, make_key
+from tunectl.keys import Key, key_digest, key_text, make_key
 from tunectl.spec import Spec
 
 
 @dataclass(frozen=True)
 class WorkItem:
-    """One measurement to make. Crosses Ray calls; holds no tensors."""
+    """One measurement to make. Crosses Ray calls; holds no tensors.
+
+    A plain item times ``config`` alone (``phase`` measure, or screen with a ``budget`` fraction of
+    the spec's measurement time). An item with ``arms`` compares those configs on one device in
+    ``rounds`` interleaved rounds, the first arm (the default) as the baseline: ``final`` times each
+    call alone, ``validate`` times each arm as a stack of ``layers`` calls with a cache-thrashing
+    kernel between them. It yields one record per arm (``member_id``).
+    """
 
     item_id: str
     task: str
@@ -23,10 +30,20 @@ class WorkItem:
     shape: Key
     config: Key
     is_default: bool
+    phase: str = "measure"
+    rung: int | None = None
+    budget: float = 1.0
+    arms: tuple[Key, ...] = ()
+    rounds: int = 0
+    layers: int = 0
 
     @property
     def point(self) -> tuple[Key, Key]:
         return (self.static, self.shape)
+
+    def record_ids(self) -> tuple[str, ...]:
+        """The item ids its records carry (one per arm for a comparison)."""
+        return tuple(member_id(self.item_id, a) for a in self.arms) if self.arms else (self.item_id,)
 
 
 @dataclass(frozen=True)
@@ -36,8 +53,23 @@ class Plan:
     skipped_points: tuple[tuple[Key, Key, str], ...]  # (static, shape, why)
 
 
-def item_id(task: str, static: Key, shape: Key, config: Key) -> str:
-    return key_digest((("task", task),), static, shape, config)
+def item_id(task: str, static: Key, shape: Key, config: Key, *extra: Key) -> str:
+    """Stable id of a measurement; ``extra`` tells apart other looks at the same config (a rung)."""
+    return key_digest((("task", task),), static, shape, config, *extra)
+
+
+def member_id(group_id: str, config: Key) -> str:
+    """The id of one arm's record in a comparison item."""
+    return key_digest((("group", group_id),), config)
+
+
+def comparison(
+    task: str, static: Key, shape: Key, arms: tuple[Key, ...], phase: str, rounds: int, layers: int = 0
+) -> WorkItem:
+    """An item comparing ``arms`` (the baseline first) at one point, interleaved on one device."""
+    extra = make_key({"phase": phase, "rounds": rounds, "layers": layers, "arms": tuple(map(key_text, arms))})
+    iid = item_id(task, static, shape, arms[0], extra)
+    return WorkItem(iid, task, static, shape, arms[0], True, phase, None, 1.0, arms, rounds, layers)
 
 
 def plan(spec: Spec) -> Plan:
