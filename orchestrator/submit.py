@@ -20,11 +20,11 @@ from typing import Protocol
 from orchestrator.cluster import Placement, Pool, choose_pools, connect, start_pools, stop_pools
 from orchestrator.dispatch import DispatchOptions, Lane, dispatch
 from tunectl.errors import UserError
-from tunectl.keys import key_digest
-from tunectl.plan import Plan, WorkItem, plan
+from tunectl.plan import Plan, WorkItem, in_pool, plan
 from tunectl.record import Record
-from tunectl.results import ResultsWriter, done_item_ids
+from tunectl.results import ResultsWriter, read_results
 from tunectl.runs import RunInfo, driver_alive, load_run, new_run_id, run_exists, run_log_path, save_run
+from tunectl.search import Search
 from tunectl.spec import Spec, load_spec, parse_spec
 
 log = logging.getLogger("tunectl.run")
@@ -79,10 +79,7 @@ def pool_items(items: Sequence[WorkItem], pools: Sequence[str]) -> dict[str, lis
     """Each pool's items. With several pools each measures every item, under an id of its own."""
     if len(pools) == 1:
         return {pools[0]: list(items)}
-    return {
-        p: [dataclasses.replace(i, item_id=key_digest((("item", i.item_id), ("pool", p)))) for i in items]
-        for p in pools
-    }
+    return {p: [dataclasses.replace(i, item_id=in_pool(i.item_id, p)) for i in items] for p in pools}
 
 
 def submit(
@@ -141,15 +138,20 @@ def submit(
             pools, out.placement = start_pools(
                 names, spec.resources.num_gpus, ahead, label=f"tunectl-{run_id}"
             )
-            lanes, info = _lanes(pools, work, info, results, resumed=previous is not None)
+            searches = {p.name: Search(work, spec.search, p.name if len(pools) > 1 else None) for p in pools}
+            lanes, info, out.num_skipped_done = _lanes(
+                pools, searches, info, results, resumed=previous is not None
+            )
             save_run(results, info.with_state("running"))
-            todo = sum(len(lane.items) for lane in lanes)
-            out.num_skipped_done = info.num_planned - todo
+            todo = info.num_planned - out.num_skipped_done
             log.info("run %s: %d item(s) to measure on %d worker(s) in pool(s) %s (compile ahead: %s)",
                      run_id, todo, out.placement.num_workers, ", ".join(names), ahead)  # fmt: skip
             progress.start(run_id, todo, out.placement)
             options = DispatchOptions(spec.resources.prefetch, ahead, stall_timeout_s=stall_timeout_s)
-            stats = dispatch(lanes, run_id, spec.measure, on_record, options)
+            stats = dispatch(
+                lanes, run_id, spec.measure, on_record, options,
+                follow_up=lambda lane, records: searches[lane].follow_up(records),
+            )  # fmt: skip
             writer.close()
             log.info("run %s finished: %d record(s), %d worker failure(s), %d item(s) requeued",
                      run_id, stats.num_records, stats.num_worker_failures, stats.num_requeued)  # fmt: skip
@@ -169,18 +171,14 @@ def submit(
 
 
 def _lanes(
-    pools: list[Pool], work: Plan, info: RunInfo, results: Path, resumed: bool
-) -> tuple[list[Lane], RunInfo]:
-    """Each pool's items, less those a resumed run already has; the run's metadata updated to match."""
-    names = [p.name for p in pools]
-    by_pool = pool_items(work.items, names)
-    info = dataclasses.replace(info, pools=tuple(names), num_planned=sum(map(len, by_pool.values())))
-    done = done_item_ids(results, info.run_id) if resumed else set()
-    lanes = [
-        Lane(p.name, tuple(p.workers), tuple(i for i in by_pool[p.name] if i.item_id not in done))
-        for p in pools
-    ]
-    return lanes, info
+    pools: list[Pool], searches: dict[str, Search], info: RunInfo, results: Path, resumed: bool
+) -> tuple[list[Lane], RunInfo, int]:
+    """Each pool's first items (after what a resumed run already has); the run's metadata to match."""
+    rows = read_results(results, run_ids=[info.run_id]) if resumed and results.is_dir() else []
+    lanes = [Lane(p.name, tuple(p.workers), tuple(searches[p.name].start(rows))) for p in pools]
+    planned = sum(s.estimate() for s in searches.values())
+    info = dataclasses.replace(info, pools=tuple(p.name for p in pools), num_planned=planned)
+    return lanes, info, len(rows)
 
 
 def _stopped_state(exc: BaseException) -> str:

@@ -88,6 +88,7 @@ def failure_records(run_id: str, item: WorkItem, status: str, message: str) -> l
             message=message,
             phase=item.phase,
             rung=item.rung,
+            group_id=item.item_id if item.arms else "",
             started_at=now,
             finished_at=now,
         )

@@ -86,8 +86,8 @@ class ItemRunner:
         if item.arms:
             arms = self._guarded(lambda: self._compare(task, item, settings, mode), len(item.arms))
             return [
-                Record(**base, item_id=member_id(item.item_id, arm), config_key=key_text(arm),
-                       is_default=i == 0, **fields, finished_at=time.time())
+                Record(**base, item_id=member_id(item.item_id, arm), group_id=item.item_id,
+                       config_key=key_text(arm), is_default=i == 0, **fields, finished_at=time.time())
                 for i, (arm, fields) in enumerate(zip(item.arms, arms, strict=True))
             ]  # fmt: skip
         settings = scaled(settings, item.budget)

@@ -56,6 +56,8 @@ warmup = 1
 min_samples = 3
 max_samples = 20
 max_seconds = 0.05
+[search]
+rounds = 3
 """
 
 

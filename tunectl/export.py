@@ -49,6 +49,11 @@ def entry_of(winner: Winner) -> dict[str, Any]:
         "num_samples": winner.num_samples,
         "default_median_us": winner.default_median_us,
         "speedup": winner.speedup,
+        "speedup_lo": winner.speedup_lo,
+        "speedup_hi": winner.speedup_hi,
+        "basis": winner.basis,
+        "rounds": winner.rounds,
+        "reason": winner.reason,
         "run_id": winner.run_id,
     }
 

@@ -58,6 +58,11 @@ def item_id(task: str, static: Key, shape: Key, config: Key, *extra: Key) -> str
     return key_digest((("task", task),), static, shape, config, *extra)
 
 
+def in_pool(iid: str, pool: str) -> str:
+    """An item's id in one pool of a run that measures every item once per accelerator type."""
+    return key_digest((("item", iid), ("pool", pool)))
+
+
 def member_id(group_id: str, config: Key) -> str:
     """The id of one arm's record in a comparison item."""
     return key_digest((("group", group_id),), config)

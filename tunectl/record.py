@@ -43,6 +43,7 @@ class Record:
     bytes_moved: int | None = None
     measure_mode: str = ""
     phase: str = "measure"
+    group_id: str = ""  # the comparison (final, validate) the row is one arm of
     rung: int | None = None
     rounds: int | None = None
     layers: int | None = None

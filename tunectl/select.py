@@ -2,12 +2,21 @@
 
 Per (task, device, static key, shape): only configs with status ``ok`` compete, and only those a
 server with that static key can use as they are (a task may measure others for reference, such as
-a kernel run on a re-paged cache; ``selectable``). A non-default
-config wins only when its median beats the default's by more than the measured noise of both
-(``median * (1 + noise) < default median``); otherwise the default keeps its place. Among those
-that clear the bar the lowest median wins, ties broken by the config's canonical text, so two
-selections over the same data always agree. Where a config was measured in several runs, the
-latest measurement counts.
+a kernel run on a re-paged cache; ``selectable``).
+
+Where the point had finals (its best configs timed against the default in interleaved rounds on one
+device, ``phase == "final"``), the latest finals decide: a non-default config wins only when the
+whole 95 % interval of its paired speedup lies above ``1 + margin``. Among those, every config
+within ``tie`` of the best speedup is a near-tie, and the first of them in canonical order wins, so
+two runs on the same GPU, or two ranks of one server, choose the same config even when noise
+reorders near-ties. Otherwise the default keeps its place.
+
+Without finals, single measurements decide: a non-default config wins only when its median beats the
+default's by more than the noise of both (``median * (1 + noise) < default median``); the lowest
+median among those wins, ties in canonical order. Where a config was measured several times, the
+latest measurement at the highest fidelity counts (a full measurement over a screening look).
+
+Each winner says why it won: its speedup, the interval, and what it rests on.
 """
 
 from __future__ import annotations
@@ -37,22 +46,41 @@ class Winner:
     run_id: str
     num_configs: int
     num_failed: int
+    speedup: float | None = None  # over the default (1.0 when the default won); None without one
+    speedup_lo: float | None = None  # its 95 % interval (finals), or the p20-p80 bands' ratio
+    speedup_hi: float | None = None
+    basis: str = "measure"  # final: interleaved rounds against the default; measure: single timings
+    rounds: int | None = None
 
     @property
-    def speedup(self) -> float | None:
-        """Default median over winner median (1.0 when the default won)."""
-        if self.default_median_us is None:
-            return None
-        return self.default_median_us / self.median_us
+    def reason(self) -> str:
+        """Why this config is the entry, in a line."""
+        if self.speedup is None:
+            return "fastest; the default failed here"
+        interval = f"[{self.speedup_lo:.3f}, {self.speedup_hi:.3f}]"
+        if self.basis == "final":
+            how = f"in {self.rounds} interleaved rounds"
+            if self.is_default:
+                return f"default: no finalist beat it beyond noise {how} (best {interval} lower bound <= 1)"
+            return f"{self.speedup:.3f}x over the default, 95% interval {interval}, {how}"
+        if self.is_default:
+            return "default: no config beat it by more than the measured noise"
+        return f"{self.speedup:.3f}x over the default (p20-p80 band {interval}), beyond both configs' noise"
 
 
 def _latest(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, ...], Mapping[str, Any]]:
+    """Per (task, device, static, shape, config): the latest row at the highest fidelity."""
     latest: dict[tuple[str, ...], Mapping[str, Any]] = {}
     for row in rows:
         key = (row["task"], row["device_name"], row["static_key"], row["shape_key"], row["config_key"])
-        if key not in latest or row["finished_at"] >= latest[key]["finished_at"]:
+        old = latest.get(key)
+        if old is None or (_fidelity(row), row["finished_at"]) >= (_fidelity(old), old["finished_at"]):
             latest[key] = row
     return latest
+
+
+def _fidelity(row: Mapping[str, Any]) -> int:
+    return 0 if row.get("phase") == "screen" else 1
 
 
 def _sort_key(key: Key) -> tuple[Any, ...]:
@@ -82,30 +110,36 @@ def _beats(row: Mapping[str, Any], default: Mapping[str, Any]) -> bool:
 
 
 def select_winners(
-    rows: Iterable[Mapping[str, Any]], selectable: Selectable = task_selectable
+    rows: Iterable[Mapping[str, Any]],
+    selectable: Selectable = task_selectable,
+    margin: float = 0.0,
+    tie: float = 0.02,
 ) -> list[Winner]:
     """One winner per (task, device, static, shape) that has at least one ok, selectable measurement."""
-    groups: dict[tuple[str, ...], list[Mapping[str, Any]]] = {}
-    for key, row in _latest(rows).items():
-        groups.setdefault(key[:4], []).append(row)
+    singles: dict[tuple[str, ...], list[Mapping[str, Any]]] = {}
+    finals: dict[tuple[str, ...], dict[str, list[Mapping[str, Any]]]] = {}
+    for row in rows:
+        at: tuple[str, ...] = (row["task"], row["device_name"], row["static_key"], row["shape_key"])
+        if row.get("phase") == "final":
+            finals.setdefault(at, {}).setdefault(row["group_id"] or row["run_id"], []).append(row)
+        elif row.get("phase") in (None, "measure", "screen", "import"):
+            singles.setdefault(at, []).append(row)
     winners = []
-    for (task, device, static_text, shape_text), group in groups.items():
+    for point in sorted(singles.keys() | finals.keys()):
+        task, device, static_text, shape_text = point
         static = key_from_text(static_text)
-        ok = sorted(
-            (
-                r
-                for r in group
-                if r["status"] == "ok" and selectable(task, static, key_from_text(r["config_key"]))
-            ),
-            key=lambda r: (r["median_us"], r["config_key"]),
-        )
-        if not ok:
+
+        def eligible(r: Mapping[str, Any], static: Key = static, task: str = task) -> bool:
+            return r["status"] == "ok" and selectable(task, static, key_from_text(r["config_key"]))
+
+        group = list(_latest(singles.get(point, [])).values())
+        final = _latest_group(finals.get(point, {}))
+        winner = _from_finals(final, eligible, margin, tie) if final else None
+        if winner is None:
+            winner = _from_singles(group, eligible)
+        if winner is None:
             continue
-        default = next((r for r in ok if r["is_default"]), None)
-        if default is None:
-            best = ok[0]
-        else:
-            best = next((r for r in ok if not r["is_default"] and _beats(r, default)), default)
+        best, default, fields = winner
         winners.append(
             Winner(
                 task=task,
@@ -121,8 +155,58 @@ def select_winners(
                 num_samples=best["num_samples"],
                 default_median_us=default["median_us"] if default else None,
                 run_id=best["run_id"],
-                num_configs=len(group),
-                num_failed=sum(r["status"] != "ok" for r in group),
+                num_configs=len(group) or len(final),
+                num_failed=sum(r["status"] != "ok" for r in group or final),
+                **fields,
             )
         )
     return sorted(winners, key=lambda w: (w.task, w.device_name, _sort_key(w.static), _sort_key(w.shape)))
+
+
+Choice = tuple[Mapping[str, Any], Mapping[str, Any] | None, dict[str, Any]]  # (winner, default, fields)
+
+
+def _latest_group(groups: Mapping[str, list[Mapping[str, Any]]]) -> list[Mapping[str, Any]]:
+    if not groups:
+        return []
+    return max(groups.values(), key=lambda g: (max(r["finished_at"] for r in g), g[0]["group_id"] or ""))
+
+
+def _from_finals(
+    group: list[Mapping[str, Any]], eligible: Callable[[Mapping[str, Any]], bool], margin: float, tie: float
+) -> Choice | None:
+    """The finals' verdict, or None where they cannot give one (the default failed in them)."""
+    default = next((r for r in group if r["is_default"]), None)
+    if default is None or default["status"] != "ok":
+        return None
+    rounds = default["rounds"]
+    beat = [r for r in group if not r["is_default"] and eligible(r) and r["speedup_lo"] > 1.0 + margin]
+    if not beat:
+        others = [r for r in group if not r["is_default"] and r["status"] == "ok"]
+        best_other = max(others, key=lambda r: r["speedup"], default=None)
+        lo, hi = (best_other["speedup_lo"], best_other["speedup_hi"]) if best_other else (1.0, 1.0)
+        return default, default, {"speedup": 1.0, "speedup_lo": lo, "speedup_hi": hi,
+                                  "basis": "final", "rounds": rounds}  # fmt: skip
+    top = max(r["speedup"] for r in beat)
+    tied = [r for r in beat if r["speedup"] * (1.0 + tie) >= top]
+    best = min(tied, key=lambda r: r["config_key"])
+    return best, default, {"speedup": best["speedup"], "speedup_lo": best["speedup_lo"],
+                           "speedup_hi": best["speedup_hi"], "basis": "final", "rounds": rounds}  # fmt: skip
+
+
+def _from_singles(
+    group: list[Mapping[str, Any]], eligible: Callable[[Mapping[str, Any]], bool]
+) -> Choice | None:
+    ok = sorted((r for r in group if eligible(r)), key=lambda r: (r["median_us"], r["config_key"]))
+    if not ok:
+        return None
+    default = next((r for r in ok if r["is_default"]), None)
+    if default is None:
+        return ok[0], None, {}
+    best = next((r for r in ok if not r["is_default"] and _beats(r, default)), default)
+    fields = {
+        "speedup": default["median_us"] / best["median_us"],
+        "speedup_lo": default["p20_us"] / best["p80_us"],
+        "speedup_hi": default["p80_us"] / best["p20_us"],
+    }
+    return best, default, fields

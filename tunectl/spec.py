@@ -21,6 +21,10 @@ max_seconds = 1.0
 [resources]                         # all optional
 num_gpus = 8
 accelerator_type = "H200"
+
+[search]                            # all optional (tunectl.search)
+strategy = "halving"                # grid | halving | model
+finalists = 3
 ```
 Every error names the file and the field and is raised as ``SpecError``.
 """
@@ -37,7 +41,7 @@ from tunectl.buckets import POLICIES, is_pow2
 from tunectl.errors import SpecError
 from tunectl.keys import InvalidKeyError, Key, Value, make_key, normalise_value, product
 
-_TOP_LEVEL = {"name", "description", "task", "static", "shapes", "configs", "measure", "resources"}
+_TOP_LEVEL = {"name", "description", "task", "static", "shapes", "configs", "measure", "resources", "search"}
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,24 @@ class MeasureSpec:
 
 
 @dataclass(frozen=True)
+class SearchSpec:
+    """How configs are chosen per point (``tunectl.search``)."""
+
+    strategy: str = "grid"  # grid | halving | model
+    finalists: int = 3  # configs timed again against the default, interleaved (0: no finals)
+    rounds: int = 8  # interleaved rounds in the finals
+    tie: float = 0.02  # a config this close to the default (or faster) may reach the finals
+    eta: int = 3  # halving: keep 1/eta of the configs per rung, give each eta times more time
+    min_budget: float = 0.1  # halving: the first rung's share of the spec's measurement time
+    budget: float = 0.3  # model: configs measured per point, a share of the grid (<= 1) or a count
+    min_gain: float = 0.005  # model: stop when no config is expected to gain this much (log time)
+    warm_start: int = 2  # model: winners of this many nearest measured shapes tried first
+
+
+STRATEGIES = ("grid", "halving", "model")
+
+
+@dataclass(frozen=True)
 class ResourceSpec:
     num_gpus: int | None = None  # None: every GPU the cluster has
     accelerator_type: str | None = None
@@ -78,6 +100,7 @@ class Spec:
     configs: tuple[Key, ...]
     measure: MeasureSpec = field(default_factory=MeasureSpec)
     resources: ResourceSpec = field(default_factory=ResourceSpec)
+    search: SearchSpec = field(default_factory=SearchSpec)
     text: str = ""
 
     def static_grid(self) -> list[Key]:
@@ -138,7 +161,21 @@ class _Validator:
             raise self.fail("resources.prefetch", "must be at least 1")
         if resources.num_gpus is not None and resources.num_gpus < 1:
             raise self.fail("resources.num_gpus", "must be at least 1")
-        return Spec(self.path, name, task.name, static, shapes, configs, measure, resources, text)
+        search = self.search(raw.get("search", {}))
+        return Spec(self.path, name, task.name, static, shapes, configs, measure, resources, search, text)
+
+    def search(self, value: object) -> SearchSpec:
+        search: SearchSpec = self.dataclass_table(SearchSpec, value, "search")
+        self.choice("search.strategy", search.strategy, STRATEGIES)
+        if search.finalists and search.rounds < 2:
+            raise self.fail("search.rounds", "finals need at least 2 rounds for an interval")
+        if search.eta < 2:
+            raise self.fail("search.eta", "must be at least 2")
+        if not 0.0 < search.min_budget <= 1.0:
+            raise self.fail("search.min_budget", "must be a share in (0, 1]")
+        if search.budget <= 0.0 or (search.budget > 1.0 and search.budget != int(search.budget)):
+            raise self.fail("search.budget", "must be a share in (0, 1] or a whole number of configs")
+        return search
 
     def task(self, name: object) -> Any:
         from tasks.registry import get_task, task_names

@@ -24,28 +24,28 @@ def _constant(keys: Iterable[Key]) -> dict[str, Value]:
 
 
 def winners_table(winners: Sequence[Winner], title: str = "winners") -> Table:
-    """Per point: the chosen config, its median, the default's median, the speedup."""
+    """Per point: the chosen config, its median, the default's median, the speedup and its interval."""
     same_static = _constant(w.static for w in winners) if len({w.static for w in winners}) > 1 else {}
     one_static = len({w.static for w in winners}) == 1
     same_config = _constant(w.config for w in winners)
     table = Table(title=title, title_justify="left")
     if not one_static:
         table.add_column("static", overflow="fold")
-    table.add_column("shape", overflow="fold")
-    table.add_column("winner config", overflow="fold")
-    for col in ("median µs", "default µs", "speedup", "noise", "n"):
+    table.add_column("shape", overflow="fold", min_width=11)
+    table.add_column("winner config", overflow="fold", min_width=11)
+    for col in ("median µs", "default µs", "speedup", "95% CI|noise"):
         table.add_column(col, justify="right", no_wrap=True)
     for w in winners:
         default = f"{w.default_median_us:,.1f}" if w.default_median_us is not None else "failed"
         speedup = f"{w.speedup:.2f}x" if w.speedup is not None else "-"
+        spread = f"{w.speedup_lo:.2f}-{w.speedup_hi:.2f}" if w.basis == "final" else f"±{w.rel_noise:.1%}"
         row = [
             _compact(w.shape),
             _compact(w.config, same_config) + (" (default)" if w.is_default else ""),
             f"{w.median_us:,.1f}",
             default,
             speedup,
-            f"{w.rel_noise:.1%}",
-            str(w.num_samples),
+            spread,
         ]
         table.add_row(*([] if one_static else [_compact(w.static, same_static)]), *row)
     notes = []
@@ -55,5 +55,9 @@ def winners_table(winners: Sequence[Winner], title: str = "winners") -> Table:
         notes.append("all: " + " ".join(f"{k}={v}" for k, v in same_static.items()))
     if same_config:
         notes.append("every winner: " + " ".join(f"{k}={v}" for k, v in same_config.items()))
+    if any(w.basis == "final" for w in winners):
+        notes.append(
+            "95% CI: of the paired speedup, from finals in interleaved rounds; noise: winner's p20-p80"
+        )
     table.caption = "\n".join(notes) or None
     return table

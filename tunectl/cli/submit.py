@@ -36,7 +36,8 @@ class _Bar:
 
     def start(self, run_id: str, total: int, placement: Any) -> None:
         self.console.print(
-            f"run [bold]{run_id}[/]: {total} items on {placement.num_workers} {placement.kind} worker(s) "
+            f"run [bold]{run_id}[/]: ~{total} measurements on "
+            f"{placement.num_workers} {placement.kind} worker(s) "
             f"across {placement.num_nodes} node(s)"
             + (
                 f", once per accelerator type: {', '.join(placement.pools)}"
@@ -49,7 +50,9 @@ class _Bar:
 
     def record(self, record: Any) -> None:
         self.failed += record.status != "ok"
-        self.bar.update(self.task_id, advance=1, failed=self.failed)
+        task = self.bar.tasks[self.task_id]
+        total = max(task.total or 0, task.completed + 1)  # a search may measure more than estimated
+        self.bar.update(self.task_id, advance=1, failed=self.failed, total=total)
 
     def stop(self) -> None:
         self.bar.stop()
