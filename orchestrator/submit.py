@@ -12,10 +12,10 @@ import dataclasses
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from orchestrator.cluster import Placement, Pool, choose_pools, connect, start_pools, stop_pools
 from orchestrator.dispatch import DispatchOptions, Lane, dispatch
@@ -50,6 +50,19 @@ class Progress(Protocol):
     def start(self, run_id: str, total: int, placement: Placement) -> None: ...
 
     def record(self, record: Record) -> None: ...
+
+
+class Work(Protocol):
+    """What a pool runs: its first items, then more as records arrive (``tunectl.search.Search``)."""
+
+    def start(self, rows: Iterable[Mapping[str, Any]] = ()) -> list[WorkItem]: ...
+
+    def follow_up(self, records: Sequence[Record]) -> list[WorkItem]: ...
+
+    def estimate(self) -> int: ...
+
+
+WorkFor = Callable[[str | None], Work]  # a pool's work, given its name when the run has several
 
 
 class _Silent:
@@ -94,6 +107,8 @@ def submit(
     run_id: str | None = None,
     compile_ahead: bool | None = None,
     stall_timeout_s: float = 900.0,
+    work_for: WorkFor | None = None,
+    kind: str = "tune",
 ) -> SubmitResult:
     """Run (or resume) a tuning run; every record lands in ``results`` as it arrives.
 
@@ -101,11 +116,17 @@ def submit(
     unless asked for: a preparation that launches device work or holds the interpreter lock while
     a kernel is timed skews that time (seen on the H200: single timed calls stretched up to 1000x).
     ``run_id``: the id for a new run (a job submitted for it chose it); default a fresh one.
+    ``work_for``: what each pool runs (default: the spec's search over its plan); ``kind`` names it
+    in the run's metadata (a validation run is ``validate``).
     """
     results = Path(results)
     progress = progress or _Silent()
     spec, previous = _spec_for(spec_path, resume, results)  # validate before touching anything
+    if previous is not None and previous.kind != kind:
+        raise UserError(f"run {resume} is a {previous.kind} run; run it again instead of resuming it")
     work = plan(spec)
+    if work_for is None:
+        work_for = lambda pool: Search(work, spec.search, pool)  # noqa: E731
     if not work.items:
         raise UserError(f"{spec.path}: the spec plans no work (every point was skipped)")
     if results.exists() and not results.is_dir():
@@ -115,8 +136,9 @@ def submit(
     run_id = previous.run_id if previous else (run_id or new_run_id())
     started = time.time()
     info = previous or RunInfo(
-        run_id, spec.name, spec.task, spec.path, spec.text, "running", len(work.items), started, started
-    )
+        run_id, spec.name, spec.task, spec.path, spec.text, "running", len(work.items), started, started,
+        kind=kind,
+    )  # fmt: skip
     info = info.with_driver()
     owns_ray = connect_fn(address, num_gpus=num_gpus, num_cpus=num_cpus)
     save_run(results, info.with_state("running"))
@@ -138,7 +160,7 @@ def submit(
             pools, out.placement = start_pools(
                 names, spec.resources.num_gpus, ahead, label=f"tunectl-{run_id}"
             )
-            searches = {p.name: Search(work, spec.search, p.name if len(pools) > 1 else None) for p in pools}
+            searches = {p.name: work_for(p.name if len(pools) > 1 else None) for p in pools}
             lanes, info, out.num_skipped_done = _lanes(
                 pools, searches, info, results, resumed=previous is not None
             )
@@ -171,7 +193,7 @@ def submit(
 
 
 def _lanes(
-    pools: list[Pool], searches: dict[str, Search], info: RunInfo, results: Path, resumed: bool
+    pools: list[Pool], searches: dict[str, Work], info: RunInfo, results: Path, resumed: bool
 ) -> tuple[list[Lane], RunInfo, int]:
     """Each pool's first items (after what a resumed run already has); the run's metadata to match."""
     rows = read_results(results, run_ids=[info.run_id]) if resumed and results.is_dir() else []

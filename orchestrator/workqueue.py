@@ -89,6 +89,8 @@ def failure_records(run_id: str, item: WorkItem, status: str, message: str) -> l
             phase=item.phase,
             rung=item.rung,
             group_id=item.item_id if item.arms else "",
+            rounds=item.rounds or None,
+            layers=item.layers or None,
             started_at=now,
             finished_at=now,
         )

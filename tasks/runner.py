@@ -85,9 +85,10 @@ class ItemRunner:
         )
         if item.arms:
             arms = self._guarded(lambda: self._compare(task, item, settings, mode), len(item.arms))
+            base.update(group_id=item.item_id, rounds=item.rounds, layers=item.layers or None)
             return [
-                Record(**base, item_id=member_id(item.item_id, arm), group_id=item.item_id,
-                       config_key=key_text(arm), is_default=i == 0, **fields, finished_at=time.time())
+                Record(**base, item_id=member_id(item.item_id, arm), config_key=key_text(arm),
+                       is_default=i == 0, **fields, finished_at=time.time())
                 for i, (arm, fields) in enumerate(zip(item.arms, arms, strict=True))
             ]  # fmt: skip
         settings = scaled(settings, item.budget)
@@ -275,7 +276,7 @@ def _round_times(rounds: list[list[list[float]]], layers: int) -> list[list[floa
     medians = [[statistics.median(samples) for samples in arm] for arm in rounds]
     if not layers:
         return medians
-    thrash = medians[-1]
+    thrash = medians[-1]  # 0 where the stack timed its calls alone (CPU)
     net = [[(t - z) / layers for t, z in zip(arm, thrash, strict=True)] for arm in medians[:-1]]
     if min(min(arm) for arm in net) <= 0:
         raise RuntimeError(
@@ -299,7 +300,6 @@ def _arm_stats(baseline: list[float], times: list[float], rounds: list[list[floa
         "max_us": ordered[-1],
         "num_samples": sum(map(len, rounds)),
         "rel_noise": (quantile(ordered, 0.8) - quantile(ordered, 0.2)) / (2 * quantile(ordered, 0.5)),
-        "rounds": len(times),
         "speedup": speedup.estimate,
         "speedup_lo": speedup.lo,
         "speedup_hi": speedup.hi,

@@ -17,12 +17,16 @@ any graph), by writing a buffer twice the size of the cache.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from tasks.harness import Sampler, cpu_sampler
 
 _DEFAULT_LLC_BYTES = 64 << 20
+# A host's whole last-level cache (hundreds of MB on a server) is shared by every core: between two
+# layers on a few cores a model evicts what those cores' share holds, not all of it.
+_CPU_STACK_THRASH_BYTES = 32 << 20
 _GRAPH_TARGET_US = 200.0  # a warm-L2 replay this long keeps launch and event overhead under ~1 %
 _GRAPH_MAX_REPS = 64
 _GRAPH_WARMUP_CALLS = 3
@@ -47,10 +51,14 @@ def make_sampler(fn: Callable[[], Any], device: str, mode: str, l2: str) -> Samp
 def stack_sampler(
     layers: Sequence[Callable[[], Any]], device: str, mode: str, with_calls: bool = True
 ) -> Sampler:
-    """Times a stack: each of ``layers`` called in turn, a cache-thrashing kernel (a write of twice the
-    last-level cache) before each, as a model's other kernels evict the cache between its attention
-    layers. Without the calls (``with_calls=False``) it times the thrash kernels' share alone."""
-    flush = (_cuda_flush if device.startswith("cuda") else lambda _d: _cpu_flush())(device)
+    """Times a stack: each of ``layers`` called in turn, a cache-thrashing kernel before each (a write
+    of twice the L2 on a GPU), as a model's other kernels evict the cache between its attention
+    layers. On a GPU the stack is timed whole (one graph replay in graph mode); without the calls
+    (``with_calls=False``) it times the thrash kernels alone, for the caller to take out. On a CPU
+    each call is timed on its own, between thrashes, and a sample is the sum: nothing to take out."""
+    if not device.startswith("cuda"):
+        return _cpu_stack_sampler(layers if with_calls else [], _cpu_flush(_CPU_STACK_THRASH_BYTES))
+    flush = _cuda_flush(device)
 
     def stack() -> None:
         for layer in layers:
@@ -65,6 +73,19 @@ def stack_sampler(
     return make_sampler(stack if with_calls else thrash_only, device, mode, "cold")
 
 
+def _cpu_stack_sampler(layers: Sequence[Callable[[], Any]], flush: Callable[[], None]) -> Sampler:
+    def sample() -> float:
+        total = 0
+        for layer in layers:
+            flush()
+            t0 = time.perf_counter_ns()
+            layer()
+            total += time.perf_counter_ns() - t0
+        return total / 1e3
+
+    return sample
+
+
 def _with_flush(sample: Sampler, flush: Callable[[], None]) -> Sampler:
     def flushed() -> float:
         flush()
@@ -73,10 +94,10 @@ def _with_flush(sample: Sampler, flush: Callable[[], None]) -> Sampler:
     return flushed
 
 
-def _cpu_flush() -> Callable[[], None]:
+def _cpu_flush(num_bytes: int | None = None) -> Callable[[], None]:
     import torch
 
-    buf = torch.empty(2 * _llc_bytes() // 4, dtype=torch.float32)
+    buf = torch.empty((num_bytes or 2 * _llc_bytes()) // 4, dtype=torch.float32)
 
     def flush() -> None:
         buf.fill_(1.0)

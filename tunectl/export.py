@@ -13,7 +13,7 @@ from tunectl.errors import UserError
 from tunectl.keys import Key
 from tunectl.results import read_results
 from tunectl.runs import load_run
-from tunectl.select import Winner, select_winners
+from tunectl.select import SELECTED_PHASES, Winner, select_winners
 from tunectl.spec import parse_spec
 from tunectl.stores import open_store
 
@@ -59,11 +59,12 @@ def entry_of(winner: Winner) -> dict[str, Any]:
 
 
 def _bucketing(results: Path, run_ids: Sequence[str], task: str) -> dict[str, dict[str, Any]]:
-    """The bucket policy each shape dimension was tuned with; runs must agree."""
+    """The bucket policy each shape dimension was tuned with; runs must agree. Runs without a spec
+    (imported from another tuner's log) bucket nothing: their dimensions are ``exact``."""
     policies: dict[str, str] = {}
     for run_id in run_ids:
         info = load_run(results, run_id)
-        if info.task != task:
+        if info.task != task or not info.spec_text:
             continue
         spec = parse_spec(info.spec_text, info.spec_path, info.name)
         for dim in spec.shapes:
@@ -94,11 +95,36 @@ def export_bundle(
 
     ``out`` is a local directory or a store URI (``s3://bucket/prefix``, see ``tunectl.stores``).
     """
+    store = open_store(out)
+    prepared = prepare_bundle(results, name, version, run_ids, task, device)
+    location = publish(store, name, version, prepared.files)
+    return ExportResult(location, prepared.winners, prepared.source_runs)
+
+
+@dataclass(frozen=True)
+class PreparedBundle:
+    """A bundle's files, built and not yet published, with the winners they hold."""
+
+    name: str
+    version: str
+    files: Mapping[str, bytes]
+    winners: tuple[Winner, ...]
+    source_runs: tuple[str, ...]
+
+
+def prepare_bundle(
+    results: str | Path,
+    name: str,
+    version: str,
+    run_ids: Sequence[str] | None = None,
+    task: str | None = None,
+    device: str | None = None,
+) -> PreparedBundle:
+    """The files of bundle ``name/version``: the winners selected from ``results``."""
     check_name("name", name)
     check_name("version", version)
-    store = open_store(out)
     results = Path(results)
-    rows = read_results(results, run_ids=run_ids, task=task)
+    rows = [r for r in read_results(results, run_ids=run_ids, task=task) if r["phase"] in SELECTED_PHASES]
     if device is not None:
         rows = [r for r in rows if r["device_name"] == device]
     if not rows:
@@ -118,12 +144,16 @@ def export_bundle(
         shapes = _bucketing(results, source_runs, task_name)
         for w in task_winners:
             for dim_name, value in w.shape:
-                shapes[dim_name]["points"].append(value)
+                if not isinstance(value, int):
+                    raise UserError(
+                        f"task {task_name}: {dim_name}={value!r} is not a size a lookup can bucket "
+                        "(a symbolic size from a dynamic-shape log); export the other runs with --run"
+                    )
+                shapes.setdefault(dim_name, {"policy": "exact", "points": []})["points"].append(value)
         for dim in shapes.values():
             dim["points"] = sorted(set(dim["points"]))
         static_params = tuple(param for param, _ in task_winners[0].static)
         entries = tuple(entry_of(w) for w in task_winners)
         tables.append(TaskTable(task_name, static_params, shapes, entries))
     files = build_files(name, version, tables, source_runs, _environment(rows))
-    location = publish(store, name, version, files)
-    return ExportResult(location, tuple(winners), source_runs)
+    return PreparedBundle(name, version, files, tuple(winners), source_runs)

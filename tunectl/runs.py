@@ -47,6 +47,7 @@ class RunInfo:
     driver_host: str = ""
     driver_pid: int = 0
     driver_start: int = 0  # the driver process's start time (clock ticks since boot), against pid reuse
+    kind: str = "tune"  # tune | validate
 
     def with_state(self, state: str, message: str = "") -> RunInfo:
         assert state in STATES, state

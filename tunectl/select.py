@@ -28,6 +28,9 @@ from typing import Any
 
 from tunectl.keys import Key, key_from_text
 
+#: Rows that measured configs one call at a time (``validate`` rows time whole stacks: not selected on).
+SELECTED_PHASES = ("measure", "screen", "final", "import")
+
 
 @dataclass(frozen=True)
 class Winner:
@@ -120,9 +123,10 @@ def select_winners(
     finals: dict[tuple[str, ...], dict[str, list[Mapping[str, Any]]]] = {}
     for row in rows:
         at: tuple[str, ...] = (row["task"], row["device_name"], row["static_key"], row["shape_key"])
-        if row.get("phase") == "final":
+        phase = row.get("phase") or "measure"
+        if phase == "final":
             finals.setdefault(at, {}).setdefault(row["group_id"] or row["run_id"], []).append(row)
-        elif row.get("phase") in (None, "measure", "screen", "import"):
+        elif phase in SELECTED_PHASES:
             singles.setdefault(at, []).append(row)
     winners = []
     for point in sorted(singles.keys() | finals.keys()):

@@ -214,3 +214,16 @@ def open_store(url: str | os.PathLike[str]) -> LocalStore | ArrowStore:
             f"{text}: tunectl stores are local paths or {', '.join(s + '://' for s in SCHEMES)} URIs"
         )
     return ArrowStore(text)
+
+
+def fetcher_for(source: str) -> Fetcher | None:
+    """The fetcher that reads ``source`` (a store URI), or None for a local path."""
+    return fetch if uri_scheme(source) not in (None, "file") else None
+
+
+def read_bundle(source: str | os.PathLike[str]) -> Any:
+    """A bundle from a directory, archive or store URI, for tools (the environment is not checked)."""
+    from tunectl.runtime import load_bundle
+
+    text = os.fspath(source)
+    return load_bundle(text, env_policy="off", fetcher=fetcher_for(text))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from tunectl.cli import bundle, export, runs, submit
+from tunectl.cli import bundle, export, imports, report, runs, submit, validate
 
 app = typer.Typer(
     help="Tune LLM-inference kernels on every GPU of a Ray cluster, and publish the winners as bundles.",
@@ -17,8 +17,11 @@ app.command(name="runs", help=runs.list_runs_cmd.__doc__)(runs.list_runs_cmd)
 app.command(name="winners", help=runs.winners_cmd.__doc__)(runs.winners_cmd)
 app.command(name="logs", help=runs.logs_cmd.__doc__)(runs.logs_cmd)
 app.command(name="cancel", help=runs.cancel_cmd.__doc__)(runs.cancel_cmd)
+app.command(name="report", help=report.report_cmd.__doc__)(report.report_cmd)
+app.command(name="validate", help=validate.validate_cmd.__doc__)(validate.validate_cmd)
 app.add_typer(export.app, name="export")
 app.add_typer(bundle.app, name="bundle")
+app.add_typer(imports.app, name="import")
 
 
 def main() -> None:

@@ -24,11 +24,10 @@ DEFAULT_STORE = "bundles"
 
 
 def _load(source: str, env_policy: str = "off") -> Any:
-    from tunectl.runtime import load_bundle, uri_scheme
-    from tunectl.stores import fetch
+    from tunectl.runtime import load_bundle
+    from tunectl.stores import fetcher_for
 
-    remote = uri_scheme(source) not in (None, "file")
-    return load_bundle(source, env_policy=env_policy, fetcher=fetch if remote else None)
+    return load_bundle(source, env_policy=env_policy, fetcher=fetcher_for(source))
 
 
 @app.command("list")
@@ -210,9 +209,8 @@ def pack_cmd(
 ) -> None:
     """Write a verified bundle as one archive, which load_bundle and TUNECTL_BUNDLE accept as is."""
     from tunectl.bundle import pack
-    from tunectl.runtime import uri_scheme
-    from tunectl.stores import fetch
+    from tunectl.stores import fetcher_for
 
     with library_errors():
-        path = pack(source, out, fetcher=fetch if uri_scheme(source) not in (None, "file") else None)
+        path = pack(source, out, fetcher=fetcher_for(source))
     typer.echo(f"packed {source} into {path}")

@@ -8,6 +8,8 @@ from typing import Annotated, Any
 import typer
 
 from tunectl.cli._common import DEFAULT_RESULTS, ResultsOption, library_errors
+from tunectl.cli.validate import AddressOption, LayersOption, RoundsOption
+from tunectl.validate import DEFAULT_LAYERS, DEFAULT_ROUNDS
 
 app = typer.Typer(help="Export results in the formats serving reads.", no_args_is_help=True)
 
@@ -26,8 +28,25 @@ def export_bundle_cmd(
     run: Annotated[list[str] | None, typer.Option(help="Only these runs (repeatable). Default: all.")] = None,
     task: Annotated[str | None, typer.Option(help="Only this task.")] = None,
     device: Annotated[str | None, typer.Option(help="Only rows measured on this device name.")] = None,
+    validate: Annotated[
+        bool,
+        typer.Option(
+            "--validate",
+            help="Before publishing, run the bundle against the defaults as layer stacks (see "
+            "`tunectl validate`); refuse to publish if it is slower beyond noise at any point.",
+        ),
+    ] = False,
+    spec: Annotated[
+        list[Path] | None, typer.Option(help="With --validate: specs to validate on. Default: the runs' own.")
+    ] = None,
+    layers: LayersOption = DEFAULT_LAYERS,
+    rounds: RoundsOption = DEFAULT_ROUNDS,
+    address: AddressOption = None,
 ) -> None:
     """Pick the winners from RESULTS and publish them as an immutable, checksummed bundle."""
+    if validate:
+        _export_validated(name, version, out, results, run, task, device, spec or [], layers, rounds, address)
+        return
     from tunectl.export import export_bundle
 
     with library_errors():
@@ -38,13 +57,37 @@ def export_bundle_cmd(
     )
 
 
-def _bundle(source: str) -> Any:
-    from tunectl.runtime import load_bundle, uri_scheme
-    from tunectl.stores import fetch
+def _export_validated(
+    name: str, version: str, out: str, results: Path, run: list[str] | None, task: str | None,
+    device: str | None, specs: list[Path], layers: int, rounds: int, address: str | None,
+) -> None:  # fmt: skip
+    from rich.console import Console
 
-    return load_bundle(
-        source, env_policy="off", fetcher=fetch if uri_scheme(source) not in (None, "file") else None
+    from orchestrator.validate import export_validated
+    from tunectl.cli.submit import RunBar, connect_trapping_cancel, run_events
+    from tunectl.cli.validate import print_validation
+
+    console = Console()
+    bar = RunBar(console)
+    try:
+        with library_errors(), run_events(console):
+            res, runs = export_validated(
+                results, name, version, out, run, task, device, specs, layers, rounds,
+                progress=bar, address=address, connect_fn=connect_trapping_cancel,
+            )  # fmt: skip
+    finally:
+        bar.stop()
+    print_validation(console, runs)
+    typer.echo(
+        f"validated and published {name}/{version} at {res.location}: {len(res.winners)} entries "
+        f"from {len(res.source_runs)} run(s)"
     )
+
+
+def _bundle(source: str) -> Any:
+    from tunectl.stores import read_bundle
+
+    return read_bundle(source)
 
 
 def _report(what: str, res: Any) -> None:

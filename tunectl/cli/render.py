@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 from rich.table import Table
 
@@ -60,4 +61,31 @@ def winners_table(winners: Sequence[Winner], title: str = "winners") -> Table:
             "95% CI: of the paired speedup, from finals in interleaved rounds; noise: winner's p20-p80"
         )
     table.caption = "\n".join(notes) or None
+    return table
+
+
+def validation_table(validation: Any, title: str) -> Table:
+    """Per point: the bundle's config, per-layer times of default and bundle, speedup and interval."""
+    table = Table(title=title, title_justify="left")
+    for col in ("shape", "bundle config"):
+        table.add_column(col, overflow="fold", min_width=11)
+    for col in ("default µs", "bundle µs", "speedup", "95% CI", "verdict"):
+        table.add_column(col, justify="right", no_wrap=True)
+    style = {"faster": "green", "slower": "red", "tie": "default"}
+    for p in validation.points:
+        s = p.speedup
+        table.add_row(
+            _compact(p.shape),
+            _compact(p.config),
+            f"{p.default_us:,.1f}" if p.default_us is not None else "-",
+            f"{p.bundle_us:,.1f}" if p.bundle_us is not None else "-",
+            f"{s.estimate:.3f}x" if s else "-",
+            f"{s.lo:.3f}-{s.hi:.3f}" if s else "-",
+            f"[{style.get(p.verdict, 'yellow')}]{p.verdict}[/]",
+        )
+    g = validation.geomean
+    notes = [f"{validation.layers} layers per stack, {validation.rounds} interleaved rounds; µs per layer"]
+    if g is not None:
+        notes.append(f"geometric mean: {g.estimate:.3f}x, 95% CI {g.lo:.3f}-{g.hi:.3f}")
+    table.caption = "\n".join(notes)
     return table

@@ -17,7 +17,7 @@ from tunectl.cli._common import DEFAULT_RESULTS, ResultsOption, fail, library_er
 from tunectl.cli.render import winners_table
 
 
-class _Bar:
+class RunBar:
     """Progress bar over the items of a run, counting failures as they come."""
 
     def __init__(self, console: Console) -> None:
@@ -76,7 +76,7 @@ def _cancelled(signum: int, frame: Any) -> None:
     raise RunCancelled()
 
 
-def _connect(*args: Any, **kwargs: Any) -> bool:
+def connect_trapping_cancel(*args: Any, **kwargs: Any) -> bool:
     """Join or start Ray, then take SIGTERM back (``ray.init`` installs a handler that just exits)."""
     from orchestrator.cluster import connect
 
@@ -86,7 +86,7 @@ def _connect(*args: Any, **kwargs: Any) -> bool:
 
 
 @contextlib.contextmanager
-def _run_events(console: Console) -> Iterator[None]:
+def run_events(console: Console) -> Iterator[None]:
     """Show the run's events on the console, and turn SIGTERM (a cancel) into a clean stop."""
     logger = logging.getLogger("tunectl.run")
     handler = _ConsoleLog(console)
@@ -151,9 +151,9 @@ def submit(
     from tunectl.select import select_winners
 
     console = Console()
-    bar = _Bar(console)
+    bar = RunBar(console)
     try:
-        with library_errors(), _run_events(console):
+        with library_errors(), run_events(console):
             out = run_submit(
                 str(spec) if spec else None,
                 results,
@@ -163,7 +163,7 @@ def submit(
                 num_gpus=num_gpus,
                 run_id=run_id,
                 compile_ahead=compile_ahead,
-                connect_fn=_connect,
+                connect_fn=connect_trapping_cancel,
             )
     except KeyboardInterrupt:
         bar.stop()

@@ -1,0 +1,170 @@
+"""Stacked validation: does a bundle beat the untuned defaults where it counts, inside a model?
+
+A per-call winner can lose end to end (its cache and register footprint hurts the layers around it),
+so each point of a spec is run as a stack of L layers, a cache-thrashing kernel between calls, with
+the bundle's config and with the default, interleaved on one device (``WorkItem`` phase
+``validate``). This module plans those items and reads their rows back into a verdict; the runs
+themselves go through the orchestrator like any other (``orchestrator.validate``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tunectl.keys import Key, key_from_text, key_text, make_key
+from tunectl.plan import WorkItem, comparison, in_pool
+from tunectl.record import Record
+from tunectl.spec import Spec
+from tunectl.stats import Speedup, geomean_speedup
+
+DEFAULT_LAYERS = 36
+DEFAULT_ROUNDS = 8
+
+
+@dataclass(frozen=True)
+class Skipped:
+    static: Key
+    shape: Key
+    why: str
+
+
+def plan_validation(
+    spec: Spec, bundle: Any, layers: int = DEFAULT_LAYERS, rounds: int = DEFAULT_ROUNDS
+) -> tuple[list[WorkItem], list[Skipped]]:
+    """One item per point of ``spec`` where ``bundle`` chose a config other than the default."""
+    from tasks.registry import get_task
+
+    if layers < 1 or rounds < 2:
+        raise ValueError("need at least 1 layer and 2 rounds")
+    task = get_task(spec.task)
+    complete = getattr(task, "complete_config", None)
+
+    def full(config: Mapping[str, Any]) -> Key:
+        return make_key(complete(dict(config)) if complete else config)
+
+    items: list[WorkItem] = []
+    skipped: list[Skipped] = []
+    for static in spec.static_grid():
+        default = full(task.default_config(dict(static)))
+        for shape in spec.shape_grid():
+            why = task.check_point(dict(static), dict(shape))
+            found = bundle.lookup(spec.task, **dict(static), **dict(shape)) if why is None else None
+            config = full(found) if found is not None else None
+            if why is None and config is None:
+                why = "the bundle has no entry here"
+            if why is None and config == default:
+                why = "the bundle keeps the default here"
+            if why is not None or config is None:
+                skipped.append(Skipped(static, shape, why or ""))
+                continue
+            arms = (default, config)
+            items.append(comparison(spec.task, static, shape, arms, "validate", rounds, layers))
+    return items, skipped
+
+
+class FixedItems:
+    """A run's work when it is known up front (validation): what a search is, without the choosing."""
+
+    def __init__(self, items: Sequence[WorkItem], pool: str | None = None) -> None:
+        self.items = [
+            item if pool is None else WorkItem(**{**item.__dict__, "item_id": in_pool(item.item_id, pool)})
+            for item in items
+        ]
+
+    def start(self, rows: Iterable[Mapping[str, Any]] = ()) -> list[WorkItem]:
+        done = {r["item_id"] for r in rows}
+        return [i for i in self.items if not set(i.record_ids()) <= done]
+
+    def follow_up(self, records: Sequence[Record | Mapping[str, Any]]) -> list[WorkItem]:
+        return []
+
+    def estimate(self) -> int:
+        return sum(len(i.record_ids()) for i in self.items)
+
+
+@dataclass(frozen=True)
+class PointVerdict:
+    static: Key
+    shape: Key
+    config: Key  # the bundle's
+    status: str  # ok, or why the comparison failed
+    default_us: float | None  # per layer, net of the thrash kernels (median over rounds)
+    bundle_us: float | None
+    speedup: Speedup | None
+    message: str = ""
+
+    @property
+    def verdict(self) -> str:
+        if self.speedup is None:
+            return self.status
+        if self.speedup.loses():
+            return "slower"
+        return "faster" if self.speedup.beats() else "tie"
+
+
+@dataclass(frozen=True)
+class Validation:
+    points: tuple[PointVerdict, ...]
+    layers: int
+    rounds: int
+
+    @property
+    def geomean(self) -> Speedup | None:
+        measured = [p.speedup for p in self.points if p.speedup is not None]
+        return geomean_speedup(measured) if measured else None
+
+    @property
+    def losers(self) -> list[PointVerdict]:
+        """Points where the bundle is slower than the defaults beyond noise."""
+        return [p for p in self.points if p.verdict == "slower"]
+
+    @property
+    def failures(self) -> list[PointVerdict]:
+        return [p for p in self.points if p.speedup is None]
+
+
+def read_validation(rows: Iterable[Mapping[str, Any]]) -> Validation:
+    """The verdict per point from a validation run's rows (the latest comparison at each point)."""
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for row in rows:
+        if row["phase"] == "validate":
+            groups.setdefault(row["group_id"], []).append(row)
+    latest: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for group in groups.values():
+        at = (group[0]["static_key"], group[0]["shape_key"])
+        if at not in latest or max(r["finished_at"] for r in group) > max(
+            r["finished_at"] for r in latest[at]
+        ):
+            latest[at] = group
+    points = [_verdict(group) for _, group in sorted(latest.items())]
+    layers = max((r["layers"] or 0 for g in latest.values() for r in g), default=0)
+    rounds = max((r["rounds"] or 0 for g in latest.values() for r in g), default=0)
+    return Validation(tuple(points), layers, rounds)
+
+
+def _verdict(group: list[Mapping[str, Any]]) -> PointVerdict:
+    default = next(r for r in group if r["is_default"])
+    bundle = next((r for r in group if not r["is_default"]), default)
+    ok = default["status"] == "ok" and bundle["status"] == "ok"
+    speedup = (
+        Speedup(bundle["speedup"], bundle["speedup_lo"], bundle["speedup_hi"], bundle["rounds"])
+        if ok
+        else None
+    )
+    failed = bundle if bundle["status"] != "ok" else default
+    return PointVerdict(
+        key_from_text(default["static_key"]),
+        key_from_text(default["shape_key"]),
+        key_from_text(bundle["config_key"]),
+        "ok" if ok else failed["status"],
+        default["median_us"] if ok else None,
+        bundle["median_us"] if ok else None,
+        speedup,
+        "" if ok else failed["message"],
+    )
+
+
+def describe_point(point: PointVerdict) -> str:
+    return f"{key_text(point.shape)} ({key_text(point.static)})"
