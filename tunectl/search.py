@@ -4,9 +4,10 @@ Three strategies, chosen in the spec's ``[search]`` table:
 
 - ``grid``: every config, fully measured.
 - ``halving``: successive halving. Every config gets a cheap look (``min_budget`` of the spec's
-  measurement time and samples); the best 1/``eta`` go on to a look ``eta`` times longer, and so on up
-  to a full measurement. Cheap looks cannot rank configs a few percent apart, but they drop the ones
-  far behind for a fraction of the cost.
+  measurement time and samples); the best 1/``eta`` (and the default, the finals' baseline) go on to
+  a look ``eta`` times longer, and so on while a look is shorter than a full measurement; the last
+  rung's best go to the finals, which are the rigorous measurement. Cheap looks cannot rank configs
+  a few percent apart, but they drop the ones far behind for a fraction of the cost.
 - ``model``: a model-based sampler with a measurement budget per point. It measures the default,
   then the winners so far at the nearest shapes already measured (warm start), then, one at a time,
   the config with the largest expected improvement under a Gaussian-process model of log(time over
@@ -149,23 +150,23 @@ class Search:
         return missing or point.measured({c: i.item_id for c, i in ids.items()})
 
     def _num_rungs(self) -> int:
+        """Screening rungs: budgets min_budget * eta^r, all under a full measurement."""
         s = self.settings
-        return 1 + max(0, math.ceil(math.log(1.0 / s.min_budget, s.eta) - 1e-9))
+        return max(1, math.floor(math.log(1.0 / s.min_budget, s.eta) + 1e-9))
 
     def _halving(self, point: _Point) -> list[WorkItem] | dict[Key, Row]:
-        s, num_rungs = self.settings, self._num_rungs()
+        """Screening rungs; their survivors go to the finals (or, with no finals, a full measurement)."""
+        s = self.settings
         survivors: Sequence[Key] = point.configs
-        for rung in range(num_rungs):
-            budget = 1.0 if rung == num_rungs - 1 else s.min_budget * s.eta**rung
-            looked = self._look(point, survivors, rung, budget)
-            if isinstance(looked, list) or budget >= 1.0:
+        for rung in range(self._num_rungs()):
+            looked = self._look(point, survivors, rung, min(1.0, s.min_budget * s.eta**rung))
+            if isinstance(looked, list):
                 return looked
             ranked = _ranked(looked)
             keep = max(1, math.ceil(len(survivors) / s.eta), min(s.finalists, len(ranked)))
-            survivors = ranked[:keep]
-            if not survivors:
-                return {}
-        raise AssertionError("the last rung always measures fully")
+            # The default goes on whatever its rank: the finals measure against it.
+            survivors = [point.configs[0], *(c for c in ranked[:keep] if c != point.configs[0])]
+        return looked if s.finalists else self._look(point, survivors, self._num_rungs())
 
     def _model_budget(self, n: int) -> int:
         b = self.settings.budget
@@ -205,7 +206,7 @@ class Search:
             if p.static == point.static
             for c, row in self._full(p).items()
         ]
-        return propose(default, untried, point.shape, data, self.settings.min_gain)
+        return propose(default, untried, point.shape, data, self.settings.min_gain, self.settings.explore)
 
     def _neighbours(self, point: _Point) -> list[_Point]:
         """Other points of the same static key that have measurements, nearest shape first."""

@@ -77,7 +77,8 @@ class SearchSpec:
     min_budget: float = 0.1  # halving: the first rung's share of the spec's measurement time
     budget: float = 0.3  # model: configs measured per point, a share of the grid (<= 1) or a count
     min_gain: float = 0.005  # model: stop when no config is expected to gain this much (log time)
-    warm_start: int = 2  # model: winners of this many nearest measured shapes tried first
+    warm_start: int = 1  # model: winners of this many nearest measured shapes tried first
+    explore: int = 2  # model: configs the model knows least about, tried before it goes by expected gain
 
 
 STRATEGIES = ("grid", "halving", "model")

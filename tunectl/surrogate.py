@@ -2,9 +2,11 @@
 
 It predicts y = log(config time / default time at that shape) — 0 for "as fast as the default" — from
 every point of one static key measured so far, so a shape learns from its neighbours. The kernel is a
-product of an exponential kernel on the Hamming distance between configs (how many options differ;
-configs from different grids of a union simply differ in more options) and a squared-exponential
-kernel on log2 of the shape dimensions. A config that failed counts as ``FAILED_Y`` (e^1: clearly
+product of a kernel over configs and a squared-exponential kernel on log2 of the shape dimensions.
+The config kernel is half additive (the share of options two configs agree on: each option's own
+effect carries over to every config that has it) and half an exponential of the Hamming distance
+(how many options differ: what only whole configs share). Configs from different grids of a union
+simply differ in more options. A config that failed counts as ``FAILED_Y`` (e^1: clearly
 slower), so the model learns which regions fail. The next config is the one with the largest expected
 improvement over the point's best so far; ties go to the first in canonical order. Deterministic.
 
@@ -36,9 +38,11 @@ def propose(
     shape: Key,
     data: Data,
     min_gain: float,
+    explore: int = 2,
 ) -> Key | None:
     """The candidate with the largest expected improvement at ``shape``, or None when no candidate is
-    expected to improve by ``min_gain`` (or there is nothing to learn from)."""
+    expected to improve by ``min_gain`` (or there is nothing to learn from). While the shape has
+    fewer than ``1 + explore`` measurements, the candidate the model knows least about instead."""
     if not candidates:
         return None
     observed = _observations(default, data)
@@ -47,9 +51,12 @@ def propose(
         return None
     best = min(here)
     mean, std = predict(observed, [(c, shape) for c in candidates])
-    gains = [_expected_improvement(best, m, s) for m, s in zip(mean, std, strict=True)]
+    if len(here) <= explore:
+        gains = std
+    else:
+        gains = [_expected_improvement(best, m, s) for m, s in zip(mean, std, strict=True)]
     top = max(gains)
-    if top < min_gain:
+    if top < min_gain and len(here) > explore:
         return None
     return min((c for c, g in zip(candidates, gains, strict=True) if g == top), key=key_text)
 
@@ -110,8 +117,11 @@ def _kernel(xa: Any, sa: Any, xb: Any, sb: Any) -> Any:
     import numpy as np
 
     differ = (xa[:, None, :] != xb[None, :, :]).sum(axis=2).astype(float)
+    width = max(xa.shape[1], 1)
+    # Half additive (each option's own effect: what matches, shared), half interactions (the whole config).
+    configs = 0.5 * (1.0 - differ / width) + 0.5 * np.exp(-differ / _CONFIG_SCALE)
     dist2 = ((sa[:, None, :] - sb[None, :, :]) ** 2).sum(axis=2)
-    return _SIGNAL_VAR * np.exp(-differ / _CONFIG_SCALE) * np.exp(-dist2 / (2 * _SHAPE_SCALE**2))
+    return _SIGNAL_VAR * configs * np.exp(-dist2 / (2 * _SHAPE_SCALE**2))
 
 
 def _expected_improvement(best: float, mean: float, std: float) -> float:

@@ -1,0 +1,201 @@
+"""Search strategies, driven by a simulated device: each item gets a record with the config's true time.
+
+The strategies are functions of the records they are given, so these tests play the dispatcher: they
+take the items a search asks for, answer each with a record, and feed it back.
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tunectl.keys import key_text
+from tunectl.plan import WorkItem, plan
+from tunectl.search import Search
+from tunectl.spec import parse_spec
+
+SPEC = """
+name = "s"
+task = "decode_attention"
+[static]
+dtype = "float32"
+num_q_heads = 4
+num_kv_heads = 2
+head_dim = 16
+page_size = 8
+[shapes.batch]
+values = [1, 2, 4, 8, 16]
+[shapes.kv_len]
+values = [64]
+[configs]
+num_splits = [1, 2, 4, 8, 16]
+gqa = ["expand", "grouped"]
+gather = ["index", "gather"]
+"""
+
+Oracle = Callable[[WorkItem], float]
+
+
+def _spec(search: str) -> Any:
+    return parse_spec(SPEC + textwrap.dedent(search), "s.toml")
+
+
+def true_time(item: WorkItem) -> float:
+    """A smooth landscape: the best split grows with the batch; grouped GQA and index gather help."""
+    c, s = dict(item.config), dict(item.shape)
+    best_split = max(1, 16 // s["batch"])
+    t = 100.0 * s["batch"] * (1 + 0.3 * abs(math.log2(c.get("num_splits", 1) / best_split)))
+    t *= 1.0 if c.get("gqa", "expand") == "grouped" else 1.6
+    t *= 1.0 if c.get("gather", "index") == "index" else 1.1
+    return t
+
+
+def _record(item: WorkItem, oracle: Oracle, config: Any = None, i: int = 0) -> dict[str, Any]:
+    config = config or item.config
+    t = oracle(WorkItem(item.item_id, item.task, item.static, item.shape, config, False))
+    row = {
+        "item_id": item.record_ids()[i], "static_key": key_text(item.static),
+        "shape_key": key_text(item.shape), "config_key": key_text(config), "status": "ok",
+        "median_us": t, "rel_noise": 0.01, "phase": item.phase,
+    }  # fmt: skip
+    if item.arms:
+        base = oracle(WorkItem(item.item_id, item.task, item.static, item.shape, item.arms[0], True))
+        row.update(speedup=base / t, speedup_lo=base / t * 0.99, speedup_hi=base / t * 1.01)
+    return row
+
+
+def answer(item: WorkItem, oracle: Oracle = true_time) -> list[dict[str, Any]]:
+    """The records a device would return for ``item``: one, or one per arm."""
+    return (
+        [_record(item, oracle, a, i) for i, a in enumerate(item.arms)]
+        if item.arms
+        else [_record(item, oracle)]
+    )
+
+
+def drive(search: Search, oracle: Oracle = true_time, queue: list[WorkItem] | None = None) -> list[WorkItem]:
+    """Run a search to its end (from ``queue``, default its start); every item it issued, in order."""
+    queue = search.start() if queue is None else queue
+    issued = list(queue)
+    while queue:
+        more = search.follow_up(answer(queue.pop(0), oracle))
+        issued += more
+        queue += more
+    return issued
+
+
+def _best(point_items: list[WorkItem]) -> float:
+    return min(true_time(i) for i in point_items)
+
+
+def test_grid_measures_everything_then_finals_with_the_default_first() -> None:
+    work = plan(_spec(""))
+    issued = drive(Search(work))
+    measures = [i for i in issued if i.phase == "measure"]
+    assert {i.item_id for i in measures} == {i.item_id for i in work.items}
+    finals = [i for i in issued if i.phase == "final"]
+    assert len(finals) == 5  # one per point
+    for f in finals:
+        default = next(i.config for i in work.items if i.point == f.point and i.is_default)
+        assert f.arms[0] == default and 2 <= len(f.arms) <= 4 and f.rounds == 8
+        point = [i for i in work.items if i.point == f.point]
+        assert min(true_time(WorkItem("", "", f.static, f.shape, a, False)) for a in f.arms) == _best(point)
+
+
+def test_no_finals_where_nothing_comes_near_the_default() -> None:
+    def default_fastest(item: WorkItem) -> float:
+        return 1.0 if item.config == dict_default(item) else 2.0
+
+    def dict_default(item: WorkItem) -> Any:
+        return next(i.config for i in work.items if i.point == item.point and i.is_default)
+
+    work = plan(_spec(""))
+    issued = drive(Search(work), default_fastest)
+    assert not [i for i in issued if i.phase == "final"]
+
+
+def test_halving_screens_cheaply_keeps_the_default_and_finds_the_best() -> None:
+    work = plan(_spec("[search]\nstrategy = 'halving'\neta = 3\nmin_budget = 0.1\n"))
+    issued = drive(Search(work))
+    per_point = Counter(i.point for i in work.items)
+    rungs = Counter((i.point, i.rung) for i in issued if i.phase in ("screen", "measure"))
+    for point, n in per_point.items():
+        assert rungs[(point, 0)] == n  # every config screened
+        assert rungs[(point, 1)] <= math.ceil(n / 3) + 1  # a third, plus the default
+    budgets = {i.rung: i.budget for i in issued if i.rung is not None}
+    assert budgets == {0: 0.1, 1: pytest.approx(0.3)}, "two screening rungs, then the finals"
+    cost = sum(i.budget for i in issued if i.phase in ("screen", "measure"))
+    assert cost < 0.25 * len(work.items), "measurement time well under the grid's"
+    for f in (i for i in issued if i.phase == "final"):
+        point = [i for i in work.items if i.point == f.point]
+        assert f.arms[0] == next(i.config for i in point if i.is_default)
+        assert min(true_time(WorkItem("", "", f.static, f.shape, a, False)) for a in f.arms) == _best(point)
+
+
+def test_model_stays_in_budget_warm_starts_and_lands_near_the_best() -> None:
+    work = plan(_spec("[search]\nstrategy = 'model'\nbudget = 0.3\nwarm_start = 0\n"))
+    issued = drive(Search(work))
+    measured = [i for i in issued if i.phase == "measure"]
+    per_point = Counter(i.point for i in measured)
+    n = len(work.items) // 5
+    assert all(c <= math.ceil(0.3 * n) for c in per_point.values())
+    assert len(measured) <= 0.3 * len(work.items) + 5
+    first = {}
+    for i in measured:
+        first.setdefault(i.point, i)
+    assert all(i.is_default for i in first.values()), "the default is measured first at every point"
+    quality = []
+    for point in per_point:
+        everything = [i for i in work.items if i.point == point]
+        found = min(true_time(i) for i in measured if i.point == point)
+        quality.append(_best(everything) / found)
+    assert sum(q >= 0.99 for q in quality) >= 4, quality  # within 1 % of the grid's best at 4 of 5 points
+
+
+def test_model_warm_start_tries_the_nearest_measured_shapes_winner_first() -> None:
+    work = plan(_spec("[search]\nstrategy = 'model'\nwarm_start = 1\n"))
+    search = Search(work)
+    points = sorted({i.point for i in work.items}, key=lambda p: dict(p[1])["batch"])
+    first, second = points[0], points[1]
+    # The first point is measured in full (default, then every config); the second only its default.
+    for item in work.items:
+        if item.point == first:
+            search.follow_up(answer(item))
+    default = next(i for i in work.items if i.point == second and i.is_default)
+    nxt = search.follow_up(answer(default))
+    winner = min((i for i in work.items if i.point == first), key=true_time).config
+    assert [i.config for i in nxt] == [winner]
+
+
+def test_model_is_deterministic() -> None:
+    spec = _spec("[search]\nstrategy = 'model'\n")
+    a = [i.item_id for i in drive(Search(plan(spec)))]
+    b = [i.item_id for i in drive(Search(plan(spec)))]
+    assert a == b
+
+
+@pytest.mark.parametrize("strategy", ["grid", "halving"])
+def test_a_search_rebuilt_from_rows_asks_only_for_what_is_missing(strategy: str) -> None:
+    spec = _spec(f"[search]\nstrategy = '{strategy}'\n")
+    full = drive(Search(plan(spec)))
+    # Stop half way: the rows of the first half of the items come back, the rest never ran.
+    search = Search(plan(spec))
+    queue, rows, done = search.start(), [], 0
+    while queue and done < len(full) // 2:
+        records = answer(queue.pop(0))
+        rows += records
+        queue += search.follow_up(records)
+        done += 1
+    resumed = Search(plan(spec))
+    first = resumed.start(rows)
+    recorded = {r["item_id"] for r in rows}
+    assert first and all(not set(i.record_ids()) <= recorded for i in first)
+    rest = drive(resumed, queue=first)
+    assert {i.item_id for i in rest} | {i.item_id for i in full if set(i.record_ids()) <= recorded} == {
+        i.item_id for i in full
+    }
