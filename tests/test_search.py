@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tunectl.keys import key_text
+from tunectl.keys import key_digest, key_text
 from tunectl.plan import WorkItem, plan
 from tunectl.search import Search
 from tunectl.spec import parse_spec
@@ -62,6 +62,7 @@ def _record(item: WorkItem, oracle: Oracle, config: Any = None, i: int = 0) -> d
         "item_id": item.record_ids()[i], "static_key": key_text(item.static),
         "shape_key": key_text(item.shape), "config_key": key_text(config), "status": "ok",
         "median_us": t, "rel_noise": 0.01, "phase": item.phase,
+        "is_default": (item.is_default if not item.arms else i == 0) and config == item.config,
     }  # fmt: skip
     if item.arms:
         base = oracle(WorkItem(item.item_id, item.task, item.static, item.shape, item.arms[0], True))
@@ -137,39 +138,35 @@ def test_halving_screens_cheaply_keeps_the_default_and_finds_the_best() -> None:
         assert min(true_time(WorkItem("", "", f.static, f.shape, a, False)) for a in f.arms) == _best(point)
 
 
-def test_model_stays_in_budget_warm_starts_and_lands_near_the_best() -> None:
-    work = plan(_spec("[search]\nstrategy = 'model'\nbudget = 0.3\nwarm_start = 0\n"))
-    issued = drive(Search(work))
+def regime_time(item: WorkItem) -> float:
+    """Like kernels across shapes: each config a fixed factor off the default (0.9x to 3x, hashed
+    from the config), and one config best for small batches, another for large ones, by 30 %."""
+    c, batch = dict(item.config), dict(item.shape)["batch"]
+    digest = int(key_digest(item.config)[:8], 16)
+    factor = 0.9 + 2.1 * (digest % 1000) / 1000
+    small = c == {"num_splits": 8, "gqa": "grouped", "gather": "index"}
+    large = c == {"num_splits": 2, "gqa": "grouped", "gather": "gather"}
+    if (small and batch <= 2) or (large and batch >= 4):
+        factor = 0.6
+    return 100.0 * batch * factor
+
+
+def test_model_stays_in_budget_and_carries_a_find_over_to_neighbouring_shapes() -> None:
+    work = plan(_spec("[search]\nstrategy = 'model'\nbudget = 0.4\n"))
+    issued = drive(Search(work), regime_time)
     measured = [i for i in issued if i.phase == "measure"]
     per_point = Counter(i.point for i in measured)
     n = len(work.items) // 5
-    assert all(c <= math.ceil(0.3 * n) for c in per_point.values())
-    assert len(measured) <= 0.3 * len(work.items) + 5
+    assert all(c <= math.ceil(0.4 * n) for c in per_point.values())
     first = {}
     for i in measured:
         first.setdefault(i.point, i)
     assert all(i.is_default for i in first.values()), "the default is measured first at every point"
-    quality = []
-    for point in per_point:
-        everything = [i for i in work.items if i.point == point]
-        found = min(true_time(i) for i in measured if i.point == point)
-        quality.append(_best(everything) / found)
-    assert sum(q >= 0.99 for q in quality) >= 4, quality  # within 1 % of the grid's best at 4 of 5 points
-
-
-def test_model_warm_start_tries_the_nearest_measured_shapes_winner_first() -> None:
-    work = plan(_spec("[search]\nstrategy = 'model'\nwarm_start = 1\n"))
-    search = Search(work)
-    points = sorted({i.point for i in work.items}, key=lambda p: dict(p[1])["batch"])
-    first, second = points[0], points[1]
-    # The first point is measured in full (default, then every config); the second only its default.
-    for item in work.items:
-        if item.point == first:
-            search.follow_up(answer(item))
-    default = next(i for i in work.items if i.point == second and i.is_default)
-    nxt = search.follow_up(answer(default))
-    winner = min((i for i in work.items if i.point == first), key=true_time).config
-    assert [i.config for i in nxt] == [winner]
+    found = {p: min(regime_time(i) for i in measured if i.point == p) for p in per_point}
+    best = {p: min(regime_time(i) for i in work.items if i.point == p) for p in per_point}
+    hits = {dict(p[1])["batch"] for p in per_point if best[p] / found[p] >= 0.99}
+    assert {4, 8, 16} <= hits, "what one shape finds carries over to its neighbours"
+    assert len(measured) <= 0.4 * len(work.items)
 
 
 def test_model_is_deterministic() -> None:

@@ -14,6 +14,9 @@ Three strategies, chosen in the spec's ``[search]`` table:
   the default's time) across configs and shapes (``tunectl.surrogate``); it stops at the budget or
   when no config is expected to gain ``min_gain``.
 
+The grid measures configs kept for reference only (ones a server at that static key cannot call as
+they are, ``TuningTask.selectable``); a search skips them.
+
 Whatever the strategy, a point ends with its *finals*: the default and up to ``finalists`` configs
 that measured faster than (or within ``tie`` of) it are timed again in ``rounds`` interleaved rounds
 on one device, which gives each a paired speedup over the default with a 95 % interval; selection
@@ -46,6 +49,8 @@ class _Point:
     configs: tuple[Key, ...]  # the default first
     rows: dict[str, Row] = field(default_factory=dict)  # item id -> latest row
     issued: set[str] = field(default_factory=set)
+    waiting: bool = False  # model: held back until a neighbouring shape is settled
+    settled: bool = False  # model: no more configs to measure here
 
     def done(self, iid: str) -> bool:
         return iid in self.rows
@@ -63,14 +68,23 @@ class Search:
         points: dict[tuple[Key, Key], list[WorkItem]] = {}
         for item in plan.items:
             points.setdefault(item.point, []).append(item)
+        self._select = _task_rule(self.task)
         self.points: dict[tuple[Key, Key], _Point] = {}
         for (static, shape), items in points.items():
-            configs = [i.config for i in items if i.is_default] + [
-                i.config for i in items if not i.is_default
-            ]
+            default = next(i.config for i in items if i.is_default)
+            configs = [default, *(i.config for i in items if not i.is_default)]
+            if self.settings.strategy != "grid":  # a search skips configs that may never win here
+                configs = [c for c in configs if c == default or self._select(static, c)]
             self.points[(static, shape)] = _Point(static, shape, tuple(configs))
         self._by_text = {(key_text(s), key_text(h)): p for (s, h), p in self.points.items()}
-        self._select = _task_rule(self.task)
+        # The model's two waves: every other shape of each static key (in order) starts at once; the
+        # rest wait for a neighbour, so they start from its winners. One GPU loses nothing by this.
+        self._wave: dict[int, int] = {}
+        for static in {p.static for p in self.points.values()}:
+            shapes = sorted(
+                (p for p in self.points.values() if p.static == static), key=lambda p: _values(p.shape)
+            )
+            self._wave.update({id(p): i % 2 for i, p in enumerate(shapes)})
 
     # -- the driver's side ------------------------------------------------------------------------
 
@@ -87,7 +101,8 @@ class Search:
             point = self._take(asdict(record) if isinstance(record, Record) else record)
             if point is not None:
                 touched[id(point)] = point
-        return [item for point in touched.values() for item in self._issue(point)]
+        items = [item for point in touched.values() for item in self._issue(point)]
+        return items + [item for p in self.points.values() if p.waiting for item in self._issue(p)]
 
     def estimate(self) -> int:
         """Records the run is expected to write in all (for progress), given what is known now."""
@@ -182,36 +197,38 @@ class Search:
         outstanding = [c for c, i in ids.items() if i in point.issued and i not in point.rows]
         if outstanding:
             return [self._item(point, c, None) for c in outstanding]
-        if len(measured) >= self._model_budget(len(point.configs)):
+        if not measured and self._wave[id(point)] and not any(n.settled for n in self._neighbours(point)):
+            point.waiting = True  # starts once a neighbouring shape has its answer, to start from it
+            return []
+        point.waiting = False
+        nxt = None
+        if len(measured) < self._model_budget(len(point.configs)):
+            nxt = self._propose(point, measured)
+        if nxt is None:
+            point.settled = True
             return measured
-        nxt = self._propose(point, measured)
-        return [self._item(point, nxt, None)] if nxt is not None else measured
+        return [self._item(point, nxt, None)]
 
     def _propose(self, point: _Point, measured: Mapping[Key, Row]) -> Key | None:
         default = point.configs[0]
         if default not in measured:
             return default
         untried = [c for c in point.configs if c not in measured]
-        for neighbour in self._neighbours(point)[: self.settings.warm_start]:
-            best = _ranked(
-                neighbour.measured({c: self._item(neighbour, c, None).item_id for c in neighbour.configs})
-            )
-            if best and best[0] in untried:
-                return best[0]
+        settled = [n for n in self._neighbours(point) if n.settled][: self.settings.warm_start]
+        for neighbour in settled:
+            for config in _ranked(self._full(neighbour))[:2]:  # its best two
+                if config in untried:
+                    return config
         from tunectl.surrogate import propose
 
-        data = [
-            (c, p.shape, row)
-            for p in self.points.values()
-            if p.static == point.static
-            for c, row in self._full(p).items()
-        ]
-        return propose(default, untried, point.shape, data, self.settings.min_gain, self.settings.explore)
+        data = [(c, p.static, p.shape, row) for p in self.points.values() for c, row in self._full(p).items()]
+        s = self.settings
+        return propose(untried, point.static, point.shape, data, s.min_gain, s.explore)
 
     def _neighbours(self, point: _Point) -> list[_Point]:
-        """Other points of the same static key that have measurements, nearest shape first."""
+        """Other points of the same static key, nearest shape first."""
         here = dict(point.shape)
-        others = [p for p in self.points.values() if p.static == point.static and p is not point and p.rows]
+        others = [p for p in self.points.values() if p.static == point.static and p is not point]
         return sorted(others, key=lambda p: (_shape_distance(here, dict(p.shape)), key_text(p.shape)))
 
     def _finals(self, point: _Point, measured: Mapping[Key, Row]) -> WorkItem | None:
@@ -234,6 +251,10 @@ def _ranked(rows: Mapping[Key, Row]) -> list[Key]:
     """Configs measured ok, fastest first (ties in canonical order)."""
     ok = [(r["median_us"], key_text(c), c) for c, r in rows.items() if r["status"] == "ok"]
     return [c for _, _, c in sorted(ok, key=lambda t: (t[0], t[1]))]
+
+
+def _values(key: Key) -> tuple[Any, ...]:
+    return tuple((type(v).__name__, v) for _, v in key)
 
 
 def _shape_distance(a: Mapping[str, Any], b: Mapping[str, Any]) -> float:
