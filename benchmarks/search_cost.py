@@ -53,7 +53,8 @@ class Outcome:
         found = sum(q >= 0.99 for q in self.quality)
         return (
             f"| {self.name} | {self.cost:.1f} / {self.grid_cost} = {self.cost / self.grid_cost:.0%} | "
-            f"{self.finals} | {found} / {len(self.quality)} | {_geo(self.quality):.4f} | {min(self.quality):.3f} |"
+            f"{self.finals} | {found} / {len(self.quality)} | {_geo(self.quality):.4f} | "
+            f"{min(self.quality):.3f} |"
         )
 
 
