@@ -92,3 +92,96 @@ def test_flash_decode_never_picks_a_kernel_that_needs_the_cache_re_paged() -> No
     ]
     [w] = select_winners(rows)
     assert dict(w.config) == {"backend": "flex"}
+
+
+def _final(
+    config: str, speedup: float, half: float, default: bool = False, group: str = "g1", finished: float = 2.0
+) -> dict[str, Any]:
+    """One arm of a finals comparison: its paired speedup over the default, +/- ``half``."""
+    return {
+        **_row(config, 100.0 / speedup, default=default, finished=finished),
+        "phase": "final",
+        "group_id": group,
+        "rounds": 8,
+        "speedup": 1.0 if default else speedup,
+        "speedup_lo": 1.0 if default else speedup - half,
+        "speedup_hi": 1.0 if default else speedup + half,
+    }
+
+
+def test_finals_decide_over_single_measurements() -> None:
+    # Single timings say c=2 is far ahead; the interleaved finals say c=3 beats the default and c=2 does not.
+    singles = [_row('{"c":1}', 100.0, default=True), _row('{"c":2}', 50.0), _row('{"c":3}', 95.0)]
+    finals = [
+        _final('{"c":1}', 1.0, 0.0, default=True),
+        _final('{"c":2}', 1.02, 0.05),
+        _final('{"c":3}', 1.10, 0.02),
+    ]
+    [w] = select_winners(singles + finals)
+    assert dict(w.config) == {"c": 3} and w.basis == "final" and w.rounds == 8
+    assert (w.speedup, w.speedup_lo, w.speedup_hi) == (1.10, 1.10 - 0.02, 1.10 + 0.02)
+    assert "interval" in w.reason and "8 interleaved rounds" in w.reason
+
+
+def test_the_default_stays_when_no_finalist_clears_its_interval() -> None:
+    rows = [_final('{"c":1}', 1.0, 0.0, default=True), _final('{"c":2}', 1.04, 0.05)]
+    [w] = select_winners(rows)
+    assert w.is_default and w.speedup == 1.0 and w.basis == "final"
+    assert w.speedup_lo == 1.04 - 0.05  # the best challenger's interval, for the record
+    assert w.reason.startswith("default")
+
+
+def test_a_margin_raises_the_bar() -> None:
+    rows = [_final('{"c":1}', 1.0, 0.0, default=True), _final('{"c":2}', 1.05, 0.01)]
+    assert not select_winners(rows)[0].is_default
+    assert select_winners(rows, margin=0.05)[0].is_default
+
+
+def test_near_ties_in_the_finals_go_to_the_first_config_in_canonical_order() -> None:
+    # Two runs of the same finals in which noise swapped the order of two configs 1 % apart.
+    run1 = [
+        _final('{"c":1}', 1.0, 0.0, default=True),
+        _final('{"c":2}', 1.30, 0.02),
+        _final('{"c":3}', 1.31, 0.02),
+    ]
+    run2 = [
+        _final('{"c":1}', 1.0, 0.0, default=True),
+        _final('{"c":2}', 1.31, 0.02),
+        _final('{"c":3}', 1.30, 0.02),
+    ]
+    assert dict(select_winners(run1)[0].config) == dict(select_winners(run2)[0].config) == {"c": 2}
+    # Outside the tie tolerance the faster one wins.
+    run3 = [
+        _final('{"c":1}', 1.0, 0.0, default=True),
+        _final('{"c":2}', 1.30, 0.02),
+        _final('{"c":3}', 1.40, 0.02),
+    ]
+    assert dict(select_winners(run3)[0].config) == {"c": 3}
+    assert dict(select_winners(run1, tie=0.0)[0].config) == {"c": 3}
+
+
+def test_the_latest_finals_count() -> None:
+    old = [_final('{"c":1}', 1.0, 0.0, default=True, group="a"), _final('{"c":2}', 1.5, 0.1, group="a")]
+    new = [
+        _final('{"c":1}', 1.0, 0.0, default=True, group="b", finished=3.0),
+        _final('{"c":2}', 1.01, 0.05, group="b", finished=3.0),
+    ]
+    assert select_winners(old + new)[0].is_default
+
+
+def test_finals_without_a_working_default_fall_back_to_single_measurements() -> None:
+    finals = [{**_final('{"c":1}', 1.0, 0.0, default=True), "status": "error"}, _final('{"c":2}', 1.5, 0.1)]
+    singles = [_row('{"c":1}', 100.0, default=True), _row('{"c":2}', 60.0)]
+    [w] = select_winners(singles + finals)
+    assert w.basis == "measure" and dict(w.config) == {"c": 2}
+
+
+def test_validation_rows_never_select_and_screening_yields_to_full_measurements() -> None:
+    rows = [
+        _row('{"c":1}', 100.0, default=True),
+        {**_row('{"c":2}', 10.0), "phase": "validate"},
+        {**_row('{"c":3}', 20.0, finished=1.0), "phase": "screen"},
+        {**_row('{"c":3}', 150.0, finished=0.5), "phase": "measure"},  # older, but a full measurement
+    ]
+    [w] = select_winners(rows)
+    assert w.is_default
