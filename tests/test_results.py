@@ -92,3 +92,55 @@ def test_a_re_measured_item_reads_once_latest_first(tmp_path: Path) -> None:
     writer.close()
     rows = read_results(tmp_path)
     assert len(rows) == 1 and rows[0]["median_us"] == 7.0
+
+
+def test_other_files_under_the_root_are_not_read_as_results(tmp_path: Path) -> None:
+    writer = ResultsWriter(tmp_path)
+    writer.append(_record("r1", "i1"))
+    writer.close()
+    store = tmp_path / "bundles" / "b" / "1"  # a bundle store kept beside the results
+    store.mkdir(parents=True)
+    (store / "manifest.json").write_text("{}")
+    (tmp_path / "notes.txt").write_text("not parquet")
+    assert [r["item_id"] for r in read_results(tmp_path)] == ["i1"]
+
+
+def test_rows_from_before_phases_read_as_full_measurements(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    part = tmp_path / "task=t" / "run_id=old"
+    part.mkdir(parents=True)
+    stamp = pa.array([1], type=pa.timestamp("us", tz="UTC"))
+    table = pa.table({"item_id": ["i1"], "status": ["ok"], "median_us": [1.0], "finished_at": stamp})
+    pq.write_table(table, part / "p.parquet")
+    [row] = read_results(tmp_path)
+    assert row["phase"] == "measure" and row["group_id"] is None and row["run_id"] == "old"
+
+
+def test_a_crash_record_without_a_device_does_not_split_an_export(tmp_path: Path) -> None:
+    from tests.conftest import TINY_SPEC
+    from tunectl.export import prepare_bundle
+    from tunectl.runs import RunInfo, save_run
+
+    save_run(
+        tmp_path, RunInfo("r1", "tiny", "decode_attention", "tiny.toml", TINY_SPEC, "finished", 2, 1.0, 1.0)
+    )
+    at = {
+        "run_id": "r1", "task": "decode_attention", "shape_key": '{"batch":1,"kv_len":64}',
+        "static_key": '{"dtype":"float32","head_dim":16,"num_kv_heads":2,"num_q_heads":4,"page_size":8}',
+    }  # fmt: skip
+    ok = Record(
+        **at, item_id="a", config_key='{"gather":"index","gqa":"expand","num_splits":1}', is_default=True,
+        status="ok", median_us=5.0, p20_us=5.0, p80_us=5.0, rel_noise=0.0, num_samples=3, device_name="H200",
+    )  # fmt: skip
+    crash = Record(  # written by the driver for a worker that died: it names no device
+        **at, item_id="b", config_key='{"gather":"index","gqa":"grouped","num_splits":2}', is_default=False,
+        status="crash",
+    )  # fmt: skip
+    writer = ResultsWriter(tmp_path)
+    writer.append(ok)
+    writer.append(crash)
+    writer.close()
+    prepared = prepare_bundle(tmp_path, "b", "1")
+    assert [w.device_name for w in prepared.winners] == ["H200"]

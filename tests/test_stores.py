@@ -132,7 +132,7 @@ def test_submit_export_publish_promote_and_load_by_channel(
 
     results, store = tmp_path / "results", s3.uri("fleet")
     done = submit(str(tiny_spec), results)
-    assert sum(done.statuses.values()) == 24 and done.statuses["ok"] == 24
+    assert sum(done.statuses.values()) == done.statuses["ok"] >= 24  # 24 measured, then the finals
     runner = CliRunner()
     out = runner.invoke(
         app,

@@ -129,7 +129,7 @@ def prepare_bundle(
         rows = [r for r in rows if r["device_name"] == device]
     if not rows:
         raise UserError(f"no results to export in {results} for the runs, task and device asked for")
-    devices = sorted({r["device_name"] for r in rows})
+    devices = sorted({r["device_name"] for r in rows if r["device_name"]})  # a crash names no device
     if len(devices) > 1:
         raise UserError(
             f"results span several devices ({'; '.join(devices)}); a bundle is for one: pick --device"

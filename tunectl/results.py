@@ -147,10 +147,14 @@ def read_results(
     root = Path(root)
     if not root.is_dir():
         raise ResultsError(f"no results dataset at {root}")
-    if not any(root.glob("task=*/run_id=*/*.parquet")):
+    files = sorted(str(p) for p in root.glob("task=*/run_id=*/*.parquet"))  # not what else lives there
+    if not files:
         return []
     try:
-        dataset = ds.dataset(root, format="parquet", partitioning=_partitioning(), schema=_full_schema())
+        dataset = ds.dataset(
+            files, format="parquet", partitioning=_partitioning(), partition_base_dir=str(root),
+            schema=_full_schema(),
+        )  # fmt: skip
         flt = None
         if run_ids is not None:
             flt = ds.field("run_id").isin(list(run_ids))
