@@ -11,8 +11,6 @@ prints them.
 from __future__ import annotations
 
 import argparse
-import math
-import statistics
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -21,14 +19,14 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import search_cost  # noqa: E402
+import search_cost
 
-from tunectl.keys import key_text  # noqa: E402
-from tunectl.results import read_results  # noqa: E402
-from tunectl.runs import RunInfo, list_runs  # noqa: E402
-from tunectl.select import Winner, select_winners  # noqa: E402
-from tunectl.spec import parse_spec  # noqa: E402
-from tunectl.validate import read_validation  # noqa: E402
+from tunectl.keys import key_text
+from tunectl.results import read_results
+from tunectl.runs import RunInfo, list_runs
+from tunectl.select import Winner, select_winners
+from tunectl.spec import parse_spec
+from tunectl.validate import read_validation
 
 TIE = 0.02
 
@@ -93,7 +91,8 @@ def validation_table(results: str, info: RunInfo) -> str:
     g = v.geomean
     if g is not None:
         out.append(
-            f"\ngeometric mean over {len(v.points)} shapes: {g.estimate:.3f}x, 95 % CI [{g.lo:.3f}, {g.hi:.3f}]"
+            f"\ngeometric mean over {len(v.points)} shapes: {g.estimate:.3f}x, "
+            f"95 % CI [{g.lo:.3f}, {g.hi:.3f}]"
         )
     return "\n".join(out)
 
@@ -110,11 +109,11 @@ def main() -> None:
             grids.setdefault(r.name, []).append(r)
     print("## Reproducibility: the same spec run twice\n")
     print(
-        f"Winners equal, or within the tie tolerance ({TIE:.0%}: one's median within {TIE:.0%} of the other's in"
+        f"Winners equal, or within the tie tolerance ({TIE:.0%}: one's median within {TIE:.0%} of the "
+        "other's in either run's full measurements).\n"
     )
-    print("either run's full measurements).\n")
     print("| spec | runs | keys | same config | within tie | differ | agree |\n|---|---|---|---|---|---|---|")
-    for name, pair in grids.items():
+    for pair in grids.values():
         if len(pair) >= 2:
             print(reproducibility(args.results, pair[0], pair[1]))
     print("\n## Search cost against the exhaustive grid (real runs)\n")
