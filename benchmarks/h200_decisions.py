@@ -70,7 +70,7 @@ def reproducibility(results: str, a: RunInfo, b: RunInfo) -> str:
         f"| {a.name} | {a.run_id} / {b.run_id} | {n} | {same} | {tie} | {len(differ)} | "
         f"{(same + tie) / n:.0%} |"
     ]
-    return "\n".join(lines + differ)
+    return "\n".join(lines + (["", "Differ:", *differ, ""] if differ else []))
 
 
 def validation_table(results: str, info: RunInfo) -> str:
