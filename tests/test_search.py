@@ -196,3 +196,23 @@ def test_a_search_rebuilt_from_rows_asks_only_for_what_is_missing(strategy: str)
     assert {i.item_id for i in rest} | {i.item_id for i in full if set(i.record_ids()) <= recorded} == {
         i.item_id for i in full
     }
+
+
+def test_a_noisy_config_whose_fast_mode_beats_the_default_reaches_the_finals() -> None:
+    work = plan(_spec(""))
+    search = Search(work)
+    search.start()
+    point = next(iter(search.points.values()))
+    items = [i for i in work.items if i.point == (point.static, point.shape)]
+    noisy = items[1].config
+    finals = []
+    for item in items:
+        [row] = answer(item, lambda i: 100.0 if i.config != noisy else 150.0)
+        if item.config == noisy:
+            row["p20_us"] = 80.0  # a fast mode under a slow median
+        else:
+            row["p20_us"] = row["median_us"] * 0.99
+            row["median_us"] = 100.0 if item.is_default else 104.0  # clearly behind the default
+        finals += search.follow_up([row])
+    [final] = finals
+    assert final.arms == (point.configs[0], noisy)

@@ -18,9 +18,9 @@ The grid measures configs kept for reference only (ones a server at that static 
 they are, ``TuningTask.selectable``); a search skips them.
 
 Whatever the strategy, a point ends with its *finals*: the default and up to ``finalists`` configs
-that measured faster than (or within ``tie`` of) it are timed again in ``rounds`` interleaved rounds
-on one device, which gives each a paired speedup over the default with a 95 % interval; selection
-rests on that (``tunectl.select``).
+whose p20 came in under the default's median (or within ``tie`` of it) are timed again in
+``rounds`` interleaved rounds on one device, which gives each a paired speedup over the default
+with a 95 % interval; selection rests on that (``tunectl.select``).
 
 A search is a function of the records it has seen: rebuilt from a run's rows it asks for exactly
 the items still missing, so a resumed run goes on where it stopped.
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -236,9 +236,14 @@ class Search:
         base = measured.get(default)
         if not s.finalists or base is None or base["status"] != "ok":
             return None
+        # By each config's p20, not its median: a noisy config (a bimodal kernel, a disturbed
+        # measurement) whose fast mode beats the default still gets its interleaved hearing.
         bar = base["median_us"] * (1.0 + s.tie)
-        finalists = [c for c in _ranked(measured) if c != default and measured[c]["median_us"] < bar]
-        finalists = [c for c in finalists if self._select(point.static, c)][: s.finalists]
+        finalists = [
+            c
+            for c in _ranked(measured, _optimistic)
+            if c != default and _optimistic(measured[c]) < bar and self._select(point.static, c)
+        ][: s.finalists]
         if not finalists:
             return None
         item = comparison(self.task, point.static, point.shape, (default, *finalists), "final", s.rounds)
@@ -247,9 +252,17 @@ class Search:
         )
 
 
-def _ranked(rows: Mapping[Key, Row]) -> list[Key]:
-    """Configs measured ok, fastest first (ties in canonical order)."""
-    ok = [(r["median_us"], key_text(c), c) for c, r in rows.items() if r["status"] == "ok"]
+def _median(row: Row) -> float:
+    return float(row["median_us"])
+
+
+def _optimistic(row: Row) -> float:
+    return float(row.get("p20_us") or row["median_us"])
+
+
+def _ranked(rows: Mapping[Key, Row], time: Callable[[Row], float] = _median) -> list[Key]:
+    """Configs measured ok, fastest first by ``time`` (ties in canonical order)."""
+    ok = [(time(r), key_text(c), c) for c, r in rows.items() if r["status"] == "ok"]
     return [c for _, _, c in sorted(ok, key=lambda t: (t[0], t[1]))]
 
 
