@@ -780,13 +780,11 @@ with its 95 % interval.</p>
 
 def load_report_bundle(source: str) -> Bundle:
     """The bundle at ``source`` (directory, archive, URI or STORE/NAME@CHANNEL), statistics read."""
-    from tunectl.runtime import BundleError, load_bundle, uri_scheme
-    from tunectl.stores import fetch
+    from tunectl.runtime import BundleError
+    from tunectl.stores import read_bundle
 
     try:
-        bundle = load_bundle(
-            source, env_policy="off", fetcher=fetch if uri_scheme(source) not in (None, "file") else None
-        )
+        bundle = read_bundle(source)
         bundle.check_statistics()
     except BundleError as exc:
         raise UserError(f"cannot load bundle {source}: {exc}") from None

@@ -11,7 +11,7 @@ from tunectl.keys import Key, Value
 from tunectl.select import Winner
 
 
-def _compact(key: Key, skip: Iterable[str] = ()) -> str:
+def compact(key: Key, skip: Iterable[str] = ()) -> str:
     hidden = set(skip)
     return " ".join(f"{k}={v}" for k, v in key if k not in hidden) or "-"
 
@@ -41,17 +41,17 @@ def winners_table(winners: Sequence[Winner], title: str = "winners") -> Table:
         speedup = f"{w.speedup:.2f}x" if w.speedup is not None else "-"
         spread = f"{w.speedup_lo:.2f}-{w.speedup_hi:.2f}" if w.basis == "final" else f"±{w.rel_noise:.1%}"
         row = [
-            _compact(w.shape),
-            _compact(w.config, same_config) + (" (default)" if w.is_default else ""),
+            compact(w.shape),
+            compact(w.config, same_config) + (" (default)" if w.is_default else ""),
             f"{w.median_us:,.1f}",
             default,
             speedup,
             spread,
         ]
-        table.add_row(*([] if one_static else [_compact(w.static, same_static)]), *row)
+        table.add_row(*([] if one_static else [compact(w.static, same_static)]), *row)
     notes = []
     if one_static and winners:
-        notes.append(_compact(winners[0].static))
+        notes.append(compact(winners[0].static))
     elif same_static:
         notes.append("all: " + " ".join(f"{k}={v}" for k, v in same_static.items()))
     if same_config:
@@ -75,8 +75,8 @@ def validation_table(validation: Any, title: str) -> Table:
     for p in validation.points:
         s = p.speedup
         table.add_row(
-            _compact(p.shape),
-            _compact(p.config),
+            compact(p.shape),
+            compact(p.config),
             f"{p.default_us:,.1f}" if p.default_us is not None else "-",
             f"{p.bundle_us:,.1f}" if p.bundle_us is not None else "-",
             f"{s.estimate:.3f}x" if s else "-",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
@@ -10,7 +11,7 @@ import typer
 from rich.console import Console
 
 from tunectl.cli._common import DEFAULT_RESULTS, ResultsOption, fail, library_errors
-from tunectl.cli.render import _compact, validation_table
+from tunectl.cli.render import compact, validation_table
 from tunectl.cli.submit import RunBar, connect_trapping_cancel, run_events
 from tunectl.validate import DEFAULT_LAYERS, DEFAULT_ROUNDS
 
@@ -56,13 +57,10 @@ def print_validation(console: Console, runs: Sequence[Any]) -> None:
     for run in runs:
         title = f"stacked validation of {run.spec}" + (f" (run {run.run_id})" if run.run_id else "")
         console.print(validation_table(run.validation, title))
-        skipped: dict[str, int] = {}
-        for s in run.skipped:
-            skipped[s.why] = skipped.get(s.why, 0) + 1
-        for why, n in sorted(skipped.items()):
+        for why, n in sorted(Counter(s.why for s in run.skipped).items()):
             console.print(f"not validated: {n} point(s): {why}")
         for p in run.validation.failures:
-            console.print(f"[yellow]{p.status}[/] at {_compact(p.shape)}: {p.message.splitlines()[0][:200]}")
+            console.print(f"[yellow]{p.status}[/] at {compact(p.shape)}: {p.message.splitlines()[0][:200]}")
         losers = run.validation.losers
         if losers:
             console.print(f"[red]slower than the defaults beyond noise at {len(losers)} point(s)[/]")
