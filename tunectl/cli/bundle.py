@@ -114,13 +114,14 @@ def show_cmd(
         )
     for task, listed in rows.items():
         table = Table(title=task, title_justify="left")
-        for col in ("static", "shape", "config", "median µs", "speedup"):
+        for col in ("static", "shape", "config", "median µs", "speedup", "why"):
             table.add_column(col, justify="right" if col in ("median µs", "speedup") else "left")
         for e in listed:
             speedup = f"{e['speedup']:.2f}x" if e.get("speedup") else "-"
             table.add_row(
-                _kv(e["static"]), _kv(e["shape"]), _kv(e["config"]), _us(e.get("median_us")), speedup
-            )
+                _kv(e["static"]), _kv(e["shape"]), _kv(e["config"]), _us(e.get("median_us")), speedup,
+                e.get("reason") or "-",
+            )  # fmt: skip
         Console().print(table)
 
 
