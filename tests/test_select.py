@@ -185,3 +185,12 @@ def test_validation_rows_never_select_and_screening_yields_to_full_measurements(
     ]
     [w] = select_winners(rows)
     assert w.is_default
+
+
+def test_near_ties_order_configs_by_value_not_text() -> None:
+    rows = [
+        _final('{"BLOCK_M":128}', 1.0, 0.0, default=True),
+        _final('{"BLOCK_M":128,"num_warps":8}', 1.20, 0.01),
+        _final('{"BLOCK_M":64,"num_warps":4}', 1.21, 0.01),
+    ]
+    assert dict(select_winners(rows)[0].config) == {"BLOCK_M": 64, "num_warps": 4}

@@ -7,9 +7,9 @@ a kernel run on a re-paged cache; ``selectable``).
 Where the point had finals (its best configs timed against the default in interleaved rounds on one
 device, ``phase == "final"``), the latest finals decide: a non-default config wins only when the
 whole 95 % interval of its paired speedup lies above ``1 + margin``. Among those, every config
-within ``tie`` of the best speedup is a near-tie, and the first of them in canonical order wins, so
-two runs on the same GPU, or two ranks of one server, choose the same config even when noise
-reorders near-ties. Otherwise the default keeps its place.
+within ``tie`` of the best speedup is a near-tie, and the first of them in canonical order (by
+option name, then value) wins, so two runs on the same GPU, or two ranks of one server, choose the
+same config even when noise reorders near-ties. Otherwise the default keeps its place.
 
 Without finals, single measurements decide: a non-default config wins only when its median beats the
 default's by more than the noise of both (``median * (1 + noise) < default median``); the lowest
@@ -193,7 +193,7 @@ def _from_finals(
                                   "basis": "final", "rounds": rounds}  # fmt: skip
     top = max(r["speedup"] for r in beat)
     tied = [r for r in beat if r["speedup"] * (1.0 + tie) >= top]
-    best = min(tied, key=lambda r: r["config_key"])
+    best = min(tied, key=lambda r: _sort_key(key_from_text(r["config_key"])))  # by value: 64 before 128
     return best, default, {"speedup": best["speedup"], "speedup_lo": best["speedup_lo"],
                            "speedup_hi": best["speedup_hi"], "basis": "final", "rounds": rounds}  # fmt: skip
 
