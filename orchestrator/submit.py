@@ -166,8 +166,9 @@ def submit(
             )
             save_run(results, info.with_state("running"))
             todo = info.num_planned - out.num_skipped_done
-            log.info("run %s: %d item(s) to measure on %d worker(s) in pool(s) %s (compile ahead: %s)",
-                     run_id, todo, out.placement.num_workers, ", ".join(names), ahead)  # fmt: skip
+            log.info("run %s: ~%d record(s) to come (%s search) from %d worker(s) in pool(s) %s "
+                     "(compile ahead: %s)", run_id, todo, spec.search.strategy, out.placement.num_workers,
+                     ", ".join(names), ahead)  # fmt: skip
             progress.start(run_id, todo, out.placement)
             options = DispatchOptions(spec.resources.prefetch, ahead, stall_timeout_s=stall_timeout_s)
             stats = dispatch(

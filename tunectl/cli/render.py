@@ -57,9 +57,7 @@ def winners_table(winners: Sequence[Winner], title: str = "winners") -> Table:
     if same_config:
         notes.append("every winner: " + " ".join(f"{k}={v}" for k, v in same_config.items()))
     if any(w.basis == "final" for w in winners):
-        notes.append(
-            "95% CI: of the paired speedup, from finals in interleaved rounds; noise: winner's p20-p80"
-        )
+        notes.append("95% CI: the paired speedup's, from the finals; ±: the winner's p20-p80 noise")
     table.caption = "\n".join(notes) or None
     return table
 
