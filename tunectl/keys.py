@@ -21,7 +21,7 @@ import hashlib
 import json
 import math
 from collections.abc import Callable, Iterable, Mapping
-from typing import Union
+from typing import Any, Union
 
 Scalar = Union[None, bool, int, float, str]  # noqa: UP007 (a runtime alias)
 Value = Union[Scalar, tuple["Value", ...]]  # noqa: UP007 (recursive)
@@ -122,6 +122,11 @@ def key_from_text(text: str) -> Key:
 
 def key_dict(key: Key) -> dict[str, Value]:
     return dict(key)
+
+
+def value_order(key: Key) -> tuple[Any, ...]:
+    """A sort key that orders keys by value (batch 4 before 16), values of different types apart."""
+    return tuple((name, type(v).__name__, v if not isinstance(v, tuple) else repr(v)) for name, v in key)
 
 
 def key_digest(*keys: Key) -> str:

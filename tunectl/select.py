@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from tunectl.keys import Key, key_from_text
+from tunectl.keys import Key, key_from_text, value_order
 
 #: Rows that measured configs one call at a time (``validate`` rows time whole stacks: not selected on).
 SELECTED_PHASES = ("measure", "screen", "final", "import")
@@ -84,11 +84,6 @@ def _latest(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, ...], Mapping[
 
 def _fidelity(row: Mapping[str, Any]) -> int:
     return 0 if row.get("phase") == "screen" else 1
-
-
-def _sort_key(key: Key) -> tuple[Any, ...]:
-    """Order keys by value (batch 4 before 16), values of different types apart by type name."""
-    return tuple((name, type(v).__name__, v if not isinstance(v, tuple) else repr(v)) for name, v in key)
 
 
 Selectable = Callable[[str, Key, Key], bool]  # (task, static, config) -> may it win?
@@ -164,7 +159,7 @@ def select_winners(
                 **fields,
             )
         )
-    return sorted(winners, key=lambda w: (w.task, w.device_name, _sort_key(w.static), _sort_key(w.shape)))
+    return sorted(winners, key=lambda w: (w.task, w.device_name, value_order(w.static), value_order(w.shape)))
 
 
 Choice = tuple[Mapping[str, Any], Mapping[str, Any] | None, dict[str, Any]]  # (winner, default, fields)
@@ -193,7 +188,7 @@ def _from_finals(
                                   "basis": "final", "rounds": rounds}  # fmt: skip
     top = max(r["speedup"] for r in beat)
     tied = [r for r in beat if r["speedup"] * (1.0 + tie) >= top]
-    best = min(tied, key=lambda r: _sort_key(key_from_text(r["config_key"])))  # by value: 64 before 128
+    best = min(tied, key=lambda r: value_order(key_from_text(r["config_key"])))  # by value: 64 before 128
     return best, default, {"speedup": best["speedup"], "speedup_lo": best["speedup_lo"],
                            "speedup_hi": best["speedup_hi"], "basis": "final", "rounds": rounds}  # fmt: skip
 

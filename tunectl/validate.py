@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tunectl.keys import Key, key_from_text, key_text, make_key
+from tunectl.keys import Key, key_from_text, key_text, make_key, value_order
 from tunectl.plan import WorkItem, comparison, in_pool
 from tunectl.record import Record
 from tunectl.spec import Spec
@@ -138,7 +138,8 @@ def read_validation(rows: Iterable[Mapping[str, Any]]) -> Validation:
             r["finished_at"] for r in latest[at]
         ):
             latest[at] = group
-    points = [_verdict(group) for _, group in sorted(latest.items())]
+    order = sorted(latest, key=lambda at: (at[0], value_order(key_from_text(at[1]))))
+    points = [_verdict(latest[at]) for at in order]
     layers = max((r["layers"] or 0 for g in latest.values() for r in g), default=0)
     rounds = max((r["rounds"] or 0 for g in latest.values() for r in g), default=0)
     return Validation(tuple(points), layers, rounds)
