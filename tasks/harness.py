@@ -79,14 +79,15 @@ def collect(
 
 
 def scaled(settings: MeasureSpec, fraction: float) -> MeasureSpec:
-    """A cheaper look (a screening rung): ``fraction`` of the time and sample caps, at least 3 samples."""
+    """A cheaper look (a screening rung): ``fraction`` of the time and sample caps, at least 3 samples
+    (never more than the full measurement takes)."""
     if fraction >= 1.0:
         return settings
-    min_samples = max(3, min(settings.min_samples, round(settings.min_samples * fraction)))
+    min_samples = min(settings.min_samples, max(3, round(settings.min_samples * fraction)))
     return dataclasses.replace(
         settings,
         min_samples=min_samples,
-        max_samples=max(min_samples, round(settings.max_samples * fraction)),
+        max_samples=min(settings.max_samples, max(min_samples, round(settings.max_samples * fraction))),
         max_seconds=settings.max_seconds * fraction,
     )
 
@@ -97,8 +98,10 @@ def interleave(
 ) -> list[list[list[float]]]:  # fmt: skip
     """Time every sampler in ``rounds`` rounds, each in a fresh random order (seeded): per sampler,
     per round, the samples. A round is a short adaptive measurement with 1/rounds of the time cap."""
+    share = scaled(settings, 1.0 / rounds)
+    min_samples = max(3, settings.min_samples // 2)
     per_round = dataclasses.replace(
-        scaled(settings, 1.0 / rounds), warmup=0, min_samples=max(3, settings.min_samples // 2)
+        share, warmup=0, min_samples=min_samples, max_samples=max(min_samples, share.max_samples)
     )
     for sample in samplers:
         for _ in range(settings.warmup):
