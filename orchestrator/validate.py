@@ -7,7 +7,6 @@ the bundle chose a config other than the default (``tunectl.validate``).
 
 from __future__ import annotations
 
-import contextlib
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -15,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.submit import Progress, submit
-from tunectl.bundle import publish, publish_local
+from tunectl.bundle import MANIFEST, publish, publish_local
 from tunectl.errors import TunectlError, UserError
 from tunectl.export import ExportResult, PreparedBundle, prepare_bundle
 from tunectl.results import read_results
@@ -128,7 +127,9 @@ def _source_specs(results: str | Path, prepared: PreparedBundle, directory: Path
 
 
 def _exists(store: Any, name: str, version: str) -> bool:
-    with contextlib.suppress(Exception):
-        store.read(f"{name}/{version}/manifest.json")
-        return True
-    return False
+    """Whether the version is published (a store that cannot be read is found out by ``publish``)."""
+    try:
+        store.read(f"{name}/{version}/{MANIFEST}")
+    except (FileNotFoundError, TunectlError):
+        return False
+    return True

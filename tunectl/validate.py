@@ -10,7 +10,7 @@ themselves go through the orchestrator like any other (``orchestrator.validate``
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tunectl.keys import Key, key_from_text, key_text, make_key, value_order
@@ -69,8 +69,7 @@ class FixedItems:
 
     def __init__(self, items: Sequence[WorkItem], pool: str | None = None) -> None:
         self.items = [
-            item if pool is None else WorkItem(**{**item.__dict__, "item_id": in_pool(item.item_id, pool)})
-            for item in items
+            item if pool is None else replace(item, item_id=in_pool(item.item_id, pool)) for item in items
         ]
 
     def start(self, rows: Iterable[Mapping[str, Any]] = ()) -> list[WorkItem]:
