@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tunectl.errors import UserError
-from tunectl.keys import Key, Value, key_from_text, key_text
+from tunectl.keys import Key, Value, key_from_text, key_text, value_order
 from tunectl.results import atomic_write, read_results
 from tunectl.select import Winner, select_winners
 
@@ -189,10 +189,6 @@ def _value_order(value: Value) -> tuple[str, Any]:
     return type(value).__name__, repr(value) if isinstance(value, tuple) else value
 
 
-def _key_order(key: Key) -> tuple[Any, ...]:
-    return tuple((name, *_value_order(v)) for name, v in key)
-
-
 def geomean(values: Iterable[float | None]) -> float | None:
     """Geometric mean of the positive values; None where there are none."""
     logs = [math.log(v) for v in values if v is not None and v > 0]
@@ -217,7 +213,7 @@ def _by_group(items: Iterable[Any], group_of: Callable[[Any], Group]) -> dict[Gr
     groups: dict[Group, list[Any]] = {}
     for item in items:
         groups.setdefault(group_of(item), []).append(item)
-    return dict(sorted(groups.items(), key=lambda kv: (kv[0].task, kv[0].device, _key_order(kv[0].static))))
+    return dict(sorted(groups.items(), key=lambda kv: (kv[0].task, kv[0].device, value_order(kv[0].static))))
 
 
 def point_of_winner(winner: Winner) -> Point:
@@ -292,7 +288,7 @@ def speedup_grids(points: Sequence[Point], plot_prefix: str, first: int = 1) -> 
         rest = tuple((n, v) for n, v in p.shape if n not in (row_name, col_name))
         by_rest.setdefault(rest, []).append(p)
     grids = []
-    for n, rest in enumerate(sorted(by_rest, key=_key_order), start=first):
+    for n, rest in enumerate(sorted(by_rest, key=value_order), start=first):
         cells = {}
         for p in by_rest[rest]:
             shape = dict(p.shape)
@@ -323,7 +319,7 @@ def speedup_grids(points: Sequence[Point], plot_prefix: str, first: int = 1) -> 
 def speedup_panels(points: Iterable[Point], plot_prefix: str) -> tuple[SpeedupPanel, ...]:
     panels: list[SpeedupPanel] = []
     for group, members in _by_group(points, lambda p: p.group).items():
-        ordered = sorted(members, key=lambda p: _key_order(p.shape))
+        ordered = sorted(members, key=lambda p: value_order(p.shape))
         first = sum(len(p.grids) for p in panels) + 1
         panels.append(SpeedupPanel(group, speedup_grids(ordered, plot_prefix, first), tuple(ordered)))
     return tuple(panels)
@@ -343,9 +339,9 @@ def _noise_cell(row: Mapping[str, Any], shape: Key, config: Key) -> Cell:
 def noise_grid(group: Group, rows: Sequence[Mapping[str, Any]], plot: str) -> Grid:
     """Shapes by configs of one group: each measurement's relative noise, or its failure."""
     parsed = [(key_from_text(r["shape_key"]), key_from_text(r["config_key"]), r) for r in rows]
-    shapes = sorted({s for s, _, _ in parsed}, key=_key_order)
+    shapes = sorted({s for s, _, _ in parsed}, key=value_order)
     defaults = {c for _, c, r in parsed if r["is_default"]}
-    configs = sorted({c for _, c, _ in parsed}, key=lambda c: (c not in defaults, _key_order(c)))
+    configs = sorted({c for _, c, _ in parsed}, key=lambda c: (c not in defaults, value_order(c)))
     cells = {
         (shapes.index(shape), configs.index(config)): _noise_cell(row, shape, config)
         for shape, config, row in parsed
@@ -395,7 +391,7 @@ def validation_panels(rows: Iterable[Mapping[str, Any]]) -> tuple[ValidationPane
     """Per group, each shape's latest validation: its config's arm against the default."""
     panels = []
     for n, (group, members) in enumerate(_by_group(_compared_arms(rows), _group).items(), start=1):
-        checks = tuple(sorted(map(_check, members), key=lambda c: _key_order(c.shape)))
+        checks = tuple(sorted(map(_check, members), key=lambda c: value_order(c.shape)))
         drawable = any(c.status == "ok" and c.speedup is not None for c in checks)
         panels.append(ValidationPanel(group, checks, f"validation-{n:03d}.png" if drawable else ""))
     return tuple(panels)
