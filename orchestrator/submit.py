@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from orchestrator.cluster import Placement, Pool, choose_pools, connect, start_pools, stop_pools
 from orchestrator.dispatch import DispatchOptions, Lane, dispatch
 from tunectl.errors import UserError
-from tunectl.plan import Plan, WorkItem, in_pool, plan
+from tunectl.plan import Plan, WorkItem, plan
 from tunectl.record import Record
 from tunectl.results import ResultsWriter, read_results
 from tunectl.runs import RunInfo, driver_alive, load_run, new_run_id, run_exists, run_log_path, save_run
@@ -88,13 +88,6 @@ def _spec_for(spec_path: str | None, resume: str | None, results: Path) -> tuple
     return parse_spec(info.spec_text, info.spec_path, info.name), info
 
 
-def pool_items(items: Sequence[WorkItem], pools: Sequence[str]) -> dict[str, list[WorkItem]]:
-    """Each pool's items. With several pools each measures every item, under an id of its own."""
-    if len(pools) == 1:
-        return {pools[0]: list(items)}
-    return {p: [dataclasses.replace(i, item_id=in_pool(i.item_id, p)) for i in items] for p in pools}
-
-
 def submit(
     spec_path: str | None,
     results: str | Path = "tunectl-results",
@@ -125,8 +118,10 @@ def submit(
     if previous is not None and previous.kind != kind:
         raise UserError(f"run {resume} is a {previous.kind} run; run it again instead of resuming it")
     work = plan(spec)
-    if work_for is None:
-        work_for = lambda pool: Search(work, spec.search, pool)  # noqa: E731
+
+    def search(pool: str | None) -> Work:
+        return Search(work, spec.search, pool)
+
     if not work.items:
         raise UserError(f"{spec.path}: the spec plans no work (every point was skipped)")
     if results.exists() and not results.is_dir():
@@ -160,7 +155,8 @@ def submit(
             pools, out.placement = start_pools(
                 names, spec.resources.num_gpus, ahead, label=f"tunectl-{run_id}"
             )
-            searches = {p.name: work_for(p.name if len(pools) > 1 else None) for p in pools}
+            work_of = work_for or search
+            searches = {p.name: work_of(p.name if len(pools) > 1 else None) for p in pools}
             lanes, info, out.num_skipped_done = _lanes(
                 pools, searches, info, results, resumed=previous is not None
             )

@@ -5,6 +5,7 @@ Nodes: a GPU-less head; two nodes with A100s (2 + 1 logical GPUs); one node with
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import time
 from collections import Counter
@@ -89,11 +90,11 @@ def test_a_heterogeneous_cluster_measures_the_whole_plan_once_per_accelerator_ty
     info = load_run(tmp_path / "results", out.run_id)
     assert info.pools == ("A100", "H100")
     assert info.num_planned == 2 * len(planned_ids(spec)) == out.statuses["ok"]
-    from orchestrator.submit import pool_items
-    from tunectl.plan import plan
+    from tunectl.plan import in_pool, plan
     from tunectl.spec import load_spec
 
-    by_pool = pool_items(plan(load_spec(spec)).items, info.pools)
+    items = plan(load_spec(spec)).items
+    by_pool = {p: [dataclasses.replace(i, item_id=in_pool(i.item_id, p)) for i in items] for p in info.pools}
     expected = [i.item_id for items in by_pool.values() for i in items]
     rows = assert_one_row_per_item(tmp_path / "results", out.run_id, expected)
     pools = pool_of_worker(tmp_path / "results", out.run_id)
