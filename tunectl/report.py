@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from tunectl.errors import UserError
 from tunectl.keys import Key, Value, key_from_text, key_text, value_order
 from tunectl.results import atomic_write, read_results
-from tunectl.select import Winner, select_winners
+from tunectl.select import Winner, latest_comparisons, select_winners
 
 if TYPE_CHECKING:
     from tunectl.runtime import Bundle
@@ -374,15 +374,10 @@ def _check(row: Mapping[str, Any]) -> Check:
 
 
 def _compared_arms(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    """Per shape, the arms of its latest comparison that are not the default (the default's arm where it
+    """Per shape, the arms of its latest validation that are not the default (the default's arm where it
     was compared with itself alone)."""
-    comparisons: dict[tuple[str, ...], dict[str, list[Mapping[str, Any]]]] = {}
-    for row in rows:
-        at = (row["task"], row["device_name"], row["static_key"], row["shape_key"])
-        comparisons.setdefault(at, {}).setdefault(row.get("group_id") or row["run_id"], []).append(row)
     chosen: list[Mapping[str, Any]] = []
-    for by_id in comparisons.values():
-        arms = max(by_id.values(), key=lambda arms: max(r["finished_at"] for r in arms))
+    for arms in latest_comparisons(rows, "validate").values():
         chosen += [r for r in arms if not r["is_default"]] or arms
     return chosen
 
@@ -419,7 +414,7 @@ def gather(rows: Sequence[Mapping[str, Any]], bundle: Bundle | None = None) -> R
         points=points,
         speedup=speedup_panels(points, "speedup"),
         noise=noise,
-        validation=validation_panels(r for r in rows if r["phase"] == "validate"),
+        validation=validation_panels(rows),
         bundle=section,
     )
 

@@ -114,15 +114,13 @@ def select_winners(
     tie: float = 0.02,
 ) -> list[Winner]:
     """One winner per (task, device, static, shape) that has at least one ok, selectable measurement."""
-    singles: dict[tuple[str, ...], list[Mapping[str, Any]]] = {}
-    finals: dict[tuple[str, ...], dict[str, list[Mapping[str, Any]]]] = {}
+    rows = list(rows)
+    finals = latest_comparisons(rows, "final")
+    singles: dict[Point, list[Mapping[str, Any]]] = {}
     for row in rows:
-        at: tuple[str, ...] = (row["task"], row["device_name"], row["static_key"], row["shape_key"])
-        phase = row.get("phase") or "measure"
-        if phase == "final":
-            finals.setdefault(at, {}).setdefault(row["group_id"] or row["run_id"], []).append(row)
-        elif phase in SELECTED_PHASES:
-            singles.setdefault(at, []).append(row)
+        phase = row.get("phase") or "measure"  # rows from before phases were full measurements
+        if phase != "final" and phase in SELECTED_PHASES:
+            singles.setdefault(_point(row), []).append(row)
     winners = []
     for point in sorted(singles.keys() | finals.keys()):
         task, device, static_text, shape_text = point
@@ -132,7 +130,7 @@ def select_winners(
             return r["status"] == "ok" and selectable(task, static, key_from_text(r["config_key"]))
 
         group = list(_latest(singles.get(point, [])).values())
-        final = _latest_group(finals.get(point, {}))
+        final = finals.get(point, [])
         winner = _from_finals(final, eligible, margin, tie) if final else None
         if winner is None:
             winner = _from_singles(group, eligible)
@@ -165,10 +163,23 @@ def select_winners(
 Choice = tuple[Mapping[str, Any], Mapping[str, Any] | None, dict[str, Any]]  # (winner, default, fields)
 
 
-def _latest_group(groups: Mapping[str, list[Mapping[str, Any]]]) -> list[Mapping[str, Any]]:
-    if not groups:
-        return []
-    return max(groups.values(), key=lambda g: (max(r["finished_at"] for r in g), g[0]["group_id"] or ""))
+Point = tuple[str, str, str, str]  # (task, device name, static key, shape key)
+
+
+def _point(row: Mapping[str, Any]) -> Point:
+    return (row["task"], row["device_name"], row["static_key"], row["shape_key"])
+
+
+def latest_comparisons(rows: Iterable[Mapping[str, Any]], phase: str) -> dict[Point, list[Mapping[str, Any]]]:
+    """Per point, the arms of its latest comparison (finals, or a validation) of ``phase``."""
+    groups: dict[Point, dict[str, list[Mapping[str, Any]]]] = {}
+    for row in rows:
+        if row.get("phase") == phase:
+            groups.setdefault(_point(row), {}).setdefault(row["group_id"] or row["run_id"], []).append(row)
+    return {
+        at: max(by_id.values(), key=lambda g: (max(r["finished_at"] for r in g), g[0]["group_id"] or ""))
+        for at, by_id in groups.items()
+    }
 
 
 def _from_finals(

@@ -16,6 +16,7 @@ from typing import Any
 from tunectl.keys import Key, key_from_text, key_text, make_key, value_order
 from tunectl.plan import WorkItem, comparison, in_pool
 from tunectl.record import Record
+from tunectl.select import latest_comparisons
 from tunectl.spec import Spec
 from tunectl.stats import Speedup, geomean_speedup
 
@@ -126,18 +127,8 @@ class Validation:
 
 def read_validation(rows: Iterable[Mapping[str, Any]]) -> Validation:
     """The verdict per point from a validation run's rows (the latest comparison at each point)."""
-    groups: dict[str, list[Mapping[str, Any]]] = {}
-    for row in rows:
-        if row["phase"] == "validate":
-            groups.setdefault(row["group_id"], []).append(row)
-    latest: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
-    for group in groups.values():
-        at = (group[0]["static_key"], group[0]["shape_key"])
-        if at not in latest or max(r["finished_at"] for r in group) > max(
-            r["finished_at"] for r in latest[at]
-        ):
-            latest[at] = group
-    order = sorted(latest, key=lambda at: (at[0], value_order(key_from_text(at[1]))))
+    latest = latest_comparisons(rows, "validate")
+    order = sorted(latest, key=lambda at: (at[0], at[1], at[2], value_order(key_from_text(at[3]))))
     points = [_verdict(latest[at]) for at in order]
     layers = max((r["layers"] or 0 for g in latest.values() for r in g), default=0)
     rounds = max((r["rounds"] or 0 for g in latest.values() for r in g), default=0)
