@@ -128,11 +128,8 @@ def main() -> None:
             if r.name != name or other.search.strategy == "grid":
                 continue
             rows = read_results(args.results, run_ids=[r.run_id])
-            for row in rows:
-                if row["phase"] == "screen":
-                    row["_budget"] = search_cost._screen_budget(other, row)
             label = f"{other.search.strategy} ({r.run_id}, {r.state})"
-            print(search_cost.from_run(spec, truth, rows, label).line())
+            print(search_cost.from_run(spec, truth, rows, label, other).line())
         print()
     print("## Stacked validation of the published bundles against the defaults\n")
     for r in runs:

@@ -151,15 +151,19 @@ def from_run(
     truth: Mapping[Point, Mapping[str, Mapping[str, Any]]],
     rows: Sequence[Mapping[str, Any]],
     name: str,
+    run_spec: Spec,
 ) -> Outcome:
-    cost = sum(_budget(r) for r in rows if r["phase"] in ("screen", "measure"))
+    """A strategy's run (made with ``run_spec``) against the grid run ``truth`` of ``spec``."""
+    cost = sum(_look_cost(run_spec, r) for r in rows if r["phase"] in ("screen", "measure"))
     finals = sum(r["phase"] == "final" for r in rows)
     return Outcome(name, cost, _grid_cost(spec, truth), finals, _quality(spec, truth, rows))
 
 
-def _budget(row: Mapping[str, Any]) -> float:
-    """A screening look's share of a full measurement, from its samples (the spec caps both)."""
-    return 1.0 if row["phase"] == "measure" else float(row.get("_budget", 0.0))
+def _look_cost(run_spec: Spec, row: Mapping[str, Any]) -> float:
+    """A full measurement costs 1; a screening look its rung's share (the budget its item ran with)."""
+    if row["phase"] == "measure":
+        return 1.0
+    return run_spec.search.rung_budget(row["rung"] or 0)
 
 
 def main() -> None:
@@ -196,15 +200,7 @@ def main() -> None:
         other = load_run(args.results, run_id)
         spec = parse_spec(other.spec_text, other.spec_path, other.name)
         rows = read_results(args.results, run_ids=[run_id])
-        for r in rows:
-            if r["phase"] == "screen":
-                r["_budget"] = _screen_budget(spec, r)
-        print(from_run(base, truth, rows, f"{spec.search.strategy} ({run_id})").line())
-
-
-def _screen_budget(spec: Spec, row: Mapping[str, Any]) -> float:
-    s = spec.search
-    return min(1.0, s.min_budget * s.eta ** (row["rung"] or 0))
+        print(from_run(base, truth, rows, f"{spec.search.strategy} ({run_id})", spec).line())
 
 
 if __name__ == "__main__":

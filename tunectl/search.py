@@ -174,7 +174,7 @@ class Search:
         s = self.settings
         survivors: Sequence[Key] = point.configs
         for rung in range(self._num_rungs()):
-            looked = self._look(point, survivors, rung, min(1.0, s.min_budget * s.eta**rung))
+            looked = self._look(point, survivors, rung, s.rung_budget(rung))
             if isinstance(looked, list):
                 return looked
             ranked = _ranked(looked)

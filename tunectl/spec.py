@@ -80,6 +80,10 @@ class SearchSpec:
     warm_start: int = 1  # model: winners of this many nearest measured shapes tried first
     explore: int = 2  # model: configs the model knows least about, tried before it goes by expected gain
 
+    def rung_budget(self, rung: int) -> float:
+        """Halving: a look's share of a full measurement at ``rung``."""
+        return min(1.0, self.min_budget * self.eta**rung)
+
 
 STRATEGIES = ("grid", "halving", "model")
 
