@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tunectl import stats
 from tunectl.errors import UserError
 from tunectl.keys import Key, Value, key_from_text, key_text, value_order
 from tunectl.results import atomic_write, read_results
@@ -191,8 +192,8 @@ def _value_order(value: Value) -> tuple[str, Any]:
 
 def geomean(values: Iterable[float | None]) -> float | None:
     """Geometric mean of the positive values; None where there are none."""
-    logs = [math.log(v) for v in values if v is not None and v > 0]
-    return math.exp(sum(logs) / len(logs)) if logs else None
+    positive = [v for v in values if v is not None and v > 0]
+    return stats.geomean(positive) if positive else None
 
 
 def _group(row: Mapping[str, Any]) -> Group:
