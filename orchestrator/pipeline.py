@@ -13,13 +13,12 @@ recorded for that item exactly as if it had been prepared inline.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from tasks.base import TuningTask
-from tasks.runner import ItemRunner
+from tasks.runner import ItemRunner, timed_prepare
 from tunectl.plan import WorkItem
 
 
@@ -63,9 +62,4 @@ class CompileAheadRunner(ItemRunner):
         inputs = self._inputs
         static, shape, config = dict(nxt.static), dict(nxt.shape), dict(nxt.config)
 
-        def prepare() -> tuple[Callable[[], Any], float]:
-            t0 = time.perf_counter()
-            fn = task.prepare(static, shape, config, inputs)
-            return fn, time.perf_counter() - t0
-
-        self._ahead[nxt.item_id] = self._pool.submit(prepare)
+        self._ahead[nxt.item_id] = self._pool.submit(timed_prepare, task, static, shape, config, inputs)

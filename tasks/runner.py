@@ -187,9 +187,8 @@ class ItemRunner:
         fields: list[dict[str, Any]] = []
         samplers: dict[int, Sampler] = {}  # arms that passed the check
         for i, arm in enumerate(item.arms):
-            t0 = time.perf_counter()
-            fn = task.prepare(static, shape, dict(arm), self._inputs)
-            failed, checked = self._check(task, static, fn, time.perf_counter() - t0)
+            fn, prepare_s = timed_prepare(task, static, shape, dict(arm), self._inputs)
+            failed, checked = self._check(task, static, fn, prepare_s)
             fields.append(checked)
             if failed:
                 continue
@@ -233,9 +232,7 @@ class ItemRunner:
         config: dict[str, Any],
     ) -> tuple[Callable[[], Any], float]:
         """The item's kernel call and the seconds preparing it took. A subclass may prepare ahead."""
-        t0 = time.perf_counter()
-        fn = task.prepare(static, shape, config, self._inputs)
-        return fn, time.perf_counter() - t0
+        return timed_prepare(task, static, shape, config, self._inputs)
 
     def _synchronize(self) -> None:
         if self.device.startswith("cuda"):
@@ -264,6 +261,15 @@ def _compare(out: Any, ref: Any, atol: float, rtol: float) -> tuple[float, bool]
         return float("inf"), False
     ok = bool((diff <= atol + rtol * ref.double().to(out.device).abs()).all())
     return err, ok
+
+
+def timed_prepare(
+    task: TuningTask, static: dict[str, Any], shape: dict[str, Any], config: dict[str, Any], inputs: Any
+) -> tuple[Callable[[], Any], float]:
+    """``task.prepare`` and the seconds it took."""
+    t0 = time.perf_counter()
+    fn = task.prepare(static, shape, config, inputs)
+    return fn, time.perf_counter() - t0
 
 
 def _nothing() -> None:
