@@ -40,6 +40,19 @@ class Placement:
     pools: tuple[str, ...] = ()
 
 
+@dataclass(frozen=True)
+class WorkerSetup:
+    """How every worker (and compile process) of a run starts: its environment (the compile caches),
+    the tasks whose libraries it loads before its first item, and whether it compiles ahead itself."""
+
+    env: tuple[tuple[str, str], ...] = ()
+    warm_up: tuple[str, ...] = ()
+    compile_ahead: bool = False
+
+    def runtime_env(self, **extra: str) -> dict[str, Any]:
+        return {"env_vars": {**dict(self.env), **extra}}
+
+
 @dataclass
 class Pool:
     """The workers on one kind of device (an accelerator type, or CPUs) and the group holding them."""
@@ -136,7 +149,7 @@ def choose_pools(accelerator_type: str | None, num_gpus: int | None) -> list[str
 def start_pools(
     names: Sequence[str],
     num_gpus: int | None = None,
-    compile_ahead: bool = False,
+    setup: WorkerSetup = WorkerSetup(),
     timeout_s: float = 120.0,
     label: str = "tunectl",
 ) -> tuple[list[Pool], Placement]:
@@ -146,13 +159,13 @@ def start_pools(
     try:
         for name in names:
             if name == CPU_POOL:
-                pools.append(_cpu_pool(compile_ahead))
+                pools.append(_cpu_pool(setup))
                 continue
             if name not in inventory:
                 have = ", ".join(sorted(inventory)) or "none"
                 raise UserError(f"the run is planned for {name} GPUs but the cluster has {have} now")
             count = inventory[name][0] if num_gpus is None else min(num_gpus, inventory[name][0])
-            pools.append(_gpu_pool(name, count, compile_ahead, timeout_s, label))
+            pools.append(_gpu_pool(name, count, setup, timeout_s, label))
     except BaseException:
         stop_pools(pools)
         raise
@@ -161,7 +174,7 @@ def start_pools(
     return pools, Placement(kind, sum(len(p.workers) for p in pools), len(nodes), tuple(names))
 
 
-def _gpu_pool(name: str, count: int, compile_ahead: bool, timeout_s: float, label: str) -> Pool:
+def _gpu_pool(name: str, count: int, setup: WorkerSetup, timeout_s: float, label: str) -> Pool:
     from ray.util.placement_group import placement_group, placement_group_table
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -180,14 +193,20 @@ def _gpu_pool(name: str, count: int, compile_ahead: bool, timeout_s: float, labe
         strategy = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index)
         pool.workers.append(
             _actor(TuneWorker)
-            .options(num_gpus=1, num_cpus=0, resources=extra, scheduling_strategy=strategy)
-            .remote(1, compile_ahead)
+            .options(
+                num_gpus=1,
+                num_cpus=0,
+                resources=extra,
+                scheduling_strategy=strategy,
+                runtime_env=setup.runtime_env(),
+            )
+            .remote(1, setup.compile_ahead, setup.warm_up)
         )
     pool.node_ids = set(placement_group_table(pg).get("bundles_to_node_id", {}).values())
     return pool
 
 
-def _cpu_pool(compile_ahead: bool) -> Pool:
+def _cpu_pool(setup: WorkerSetup) -> Pool:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from orchestrator.worker import TuneWorker
@@ -200,13 +219,50 @@ def _cpu_pool(compile_ahead: bool) -> Pool:
         strategy = NodeAffinitySchedulingStrategy(node_id=node["NodeID"], soft=False)
         pool.workers.append(
             _actor(TuneWorker)
-            .options(num_cpus=cpus, scheduling_strategy=strategy)
-            .remote(cpus, compile_ahead)
+            .options(num_cpus=cpus, scheduling_strategy=strategy, runtime_env=setup.runtime_env())
+            .remote(cpus, setup.compile_ahead, setup.warm_up)
         )
         pool.node_ids.add(node["NodeID"])
     if not pool.workers:
         raise UserError("the cluster has no node with a CPU or GPU to run a worker on")
     return pool
+
+
+def start_builders(
+    node_ids: Sequence[str], per_node: int | None, setup: WorkerSetup
+) -> list[tuple[Any, str]]:
+    """Compile processes on each node, as (actor, node id); ``per_node`` None: as many as the node's
+    spare cores allow (half the cores not matched to a GPU, at most 8, at least 1).
+
+    They see the node's GPUs (Ray hides them from actors that reserve none): a compile for a GPU needs
+    the device. They reserve no CPU in Ray's accounting, since the GPU workers reserve none either.
+    """
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from orchestrator.builder import Builder
+
+    resources = {n["NodeID"]: n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")}
+    builders = []
+    for node in node_ids:
+        have = resources.get(node, {})
+        spare = int(have.get("CPU", 1)) - int(have.get("GPU", 0))
+        count = per_node if per_node is not None else max(1, min(8, spare // 2))
+        env = setup.runtime_env(RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES="1")
+        strategy = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
+        for index in range(count):
+            actor = (
+                _actor(Builder)
+                .options(num_cpus=0, scheduling_strategy=strategy, runtime_env=env)
+                .remote(index)
+            )
+            builders.append((actor, node))
+    return builders
+
+
+def stop_builders(builders: Sequence[tuple[Any, str]]) -> None:
+    for actor, _ in builders:
+        with contextlib.suppress(Exception):  # already gone
+            ray.kill(actor, no_restart=True)
 
 
 def _actor(cls: type) -> Any:

@@ -30,6 +30,7 @@ import ray
 from ray import exceptions as rex
 
 from orchestrator.blame import Blame, Verdict
+from orchestrator.builds import BuildScheduler
 from orchestrator.workqueue import WorkQueue, describe, failure_records
 from tunectl.errors import TunectlError
 from tunectl.plan import WorkItem
@@ -113,21 +114,27 @@ FollowUp = Callable[[str, list[Record]], Iterable[WorkItem]]
 def dispatch(
     lanes: Sequence[Lane], run_id: str, settings: MeasureSpec, on_record: Callable[[Record], None],
     options: DispatchOptions = DispatchOptions(), follow_up: FollowUp | None = None,
+    builds: BuildScheduler | None = None,
 ) -> DispatchStats:  # fmt: skip
     """Run every item of every lane; call ``on_record`` exactly once per record (one per item, one per
     arm of a comparison), in completion order. ``follow_up`` adds items as results come in (a search
-    choosing what to measure next); the run ends when no lane has work left."""
-    return _Dispatcher(lanes, run_id, settings, on_record, options, follow_up).run()
+    choosing what to measure next); the run ends when no lane has work left. ``builds``: compile
+    processes that build kernels ahead (``orchestrator.builds``); workers prefer what they built."""
+    return _Dispatcher(lanes, run_id, settings, on_record, options, follow_up, builds).run()
 
 
 class _Dispatcher:
     def __init__(
         self, lanes: Sequence[Lane], run_id: str, settings: MeasureSpec,
         on_record: Callable[[Record], None], options: DispatchOptions, follow_up: FollowUp | None,
+        builds: BuildScheduler | None = None,
     ) -> None:  # fmt: skip
         self.run_id, self.settings, self.on_record, self.options = run_id, settings, on_record, options
         self.follow_up = follow_up
+        self.builds = builds
         self.queues = {lane.name: WorkQueue(lane.items) for lane in lanes}
+        if builds is not None:
+            builds.book.add(item for lane in lanes for item in lane.items)
         self.slots = [
             _Slot(w, lane.name, f"{lane.name}#{i}") for lane in lanes for i, w in enumerate(lane.workers)
         ]
@@ -142,7 +149,7 @@ class _Dispatcher:
     def run(self) -> DispatchStats:
         next_check = time.monotonic() + self.options.poll_s
         while self._work_left():
-            refs = list(self.owner)
+            refs = list(self.owner) + (self.builds.refs() if self.builds else [])
             if not refs:  # every worker is down and not yet asked again
                 time.sleep(self.options.poll_s)
                 ready: list[Any] = []
@@ -152,9 +159,14 @@ class _Dispatcher:
                 rest = [r for r in refs if r != ready[0]]
                 ready += ray.wait(rest, num_returns=len(rest), timeout=0)[0]
             for ref in ready:
-                self._on_ready(ref)
+                if self.builds is not None and self.builds.owns(ref):
+                    self.builds.on_ready(ref)
+                else:
+                    self._on_ready(ref)
             now = time.monotonic()
             if now >= next_check:
+                if self.builds is not None:
+                    self.builds.check(now)
                 self._check_deadlines(now)
                 self._check_limbo(now)
                 for slot in self.slots:
@@ -253,8 +265,12 @@ class _Dispatcher:
             self.on_record(record)
         if self.follow_up is not None and fresh:
             queue = self.queues[lane]
-            for item in self.follow_up(lane, fresh):
+            new = list(self.follow_up(lane, fresh))
+            for item in new:
                 queue.push(item)
+            if self.builds is not None and new:
+                self.builds.book.add(new)
+                self.builds.pump()
             self._fill_lane(lane)
 
     # -- handing out work --------------------------------------------------------------------------
@@ -267,9 +283,11 @@ class _Dispatcher:
             item, slot.reserved = slot.reserved, None
             if item is None:
                 busy = {s.point for s in self.slots if s is not slot and s.lane == slot.lane}
-                item = queue.pop(slot.point, busy)
+                item = queue.pop(slot.point, busy, self._ready_on(slot))
             if item is None:
                 return
+            if self._built_elsewhere(slot, item):
+                continue
             lookahead = None
             if self.options.compile_ahead and not self.blame.is_suspect(item):
                 lookahead = slot.reserved = queue.pop_same_point(item.point)
@@ -279,6 +297,28 @@ class _Dispatcher:
             ref = slot.worker.run.remote(self.run_id, item, self.settings, lookahead, slot.incarnation)
             slot.calls.append(_Call(ref, item, lookahead))
             self.owner[ref] = slot
+
+    def _ready_on(self, slot: _Slot) -> Callable[[WorkItem], bool] | None:
+        """Whether an item's kernels are built where ``slot`` runs (None: nothing is built ahead)."""
+        builds = self.builds
+        if builds is None:
+            return None
+        scope = builds.scope_of(slot.node_id)
+        return lambda item: builds.book.ready(item, scope)
+
+    def _built_elsewhere(self, slot: _Slot, item: WorkItem) -> bool:
+        """Settle an item whose kernel failed to build (recorded, never sent to a GPU); note the
+        others as taken, and as claimed by this worker where nothing built them yet."""
+        if self.builds is None:
+            return False
+        scope, book = self.builds.scope_of(slot.node_id), self.builds.book
+        book.taken(item)
+        failed = book.failure(item, scope)
+        if failed is None:
+            book.claim(item, scope)
+            return False
+        self._emit(slot.lane, failure_records(self.run_id, item, *failed))
+        return True
 
     def _fill_lane(self, lane: str) -> None:
         for slot in self.slots:

@@ -18,7 +18,7 @@ import shlex
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,6 +74,8 @@ def submit_job(
     results: str,
     resume: str | None = None,
     compile_ahead: bool | None = None,
+    *,
+    extra_args: Sequence[str] = (),
 ) -> JobRef:
     """Submit ``tunectl submit`` as a job: a new run of ``spec_path``, or the rest of run ``resume``."""
     if not Path(results).is_absolute() and "://" not in results:
@@ -90,6 +92,7 @@ def submit_job(
     args += ["--results", results]
     if compile_ahead is not None:
         args.append("--compile-ahead" if compile_ahead else "--no-compile-ahead")
+    args += list(extra_args)
     submission_id = run_id if resume is None else f"{run_id}-resume-{secrets.token_hex(3)}"
     jobs = client(address)
     with tempfile.TemporaryDirectory(prefix="tunectl-job-") as tmp:

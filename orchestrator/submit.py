@@ -17,7 +17,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from orchestrator.cluster import Placement, Pool, choose_pools, connect, start_pools, stop_pools
+from orchestrator.builds import SHARED, BuildBook, BuildScheduler, CompileOptions, KeyFn, key_function
+from orchestrator.cluster import (
+    CPU_POOL,
+    Placement,
+    Pool,
+    WorkerSetup,
+    choose_pools,
+    connect,
+    start_builders,
+    start_pools,
+    stop_builders,
+    stop_pools,
+)  # fmt: skip
 from orchestrator.dispatch import DispatchOptions, Lane, dispatch
 from tunectl.errors import UserError
 from tunectl.plan import Plan, WorkItem, plan
@@ -51,6 +63,8 @@ class Progress(Protocol):
 
     def record(self, record: Record) -> None: ...
 
+    def compiles(self, built: int, total: int, building: int) -> None: ...
+
 
 class Work(Protocol):
     """What a pool runs: its first items, then more as records arrive (``tunectl.search.Search``)."""
@@ -70,6 +84,9 @@ class _Silent:
         pass
 
     def record(self, record: Record) -> None:
+        pass
+
+    def compiles(self, built: int, total: int, building: int) -> None:
         pass
 
 
@@ -102,6 +119,7 @@ def submit(
     stall_timeout_s: float = 900.0,
     work_for: WorkFor | None = None,
     kind: str = "tune",
+    compile_options: CompileOptions | None = None,
 ) -> SubmitResult:
     """Run (or resume) a tuning run; every record lands in ``results`` as it arrives.
 
@@ -110,10 +128,12 @@ def submit(
     a kernel is timed skews that time (seen on the H200: single timed calls stretched up to 1000x).
     ``run_id``: the id for a new run (a job submitted for it chose it); default a fresh one.
     ``work_for``: what each pool runs (default: the spec's search over its plan); ``kind`` names it
-    in the run's metadata (a validation run is ``validate``).
+    in the run's metadata (a validation run is ``validate``). ``compile_options``: compile processes that
+    build kernels ahead into shared on-disk caches (``orchestrator.builds``).
     """
     results = Path(results)
     progress = progress or _Silent()
+    compile_options = compile_options or CompileOptions()
     spec, previous = _spec_for(spec_path, resume, results)  # validate before touching anything
     if previous is not None and previous.kind != kind:
         raise UserError(f"run {resume} is a {previous.kind} run; run it again instead of resuming it")
@@ -140,6 +160,7 @@ def submit(
     out = SubmitResult(run_id, work, None, 0)
     writer = ResultsWriter(results)
     pools: list[Pool] = []
+    builders: list[tuple[Any, str]] = []
 
     def on_record(record: Record) -> None:
         writer.append(record)
@@ -152,15 +173,21 @@ def submit(
                 spec.resources.accelerator_type, spec.resources.num_gpus
             )  # fmt: skip
             ahead = bool(compile_ahead)
+            setup = _setup(compile_options, spec.task, ahead)
             pools, out.placement = start_pools(
-                names, spec.resources.num_gpus, ahead, label=f"tunectl-{run_id}"
+                names, spec.resources.num_gpus, setup, label=f"tunectl-{run_id}"
             )
             work_of = work_for or search
             searches = {p.name: work_of(p.name if len(pools) > 1 else None) for p in pools}
             lanes, info, out.num_skipped_done = _lanes(
                 pools, searches, info, results, resumed=previous is not None
             )
+            key_fn = key_function()
+            if any(key_fn(item) for lane in lanes for item in lane.items):
+                builders = _builders(pools, compile_options, setup)
+            info = dataclasses.replace(info, compile=_compile_meta(compile_options, setup, builders))
             save_run(results, info.with_state("running"))
+            builds = _scheduler(compile_options, builders, progress, key_fn)
             todo = info.num_planned - out.num_skipped_done
             log.info("run %s: ~%d record(s) to come (%s search) from %d worker(s) in pool(s) %s "
                      "(compile ahead: %s)", run_id, todo, spec.search.strategy, out.placement.num_workers,
@@ -169,8 +196,13 @@ def submit(
             options = DispatchOptions(spec.resources.prefetch, ahead, stall_timeout_s=stall_timeout_s)
             stats = dispatch(
                 lanes, run_id, spec.measure, on_record, options,
-                follow_up=lambda lane, records: searches[lane].follow_up(records),
+                follow_up=lambda lane, records: searches[lane].follow_up(records), builds=builds,
             )  # fmt: skip
+            if builds is not None:
+                built, total, _ = builds.book.counts()
+                info.compile.update(built=built, keys=total, build_seconds=round(builds.book.seconds, 3))
+                log.info("run %s: compile processes built %d of %d kernel(s) in %.1f s of compile time",
+                         run_id, built, total, builds.book.seconds)  # fmt: skip
             writer.close()
             log.info("run %s finished: %d record(s), %d worker failure(s), %d item(s) requeued",
                      run_id, stats.num_records, stats.num_worker_failures, stats.num_requeued)  # fmt: skip
@@ -179,6 +211,7 @@ def submit(
         save_run(results, info.with_state(_stopped_state(exc), f"{type(exc).__name__}: {exc}"[:500]))
         raise
     finally:
+        stop_builders(builders)
         stop_pools(pools)
         if owns_ray:
             import ray
@@ -198,6 +231,44 @@ def _lanes(
     planned = sum(s.estimate() for s in searches.values())
     info = dataclasses.replace(info, pools=tuple(p.name for p in pools), num_planned=planned)
     return lanes, info, len(rows)
+
+
+def _setup(compile: CompileOptions, task: str, compile_ahead: bool) -> WorkerSetup:
+    from tasks.compile import cache_env
+
+    env = tuple(sorted(cache_env(compile.cache_root()).items()))
+    return WorkerSetup(env=env, warm_up=(task,), compile_ahead=compile_ahead)
+
+
+def _builders(pools: list[Pool], compile: CompileOptions, setup: WorkerSetup) -> list[tuple[Any, str]]:
+    """Compile processes on the nodes of the run's pools: on GPU nodes unless told otherwise; on
+    GPU-less nodes only when asked for (they would take cores from the measurement)."""
+    if compile.workers_per_node == 0:
+        return []
+    if compile.workers_per_node is None and all(p.name == CPU_POOL for p in pools):
+        return []
+    nodes = sorted(set().union(*(p.node_ids for p in pools)))
+    return start_builders(nodes, compile.workers_per_node, setup)
+
+
+def _scheduler(compile: CompileOptions, builders: list[tuple[Any, str]], progress: Progress,
+               key_fn: KeyFn) -> BuildScheduler | None:  # fmt: skip
+    if not builders:
+        return None
+    scopes = [SHARED] if compile.shared else sorted({node for _, node in builders})
+    book = BuildBook(key_fn, scopes)
+    return BuildScheduler(
+        book, builders, compile.timeout_s, on_change=lambda b: progress.compiles(*b.counts())
+    )
+
+
+def _compile_meta(
+    compile: CompileOptions, setup: WorkerSetup, builders: list[tuple[Any, str]]
+) -> dict[str, Any]:
+    return {
+        "cache": compile.cache_root(), "shared": compile.shared, "timeout_s": compile.timeout_s,
+        "compile_processes": len(builders), "env": dict(setup.env),
+    }  # fmt: skip
 
 
 def _stopped_state(exc: BaseException) -> str:

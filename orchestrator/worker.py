@@ -39,8 +39,10 @@ class TuneWorker:
     ``run`` calls execute one at a time, in the order they were sent; the dispatcher relies on it.
     """
 
-    def __init__(self, num_threads: int, compile_ahead: bool = False) -> None:
+    def __init__(self, num_threads: int, compile_ahead: bool = False, warm_up: tuple[str, ...] = ()) -> None:
         from orchestrator.pipeline import CompileAheadRunner
+        from tasks.compile import warm_up as warm_up_task
+        from tasks.registry import get_task
         from tasks.runner import ItemRunner
 
         self.incarnation = secrets.token_hex(8)  # calls sent to an earlier process are not run by this one
@@ -50,6 +52,8 @@ class TuneWorker:
         self.runner = runner_cls.for_process(bool(ray.get_gpu_ids()), num_threads)
         self.device = self.runner.device
         self.compile_ahead = compile_ahead
+        for name in warm_up:  # before the first item: the driver sends work once this answers
+            warm_up_task(get_task(name), self.device)
 
     def describe(self) -> dict[str, Any]:
         """Where this worker runs, and its predecessor's last words (reported once)."""

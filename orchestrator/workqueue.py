@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import OrderedDict, deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from tunectl.keys import key_text
 from tunectl.plan import WorkItem
 from tunectl.record import Record
+
+_SCAN_POINTS = 64  # points looked at for one with a built kernel (builds go in queue order)
+_SCAN_ITEMS = 32  # items of a point looked at for one whose kernel is built
 
 
 class WorkQueue:
@@ -45,28 +49,51 @@ class WorkQueue:
         self.retry.append(item)
         self.size += 1
 
-    def pop(self, point: Any, busy: set[Any]) -> WorkItem | None:
-        """A retry first; else an item at ``point``; else one at a point no other worker is on."""
+    def pop(self, point: Any, busy: set[Any], ready: Callable[[WorkItem], bool] | None = None
+            ) -> WorkItem | None:  # fmt: skip
+        """A retry first; else an item at ``point``; else one at a point no other worker is on.
+
+        ``ready`` says whether an item's kernel is built where the asking worker runs: among the
+        items a rule allows, ready ones go first (a worker keeps its point, and load balance comes
+        before it: an unbuilt item still goes out when nothing built is left to take).
+        """
         if self.retry:
             self.size -= 1
             return self.retry.popleft()
         if point in self.groups:
-            return self._take(point)
-        key = next((p for p in self.groups if p not in busy), None)
+            return self._take(point, ready)
+        free = list(itertools.islice((p for p in self.groups if p not in busy), _SCAN_POINTS))
+        key = None
+        if ready is not None:
+            key = next((p for p in free if self._first_ready(p, ready) is not None), None)
+        if key is None:
+            key = free[0] if free else None
         if key is None:
             key = max(self.groups, key=lambda p: len(self.groups[p]), default=None)
-        return None if key is None else self._take(key)
+        return None if key is None else self._take(key, ready)
 
     def pop_same_point(self, point: Any) -> WorkItem | None:
         return self._take(point) if point in self.groups else None
 
-    def _take(self, key: Any) -> WorkItem:
+    def _take(self, key: Any, ready: Callable[[WorkItem], bool] | None = None) -> WorkItem:
         group = self.groups[key]
-        item = group.popleft()
+        index = self._first_ready(key, ready) if ready is not None else None
+        if index:
+            item = group[index]
+            del group[index]
+        else:
+            item = group.popleft()
         if not group:
             del self.groups[key]
         self.size -= 1
         return item
+
+    def _first_ready(self, key: Any, ready: Callable[[WorkItem], bool]) -> int | None:
+        """The index of the first ready item among the first few of a point's group."""
+        for i, item in enumerate(itertools.islice(self.groups[key], _SCAN_ITEMS)):
+            if ready(item):
+                return i
+        return None
 
 
 def failure_records(run_id: str, item: WorkItem, status: str, message: str) -> list[Record]:

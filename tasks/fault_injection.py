@@ -16,7 +16,12 @@ is what the config says it is. Config parameters (all optional; the default conf
 - ``where``: ``call`` (default) or ``prepare``: whether the fault fires when the kernel runs or
   while it is prepared (compiled); ``wrong`` and ``nan`` always show in the output of the call
 - ``compile_ms``: milliseconds ``prepare`` sleeps (a compiler stand-in; sleeping releases the GIL,
-  as compilers running in subprocesses do)
+  as compilers running in subprocesses do). In a run with a compile cache (``TUNECTL_COMPILE_CACHE``)
+  it behaves as a JIT with an on-disk cache: the first compile of a kernel writes an artifact there,
+  and a later ``prepare`` of the same kernel (the same compile key: ``compile_ms``, ``variant``,
+  ``compile_fault``, whatever the shape) only loads it, in ``LOAD_MS``
+- ``compile_fault``: ``raise``, ``exit`` or ``hang``: the compiler fails, dies or hangs whenever it
+  really compiles (not when it loads a cached artifact)
 - ``run_ms``: milliseconds each call sleeps (a kernel of fixed cost)
 - ``variant``: any integer, to make many distinct configs of equal cost
 - ``token``: a string naming one test's markers for ``exit_once``
@@ -33,8 +38,11 @@ from pathlib import Path
 from typing import Any
 
 from tasks.base import InvalidConfig, Params
+from tasks.compile import cache_dir, key_of
 
 FAULTS = ("none", "raise", "invalid", "wrong", "nan", "hang", "exit", "exit_once")
+COMPILE_FAULTS = ("raise", "exit", "hang")
+LOAD_MS = 1.0  # loading a cached artifact
 EXIT_CODE = 71
 _OUTPUT_FAULTS = ("wrong", "nan")  # faults of the output: they show when the kernel runs
 
@@ -43,13 +51,22 @@ class FaultInjection:
     name = "fault_injection"
     static_params: tuple[str, ...] = ()
     shape_params = ("n",)
-    config_params = ("compile_ms", "fault", "run_ms", "token", "variant", "where")
+    config_params = ("compile_fault", "compile_ms", "fault", "run_ms", "token", "variant", "where")
 
     def default_config(self, static: Params) -> dict[str, Any]:
         return {"fault": "none"}
 
     def check_point(self, static: Params, shape: Params) -> str | None:
         return None
+
+    def compile_key(self, static: Params, shape: Params, config: Params) -> str | None:
+        if not config.get("compile_ms"):
+            return None
+        return key_of({k: config.get(k) for k in _COMPILE_PARAMS})
+
+    def build(self, static: Params, shape: Params, config: Params, device: str) -> None:
+        """The stand-in compiler alone, as a compile process runs it (the kernel is not run)."""
+        _compile(config)
 
     def build_inputs(self, static: Params, shape: Params, device: str) -> dict[str, Any]:
         import torch
@@ -68,7 +85,7 @@ class FaultInjection:
             raise InvalidConfig(f"unknown fault {fault!r}; expected one of {', '.join(FAULTS)}")
         if where not in ("call", "prepare"):
             raise InvalidConfig(f"where must be 'call' or 'prepare', not {where!r}")
-        _sleep_ms(config.get("compile_ms", 0))
+        _compile(config)
         if where == "prepare" and fault not in _OUTPUT_FAULTS:
             _misbehave(fault, config, shape)
             fault = "none"
@@ -85,6 +102,33 @@ class FaultInjection:
 
     def bytes_moved(self, static: Params, shape: Params) -> int:
         return 0
+
+
+_COMPILE_PARAMS = ("compile_ms", "variant", "compile_fault")
+
+
+def _compile(config: Params) -> None:
+    """Sleep ``compile_ms`` (and fail as ``compile_fault`` says), unless the compile cache has the
+    kernel already; then only load it."""
+    fault = config.get("compile_fault")
+    if fault is not None and fault not in COMPILE_FAULTS:
+        raise InvalidConfig(f"unknown compile_fault {fault!r}; expected one of {', '.join(COMPILE_FAULTS)}")
+    root = cache_dir()
+    artifact = None
+    if root is not None and config.get("compile_ms"):
+        digest = hashlib.sha256(key_of({k: config.get(k) for k in _COMPILE_PARAMS}).encode()).hexdigest()
+        artifact = root / "fault_injection" / f"{digest[:24]}.bin"
+        if artifact.exists():
+            _sleep_ms(LOAD_MS)
+            return
+    _sleep_ms(config.get("compile_ms", 0))
+    if fault is not None:
+        _misbehave(fault, config, {})
+    if artifact is not None:
+        artifact.parent.mkdir(parents=True, exist_ok=True)
+        tmp = artifact.with_name(f".{artifact.name}.{os.getpid()}")
+        tmp.write_bytes(b"built")
+        os.replace(tmp, artifact)
 
 
 def _ms(ms: object) -> float:

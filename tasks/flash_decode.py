@@ -38,6 +38,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tasks.base import DTYPE_TOLERANCE, InvalidConfig, Params
+from tasks.compile import key_of, warm_up_libraries
 
 BACKEND_OPTIONS: dict[str, tuple[str, ...]] = {
     "fa4": ("pack_gqa", "num_splits"),
@@ -87,6 +88,36 @@ class FlashDecode:
     def selectable(self, static: Params, config: Params) -> bool:
         """A config that runs on a re-paged copy of the cache is a reference, not a choice for this key."""
         return config.get("kv_page_size", static["page_size"]) == static["page_size"]
+
+    def compile_key(self, static: Params, shape: Params, config: Params) -> str | None:
+        """flash-attn-4 JIT-compiles per static key and config (batch and lengths are dynamic to it);
+        FlexAttention compiles per static shape; flash-attn 2/3, sgl-kernel and SDPA ship built."""
+        backend = config.get("backend")
+        if backend == "fa4":
+            return key_of(static, {"q_len": shape["q_len"]}, config)
+        if backend == "flex":
+            return key_of(static, shape, config)
+        return None
+
+    def build(self, static: Params, shape: Params, config: Params, device: str) -> None:
+        """Compile into the on-disk caches. flash-attn-4's kernel does not depend on batch or length,
+        so it is built at the smallest point of its key (little memory, a call of a few µs)."""
+        if config.get("backend") == "fa4":
+            shape = {**shape, "batch": 1, "kv_len": max(shape["q_len"], static["page_size"])}
+        inputs = self.build_inputs(static, shape, device)
+        self.prepare(static, shape, config, inputs)()
+        if device.startswith("cuda"):
+            import torch
+
+            torch.cuda.synchronize(device)
+
+    def warm_up(self, device: str) -> None:
+        """Import the kernel libraries once per worker, before its first item."""
+        if device.startswith("cuda"):
+            warm_up_libraries(
+                ("flash_attn.cute", "flash_attn", "flash_attn_interface", "torch._inductor.compile_fx",
+                 "torch.nn.attention.flex_attention")
+            )  # fmt: skip
 
     def check_point(self, static: Params, shape: Params) -> str | None:
         hq, hkv, d, page = (

@@ -22,6 +22,7 @@ from typing import Any
 from tasks import _flex
 from tasks._lazy import lazily
 from tasks.base import DTYPE_TOLERANCE, InvalidConfig, Params
+from tasks.compile import key_of, warm_up_libraries
 
 MASKS = ("causal", "document_causal", "sliding_window")
 _SPARSE_BLOCK = 128
@@ -41,6 +42,14 @@ class FlexPrefill:
 
     def default_config(self, static: Params) -> dict[str, Any]:
         return {}
+
+    def compile_key(self, static: Params, shape: Params, config: Params) -> str | None:
+        """Flex compiles one kernel per static shape and kernel-option set."""
+        return key_of(static, shape, config)
+
+    def warm_up(self, device: str) -> None:
+        if device.startswith("cuda"):
+            warm_up_libraries(("torch._inductor.compile_fx", "torch.nn.attention.flex_attention"))
 
     def check_point(self, static: Params, shape: Params) -> str | None:
         if static["dtype"] not in _ITEMSIZE:

@@ -7,7 +7,9 @@ from dataclasses import dataclass, fields
 #: ok: measured and correct. wrong_result: output differs from the reference (never timed, never wins).
 #: error: the config raised. invalid: the kernel rejects the config at this point. crash: the worker
 #: process died running it (after one retry). timeout: it ran past the per-item deadline.
-STATUSES = ("ok", "wrong_result", "error", "invalid", "crash", "timeout")
+#: compile_error: building its kernel failed in a compile process (the compiler raised, or died
+#: twice); compile_timeout: the build ran past the compile timeout. Neither reached a GPU worker.
+STATUSES = ("ok", "wrong_result", "error", "invalid", "crash", "timeout", "compile_error", "compile_timeout")
 FAILED = tuple(s for s in STATUSES if s != "ok")
 
 #: What a row measured. measure: one config, timed on its own to the spec's noise target. screen: a

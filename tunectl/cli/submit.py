@@ -32,6 +32,7 @@ class RunBar:
             transient=False,
         )
         self.task_id: Any = None
+        self.compile_id: Any = None
         self.failed = 0
 
     def start(self, run_id: str, total: int, placement: Any) -> None:
@@ -53,6 +54,17 @@ class RunBar:
         task = self.bar.tasks[self.task_id]
         total = max(task.total or 0, task.completed + 1)  # a search may measure more than estimated
         self.bar.update(self.task_id, advance=1, failed=self.failed, total=total)
+
+    def compiles(self, built: int, total: int, building: int) -> None:
+        """A second line while compile processes build kernels ahead: built of total, and how many now."""
+        if self.task_id is None or not total:
+            return
+        if self.compile_id is None:
+            self.compile_id = self.bar.add_task("compiling", total=total, failed=0)
+        self.bar.update(
+            self.compile_id, completed=built, total=total,
+            description=f"compiling ({building} now)" if building else "compiling",
+        )  # fmt: skip
 
     def stop(self) -> None:
         self.bar.stop()
@@ -138,14 +150,43 @@ def submit(
             "compiles; only for tasks whose prepare is host-only). Default: off.",
         ),
     ] = None,
+    compile_workers: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            help="Compile processes per node, building kernels ahead into the on-disk caches so that "
+            "GPU workers only load them; 0: workers compile for themselves. Default: from the node's "
+            "spare cores on GPU nodes, none on GPU-less ones.",
+        ),
+    ] = None,
+    compile_cache: Annotated[
+        str | None,
+        typer.Option(
+            help="Root of every kernel library's on-disk compile cache (Inductor, Triton, "
+            "flash-attn-4). Default: tunectl-compile-cache in each node's temp dir, kept between runs."
+        ),
+    ] = None,
+    compile_cache_shared: Annotated[
+        bool,
+        typer.Option(
+            "--compile-cache-shared",
+            help="--compile-cache is on storage every node sees: build each kernel once per cluster.",
+        ),
+    ] = False,
+    compile_timeout: Annotated[
+        float,
+        typer.Option(min=1.0, help="Seconds a kernel may take to build before it is a compile_timeout."),
+    ] = 600.0,
     run_id: Annotated[
         str | None, typer.Option(hidden=True, help="The id of a new run (set by --job).")
     ] = None,
 ) -> None:
     """Plan SPEC's shape x config work, measure it on a Ray cluster, stream results to Parquet."""
+    compile_args = _compile_args(compile_workers, compile_cache, compile_cache_shared, compile_timeout)
     if job:
-        _submit_job(spec, address, results, resume, compile_ahead, follow)
+        _submit_job(spec, address, results, resume, compile_ahead, follow, compile_args)
         return
+    from orchestrator.builds import CompileOptions
     from orchestrator.submit import submit as run_submit
     from tunectl.results import read_results
     from tunectl.select import select_winners
@@ -164,6 +205,9 @@ def submit(
                 run_id=run_id,
                 compile_ahead=compile_ahead,
                 connect_fn=connect_trapping_cancel,
+                compile_options=CompileOptions(
+                    compile_workers, compile_cache, compile_cache_shared, compile_timeout
+                ),
             )
     except KeyboardInterrupt:
         bar.stop()
@@ -187,6 +231,14 @@ def submit(
     console.print(f"results: {results}")
 
 
+def _compile_args(workers: int | None, cache: str | None, shared: bool, timeout_s: float) -> list[str]:
+    """The compile options as command-line arguments (a job's driver gets them so)."""
+    args = [] if workers is None else ["--compile-workers", str(workers)]
+    args += [] if cache is None else ["--compile-cache", cache]
+    args += ["--compile-cache-shared"] if shared else []
+    return [*args, "--compile-timeout", f"{timeout_s:g}"]
+
+
 def _submit_job(
     spec: Path | None,
     address: str | None,
@@ -194,11 +246,14 @@ def _submit_job(
     resume: str | None,
     compile_ahead: bool | None,
     follow: bool,
+    extra_args: list[str],
 ) -> None:
     from orchestrator.jobs import follow_job_logs, submit_job
 
     with library_errors():
-        ref = submit_job(address, str(spec) if spec else None, str(results), resume, compile_ahead)
+        ref = submit_job(
+            address, str(spec) if spec else None, str(results), resume, compile_ahead, extra_args=extra_args
+        )
     typer.echo(f"run {ref.run_id} submitted as job {ref.submission_id} to {ref.address}")
     if not follow:
         typer.echo(

@@ -1,0 +1,96 @@
+"""The compile process: a Ray actor on a node's CPU cores that builds kernels into the on-disk caches.
+
+Builders run beside the measuring workers of their node, one process each, so that a worker only
+loads what they built. A builder holds no GPU in Ray's accounting (``num_gpus=0``) but sees the
+node's devices (a compile for a GPU needs the device's architecture, and a kernel that compiles on
+its first call must be called once); it spreads its work over them by its index.
+
+A build that raises is an answer (``compile_error``, or ``invalid`` where the kernel rejects the
+config); a builder that dies or hangs is restarted by Ray, and the driver decides what that means
+for the kernel it was building (``orchestrator.builds``). A builder never touches a measuring worker.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+
+from tunectl.plan import WorkItem
+
+#: exit status of a builder that leaves because its CUDA context is unusable
+POISONED_EXIT_CODE = 70
+_MESSAGE_CHARS = 2000
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    key: str
+    status: str  # ok | invalid | compile_error
+    seconds: float
+    message: str = ""
+    host: str = ""
+
+
+@ray.remote(max_restarts=-1, max_task_retries=0)
+class Builder:
+    """One compile process. ``build`` calls run one at a time."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        from tasks.compile import build_device
+
+        self.device = build_device(index)
+        self._point: Any = None
+        self._inputs: Any = None
+
+    def describe(self) -> dict[str, Any]:
+        ctx = ray.get_runtime_context()
+        return {"node_id": ctx.get_node_id(), "host": socket.gethostname(), "pid": os.getpid(),
+                "device": self.device}  # fmt: skip
+
+    def build(self, key: str, item: WorkItem) -> BuildResult:
+        """Compile ``item``'s kernel (its compile key is ``key``) into the caches."""
+        from tasks import compile as build_api
+        from tasks.base import InvalidConfig
+        from tasks.registry import get_task
+
+        task = get_task(item.task)
+        static, shape, config = dict(item.static), dict(item.shape), dict(item.config or item.arms[0])
+        host = socket.gethostname()
+        try:
+            inputs = self._inputs_for(task, item) if getattr(task, "build", None) is None else None
+            seconds = build_api.build(task, static, shape, config, self.device, inputs)
+        except InvalidConfig as exc:
+            return BuildResult(key, "invalid", 0.0, _clip(str(exc)), host)
+        except Exception as exc:
+            self._check_context()
+            tail = "".join(traceback.format_tb(exc.__traceback__)[-2:])
+            return BuildResult(key, "compile_error", 0.0, _clip(f"{type(exc).__name__}: {exc}\n{tail}"), host)
+        return BuildResult(key, "ok", seconds, "", host)
+
+    def _inputs_for(self, task: Any, item: WorkItem) -> Any:
+        """The point's inputs, kept while consecutive builds share the point (as a worker keeps them)."""
+        if item.point != self._point:
+            self._point, self._inputs = None, None
+            self._inputs = task.build_inputs(dict(item.static), dict(item.shape), self.device)
+            self._point = item.point
+        return self._inputs
+
+    def _check_context(self) -> None:
+        """After a failure, a poisoned CUDA context fails every later build: leave, Ray restarts us."""
+        from tasks.compile import device_healthy
+
+        if not device_healthy(self.device):
+            os._exit(POISONED_EXIT_CODE)
+
+
+def _clip(text: str) -> str:
+    if len(text) <= _MESSAGE_CHARS:
+        return text
+    half = (_MESSAGE_CHARS - 5) // 2
+    return f"{text[:half]}\n...\n{text[-half:]}"

@@ -1,0 +1,327 @@
+"""Compile once per node (or per cluster), ahead of the items that need it, off the measuring path.
+
+Each item's compile key (``tasks.compile``) names the kernel it needs. The ``BuildBook`` keeps, per
+*scope* (a node, or the whole cluster when the compile cache is shared), every key in the order the
+dispatcher will want it, and whether it is pending, being built, built, failed, or claimed by a
+worker that compiles it itself. The ``BuildScheduler`` keeps the node's compile processes
+(``orchestrator.builder``) busy with the next pending keys and turns their answers into the book.
+
+What the dispatcher does with it: a worker prefers items whose kernels are built on its node (load
+balance first: an idle worker still takes an unbuilt item and compiles it itself, and the builders
+then skip that key). An item whose kernel failed to build is recorded from the build's answer
+(``compile_error``, ``compile_timeout``, ``invalid``) and never goes to a GPU. Nodes start their
+builds at different places in the order, so that several nodes build different kernels first.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+from ray import exceptions as rex
+
+from tunectl.plan import WorkItem
+
+log = logging.getLogger("tunectl.run")
+
+SHARED = "*"  # the scope of every node when the compile cache is shared
+MAX_BUILDER_DEATHS = 2  # a kernel whose build killed this many compile processes is a compile_error
+
+KeyFn = Callable[[WorkItem], list[str]]
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """How a run builds kernels ahead. ``workers_per_node``: compile processes per node (None: chosen
+    from the node's spare cores, on GPU nodes only; 0: none, workers compile for themselves).
+    ``cache``: the root of every kernel library's on-disk cache (default: a folder in each node's temp
+    dir, kept between runs); ``shared``: every node sees ``cache`` (a kernel is then built once per
+    cluster). ``timeout_s``: a build running longer is a ``compile_timeout``."""
+
+    workers_per_node: int | None = None
+    cache: str | None = None
+    shared: bool = False
+    timeout_s: float = 600.0
+
+    def cache_root(self) -> str:
+        return self.cache or str(Path(tempfile.gettempdir()) / "tunectl-compile-cache")
+
+
+@dataclass
+class _Key:
+    item: WorkItem  # the first item that needs it: what a builder builds
+    state: str = "pending"  # pending | building | built | claimed | failed
+    status: str = ""  # for failed: compile_error | compile_timeout | invalid
+    message: str = ""
+    deaths: int = 0
+
+
+@dataclass
+class BuildBook:
+    """Which kernels each scope has, in the order they are wanted. Pure bookkeeping, no Ray."""
+
+    key_fn: KeyFn
+    scopes: Sequence[str]
+    keys: dict[str, dict[str, _Key]] = field(default_factory=dict)  # scope -> key -> state
+    item_keys: dict[str, list[str]] = field(default_factory=dict)
+    waiting: dict[str, int] = field(default_factory=dict)  # key -> queued items that need it
+    seconds: float = 0.0  # compile time spent by builders, all of them
+    num_built: int = 0
+
+    def __post_init__(self) -> None:
+        self.keys = {scope: {} for scope in self.scopes}
+
+    def add(self, items: Iterable[WorkItem]) -> None:
+        """Items entering the queues: their kernels join every scope's order, behind those there."""
+        for item in items:
+            for key in self._keys(item):
+                self.waiting[key] = self.waiting.get(key, 0) + 1
+
+    def taken(self, item: WorkItem) -> None:
+        """An item went to a worker: a kernel no queued item needs any more is not built ahead."""
+        for key in self._keys(item):
+            self.waiting[key] = max(0, self.waiting.get(key, 0) - 1)
+
+    def next_job(self, scope: str, offset: float = 0.0) -> tuple[str, WorkItem] | None:
+        """The next pending key of ``scope`` that a queued item needs, starting ``offset`` (a share)
+        into the order; it is then building."""
+        book = self.keys[scope]
+        pending = [k for k, v in book.items() if v.state == "pending" and self.waiting.get(k, 0) > 0]
+        if not pending:
+            return None
+        key = pending[int(offset * len(pending)) % len(pending)]
+        book[key].state = "building"
+        return key, book[key].item
+
+    def finished(self, scope: str, key: str, status: str, seconds: float, message: str = "") -> None:
+        entry = self.keys[scope][key]
+        if status == "ok":
+            entry.state = "built"
+            self.num_built += 1
+        else:
+            entry.state, entry.status, entry.message = "failed", status, message
+        self.seconds += seconds
+
+    def died(self, scope: str, key: str, why: str) -> None:
+        """The builder died building ``key``: build it again on a fresh one, once, then give up."""
+        entry = self.keys[scope][key]
+        entry.deaths += 1
+        if entry.deaths >= MAX_BUILDER_DEATHS:
+            entry.state, entry.status = "failed", "compile_error"
+            entry.message = f"the compiler process died building this kernel ({entry.deaths} times): {why}"
+        else:
+            entry.state = "pending"
+
+    def timed_out(self, scope: str, key: str, timeout_s: float) -> None:
+        entry = self.keys[scope][key]
+        entry.state, entry.status = "failed", "compile_timeout"
+        entry.message = (
+            f"building this kernel took longer than {timeout_s:g} s; the compile process was killed"
+        )
+
+    def ready(self, item: WorkItem, scope: str) -> bool:
+        """Whether a worker in ``scope`` gets ``item``'s kernel without compiling it (or nothing to build)."""
+        book = self.keys.get(scope, {})
+        return all(book[k].state in ("built", "claimed", "failed") for k in self._keys(item) if k in book)
+
+    def failure(self, item: WorkItem, scope: str) -> tuple[str, str] | None:
+        """(status, message) where building one of the item's kernels failed."""
+        book = self.keys.get(scope, {})
+        for key in self._keys(item):
+            entry = book.get(key)
+            if entry is not None and entry.state == "failed":
+                return entry.status, entry.message
+        return None
+
+    def claim(self, item: WorkItem, scope: str) -> None:
+        """A worker compiles ``item``'s pending kernels itself: builders skip them."""
+        book = self.keys.get(scope, {})
+        for key in self._keys(item):
+            if key in book and book[key].state == "pending":
+                book[key].state = "claimed"
+
+    def counts(self) -> tuple[int, int, int]:
+        """(built, total, building) over every scope."""
+        states = [v.state for book in self.keys.values() for v in book.values()]
+        return states.count("built"), len(states), states.count("building")
+
+    def _keys(self, item: WorkItem) -> list[str]:
+        keys = self.item_keys.get(item.item_id)
+        if keys is None:
+            keys = self.item_keys[item.item_id] = self.key_fn(item)
+            for key in keys:
+                for book in self.keys.values():
+                    book.setdefault(key, _Key(item))
+        return keys
+
+
+@dataclass
+class _Builder:
+    actor: Any
+    scope: str
+    offset: float
+    name: str
+    state: str = "starting"  # starting | ready | busy | lost
+    probe: Any = None
+    job: tuple[str, float] | None = None  # (key, started)
+    ref: Any = None
+
+
+class BuildScheduler:
+    """Keeps compile processes busy with the book's next pending keys."""
+
+    def __init__(self, book: BuildBook, builders: Sequence[tuple[Any, str]], timeout_s: float,
+                 on_change: Callable[[BuildBook], None] | None = None) -> None:  # fmt: skip
+        """``builders``: (actor, node id) pairs. Node k of M starts building k/M into the order."""
+        self.book, self.timeout_s, self.on_change = book, timeout_s, on_change
+        nodes = sorted({node for _, node in builders})
+        shared = list(book.scopes) == [SHARED]
+        self.builders = [
+            _Builder(actor, SHARED if shared else node, nodes.index(node) / len(nodes), f"#{i}")
+            for i, (actor, node) in enumerate(builders)
+        ]
+        self._owner: dict[Any, _Builder] = {}
+        for b in self.builders:
+            self._probe(b)
+
+    def scope_of(self, node_id: str) -> str:
+        """The scope whose kernels a worker on ``node_id`` loads."""
+        return SHARED if list(self.book.scopes) == [SHARED] else node_id
+
+    def refs(self) -> list[Any]:
+        return list(self._owner)
+
+    def owns(self, ref: Any) -> bool:
+        return ref in self._owner
+
+    def on_ready(self, ref: Any) -> None:
+        b = self._owner.pop(ref)
+        if ref is b.probe:
+            self._on_probe(b, ref)
+        elif b.job is not None and ref is b.ref:
+            self._on_build(b, ref)
+        self.pump()
+
+    def pump(self) -> None:
+        """Give every idle builder the next pending key of its scope."""
+        for b in self.builders:
+            if b.state != "ready":
+                continue
+            job = self.book.next_job(b.scope, b.offset)
+            if job is None:
+                continue
+            key, item = job
+            b.state, b.job = "busy", (key, time.monotonic())
+            b.ref = b.actor.build.remote(key, item)
+            self._owner[b.ref] = b
+        self._changed()
+
+    def check(self, now: float) -> None:
+        """Kill a builder whose build ran past the timeout: its kernel is a ``compile_timeout``."""
+        for b in self.builders:
+            if b.state == "busy" and b.job is not None and now - b.job[1] > self.timeout_s:
+                key = b.job[0]
+                log.warning(
+                    "compile process %s: building %s ran past %g s; killing it",
+                    b.name,
+                    _short(key),
+                    self.timeout_s,
+                )
+                self.book.timed_out(b.scope, key, self.timeout_s)
+                self._owner.pop(b.ref, None)
+                b.job, b.ref = None, None
+                ray.kill(b.actor, no_restart=False)
+                self._probe(b)
+                self._changed()
+
+    def stop(self) -> None:
+        for b in self.builders:
+            try:
+                ray.kill(b.actor, no_restart=True)
+            except Exception:  # already gone
+                continue
+
+    # -- internals ---------------------------------------------------------------------------------
+
+    def _probe(self, b: _Builder) -> None:
+        b.state = "starting"
+        b.probe = b.actor.describe.remote()
+        self._owner[b.probe] = b
+
+    def _on_probe(self, b: _Builder, ref: Any) -> None:
+        b.probe = None
+        try:
+            info = ray.get(ref)
+        except rex.RayError as exc:
+            log.warning("compile process %s did not start: %s", b.name, _first_line(exc))
+            b.state = "lost"
+            return
+        b.state = "ready"
+        log.info(
+            "compile process %s up: pid %s on %s (%s)", b.name, info["pid"], info["host"], info["device"]
+        )
+
+    def _on_build(self, b: _Builder, ref: Any) -> None:
+        assert b.job is not None
+        key = b.job[0]
+        b.job, b.ref = None, None
+        try:
+            result = ray.get(ref)
+        except rex.RayError as exc:  # the process died building it (a compiler crash, out of memory)
+            why = _first_line(exc)
+            log.warning("compile process %s died building %s: %s", b.name, _short(key), why)
+            self.book.died(b.scope, key, why)
+            self._probe(b)  # Ray restarts it; it gets work once it answers
+            return
+        b.state = "ready"
+        self.book.finished(b.scope, key, result.status, result.seconds, result.message)
+        if result.status != "ok":
+            log.info(
+                "compile process %s: %s for %s: %s",
+                b.name,
+                result.status,
+                _short(key),
+                result.message.splitlines()[0],
+            )
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change(self.book)
+
+
+def compile_keys(item: WorkItem, tasks: dict[str, Any] | None = None) -> list[str]:
+    """The compile keys of an item's kernels (one per arm of a comparison); empty: nothing to build."""
+    from tasks import compile as build_api
+    from tasks.registry import get_task
+
+    tasks = {} if tasks is None else tasks
+    task = tasks.get(item.task)
+    if task is None:
+        task = tasks[item.task] = get_task(item.task)
+    keys = []
+    for config in item.arms or (item.config,):
+        key = build_api.compile_key(task, dict(item.static), dict(item.shape), dict(config))
+        if key is not None and key not in keys:
+            keys.append(key)
+    return keys
+
+
+def key_function() -> KeyFn:
+    """``compile_keys`` with the task objects kept between calls."""
+    tasks: dict[str, Any] = {}
+    return lambda item: compile_keys(item, tasks)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return (lines[0] if lines else type(exc).__name__)[:300]
+
+
+def _short(key: str) -> str:
+    return key if len(key) <= 120 else key[:117] + "..."
