@@ -45,6 +45,7 @@ class Builder:
         from tasks.compile import build_device
 
         self.device = build_device(index)
+        self._tasks: dict[str, Any] = {}
         self._point: Any = None
         self._inputs: Any = None
 
@@ -59,12 +60,15 @@ class Builder:
         from tasks.base import InvalidConfig
         from tasks.registry import get_task
 
-        task = get_task(item.task)
+        task = self._tasks.get(item.task) or self._tasks.setdefault(item.task, get_task(item.task))
         static, shape, config = dict(item.static), dict(item.shape), dict(item.config or item.arms[0])
         host = socket.gethostname()
+
+        def inputs_for(static: Any, shape: Any) -> Any:
+            return self._inputs_for(task, static, shape)
+
         try:
-            inputs = self._inputs_for(task, item) if getattr(task, "build", None) is None else None
-            seconds = build_api.build(task, static, shape, config, self.device, inputs)
+            seconds = build_api.build(task, static, shape, config, self.device, inputs_for)
         except InvalidConfig as exc:
             return BuildResult(key, "invalid", 0.0, _clip(str(exc)), host)
         except Exception as exc:
@@ -73,12 +77,13 @@ class Builder:
             return BuildResult(key, "compile_error", 0.0, _clip(f"{type(exc).__name__}: {exc}\n{tail}"), host)
         return BuildResult(key, "ok", seconds, "", host)
 
-    def _inputs_for(self, task: Any, item: WorkItem) -> Any:
+    def _inputs_for(self, task: Any, static: Any, shape: Any) -> Any:
         """The point's inputs, kept while consecutive builds share the point (as a worker keeps them)."""
-        if item.point != self._point:
-            self._point, self._inputs = None, None
-            self._inputs = task.build_inputs(dict(item.static), dict(item.shape), self.device)
-            self._point = item.point
+        point = (task.name, sorted(static.items()), sorted(shape.items()))
+        if point != self._point:
+            self._point, self._inputs = None, None  # free the old point first
+            self._inputs = task.build_inputs(dict(static), dict(shape), self.device)
+            self._point = point
         return self._inputs
 
     def _check_context(self) -> None:

@@ -31,7 +31,9 @@ from tunectl.plan import WorkItem
 log = logging.getLogger("tunectl.run")
 
 SHARED = "*"  # the scope of every node when the compile cache is shared
+READY, CLAIMABLE, WAIT = 0, 1, 2  # how a worker sees an item (BuildBook.rank)
 MAX_BUILDER_DEATHS = 2  # a kernel whose build killed this many compile processes is a compile_error
+MAX_PROBE_FAILURES = 5  # a compile process that does not answer this often (over ~15 s) is lost
 
 KeyFn = Callable[[WorkItem], list[str]]
 
@@ -57,6 +59,7 @@ class CompileOptions:
 class _Key:
     item: WorkItem  # the first item that needs it: what a builder builds
     state: str = "pending"  # pending | building | built | claimed | failed
+    claimant: str = ""  # the item whose worker compiles it itself (state claimed)
     status: str = ""  # for failed: compile_error | compile_timeout | invalid
     message: str = ""
     deaths: int = 0
@@ -125,10 +128,19 @@ class BuildBook:
             f"building this kernel took longer than {timeout_s:g} s; the compile process was killed"
         )
 
-    def ready(self, item: WorkItem, scope: str) -> bool:
-        """Whether a worker in ``scope`` gets ``item``'s kernel without compiling it (or nothing to build)."""
+    def rank(self, item: WorkItem, scope: str, *, building: bool = True) -> int:
+        """How a worker in ``scope`` should see ``item``: READY (its kernels are built, failed, or need
+        no build), WAIT (a kernel is being built, or will be: a crashing or hanging compiler must
+        never take a GPU worker down, and waiting costs the GPU no more than compiling itself), or,
+        where ``scope`` has no compile process left (``building`` False), CLAIMABLE: the worker
+        compiles it itself, as without compile processes."""
         book = self.keys.get(scope, {})
-        return all(book[k].state in ("built", "claimed", "failed") for k in self._keys(item) if k in book)
+        states = {book[k].state for k in self._keys(item) if k in book}
+        if states & {"building", "claimed"}:
+            return WAIT
+        if "pending" in states:
+            return WAIT if building else CLAIMABLE
+        return READY
 
     def failure(self, item: WorkItem, scope: str) -> tuple[str, str] | None:
         """(status, message) where building one of the item's kernels failed."""
@@ -140,11 +152,28 @@ class BuildBook:
         return None
 
     def claim(self, item: WorkItem, scope: str) -> None:
-        """A worker compiles ``item``'s pending kernels itself: builders skip them."""
-        book = self.keys.get(scope, {})
+        """A worker compiles ``item``'s pending kernels itself: builders skip them, and other workers
+        wait for it rather than compile them too."""
         for key in self._keys(item):
-            if key in book and book[key].state == "pending":
-                book[key].state = "claimed"
+            entry = self.keys.get(scope, {}).get(key)
+            if entry is not None and entry.state == "pending":
+                entry.state, entry.claimant = "claimed", item.item_id
+
+    def settled(self, item: WorkItem) -> None:
+        """``item`` has its records: what its worker compiled for it is in the caches now."""
+        self._release(item, "built")
+
+    def returned(self, item: WorkItem) -> None:
+        """``item`` went back to the queue unfinished (its worker died): its claims lapse."""
+        self._release(item, "pending")
+        self.add([item])
+
+    def _release(self, item: WorkItem, state: str) -> None:
+        for book in self.keys.values():
+            for key in self._keys(item):
+                entry = book.get(key)
+                if entry is not None and entry.state == "claimed" and entry.claimant == item.item_id:
+                    entry.state, entry.claimant = state, ""
 
     def counts(self) -> tuple[int, int, int]:
         """(built, total, building) over every scope."""
@@ -171,6 +200,8 @@ class _Builder:
     probe: Any = None
     job: tuple[str, float] | None = None  # (key, started)
     ref: Any = None
+    probe_failures: int = 0
+    probe_at: float = 0.0  # when to ask a restarting process again (0: not scheduled)
 
 
 class BuildScheduler:
@@ -189,6 +220,11 @@ class BuildScheduler:
         self._owner: dict[Any, _Builder] = {}
         for b in self.builders:
             self._probe(b)
+
+    def rank(self, item: WorkItem, scope: str) -> int:
+        """``BuildBook.rank``, knowing whether ``scope`` still has a compile process."""
+        alive = any(b.scope == scope and b.state != "lost" for b in self.builders)
+        return self.book.rank(item, scope, building=alive)
 
     def scope_of(self, node_id: str) -> str:
         """The scope whose kernels a worker on ``node_id`` loads."""
@@ -223,8 +259,12 @@ class BuildScheduler:
         self._changed()
 
     def check(self, now: float) -> None:
-        """Kill a builder whose build ran past the timeout: its kernel is a ``compile_timeout``."""
+        """Kill a builder whose build ran past the timeout (its kernel is a ``compile_timeout``); ask
+        restarting ones whether they are back."""
         for b in self.builders:
+            if b.probe_at and now >= b.probe_at and b.probe is None:
+                b.probe_at = 0.0
+                self._probe(b)
             if b.state == "busy" and b.job is not None and now - b.job[1] > self.timeout_s:
                 key = b.job[0]
                 log.warning(
@@ -258,11 +298,15 @@ class BuildScheduler:
         b.probe = None
         try:
             info = ray.get(ref)
-        except rex.RayError as exc:
-            log.warning("compile process %s did not start: %s", b.name, _first_line(exc))
-            b.state = "lost"
+        except rex.RayError as exc:  # restarting (answers late), or gone: ask again, less and less often
+            b.probe_failures += 1
+            if b.probe_failures >= MAX_PROBE_FAILURES:
+                log.warning("compile process %s is lost: %s", b.name, _first_line(exc))
+                b.state = "lost"
+            else:
+                b.probe_at = time.monotonic() + 0.5 * 2.0**b.probe_failures
             return
-        b.state = "ready"
+        b.state, b.probe_failures = "ready", 0
         log.info(
             "compile process %s up: pid %s on %s (%s)", b.name, info["pid"], info["host"], info["device"]
         )

@@ -161,6 +161,8 @@ class _Dispatcher:
             for ref in ready:
                 if self.builds is not None and self.builds.owns(ref):
                     self.builds.on_ready(ref)
+                    for slot in self.slots:  # a worker may have been waiting for that kernel
+                        self._fill(slot)
                 else:
                     self._on_ready(ref)
             now = time.monotonic()
@@ -245,6 +247,7 @@ class _Dispatcher:
         if call is slot.calls[0]:
             slot.head_since = time.monotonic()
         slot.calls.remove(call)
+        self._settled(call.item)
         self._emit(slot.lane, records)
         if slot.killed_item is None:
             self._fill(slot)
@@ -283,7 +286,7 @@ class _Dispatcher:
             item, slot.reserved = slot.reserved, None
             if item is None:
                 busy = {s.point for s in self.slots if s is not slot and s.lane == slot.lane}
-                item = queue.pop(slot.point, busy, self._ready_on(slot))
+                item = queue.pop(slot.point, busy, self._rank_on(slot))
             if item is None:
                 return
             if self._built_elsewhere(slot, item):
@@ -298,13 +301,13 @@ class _Dispatcher:
             slot.calls.append(_Call(ref, item, lookahead))
             self.owner[ref] = slot
 
-    def _ready_on(self, slot: _Slot) -> Callable[[WorkItem], bool] | None:
-        """Whether an item's kernels are built where ``slot`` runs (None: nothing is built ahead)."""
+    def _rank_on(self, slot: _Slot) -> Callable[[WorkItem], int] | None:
+        """How ``slot``'s worker gets each item's kernels (``BuildBook.rank``); None: no builds."""
         builds = self.builds
         if builds is None:
             return None
         scope = builds.scope_of(slot.node_id)
-        return lambda item: builds.book.ready(item, scope)
+        return lambda item: builds.rank(item, scope)
 
     def _built_elsewhere(self, slot: _Slot, item: WorkItem) -> bool:
         """Settle an item whose kernel failed to build (recorded, never sent to a GPU); note the
@@ -344,6 +347,7 @@ class _Dispatcher:
         killed, slot.killed_item = slot.killed_item, None
         if killed is not None and calls and calls[0].item.item_id == killed:
             unanswered.pop(0)
+            self._settled(calls[0].item)
             message = (
                 f"ran past the per-item deadline of {self.settings.deadline_seconds:g} s; worker restarted"
             )
@@ -373,6 +377,7 @@ class _Dispatcher:
                 )
             if records is None:
                 break  # refused by the process that replaced the dead one: it never ran
+            self._settled(calls[0].item)
             self._emit(lane, records)
             calls.pop(0)
         return calls
@@ -384,6 +389,7 @@ class _Dispatcher:
         verdict = self.blame.judge(slot.limbo, last_words)
         slot.limbo = []
         for item in verdict.crashed:
+            self._settled(item)
             message = (
                 f"the worker process died while running it {self.blame.deaths[item.item_id]} times "
                 f"(it was retried alone); Ray: {slot.death}"
@@ -398,8 +404,15 @@ class _Dispatcher:
                         slot.name, why, len(verdict.innocent))  # fmt: skip
         self._requeue(slot.lane, verdict)
 
+    def _settled(self, item: WorkItem) -> None:
+        if self.builds is not None:
+            self.builds.book.settled(item)
+
     def _requeue(self, lane: str, verdict: Verdict) -> None:
         queue = self.queues[lane]
+        if self.builds is not None:
+            for item in [*verdict.innocent, *verdict.retry]:
+                self.builds.book.returned(item)
         for item in reversed(verdict.innocent):
             queue.push_front(item)
         for item in verdict.retry:

@@ -49,51 +49,63 @@ class WorkQueue:
         self.retry.append(item)
         self.size += 1
 
-    def pop(self, point: Any, busy: set[Any], ready: Callable[[WorkItem], bool] | None = None
+    def pop(self, point: Any, busy: set[Any], rank: Callable[[WorkItem], int] | None = None
             ) -> WorkItem | None:  # fmt: skip
         """A retry first; else an item at ``point``; else one at a point no other worker is on.
 
-        ``ready`` says whether an item's kernel is built where the asking worker runs: among the
-        items a rule allows, ready ones go first (a worker keeps its point, and load balance comes
-        before it: an unbuilt item still goes out when nothing built is left to take).
+        ``rank`` (0 ready, 1 claimable, 2 wait: ``orchestrator.builds``) says how the asking worker
+        gets an item's kernel. With it: a ready item anywhere first (this worker's point first), else
+        the first claimable one (load balance before affinity: the worker compiles it itself), else
+        None, while every item left waits for a kernel being built.
         """
         if self.retry:
             self.size -= 1
             return self.retry.popleft()
-        if point in self.groups:
-            return self._take(point, ready)
-        free = list(itertools.islice((p for p in self.groups if p not in busy), _SCAN_POINTS))
-        key = None
-        if ready is not None:
-            key = next((p for p in free if self._first_ready(p, ready) is not None), None)
-        if key is None:
-            key = free[0] if free else None
-        if key is None:
-            key = max(self.groups, key=lambda p: len(self.groups[p]), default=None)
-        return None if key is None else self._take(key, ready)
+        if rank is None:
+            key = point if point in self.groups else next((p for p in self.groups if p not in busy), None)
+            if key is None:
+                key = max(self.groups, key=lambda p: len(self.groups[p]), default=None)
+            return None if key is None else self._take(key, 0)
+        free = itertools.islice((p for p in self.groups if p not in busy and p != point), _SCAN_POINTS)
+        near = [*([point] if point in self.groups else []), *free]
+        found = self._first(near, rank)
+        if found is None and len(near) < len(self.groups):  # only points other workers are on are left
+            found = self._first([max(self.groups, key=lambda p: len(self.groups[p]))], rank)
+        return None if found is None else self._take(*found)
+
+    def _first(self, points: list[Any], rank: Callable[[WorkItem], int]) -> tuple[Any, int] | None:
+        """The first ready item over ``points`` (in order), else the first claimable one."""
+        claimable = None
+        for key in points:
+            best = self._best(key, rank)
+            if best is not None and best[0] == 0:
+                return key, best[1]
+            if best is not None and claimable is None:
+                claimable = key, best[1]
+        return claimable
 
     def pop_same_point(self, point: Any) -> WorkItem | None:
-        return self._take(point) if point in self.groups else None
+        return self._take(point, 0) if point in self.groups else None
 
-    def _take(self, key: Any, ready: Callable[[WorkItem], bool] | None = None) -> WorkItem:
+    def _take(self, key: Any, index: int) -> WorkItem:
         group = self.groups[key]
-        index = self._first_ready(key, ready) if ready is not None else None
-        if index:
-            item = group[index]
-            del group[index]
-        else:
-            item = group.popleft()
+        item = group[index]
+        del group[index]
         if not group:
             del self.groups[key]
         self.size -= 1
         return item
 
-    def _first_ready(self, key: Any, ready: Callable[[WorkItem], bool]) -> int | None:
-        """The index of the first ready item among the first few of a point's group."""
+    def _best(self, key: Any, rank: Callable[[WorkItem], int]) -> tuple[int, int] | None:
+        """(rank, index) of the best-ranked item among the first few of a point's group; None: all wait."""
+        best = None
         for i, item in enumerate(itertools.islice(self.groups[key], _SCAN_ITEMS)):
-            if ready(item):
-                return i
-        return None
+            r = rank(item)
+            if r == 0:
+                return 0, i
+            if r == 1 and best is None:
+                best = 1, i
+        return best
 
 
 def failure_records(run_id: str, item: WorkItem, status: str, message: str) -> list[Record]:

@@ -15,8 +15,9 @@ Optional task members (found with ``getattr``; a task without them builds nothin
 
 - ``compile_key(static, shape, config) -> str | None``
 - ``build(static, shape, config, device) -> None``: compile into the caches; the default prepares the
-  item at its own point and calls it once (a compile needs the real shapes), which is what a task
-  whose kernels compile on first call wants
+  item and calls it once, which is what a task whose kernels compile on their first call wants
+- ``build_shape(static, shape, config) -> shape``: the point the default build runs at (default: the
+  item's own; a kernel that does not depend on the shape builds at the smallest point of its key)
 - ``warm_up(device) -> None``: the per-process start-up of its libraries (imports, a first tiny
   compile), done once when a worker starts rather than inside the first item that needs it
 """
@@ -26,7 +27,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -65,22 +66,28 @@ def key_of(*parts: Mapping[str, Any]) -> str:
     return json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
 
 
+InputsFor = Callable[[Mapping[str, Any], Mapping[str, Any]], Any]
+
+
 def build(task: TuningTask, static: Mapping[str, Any], shape: Mapping[str, Any],
-          config: Mapping[str, Any], device: str, inputs: Any = None) -> float:  # fmt: skip
+          config: Mapping[str, Any], device: str, inputs_for: InputsFor | None = None) -> float:  # fmt: skip
     """Compile one item's kernel into the caches; the seconds it took. Raises what the compile raises.
 
-    ``inputs``: the point's inputs when the caller keeps them across builds at one point.
+    ``inputs_for(static, shape)``: the point's inputs, from a caller that keeps them across builds.
     """
     started = time.perf_counter()
     own = getattr(task, "build", None)
     if own is not None:
         own(dict(static), dict(shape), dict(config), device)
+        return time.perf_counter() - started
+    smallest = getattr(task, "build_shape", None)
+    shape = dict(shape) if smallest is None else smallest(dict(static), dict(shape), dict(config))
+    if inputs_for is None:
+        inputs = task.build_inputs(dict(static), shape, device)
     else:
-        if inputs is None:
-            inputs = task.build_inputs(dict(static), dict(shape), device)
-        fn = task.prepare(dict(static), dict(shape), dict(config), inputs)
-        fn()
-        synchronize(device)
+        inputs = inputs_for(static, shape)
+    task.prepare(dict(static), shape, dict(config), inputs)()
+    synchronize(device)
     return time.perf_counter() - started
 
 

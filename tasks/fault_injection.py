@@ -129,6 +129,8 @@ def _compile(config: Params) -> None:
         tmp = artifact.with_name(f".{artifact.name}.{os.getpid()}")
         tmp.write_bytes(b"built")
         os.replace(tmp, artifact)
+        with open(artifact.parent / "compiles.log", "a") as log:  # what was really compiled, and how often
+            log.write(f"{artifact.stem}\n")
 
 
 def _ms(ms: object) -> float:

@@ -99,17 +99,12 @@ class FlashDecode:
             return key_of(static, shape, config)
         return None
 
-    def build(self, static: Params, shape: Params, config: Params, device: str) -> None:
-        """Compile into the on-disk caches. flash-attn-4's kernel does not depend on batch or length,
-        so it is built at the smallest point of its key (little memory, a call of a few µs)."""
+    def build_shape(self, static: Params, shape: Params, config: Params) -> dict[str, Any]:
+        """flash-attn-4's kernel does not depend on batch or length: build it at the smallest point
+        (little memory, a call of a few µs); Flex compiles for the item's own shape."""
         if config.get("backend") == "fa4":
-            shape = {**shape, "batch": 1, "kv_len": max(shape["q_len"], static["page_size"])}
-        inputs = self.build_inputs(static, shape, device)
-        self.prepare(static, shape, config, inputs)()
-        if device.startswith("cuda"):
-            import torch
-
-            torch.cuda.synchronize(device)
+            return {**shape, "batch": 1, "kv_len": max(shape["q_len"], static["page_size"])}
+        return dict(shape)
 
     def warm_up(self, device: str) -> None:
         """Import the kernel libraries once per worker, before its first item."""

@@ -1,0 +1,253 @@
+"""Compile once per node, ahead, off the measuring path: compile keys, the build book, the work queue's
+preference for built kernels, and whole runs whose compile processes build, fail, die and hang."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from orchestrator.builds import CLAIMABLE, READY, SHARED, WAIT, BuildBook, CompileOptions, compile_keys
+from orchestrator.workqueue import WorkQueue
+from tasks.compile import compile_key
+from tasks.flash_decode import FlashDecode
+from tasks.flex_prefill import FlexPrefill
+from tunectl.keys import make_key
+from tunectl.plan import WorkItem
+
+DECODE_STATIC = dict(
+    dtype="bfloat16", num_q_heads=32, num_kv_heads=8, head_dim=128, page_size=128, causal=True,
+    window=(-1, -1), softcap=0.0, sinks=False,
+)  # fmt: skip
+
+
+def item(n: int, variant: int, compile_ms: int = 100, **config: object) -> WorkItem:
+    cfg = {"compile_ms": compile_ms, "variant": variant, **config}
+    return WorkItem(
+        f"i{n}-{variant}", "fault_injection", make_key({}), make_key({"n": n}), make_key(cfg), False
+    )
+
+
+# -- compile keys -----------------------------------------------------------------------------------
+
+
+def test_flash_attn_4_builds_one_kernel_for_every_batch_and_length() -> None:
+    task = FlashDecode()
+    small = compile_key(task, DECODE_STATIC, {"batch": 1, "kv_len": 1024, "q_len": 1}, {"backend": "fa4"})
+    large = compile_key(task, DECODE_STATIC, {"batch": 64, "kv_len": 32768, "q_len": 1}, {"backend": "fa4"})
+    other = compile_key(task, DECODE_STATIC, {"batch": 1, "kv_len": 1024, "q_len": 1},
+                        {"backend": "fa4", "pack_gqa": False})  # fmt: skip
+    assert small is not None and small == large
+    assert other not in (None, small), "a config option is part of the kernel"
+    assert compile_key(task, {**DECODE_STATIC, "head_dim": 64}, {"batch": 1, "kv_len": 1024, "q_len": 1},
+                       {"backend": "fa4"}) != small  # fmt: skip
+
+
+def test_flex_compiles_per_static_shape_and_prebuilt_libraries_build_nothing() -> None:
+    task = FlashDecode()
+    a = {"batch": 1, "kv_len": 1024, "q_len": 1}
+    b = {"batch": 4, "kv_len": 1024, "q_len": 1}
+    assert compile_key(task, DECODE_STATIC, a, {"backend": "flex"}) != compile_key(
+        task, DECODE_STATIC, b, {"backend": "flex"}
+    )
+    for backend in ("fa2", "fa3", "sdpa"):
+        assert compile_key(task, DECODE_STATIC, a, {"backend": backend}) is None
+    prefill = FlexPrefill()
+    static = dict(dtype="bfloat16", num_q_heads=32, num_kv_heads=8, head_dim=128, mask="causal",
+                  num_docs=1, window=(-1, -1))  # fmt: skip
+    keys = {compile_key(prefill, static, {"batch": 2, "seq_len": s}, {"BLOCK_M": 64}) for s in (4096, 16384)}
+    assert len(keys) == 2 and all(k and k.startswith("flex_prefill:") for k in keys)
+
+
+def test_flash_attn_4_is_built_at_the_smallest_point_of_its_key() -> None:
+    shape = FlashDecode().build_shape(DECODE_STATIC, {"batch": 64, "kv_len": 32768, "q_len": 1},
+                                      {"backend": "fa4"})  # fmt: skip
+    assert shape == {"batch": 1, "kv_len": 128, "q_len": 1}
+    flex = FlashDecode().build_shape(DECODE_STATIC, {"batch": 64, "kv_len": 32768, "q_len": 1},
+                                     {"backend": "flex"})  # fmt: skip
+    assert flex == {"batch": 64, "kv_len": 32768, "q_len": 1}
+
+
+def test_a_comparison_needs_the_kernel_of_each_arm() -> None:
+    a, b = item(4, 0), item(4, 1)
+    final = WorkItem("f", "fault_injection", a.static, a.shape, make_key({}), False, phase="final",
+                     arms=(a.config, b.config, a.config), rounds=4)  # fmt: skip
+    assert compile_keys(final) == [*compile_keys(a), *compile_keys(b)]
+    assert compile_keys(item(4, 0, compile_ms=0)) == [], "no compile, nothing to build"
+
+
+# -- the build book -----------------------------------------------------------------------------------
+
+
+def book_for(items: list[WorkItem], scopes: tuple[str, ...] = ("node-a",)) -> BuildBook:
+    book = BuildBook(compile_keys, scopes)
+    book.add(items)
+    return book
+
+
+def test_each_kernel_is_built_once_in_the_order_items_want_it() -> None:
+    items = [item(n, v) for n in (4, 8) for v in (0, 1)]  # 4 items, 2 kernels (the key has no shape)
+    book = book_for(items)
+    first, second = book.next_job("node-a"), book.next_job("node-a")
+    assert first is not None and second is not None
+    assert (first[1].config, second[1].config) == (items[0].config, items[1].config)
+    assert book.next_job("node-a") is None, "two kernels, two builds"
+    assert book.rank(items[2], "node-a") == WAIT, "a kernel being built is waited for, not compiled again"
+    book.finished("node-a", first[0], "ok", 0.1)
+    assert book.rank(items[2], "node-a") == READY
+    assert book.counts() == (1, 2, 1)
+
+
+def test_workers_wait_for_the_compile_processes_and_compile_themselves_only_without_any() -> None:
+    items = [item(4, 0), item(4, 1), item(4, 2)]
+    book = book_for(items)
+    assert book.rank(items[0], "node-a") == WAIT, "a crashing compiler must never take down a GPU worker"
+    assert book.rank(items[0], "node-a", building=False) == CLAIMABLE
+    for taken in items[:2]:  # no compile process left: two workers compile for themselves
+        book.taken(taken)
+        book.claim(taken, "node-a")
+    job = book.next_job("node-a")
+    assert job is not None and job[1] is items[2], "claimed kernels are not built again"
+    assert book.rank(items[0], "node-a", building=False) == WAIT, "another worker is compiling it"
+    book.settled(items[0])
+    assert book.rank(items[0], "node-a") == READY
+
+
+def test_a_claim_lapses_when_its_worker_dies_and_the_item_is_queued_again() -> None:
+    (one,) = items = [item(4, 0)]
+    book = book_for(items)
+    book.taken(one)
+    book.claim(one, "node-a")
+    assert book.next_job("node-a") is None
+    book.returned(one)
+    assert book.rank(one, "node-a", building=False) == CLAIMABLE
+    assert book.next_job("node-a") is not None, "queued again, so worth building again"
+
+
+def test_a_build_that_kills_two_compile_processes_is_a_compile_error_and_a_hang_a_timeout() -> None:
+    crashing, hanging = item(4, 0), item(4, 1)
+    book = book_for([crashing, hanging])
+    key, _ = book.next_job("node-a") or ("", None)
+    book.died("node-a", key, "SIGSEGV")
+    assert book.failure(crashing, "node-a") is None and book.rank(crashing, "node-a") == WAIT
+    assert book.next_job("node-a") is not None  # it is built again, on a fresh process
+    book.died("node-a", key, "SIGSEGV")
+    status, message = book.failure(crashing, "node-a") or ("", "")
+    assert status == "compile_error" and "died" in message and "SIGSEGV" in message
+    hang_key, _ = book.next_job("node-a") or ("", None)
+    book.timed_out("node-a", hang_key, 30.0)
+    assert book.failure(hanging, "node-a") == (
+        "compile_timeout",
+        "building this kernel took longer than 30 s; the compile process was killed",
+    )
+    assert book.rank(hanging, "node-a") == READY, "nothing to wait for: it is recorded, not run"
+
+
+def test_nodes_build_from_different_places_and_a_shared_cache_builds_once_per_cluster() -> None:
+    items = [item(4, v) for v in range(8)]
+    book = book_for(items, ("node-a", "node-b"))
+    a, b = book.next_job("node-a", 0.0), book.next_job("node-b", 0.5)
+    assert a is not None and b is not None and a[1] is items[0] and b[1] is items[4]
+    shared = book_for(items, (SHARED,))
+    key, _ = shared.next_job(SHARED) or ("", None)
+    shared.finished(SHARED, key, "ok", 1.0)
+    assert shared.rank(items[0], SHARED) == READY
+
+
+# -- the work queue -----------------------------------------------------------------------------------
+
+
+def test_a_worker_takes_built_kernels_first_and_its_own_point_before_others() -> None:
+    items = [item(n, v) for n in (4, 8) for v in (0, 1)]
+    built = {items[1].item_id, items[2].item_id}
+    queue = WorkQueue(items)
+
+    def rank(i: WorkItem) -> int:
+        return READY if i.item_id in built else CLAIMABLE
+
+    assert queue.pop(items[0].point, set(), rank) is items[1], "its point's built item before the unbuilt one"
+    assert queue.pop(items[0].point, set(), rank) is items[2], "a built item elsewhere before compiling"
+    assert queue.pop(items[2].point, set(), rank) is items[3], "load balance: it compiles rather than idles"
+    assert queue.pop(items[2].point, set(), rank) is items[0]
+    assert len(queue) == 0
+
+
+def test_a_worker_waits_rather_than_compile_a_kernel_being_built() -> None:
+    items = [item(4, 0), item(8, 1)]
+    queue = WorkQueue(items)
+    building = {items[0].item_id}
+
+    def rank(i: WorkItem) -> int:
+        return WAIT if i.item_id in building else CLAIMABLE
+
+    assert queue.pop(None, set(), rank) is items[1]
+    assert queue.pop(None, set(), rank) is None, "only a kernel in the making is left: wait"
+    building.clear()
+    assert queue.pop(None, set(), rank) is items[0]
+
+
+# -- whole runs on 2 logical GPUs ---------------------------------------------------------------------
+
+
+def builds_logged(cache: Path) -> Counter[str]:
+    """Real compiles (not loads) of the stand-in compiler, per kernel."""
+    log = cache / "tunectl" / "fault_injection" / "compiles.log"
+    return Counter(log.read_text().split()) if log.exists() else Counter()
+
+
+@pytest.mark.slow
+def test_each_kernel_is_compiled_once_per_node_and_workers_only_load_it(
+    tmp_path: Path, ray_two_gpus: None
+) -> None:
+    from orchestrator.submit import submit
+    from tests.test_faults import assert_one_row_per_item, planned_ids, write_spec
+
+    configs = '[[configs]]\nfault = "none"\ncompile_ms = 400\nvariant = [0, 1, 2]\n'
+    spec = write_spec(tmp_path, configs, n=(4, 8, 16, 32))  # 4 points x (3 + default) = 16 items
+    cache = tmp_path / "cache"
+    out = submit(str(spec), tmp_path / "results", compile_options=CompileOptions(2, str(cache)))
+    rows = assert_one_row_per_item(tmp_path / "results", out.run_id, planned_ids(spec))
+    assert {r["status"] for r in rows} == {"ok"}
+    assert set(builds_logged(cache).values()) == {1} and len(builds_logged(cache)) == 3, (
+        "three distinct kernels (the key has no shape), each compiled once on the node"
+    )
+    loaded = [r for r in rows if json.loads(r["config_key"]).get("compile_ms") and r["compile_ms"] < 200]
+    assert len(loaded) >= 9, "most items found their kernel built and only loaded it"
+    meta = json.loads((tmp_path / "results" / "_runs" / f"{out.run_id}.json").read_text())["compile"]
+    assert meta["cache"] == str(cache) and meta["compile_processes"] == 2
+    assert meta["env"]["TORCHINDUCTOR_CACHE_DIR"] == str(cache / "inductor")
+
+
+@pytest.mark.slow
+def test_a_compiler_that_fails_dies_or_hangs_never_takes_down_a_gpu_worker(
+    tmp_path: Path, ray_two_gpus: None
+) -> None:
+    from orchestrator.submit import submit
+    from tests.test_faults import assert_one_row_per_item, planned_ids, write_spec
+
+    configs = """
+    [[configs]]
+    compile_ms = 50
+    compile_fault = ["raise", "exit", "hang"]
+    [[configs]]
+    compile_ms = 50
+    variant = 7
+    """
+    spec = write_spec(tmp_path, configs, n=(4, 8))
+    options = CompileOptions(2, str(tmp_path / "cache"), timeout_s=4.0)
+    out = submit(str(spec), tmp_path / "results", compile_options=options)
+    rows = assert_one_row_per_item(tmp_path / "results", out.run_id, planned_ids(spec))
+    by_fault = {(json.loads(r["config_key"]).get("compile_fault"), r["status"]) for r in rows}
+    assert by_fault == {
+        ("raise", "compile_error"), ("exit", "compile_error"), ("hang", "compile_timeout"), (None, "ok")
+    }  # fmt: skip
+    messages = {json.loads(r["config_key"]).get("compile_fault"): r["message"] for r in rows}
+    assert "injected failure" in messages["raise"]
+    assert "compiler process died" in messages["exit"]
+    assert "longer than 4 s" in messages["hang"]
+    failed_on_gpu = [r for r in rows if r["status"] != "ok" and r["worker"]]
+    assert not failed_on_gpu, "no failed build reached a GPU worker"
+    log = (tmp_path / "results" / "_runs" / f"{out.run_id}.log").read_text()
+    assert "worker GPU#0 failed" not in log and "worker GPU#1 failed" not in log
