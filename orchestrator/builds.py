@@ -76,6 +76,7 @@ class BuildBook:
     waiting: dict[str, int] = field(default_factory=dict)  # key -> queued items that need it
     seconds: float = 0.0  # compile time spent by builders, all of them
     num_built: int = 0
+    build_seconds: dict[str, float] = field(default_factory=dict)  # key -> its build's seconds
 
     def __post_init__(self) -> None:
         self.keys = {scope: {} for scope in self.scopes}
@@ -107,6 +108,7 @@ class BuildBook:
         if status == "ok":
             entry.state = "built"
             self.num_built += 1
+            self.build_seconds[key] = round(seconds, 3)
         else:
             entry.state, entry.status, entry.message = "failed", status, message
         self.seconds += seconds

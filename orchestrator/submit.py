@@ -200,7 +200,8 @@ def submit(
             )  # fmt: skip
             if builds is not None:
                 built, total, _ = builds.book.counts()
-                info.compile.update(built=built, keys=total, build_seconds=round(builds.book.seconds, 3))
+                info.compile.update(built=built, keys=total, build_seconds=round(builds.book.seconds, 3),
+                                    per_kernel_seconds=builds.book.build_seconds)  # fmt: skip
                 log.info("run %s: compile processes built %d of %d kernel(s) in %.1f s of compile time",
                          run_id, built, total, builds.book.seconds)  # fmt: skip
             writer.close()

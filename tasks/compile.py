@@ -80,8 +80,7 @@ def build(task: TuningTask, static: Mapping[str, Any], shape: Mapping[str, Any],
     if own is not None:
         own(dict(static), dict(shape), dict(config), device)
         return time.perf_counter() - started
-    smallest = getattr(task, "build_shape", None)
-    shape = dict(shape) if smallest is None else smallest(dict(static), dict(shape), dict(config))
+    shape = build_shape(task, static, shape, config)
     if inputs_for is None:
         inputs = task.build_inputs(dict(static), shape, device)
     else:
@@ -89,6 +88,14 @@ def build(task: TuningTask, static: Mapping[str, Any], shape: Mapping[str, Any],
     task.prepare(dict(static), shape, dict(config), inputs)()
     synchronize(device)
     return time.perf_counter() - started
+
+
+def build_shape(task: TuningTask, static: Mapping[str, Any], shape: Mapping[str, Any],
+                config: Mapping[str, Any]) -> dict[str, Any]:  # fmt: skip
+    """The point an item's kernel is built at (its own, unless the task says a smaller one builds the
+    same kernel). What fails there fails for the item only if it is the item's own point."""
+    smallest = getattr(task, "build_shape", None)
+    return dict(shape) if smallest is None else smallest(dict(static), dict(shape), dict(config))
 
 
 def warm_up(task: TuningTask, device: str) -> None:

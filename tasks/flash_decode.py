@@ -90,11 +90,14 @@ class FlashDecode:
         return config.get("kv_page_size", static["page_size"]) == static["page_size"]
 
     def compile_key(self, static: Params, shape: Params, config: Params) -> str | None:
-        """flash-attn-4 JIT-compiles per static key and config (batch and lengths are dynamic to it);
-        FlexAttention compiles per static shape; flash-attn 2/3, sgl-kernel and SDPA ship built."""
+        """flash-attn-4 JIT-compiles per static key and config (batch and lengths are dynamic to it,
+        except where its split heuristic chooses); FlexAttention compiles per static shape; flash-attn
+        2/3, sgl-kernel and SDPA ship built."""
         backend = config.get("backend")
-        if backend == "fa4":
+        if backend == "fa4" and config.get("num_splits", 1) == 1:
             return key_of(static, {"q_len": shape["q_len"]}, config)
+        if backend == "fa4":  # its split heuristic (num_splits 0) picks a kernel per shape
+            return key_of(static, shape, config)
         if backend == "flex":
             return key_of(static, shape, config)
         return None
@@ -102,7 +105,7 @@ class FlashDecode:
     def build_shape(self, static: Params, shape: Params, config: Params) -> dict[str, Any]:
         """flash-attn-4's kernel does not depend on batch or length: build it at the smallest point
         (little memory, a call of a few µs); Flex compiles for the item's own shape."""
-        if config.get("backend") == "fa4":
+        if config.get("backend") == "fa4" and config.get("num_splits", 1) == 1:
             return {**shape, "batch": 1, "kv_len": max(shape["q_len"], static["page_size"])}
         return dict(shape)
 
