@@ -63,3 +63,17 @@ class Blame:
 
     def is_suspect(self, item: WorkItem) -> bool:
         return item.item_id in self.suspects
+
+
+def first_line(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def death_detail(exc: BaseException) -> str:
+    """The most telling line of Ray's actor-death message (it names the exit), else the first."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    for line in lines:
+        if any(word in line.lower() for word in ("exit", "killed", "memory")):
+            return line[:300]
+    return (lines[0] if lines else type(exc).__name__)[:300]

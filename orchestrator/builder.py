@@ -78,7 +78,12 @@ class Builder:
             self._check_context()
             tail = "".join(traceback.format_tb(exc.__traceback__)[-2:])
             message = _clip(f"{type(exc).__name__}: {exc}\n{tail}")
-            return BuildResult(key, "compile_error" if own_point else "ok", 0.0, message, host)
+            # Out of device memory here (beside the measuring workers) says nothing of the kernel: its
+            # worker compiles it itself, as without compile processes.
+            failed = own_point and type(exc).__name__ != "OutOfMemoryError"
+            return BuildResult(key, "compile_error" if failed else "ok", 0.0, message, host)
+        finally:
+            build_api.release(self.device)
         return BuildResult(key, "ok", seconds, "", host)
 
     def _inputs_for(self, task: Any, static: Any, shape: Any) -> Any:

@@ -26,6 +26,7 @@ from typing import Any
 import ray
 from ray import exceptions as rex
 
+from orchestrator.blame import death_detail, first_line
 from tunectl.plan import WorkItem
 
 log = logging.getLogger("tunectl.run")
@@ -63,6 +64,7 @@ class _Key:
     status: str = ""  # for failed: compile_error | compile_timeout | invalid
     message: str = ""
     deaths: int = 0
+    starved: int = 0  # deaths for want of memory, not the kernel's doing
 
 
 @dataclass
@@ -113,9 +115,15 @@ class BuildBook:
             entry.state, entry.status, entry.message = "failed", status, message
         self.seconds += seconds
 
-    def died(self, scope: str, key: str, why: str) -> None:
-        """The builder died building ``key``: build it again on a fresh one, once, then give up."""
+    def died(self, scope: str, key: str, why: str, *, resources: bool = False) -> None:
+        """The builder died building ``key``: build it again on a fresh one, once, then give up. A death
+        for want of resources (the node's memory) says nothing of the kernel: after a few, the kernel is
+        left to the worker that needs it, which compiles it itself."""
         entry = self.keys[scope][key]
+        if resources:
+            entry.starved += 1
+            entry.state = "pending" if entry.starved < MAX_BUILDER_DEATHS + 1 else "built"
+            return
         entry.deaths += 1
         if entry.deaths >= MAX_BUILDER_DEATHS:
             entry.state, entry.status = "failed", "compile_error"
@@ -303,7 +311,7 @@ class BuildScheduler:
         except rex.RayError as exc:  # restarting (answers late), or gone: ask again, less and less often
             b.probe_failures += 1
             if b.probe_failures >= MAX_PROBE_FAILURES:
-                log.warning("compile process %s is lost: %s", b.name, _first_line(exc))
+                log.warning("compile process %s is lost: %s", b.name, first_line(exc))
                 b.state = "lost"
             else:
                 b.probe_at = time.monotonic() + 0.5 * 2.0**b.probe_failures
@@ -320,9 +328,9 @@ class BuildScheduler:
         try:
             result = ray.get(ref)
         except rex.RayError as exc:  # the process died building it (a compiler crash, out of memory)
-            why = _first_line(exc)
+            why = death_detail(exc)
             log.warning("compile process %s died building %s: %s", b.name, _short(key), why)
-            self.book.died(b.scope, key, why)
+            self.book.died(b.scope, key, why, resources="memory" in why.lower())
             self._probe(b)  # Ray restarts it; it gets work once it answers
             return
         b.state = "ready"
@@ -362,11 +370,6 @@ def key_function() -> KeyFn:
     """``compile_keys`` with the task objects kept between calls."""
     tasks: dict[str, Any] = {}
     return lambda item: compile_keys(item, tasks)
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    return (lines[0] if lines else type(exc).__name__)[:300]
 
 
 def _short(key: str) -> str:

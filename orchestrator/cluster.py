@@ -247,7 +247,11 @@ def start_builders(
         have = resources.get(node, {})
         spare = int(have.get("CPU", 1)) - int(have.get("GPU", 0))
         count = per_node if per_node is not None else max(1, min(8, spare // 2))
-        env = setup.runtime_env(RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES="1")
+        # One compile process is one compiler: Inductor's own pool of compile subprocesses in each
+        # would multiply the processes (and the memory) by the node's cores.
+        env = setup.runtime_env(
+            RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES="1", TORCHINDUCTOR_COMPILE_THREADS="1"
+        )
         strategy = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
         for index in range(count):
             actor = (

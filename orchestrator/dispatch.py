@@ -29,7 +29,7 @@ from typing import Any
 import ray
 from ray import exceptions as rex
 
-from orchestrator.blame import Blame, Verdict
+from orchestrator.blame import Blame, Verdict, death_detail, first_line
 from orchestrator.builds import BuildScheduler
 from orchestrator.workqueue import WorkQueue, describe, failure_records
 from tunectl.errors import TunectlError
@@ -199,7 +199,7 @@ class _Dispatcher:
             info = ray.get(ref)
         except _WORKER_LOST as exc:
             slot.probe_failures += 1
-            slot.failure = _first_line(exc)
+            slot.failure = first_line(exc)
             # Ask again soon (a restart in progress answers late), then ever less often: Ray may yet
             # restart it elsewhere (a node replaced, a placement group rescheduled).
             slot.probe_at = time.monotonic() + min(0.5 * 2.0 ** (slot.probe_failures - 1), 30.0)
@@ -239,7 +239,7 @@ class _Dispatcher:
             return
         except rex.RayError as exc:  # the worker survived but its call failed outside the task's code
             records = failure_records(
-                self.run_id, call.item, "error", f"worker call failed: {_first_line(exc)}"
+                self.run_id, call.item, "error", f"worker call failed: {first_line(exc)}"
             )
         if records is None:  # a new process of this worker refused a call meant for the old one
             self._worker_failed(slot, RuntimeError("the worker process was replaced"))
@@ -333,7 +333,7 @@ class _Dispatcher:
     def _worker_failed(self, slot: _Slot, exc: BaseException) -> None:
         """The worker's process (or node) is gone: settle its calls, then wait for it to come back."""
         self.stats.num_worker_failures += 1
-        log.info("worker %s failed (%s): %s", slot.name, type(exc).__name__, _first_line(exc))
+        log.info("worker %s failed (%s): %s", slot.name, type(exc).__name__, first_line(exc))
         self._probe(slot)  # first: no work goes to this worker until its new process answers
         calls = list(slot.calls)
         slot.calls.clear()
@@ -358,7 +358,7 @@ class _Dispatcher:
                             slot.name, slot.node_id[:12], len(unanswered))  # fmt: skip
             self._requeue(slot.lane, Verdict(innocent=[item for item, _ in unanswered]))
         else:
-            slot.limbo, slot.death = unanswered, _death_detail(exc)  # judged once the worker is back
+            slot.limbo, slot.death = unanswered, death_detail(exc)  # judged once the worker is back
             slot.limbo_since = time.monotonic()
 
     def _settle_finished(self, lane: str, calls: list[_Call]) -> list[_Call]:
@@ -373,7 +373,7 @@ class _Dispatcher:
                 break
             except rex.RayError as exc:
                 records = failure_records(
-                    self.run_id, calls[0].item, "error", f"worker call failed: {_first_line(exc)}"
+                    self.run_id, calls[0].item, "error", f"worker call failed: {first_line(exc)}"
                 )
             if records is None:
                 break  # refused by the process that replaced the dead one: it never ran
@@ -469,17 +469,3 @@ class _Dispatcher:
                     f"no {lane} worker came back for {self.options.stall_timeout_s:.0f} s and {len(queue)} "
                     "item(s) are left; finish the run with `tunectl submit --resume RUN_ID`"
                 )
-
-
-def _first_line(exc: BaseException) -> str:
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    return lines[0] if lines else type(exc).__name__
-
-
-def _death_detail(exc: BaseException) -> str:
-    """The most telling line of Ray's actor-death message (it names the exit), else the first."""
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    for line in lines:
-        if "exit" in line.lower() or "killed" in line.lower():
-            return line[:300]
-    return (lines[0] if lines else type(exc).__name__)[:300]

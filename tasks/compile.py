@@ -127,6 +127,14 @@ def build_device(index: int) -> str:
     return f"cuda:{index % count}" if count else "cpu"
 
 
+def release(device: str) -> None:
+    """Give the device memory a build cached back (the measuring workers share the device)."""
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.empty_cache()
+
+
 def device_healthy(device: str) -> bool:
     """False once a kernel has left the CUDA context unusable (every later call would fail)."""
     try:
