@@ -302,7 +302,7 @@ def cmd_simulate(args: argparse.Namespace) -> None:
     from benchmarks.fleet_model import simulate_table
 
     runs = json.loads(Path(args.sweeps).read_text())
-    print(simulate_table(runs, builders_per_node=args.builders))
+    print(simulate_table(runs, builders_per_gpu=args.builders_per_gpu))
 
 
 def main() -> None:
@@ -321,7 +321,7 @@ def main() -> None:
     p.add_argument("--settle-s", type=float, default=20.0)
     p = sub.add_parser("simulate")
     p.add_argument("--sweeps", required=True)
-    p.add_argument("--builders", type=int, default=8)
+    p.add_argument("--builders-per-gpu", type=int, default=4)
     p = sub.add_parser("table")
     p.add_argument("--sweeps", required=True)
     args = parser.parse_args()

@@ -9,8 +9,9 @@ worker that compiles it itself. The ``BuildScheduler`` keeps the node's compile 
 What the dispatcher does with it: a worker prefers items whose kernels are built on its node (load
 balance first: an idle worker still takes an unbuilt item and compiles it itself, and the builders
 then skip that key). An item whose kernel failed to build is recorded from the build's answer
-(``compile_error``, ``compile_timeout``, ``invalid``) and never goes to a GPU. Nodes start their
-builds at different places in the order, so that several nodes build different kernels first.
+(``compile_error``, ``compile_timeout``, ``invalid``) and never goes to a GPU. Without a shared cache,
+node k of M builds every M-th kernel of the order first: nodes build different kernels, and each node's
+workers find kernels built for them near the head of the queue.
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ class BuildBook:
     keys: dict[str, dict[str, _Key]] = field(default_factory=dict)  # scope -> key -> state
     item_keys: dict[str, list[str]] = field(default_factory=dict)
     waiting: dict[str, int] = field(default_factory=dict)  # key -> queued items that need it
+    position: dict[str, int] = field(default_factory=dict)  # key -> its place in the order
     seconds: float = 0.0  # compile time spent by builders, all of them
     num_built: int = 0
     build_seconds: dict[str, float] = field(default_factory=dict)  # key -> its build's seconds
@@ -94,16 +96,24 @@ class BuildBook:
         for key in self._keys(item):
             self.waiting[key] = max(0, self.waiting.get(key, 0) - 1)
 
-    def next_job(self, scope: str, offset: float = 0.0) -> tuple[str, WorkItem] | None:
-        """The next pending key of ``scope`` that a queued item needs, starting ``offset`` (a share)
-        into the order; it is then building."""
-        book = self.keys[scope]
-        pending = [k for k, v in book.items() if v.state == "pending" and self.waiting.get(k, 0) > 0]
-        if not pending:
+    def next_job(self, scope: str, share: tuple[int, int] = (0, 1)) -> tuple[str, WorkItem] | None:
+        """The next pending key of ``scope`` that a queued item needs, now building. ``share`` (i, n):
+        node i of n builds every n-th kernel of the order first, then helps with the others, so that
+        nodes build different kernels and each finds its own near the head of the queue."""
+        index, count = share
+        first = None
+        for key, entry in self.keys[scope].items():
+            if entry.state != "pending" or self.waiting.get(key, 0) <= 0:
+                continue
+            if self.position[key] % count == index:
+                first = key
+                break
+            first = first or key
+        if first is None:
             return None
-        key = pending[int(offset * len(pending)) % len(pending)]
-        book[key].state = "building"
-        return key, book[key].item
+        entry = self.keys[scope][first]
+        entry.state = "building"
+        return first, entry.item
 
     def finished(self, scope: str, key: str, status: str, seconds: float, message: str = "") -> None:
         entry = self.keys[scope][key]
@@ -195,6 +205,7 @@ class BuildBook:
         if keys is None:
             keys = self.item_keys[item.item_id] = self.key_fn(item)
             for key in keys:
+                self.position.setdefault(key, len(self.position))
                 for book in self.keys.values():
                     book.setdefault(key, _Key(item))
         return keys
@@ -204,7 +215,7 @@ class BuildBook:
 class _Builder:
     actor: Any
     scope: str
-    offset: float
+    share: tuple[int, int]  # (this node's index, nodes) when each node builds for itself
     name: str
     state: str = "starting"  # starting | ready | busy | lost
     probe: Any = None
@@ -219,12 +230,18 @@ class BuildScheduler:
 
     def __init__(self, book: BuildBook, builders: Sequence[tuple[Any, str]], timeout_s: float,
                  on_change: Callable[[BuildBook], None] | None = None) -> None:  # fmt: skip
-        """``builders``: (actor, node id) pairs. Node k of M starts building k/M into the order."""
+        """``builders``: (actor, node id) pairs. Without a shared cache, node k of M builds every M-th
+        kernel first (``BuildBook.next_job``)."""
         self.book, self.timeout_s, self.on_change = book, timeout_s, on_change
         nodes = sorted({node for _, node in builders})
         shared = list(book.scopes) == [SHARED]
         self.builders = [
-            _Builder(actor, SHARED if shared else node, nodes.index(node) / len(nodes), f"#{i}")
+            _Builder(
+                actor,
+                SHARED if shared else node,
+                (0, 1) if shared else (nodes.index(node), len(nodes)),
+                f"#{i}",
+            )  # fmt: skip
             for i, (actor, node) in enumerate(builders)
         ]
         self._owner: dict[Any, _Builder] = {}
@@ -259,7 +276,7 @@ class BuildScheduler:
         for b in self.builders:
             if b.state != "ready":
                 continue
-            job = self.book.next_job(b.scope, b.offset)
+            job = self.book.next_job(b.scope, b.share)
             if job is None:
                 continue
             key, item = job

@@ -231,8 +231,9 @@ def _cpu_pool(setup: WorkerSetup) -> Pool:
 def start_builders(
     node_ids: Sequence[str], per_node: int | None, setup: WorkerSetup
 ) -> list[tuple[Any, str]]:
-    """Compile processes on each node, as (actor, node id); ``per_node`` None: as many as the node's
-    spare cores allow (half the cores not matched to a GPU, at most 8, at least 1).
+    """Compile processes on each node, as (actor, node id); ``per_node`` None: half the node's cores
+    not matched to a GPU, at most 4 per GPU (each holds a CUDA context and a point's inputs), at
+    least 1.
 
     They see the node's GPUs (Ray hides them from actors that reserve none): a compile for a GPU needs
     the device. They reserve no CPU in Ray's accounting, since the GPU workers reserve none either.
@@ -246,7 +247,9 @@ def start_builders(
     for node in node_ids:
         have = resources.get(node, {})
         spare = int(have.get("CPU", 1)) - int(have.get("GPU", 0))
-        count = per_node if per_node is not None else max(1, min(8, spare // 2))
+        count = (
+            per_node if per_node is not None else max(1, min(4 * max(1, int(have.get("GPU", 0))), spare // 2))
+        )
         # One compile process is one compiler: Inductor's own pool of compile subprocesses in each
         # would multiply the processes (and the memory) by the node's cores.
         env = setup.runtime_env(
