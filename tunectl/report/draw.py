@@ -27,7 +27,12 @@ _VERDICT_COLOURS = {"faster": "#2166ac", "slower": "#b2182b", "tie": "#878787"}
 
 
 def _wrap(text: str, inches: float) -> str:
-    return "\n".join(textwrap.wrap(text, max(30, int(inches * 12))))
+    return "\n".join(textwrap.wrap(text, max(30, int(inches * 11))))
+
+
+def _title(fig: Any, text: str, width_in: float) -> None:
+    """The title across the whole figure, wrapped to its width (an axes title runs off a wide one)."""
+    fig.suptitle(_wrap(text, width_in), x=0.01, ha="left", fontsize=9)
 
 
 def _cell_size(grid: Grid) -> tuple[float, float]:
@@ -45,6 +50,15 @@ def _slant(ax: Any, slant: bool) -> None:
         ax.tick_params(axis="x", labelrotation=60)
         for tick in ax.get_xticklabels():
             tick.set_horizontalalignment("right")
+
+
+def _times_ticks(axis: Any) -> None:
+    """A log axis labelled 1×, 2×, 5× (not 10^0, 2×10^0)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 1.1, 1.2, 1.5, 2.0, 3.0, 5.0, 7.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}×"))
+    axis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
 
 
 def _text_colour(rgba: tuple[float, ...]) -> str:
@@ -85,7 +99,7 @@ def _annotate(grid: Grid, ax: Any, cmap: Any, norm: Any, col_in: float) -> bool:
     from matplotlib.patches import Rectangle
 
     failed = False
-    size = 7 if col_in >= 0.55 else 5.5
+    size = 7.5 if col_in >= 0.55 else 5.5
     for (i, j), cell in grid.cells.items():
         if cell.value is None or (grid.kind == "noise" and cell.value <= 0):
             failed |= cell.status != "ok"
@@ -124,6 +138,8 @@ def draw_grid(grid: Grid, path: Path) -> None:
     bar = fig.colorbar(image, ax=ax, shrink=0.9, extend="max" if clipped else "neither")
     if grid.kind == "noise":
         bar.set_label("relative noise (log scale" + (", clipped)" if clipped else ")"))
+        steps = [m * 10.0**e for e in range(-3, 2) for m in (1, 2, 5)]
+        bar.set_ticks([t for t in steps if norm.vmin <= t <= norm.vmax])
         bar.formatter = PercentFormatter(1.0, decimals=1)
     else:
         top = norm.vmax
@@ -143,7 +159,7 @@ def draw_grid(grid: Grid, path: Path) -> None:
     ax.set_yticks(range(len(grid.rows)), grid.rows, fontsize=7.5)
     ax.set_xlabel(grid.col_name, fontsize=8.5)
     ax.set_ylabel(grid.row_name, fontsize=8.5)
-    ax.set_title(_wrap(grid.title, width), fontsize=9, loc="left")
+    _title(fig, grid.title, width)
     fig.savefig(path, dpi=_DPI)
 
 
@@ -156,24 +172,30 @@ def draw_validation(panel: ValidationPanel, path: Path) -> None:
     below = [s - (s if c.lo is None else c.lo) for c, s in zip(checks, speedups, strict=True)]
     above = [(s if c.hi is None else c.hi) - s for c, s in zip(checks, speedups, strict=True)]
     labels = [label(c.shape) for c in checks]
+    slant = len(checks) > 4
+    width = min(_MAX_WIDTH_IN, 5.5 + 0.6 * len(checks))
     fig = Figure(
-        figsize=(min(_MAX_WIDTH_IN, 4.0 + 0.55 * len(checks)), 3.6 + 0.05 * max(map(len, labels))),
-        layout="constrained",
+        figsize=(width, 3.2 + (0.045 * max(map(len, labels)) if slant else 0.2)), layout="constrained"
     )
     ax = fig.add_subplot()
     x = range(len(checks))
     colours = [_VERDICT_COLOURS.get(c.verdict, "#878787") for c in checks]
+    spread = max([*speedups, 1.0]) / min([*speedups, 1.0])
+    if spread > 3:  # 1.06x and 7.2x on one axis: a linear one flattens the small gains to nothing
+        ax.set_yscale("log")
+        _times_ticks(ax.yaxis)
     ax.bar(x, [s - 1 for s in speedups], bottom=1.0, color=colours, alpha=0.45, width=0.6)
     ax.errorbar(x, speedups, yerr=[below, above], fmt="o", color="black", capsize=4, label="speedup, 95 %")
     ax.axhline(1.0, color="grey", lw=1)
     if panel.geomean is not None:
         ax.axhline(panel.geomean, color="#4d9221", ls="--", label=f"geometric mean {panel.geomean:.3f}×")
     ax.set_xticks(x, labels, fontsize=7.5)
-    _slant(ax, len(checks) > 4)
+    _slant(ax, slant)
     ax.set_ylabel("speedup over default (×)")
-    ax.set_title(_wrap(panel.group.title, 8.0), fontsize=9, loc="left")
+    _title(fig, panel.group.title, width)
     verdicts = [Patch(color=c, alpha=0.45, label=v) for v, c in _VERDICT_COLOURS.items()]
-    ax.legend(handles=[*ax.get_legend_handles_labels()[0], *verdicts], fontsize=7.5)
+    handles = [*ax.get_legend_handles_labels()[0], *verdicts]
+    ax.legend(handles=handles, fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.savefig(path, dpi=_DPI)
 
 
@@ -188,23 +210,14 @@ def draw_imported(panel: ImportedPanel, path: Path) -> None:
         ax.scatter(ratios[1:], [i] * len(ratios[1:]), s=16, color="#888888", alpha=0.7, lw=0)
         if ratios:
             ax.scatter([1.0], [i], s=60, color="#2166ac", marker="D", zorder=3)
-        if point.num_failed:
-            ax.annotate(
-                f"{point.num_failed} failed",
-                (1.0, i),
-                xytext=(-8, 0),
-                textcoords="offset points",
-                ha="right",
-                va="center",
-                fontsize=7,
-                color="#b2182b",
-            )
     ax.set_xscale("log")
-    ax.set_xlim(left=0.9)
-    ax.set_yticks(range(len(panel.points)), [label(p.shape) for p in panel.points], fontsize=7.5)
+    ax.set_xlim(left=0.95)
+    _times_ticks(ax.xaxis)
+    names = [label(p.shape) + (f"\n({p.num_failed} failed)" if p.num_failed else "") for p in panel.points]
+    ax.set_yticks(range(len(panel.points)), names, fontsize=7.5)
     ax.invert_yaxis()
     ax.set_xlabel("time over Inductor's pick (×, log scale): ◆ the pick, ● every other choice")
-    ax.set_title(_wrap(panel.group.title, 8.0), fontsize=9, loc="left")
+    _title(fig, panel.group.title, 8.0)
     fig.savefig(path, dpi=_DPI)
 
 

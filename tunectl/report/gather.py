@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from tunectl import stats
 from tunectl.keys import Key, key_from_text, value_order
-from tunectl.report.grids import Cell, Grid, Group, Point, label, noise_grid, speedup_grids
+from tunectl.report.grids import Cell, Grid, Group, Point, label, noise_grid, short_labels, speedup_grids
 from tunectl.select import Winner, latest_comparisons, select_winners
 
 if TYPE_CHECKING:
@@ -114,6 +114,10 @@ class ImportedPanel:
     group: Group
     points: tuple[ImportedPoint, ...]
     plot: str
+    names: Mapping[Key, str]  # each choice by the options that vary among the group's choices
+
+    def name(self, choice: Choice | None) -> str:
+        return self.names.get(choice.config, label(choice.config)) if choice is not None else "none finished"
 
 
 @dataclass(frozen=True)
@@ -303,7 +307,8 @@ def imported_panels(rows: Iterable[Row]) -> tuple[ImportedPanel, ...]:
             ImportedPoint(shape, tuple(sorted(choices, key=_choice_order)))
             for shape, choices in sorted(shapes.items(), key=lambda kv: value_order(kv[0]))
         )
-        panels.append(ImportedPanel(group, points, f"imported-{n:03d}.png"))
+        names = short_labels(c.config for p in points for c in p.choices)
+        panels.append(ImportedPanel(group, points, f"imported-{n:03d}.png", names))
     return tuple(panels)
 
 

@@ -92,15 +92,23 @@ def _value_order(value: Value) -> tuple[str, Any]:
 
 
 def short_labels(keys: Iterable[Key]) -> dict[Key, str]:
-    """Each key labelled by the parameters that vary among ``keys`` (all of them where none do)."""
+    """Each key labelled by the parameters that take two or more values among ``keys`` (a parameter
+    some keys lack counts as varying only where leaving it out would give two keys one label); a key
+    left with nothing to show keeps its full label."""
     keys = list(dict.fromkeys(keys))
     seen: dict[str, set[Value]] = {}
     for key in keys:
         for name, v in key:
             seen.setdefault(name, set()).add(v)
-    names = {n for key in keys for n, _ in key}
-    varying = {n for n in names if len(seen[n]) > 1 or any(n not in dict(k) for k in keys)}
-    return {k: label(tuple((n, v) for n, v in k if n in varying)) if varying else label(k) for k in keys}
+    partial = {n for n in seen if any(n not in dict(k) for k in keys)}
+    for varying in (
+        {n for n, vs in seen.items() if len(vs) > 1},
+        {n for n, vs in seen.items() if len(vs) > 1} | partial,
+    ):
+        names = {k: label(tuple((n, v) for n, v in k if n in varying)) for k in keys}
+        if len(set(names.values())) == len(keys):
+            break
+    return {k: name if name != "-" else label(k) for k, name in names.items()}
 
 
 def _dims(shapes: Iterable[Key]) -> dict[str, list[Value]]:
@@ -127,12 +135,11 @@ def speedup_grids(points: Sequence[Point], plot_prefix: str, first: int = 1) -> 
     """Heatmaps of one group's points: shape dimensions as rows and columns, one per value of the rest.
 
     Each winner other than the default gets a letter, the same in every grid of the group, and the
-    grid's legend says which config it stands for."""
+    grid's legend names its config in full (a winner's options mean little without the default's)."""
     dims = _dims(p.shape for p in points)
     row_name, col_name = _axes(dims)
     rows, cols = dims.get(row_name, [None]), dims.get(col_name, [None])
     winners = sorted({p.config for p in points if not p.is_default}, key=value_order)
-    names = short_labels(winners)
     letter = dict(zip(winners, _letters(len(winners)), strict=True))
     by_rest: dict[Key, list[Point]] = {}
     for p in points:
@@ -154,7 +161,7 @@ def speedup_grids(points: Sequence[Point], plot_prefix: str, first: int = 1) -> 
                 p.speedup, text, note, shape=p.shape, config=p.config, mark=mark, interval=p.interval
             )
         used = {c.config for c in cells.values() if c.mark}
-        legend = tuple((letter[c], names[c]) for c in winners if c in used)
+        legend = tuple((letter[c], label(c)) for c in winners if c in used)
         grids.append(
             Grid(
                 "speedup",
@@ -170,6 +177,12 @@ def speedup_grids(points: Sequence[Point], plot_prefix: str, first: int = 1) -> 
             )
         )
     return tuple(grids)
+
+
+def _config_row(name: str, is_default: bool) -> str:
+    if not is_default:
+        return name
+    return "default" if name == "-" else f"{name} (default)"
 
 
 def noise_grid(group: Group, cells: Sequence[Cell], plot: str, *, defaults: Iterable[Key] = ()) -> Grid:
@@ -190,7 +203,7 @@ def noise_grid(group: Group, cells: Sequence[Cell], plot: str, *, defaults: Iter
         (),
         "config",
         " × ".join(varying),
-        tuple(names[c] + (" (default)" if c in defaults else "") for c in configs),
+        tuple(_config_row(names[c], c in defaults) for c in configs),
         tuple("×".join(value_text(dict(s)[n]) for n in varying if n in dict(s)) for s in shapes),
         placed,
         plot,
