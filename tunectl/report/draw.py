@@ -74,7 +74,7 @@ def _speedup_norm(grid: Grid) -> Any:
     return LogNorm(1 / extent, extent)
 
 
-def _noise_norm(grid: Grid) -> tuple[Any, bool]:
+def noise_scale(grid: Grid) -> tuple[Any, bool]:
     """A log scale from 0.1 % to the 95th percentile of the noise (at least 5 %); clipped above?"""
     import numpy as np
     from matplotlib.colors import LogNorm
@@ -133,7 +133,7 @@ def draw_grid(grid: Grid, path: Path) -> None:
     if grid.kind == "speedup":
         cmap, norm, clipped = colormaps["RdBu"], _speedup_norm(grid), False
     else:
-        cmap, (norm, clipped) = colormaps["YlOrRd"], _noise_norm(grid)
+        cmap, (norm, clipped) = colormaps["YlOrRd"], noise_scale(grid)
     image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, norm=norm, aspect="auto")
     bar = fig.colorbar(image, ax=ax, shrink=0.9, extend="max" if clipped else "neither")
     if grid.kind == "noise":
