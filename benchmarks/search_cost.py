@@ -24,6 +24,7 @@ import dataclasses
 import math
 import statistics
 import sys
+import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -190,9 +191,10 @@ def main() -> None:
         return
     for run_id in args.other:
         other = load_run(args.results, run_id)
-        spec = parse_spec(other.spec_text, other.spec_path, other.name)
+        spec = parse_spec(other.spec_text, other.spec_path, other.name, stored=True)
         rows = read_results(args.results, run_ids=[run_id])
-        print(from_run(base, truth, rows, f"{spec.search.strategy} ({run_id})", spec).line())
+        strategy = tomllib.loads(other.spec_text).get("search", {}).get("strategy", "grid")
+        print(from_run(base, truth, rows, f"{strategy} ({run_id})", spec).line())
 
 
 if __name__ == "__main__":

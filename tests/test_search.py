@@ -203,6 +203,9 @@ def test_halving_without_finals_measures_the_last_survivors_in_full() -> None:
         assert min(true_time(i) for i in full) == best
 
 
-def test_a_spec_asking_for_the_model_strategy_is_refused() -> None:
+def test_a_spec_asking_for_the_model_strategy_is_refused_but_a_run_made_with_it_still_reads() -> None:
+    retired = SPEC + "[search]\nstrategy = 'model'\nbudget = 0.3\nwarm_start = 1\n"
     with pytest.raises(SpecError, match=r"search\.strategy: 'model' is not one of grid, halving"):
-        _spec("[search]\nstrategy = 'model'\n")
+        parse_spec(retired, "s.toml")
+    stored = parse_spec(retired, "s.toml", stored=True)
+    assert stored.shapes == _spec("").shapes and stored.search.strategy == "grid"

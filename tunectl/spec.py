@@ -82,6 +82,8 @@ class SearchSpec:
 
 
 STRATEGIES = ("grid", "halving")
+#: strategies earlier versions ran; runs made with them still read (``parse_spec(..., stored=True)``)
+RETIRED_STRATEGIES = ("model",)
 
 
 @dataclass(frozen=True)
@@ -126,11 +128,16 @@ def load_spec(path: str | Path) -> Spec:
     return parse_spec(text, p, default_name=Path(path).stem)
 
 
-def parse_spec(text: str, path: str = "<spec>", default_name: str = "spec") -> Spec:
+def parse_spec(text: str, path: str = "<spec>", default_name: str = "spec", *, stored: bool = False) -> Spec:
+    """``stored``: the text is a finished run's spec, read for what it tuned (its shapes, buckets and
+    configs); a ``[search]`` table naming a strategy this version no longer has reads as the default."""
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(path, "toml", str(exc)) from None
+    search = raw.get("search")
+    if stored and isinstance(search, dict) and search.get("strategy") in RETIRED_STRATEGIES:
+        raw = {k: v for k, v in raw.items() if k != "search"}
     return _Validator(path).spec(raw, text, default_name)
 
 
