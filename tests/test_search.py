@@ -205,7 +205,7 @@ def test_halving_without_finals_measures_the_last_survivors_in_full() -> None:
 
 def test_a_spec_asking_for_the_model_strategy_is_refused_but_a_run_made_with_it_still_reads() -> None:
     retired = SPEC + "[search]\nstrategy = 'model'\nbudget = 0.3\nwarm_start = 1\n"
-    with pytest.raises(SpecError, match=r"search\.strategy: 'model' is not one of grid, halving"):
+    with pytest.raises(SpecError, match=r"search\.strategy: 'model' was removed; use 'halving'"):
         parse_spec(retired, "s.toml")
     stored = parse_spec(retired, "s.toml", stored=True)
     assert stored.shapes == _spec("").shapes and stored.search.strategy == "grid"

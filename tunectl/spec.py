@@ -173,6 +173,8 @@ class _Validator:
         return Spec(self.path, name, task.name, static, shapes, configs, measure, resources, search, text)
 
     def search(self, value: object) -> SearchSpec:
+        if isinstance(value, dict) and value.get("strategy") in RETIRED_STRATEGIES:
+            raise self.fail("search.strategy", f"{value['strategy']!r} was removed; use 'halving'")
         search: SearchSpec = self.dataclass_table(SearchSpec, value, "search")
         self.choice("search.strategy", search.strategy, STRATEGIES)
         if search.finalists and search.rounds < 2:
