@@ -131,6 +131,13 @@ def _letters(count: int) -> list[str]:
     return (letters + [a + b for a in letters for b in letters])[:count]
 
 
+def _speedup_cell(p: Point, letter: Mapping[Key, str]) -> Cell:
+    note = label(p.config) + (" (default)" if p.is_default else "") + (f"\n{p.reason}" if p.reason else "")
+    text = f"{p.speedup:.2f}" if p.speedup is not None else "no default"
+    mark = "" if p.is_default else letter[p.config]
+    return Cell(p.speedup, text, note, shape=p.shape, config=p.config, mark=mark, interval=p.interval)
+
+
 def speedup_grids(points: Sequence[Point], plot_prefix: str, first: int = 1) -> tuple[Grid, ...]:
     """Heatmaps of one group's points: shape dimensions as rows and columns, one per value of the rest.
 
@@ -149,17 +156,7 @@ def speedup_grids(points: Sequence[Point], plot_prefix: str, first: int = 1) -> 
         cells = {}
         for p in by_rest[rest]:
             shape = dict(p.shape)
-            at = rows.index(shape.get(row_name)), cols.index(shape.get(col_name))
-            note = (
-                label(p.config)
-                + (" (default)" if p.is_default else "")
-                + (f"\n{p.reason}" if p.reason else "")
-            )
-            text = f"{p.speedup:.2f}" if p.speedup is not None else "no default"
-            mark = "" if p.is_default else letter[p.config]
-            cells[at] = Cell(
-                p.speedup, text, note, shape=p.shape, config=p.config, mark=mark, interval=p.interval
-            )
+            cells[rows.index(shape.get(row_name)), cols.index(shape.get(col_name))] = _speedup_cell(p, letter)
         used = {c.config for c in cells.values() if c.mark}
         legend = tuple((letter[c], label(c)) for c in winners if c in used)
         grids.append(
