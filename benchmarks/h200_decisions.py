@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,12 @@ TIE = 0.02
 
 
 def _spec(info: RunInfo) -> Any:
-    return parse_spec(info.spec_text, info.spec_path, info.name)
+    return parse_spec(info.spec_text, info.spec_path, info.name, stored=True)
+
+
+def _strategy(info: RunInfo) -> str:
+    """The strategy the run was made with, as its spec names it (a retired one included)."""
+    return str(tomllib.loads(info.spec_text).get("search", {}).get("strategy", "grid"))
 
 
 def _medians(rows: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str, str], float]:
@@ -105,7 +111,7 @@ def main() -> None:
     tune = [r for r in runs if r.kind == "tune"]
     grids: dict[str, list[RunInfo]] = {}
     for r in tune:
-        if _spec(r).search.strategy == "grid":
+        if _strategy(r) == "grid":
             grids.setdefault(r.name, []).append(r)
     print("## Reproducibility: the same spec run twice\n")
     print(
@@ -125,10 +131,10 @@ def main() -> None:
         print(search_cost.HEADER)
         for r in tune:
             other = _spec(r)
-            if r.name != name or other.search.strategy == "grid":
+            if r.name != name or _strategy(r) == "grid":
                 continue
             rows = read_results(args.results, run_ids=[r.run_id])
-            label = f"{other.search.strategy} ({r.run_id}, {r.state})"
+            label = f"{_strategy(r)} ({r.run_id}, {r.state})"
             print(search_cost.from_run(spec, truth, rows, label, other).line())
         print()
     print("## Stacked validation of the published bundles against the defaults\n")

@@ -4,7 +4,7 @@
 # benchmarks/results/h200.md says). Results accumulate in $RES; each step copies them to $OUT.
 #   bash benchmarks/h200_session.sh 1   # the exhaustive grids (decode, prefill), first time
 #   bash benchmarks/h200_session.sh 2   # the same specs again: reproducibility
-#   bash benchmarks/h200_session.sh 3   # successive halving and the model-based sampler
+#   bash benchmarks/h200_session.sh 3   # successive halving (the model-based sampler it also ran is retired)
 #   bash benchmarks/h200_session.sh 4   # export, and stacked validation against the defaults
 #   bash benchmarks/h200_session.sh 5   # as 4, on a fresh host: results from results.tar.gz, page 128
 set -uo pipefail
@@ -40,9 +40,7 @@ case "${1:?step}" in
     ;;
   3)
     submit 170 configs/h200/flash_decode.toml halving 'strategy = "halving"'
-    submit 150 configs/h200/flash_decode.toml model 'strategy = "model"'
     submit 120 configs/h200/flex_prefill.toml halving 'strategy = "halving"'
-    submit 120 configs/h200/flex_prefill.toml model 'strategy = "model"'
     ;;
   4)
     decode=$(first_run h200-flash-decode)

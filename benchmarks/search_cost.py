@@ -24,6 +24,7 @@ import dataclasses
 import math
 import statistics
 import sys
+import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tunectl.keys import key_text
 from tunectl.plan import WorkItem, plan
+from tunectl.record import RECORD_FIELDS, Record
 from tunectl.results import read_results
 from tunectl.runs import load_run
 from tunectl.search import Search
@@ -102,7 +104,7 @@ def _grid_best(spec: Spec, truth: Mapping[Point, Mapping[str, Mapping[str, Any]]
 def replay(spec: Spec, truth: Mapping[Point, Mapping[str, Mapping[str, Any]]], name: str) -> Outcome:
     search = Search(plan(spec), spec.search)
 
-    def answer(item: WorkItem) -> list[dict[str, Any]]:
+    def answer(item: WorkItem) -> list[Record]:
         point = (key_text(item.static), key_text(item.shape))
         configs = item.arms or (item.config,)
         base = truth[point][key_text(configs[0])]
@@ -119,14 +121,14 @@ def replay(spec: Spec, truth: Mapping[Point, Mapping[str, Mapping[str, Any]]], n
                     group_id=item.item_id,
                     is_default=config == configs[0],
                 )
-            out.append(row)
+            out.append(Record(**{name: row[name] for name in RECORD_FIELDS}))
         return out
 
     queue, cost, finals, rows = search.start(), 0.0, 0, []
     while queue:
         item = queue.pop(0)
         records = answer(item)
-        rows += records
+        rows += [dataclasses.asdict(r) for r in records]
         if item.arms:
             finals += len(item.arms)
         else:
@@ -172,7 +174,6 @@ def main() -> None:
     ap.add_argument("--results", required=True)
     ap.add_argument("--run", required=True, help="the exhaustive (grid) run")
     ap.add_argument("--other", action="append", default=[], help="runs mode: a strategy's run")
-    ap.add_argument("--budget", type=float, action="append", default=[], help="replay: model budgets")
     args = ap.parse_args()
     info = load_run(args.results, args.run)
     base = parse_spec(info.spec_text, info.spec_path, info.name)
@@ -184,23 +185,16 @@ def main() -> None:
         variants += [
             ("halving eta=4 min_budget=1/16", {"strategy": "halving", "eta": 4, "min_budget": 1 / 16})
         ]
-        for b in args.budget or [0.2, 0.3]:
-            for ws in (0, 1):
-                variants.append(
-                    (
-                        f"model budget={b} warm_start={ws}",
-                        {"strategy": "model", "budget": b, "warm_start": ws},
-                    )
-                )
         for name, settings in variants:
             spec = dataclasses.replace(base, search=dataclasses.replace(base.search, **settings))
             print(replay(spec, truth, name).line())
         return
     for run_id in args.other:
         other = load_run(args.results, run_id)
-        spec = parse_spec(other.spec_text, other.spec_path, other.name)
+        spec = parse_spec(other.spec_text, other.spec_path, other.name, stored=True)
         rows = read_results(args.results, run_ids=[run_id])
-        print(from_run(base, truth, rows, f"{spec.search.strategy} ({run_id})", spec).line())
+        strategy = tomllib.loads(other.spec_text).get("search", {}).get("strategy", "grid")
+        print(from_run(base, truth, rows, f"{strategy} ({run_id})", spec).line())
 
 
 if __name__ == "__main__":

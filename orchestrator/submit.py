@@ -12,7 +12,7 @@ import dataclasses
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -33,7 +33,7 @@ from orchestrator.cluster import (
 from orchestrator.dispatch import DispatchOptions, Lane, dispatch
 from tunectl.errors import UserError
 from tunectl.plan import Plan, WorkItem, plan
-from tunectl.record import Record
+from tunectl.record import RECORD_FIELDS, Record
 from tunectl.results import ResultsWriter, read_results
 from tunectl.runs import RunInfo, driver_alive, load_run, new_run_id, run_exists, run_log_path, save_run
 from tunectl.search import Search
@@ -69,7 +69,7 @@ class Progress(Protocol):
 class Work(Protocol):
     """What a pool runs: its first items, then more as records arrive (``tunectl.search.Search``)."""
 
-    def start(self, rows: Iterable[Mapping[str, Any]] = ()) -> list[WorkItem]: ...
+    def start(self, records: Iterable[Record] = ()) -> list[WorkItem]: ...
 
     def follow_up(self, records: Sequence[Record]) -> list[WorkItem]: ...
 
@@ -228,7 +228,8 @@ def _lanes(
 ) -> tuple[list[Lane], RunInfo, int]:
     """Each pool's first items (after what a resumed run already has); the run's metadata to match."""
     rows = read_results(results, run_ids=[info.run_id]) if resumed and results.is_dir() else []
-    lanes = [Lane(p.name, tuple(p.workers), tuple(searches[p.name].start(rows))) for p in pools]
+    records = [Record(**{name: row[name] for name in RECORD_FIELDS}) for row in rows]
+    lanes = [Lane(p.name, tuple(p.workers), tuple(searches[p.name].start(records))) for p in pools]
     planned = sum(s.estimate() for s in searches.values())
     info = dataclasses.replace(info, pools=tuple(p.name for p in pools), num_planned=planned)
     return lanes, info, len(rows)

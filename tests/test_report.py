@@ -255,9 +255,10 @@ def test_validation_shows_each_shape_with_its_interval_and_the_geometric_mean(re
     for (batch, kv_len), (speedup, lo, hi) in VALIDATED.items():
         (cell,) = page.find("validation", data_shape=_shape(batch=batch, kv_len=kv_len), data_status="ok")
         interval = f"{lo:.3f}–{hi:.3f}"
-        assert page.row_of(cell)[1:] == ["num_splits=2", "32", "10", "ok", f"{speedup:.3f}×", interval]
+        row = ["num_splits=2", "32", "10", "ok", f"{speedup:.3f}×", interval, "faster"]
+        assert page.row_of(cell)[1:] == row
     (failed,) = page.find("validation", data_status="error")
-    assert page.row_of(failed)[1:] == ["num_splits=2", "32", "10", "error", "-", "-"]
+    assert page.row_of(failed)[1:] == ["num_splits=2", "32", "10", "error", "-", "-", "error"]
     assert "the stack ran out of memory" in report.read_text(encoding="utf-8")
     (mean,) = [c for c in page.cells if "data-geomean" in c]
     assert mean["section"] == "validation"

@@ -10,12 +10,15 @@ import math
 import textwrap
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
-from tunectl.keys import key_digest, key_text
+from tunectl.errors import SpecError
+from tunectl.keys import key_text
 from tunectl.plan import WorkItem, plan
+from tunectl.record import Record
 from tunectl.search import Search
 from tunectl.spec import parse_spec
 
@@ -55,22 +58,22 @@ def true_time(item: WorkItem) -> float:
     return t
 
 
-def _record(item: WorkItem, oracle: Oracle, config: Any = None, i: int = 0) -> dict[str, Any]:
+def _record(item: WorkItem, oracle: Oracle, config: Any = None, i: int = 0) -> Record:
     config = config or item.config
     t = oracle(WorkItem(item.item_id, item.task, item.static, item.shape, config, False))
-    row = {
-        "item_id": item.record_ids()[i], "static_key": key_text(item.static),
-        "shape_key": key_text(item.shape), "config_key": key_text(config), "status": "ok",
-        "median_us": t, "rel_noise": 0.01, "phase": item.phase,
-        "is_default": (item.is_default if not item.arms else i == 0) and config == item.config,
-    }  # fmt: skip
+    speedup: dict[str, float] = {}
     if item.arms:
         base = oracle(WorkItem(item.item_id, item.task, item.static, item.shape, item.arms[0], True))
-        row.update(speedup=base / t, speedup_lo=base / t * 0.99, speedup_hi=base / t * 1.01)
-    return row
+        speedup = {"speedup": base / t, "speedup_lo": base / t * 0.99, "speedup_hi": base / t * 1.01}
+    return Record(
+        run_id="r", item_id=item.record_ids()[i], task=item.task, static_key=key_text(item.static),
+        shape_key=key_text(item.shape), config_key=key_text(config), status="ok",
+        median_us=t, rel_noise=0.01, phase=item.phase,
+        is_default=(item.is_default if not item.arms else i == 0) and config == item.config, **speedup,
+    )  # fmt: skip
 
 
-def answer(item: WorkItem, oracle: Oracle = true_time) -> list[dict[str, Any]]:
+def answer(item: WorkItem, oracle: Oracle = true_time) -> list[Record]:
     """The records a device would return for ``item``: one, or one per arm."""
     return (
         [_record(item, oracle, a, i) for i, a in enumerate(item.arms)]
@@ -138,44 +141,6 @@ def test_halving_screens_cheaply_keeps_the_default_and_finds_the_best() -> None:
         assert min(true_time(WorkItem("", "", f.static, f.shape, a, False)) for a in f.arms) == _best(point)
 
 
-def regime_time(item: WorkItem) -> float:
-    """Like kernels across shapes: each config a fixed factor off the default (0.9x to 3x, hashed
-    from the config), and one config best for small batches, another for large ones, by 30 %."""
-    c, batch = dict(item.config), dict(item.shape)["batch"]
-    digest = int(key_digest(item.config)[:8], 16)
-    factor = 0.9 + 2.1 * (digest % 1000) / 1000
-    small = c == {"num_splits": 8, "gqa": "grouped", "gather": "index"}
-    large = c == {"num_splits": 2, "gqa": "grouped", "gather": "gather"}
-    if (small and batch <= 2) or (large and batch >= 4):
-        factor = 0.6
-    return 100.0 * batch * factor
-
-
-def test_model_stays_in_budget_and_carries_a_find_over_to_neighbouring_shapes() -> None:
-    work = plan(_spec("[search]\nstrategy = 'model'\nbudget = 0.4\n"))
-    issued = drive(Search(work), regime_time)
-    measured = [i for i in issued if i.phase == "measure"]
-    per_point = Counter(i.point for i in measured)
-    n = len(work.items) // 5
-    assert all(c <= math.ceil(0.4 * n) for c in per_point.values())
-    first = {}
-    for i in measured:
-        first.setdefault(i.point, i)
-    assert all(i.is_default for i in first.values()), "the default is measured first at every point"
-    found = {p: min(regime_time(i) for i in measured if i.point == p) for p in per_point}
-    best = {p: min(regime_time(i) for i in work.items if i.point == p) for p in per_point}
-    hits = {dict(p[1])["batch"] for p in per_point if best[p] / found[p] >= 0.99}
-    assert {4, 8, 16} <= hits, "what one shape finds carries over to its neighbours"
-    assert len(measured) <= 0.4 * len(work.items)
-
-
-def test_model_is_deterministic() -> None:
-    spec = _spec("[search]\nstrategy = 'model'\n")
-    a = [i.item_id for i in drive(Search(plan(spec)))]
-    b = [i.item_id for i in drive(Search(plan(spec)))]
-    assert a == b
-
-
 @pytest.mark.parametrize("strategy", ["grid", "halving"])
 def test_a_search_rebuilt_from_rows_asks_only_for_what_is_missing(strategy: str) -> None:
     spec = _spec(f"[search]\nstrategy = '{strategy}'\n")
@@ -190,7 +155,7 @@ def test_a_search_rebuilt_from_rows_asks_only_for_what_is_missing(strategy: str)
         done += 1
     resumed = Search(plan(spec))
     first = resumed.start(rows)
-    recorded = {r["item_id"] for r in rows}
+    recorded = {r.item_id for r in rows}
     assert first and all(not set(i.record_ids()) <= recorded for i in first)
     rest = drive(resumed, queue=first)
     assert {i.item_id for i in rest} | {i.item_id for i in full if set(i.record_ids()) <= recorded} == {
@@ -209,10 +174,38 @@ def test_a_noisy_config_whose_fast_mode_beats_the_default_reaches_the_finals() -
     for item in items:
         [row] = answer(item, lambda i: 100.0 if i.config != noisy else 150.0)
         if item.config == noisy:
-            row["p20_us"] = 80.0  # a fast mode under a slow median
+            row = replace(row, p20_us=80.0)  # a fast mode under a slow median
         else:
-            row["median_us"] = 100.0 if item.is_default else 104.0  # clearly behind the default
-            row["p20_us"] = row["median_us"] * 0.99
+            median = 100.0 if item.is_default else 104.0  # clearly behind the default
+            row = replace(row, median_us=median, p20_us=median * 0.99)
         finals += search.follow_up([row])
     [final] = finals
     assert final.arms == (point.configs[0], noisy)
+
+
+@pytest.mark.parametrize("strategy", ["grid", "halving"])
+def test_the_estimate_counts_the_records_the_search_asks_for(strategy: str) -> None:
+    search = Search(plan(_spec(f"[search]\nstrategy = '{strategy}'\nfinalists = 0\n")))
+    before = search.estimate()
+    asked = sum(len(i.record_ids()) for i in drive(search))
+    # Halving cannot know ahead whether the default survives on its rank or joins the survivors.
+    assert before == asked if strategy == "grid" else abs(before - asked) <= 2 * len(search.points)
+
+
+def test_halving_without_finals_measures_the_last_survivors_in_full() -> None:
+    work = plan(_spec("[search]\nstrategy = 'halving'\nfinalists = 0\n"))
+    issued = drive(Search(work))
+    assert not [i for i in issued if i.phase == "final"]
+    for point in {i.point for i in work.items}:
+        full = [i for i in issued if i.point == point and i.phase == "measure"]
+        assert any(i.is_default for i in full) and 2 <= len(full) <= 4  # a third of 8, and the default
+        best = _best([i for i in work.items if i.point == point])
+        assert min(true_time(i) for i in full) == best
+
+
+def test_a_spec_asking_for_the_model_strategy_is_refused_but_a_run_made_with_it_still_reads() -> None:
+    retired = SPEC + "[search]\nstrategy = 'model'\nbudget = 0.3\nwarm_start = 1\n"
+    with pytest.raises(SpecError, match=r"search\.strategy: 'model' was removed; use 'halving'"):
+        parse_spec(retired, "s.toml")
+    stored = parse_spec(retired, "s.toml", stored=True)
+    assert stored.shapes == _spec("").shapes and stored.search.strategy == "grid"

@@ -66,7 +66,7 @@ def _bucketing(results: Path, run_ids: Sequence[str], task: str) -> dict[str, di
         info = load_run(results, run_id)
         if info.task != task or not info.spec_text:
             continue
-        spec = parse_spec(info.spec_text, info.spec_path, info.name)
+        spec = parse_spec(info.spec_text, info.spec_path, info.name, stored=True)
         for dim in spec.shapes:
             if policies.setdefault(dim.name, dim.bucket) != dim.bucket:
                 raise UserError(

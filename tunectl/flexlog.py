@@ -17,8 +17,9 @@ Two layouts exist:
   and ``backward``. A decode kernel's query is the 5-D view ``[batch, kv_heads, group, q_len, head_dim]``,
   so sizes are read from the shape texts: the sizes each choice repeats take the group for the q length.
 
-Key and shape texts are read by a tokenizer for integers, quoted strings, names and brackets, never
-evaluated. The whole file is validated before anything is written.
+Key and shape texts are parsed by Python's parser (``ast.parse(..., mode="eval")``) and read through a
+whitelist of nodes (integers, plain strings, names, tuples, lists), never evaluated. The whole file
+is validated before anything is written.
 
 Each choice becomes a row of task ``inductor_flex``, phase ``import``: static key the kernel, heads and
 head dims; shape key batch, q_len and kv_len; config key the choice's type and options; its one time as
@@ -34,6 +35,7 @@ whatever the call asks, and the log holds their defaults elsewhere.
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import re
@@ -85,79 +87,57 @@ class Symbol:
 
 Parsed = Union[None, bool, int, str, Symbol, tuple["Parsed", ...]]  # noqa: UP007 (recursive)
 
-_TOKEN = re.compile(
-    r"\s*(?:(?P<int>-?[0-9]+)|(?P<name>[A-Za-z_][A-Za-z0-9_]*)|(?P<str>'[^'\\\n]*'|\"[^\"\\\n]*\")"
-    r"|(?P<punct>[()\[\],]))"
-)
-_CONSTANTS: dict[str, Parsed] = {"None": None, "True": True, "False": False}
-_CLOSING = {"(": ")", "[": "]"}
+_MAX_LITERAL_CHARS = 10_000  # a log key is a few dozen characters; a deeper text is not one
+_PLAIN_STRING = re.compile(r"'[^'\\\n]*'|\"[^\"\\\n]*\"")
 
 
-def _tokens(text: str) -> list[tuple[str, str, int]]:
-    tokens = []
-    pos = 0
-    while text[pos:].strip():
-        match = _TOKEN.match(text, pos)
-        if match is None or match.lastgroup is None:
-            col = len(text) - len(text[pos:].lstrip())
-            raise LiteralError(f"unexpected {text[col : col + 12]!r} at column {col + 1}")
-        tokens.append((match.lastgroup, match.group(match.lastgroup), match.start(match.lastgroup)))
-        pos = match.end()
-    return tokens
+def _refuse(text: str, node: ast.AST, indent: int) -> LiteralError:
+    col = getattr(node, "col_offset", 0) + indent
+    shown = ast.get_source_segment(text, node) or type(node).__name__
+    return LiteralError(f"unexpected {shown[:24]!r} at column {col + 1}")
 
 
-class _Parser:
-    def __init__(self, text: str) -> None:
-        self.tokens = _tokens(text)
-        self.at = 0
-
-    def _next(self, wanted: str) -> tuple[str, str, int]:
-        if self.at == len(self.tokens):
-            raise LiteralError(f"ended where {wanted} was expected")
-        self.at += 1
-        return self.tokens[self.at - 1]
-
-    def _closes(self, closing: str) -> bool:
-        return self.at < len(self.tokens) and self.tokens[self.at][1] == closing
-
-    def value(self) -> Parsed:
-        kind, text, col = self._next("a value")
-        if kind == "int":
-            return int(text)
-        if kind == "str":
-            return text[1:-1]
-        if kind == "name":
-            return _CONSTANTS[text] if text in _CONSTANTS else Symbol(text)
-        if text in _CLOSING:
-            return self._sequence(_CLOSING[text])
-        raise LiteralError(f"expected a value at column {col + 1}, not {text!r}")
-
-    def _sequence(self, closing: str) -> tuple[Parsed, ...]:
-        items = []
-        while not self._closes(closing):
-            items.append(self.value())
-            if not self._closes(closing):
-                _, text, col = self._next(f"',' or {closing!r}")
-                if text != ",":
-                    raise LiteralError(f"expected ',' or {closing!r} at column {col + 1}, not {text!r}")
-        self.at += 1
-        return tuple(items)
-
-    def whole(self) -> Parsed:
-        parsed = self.value()
-        if self.at < len(self.tokens):
-            _, text, col = self.tokens[self.at]
-            raise LiteralError(f"unexpected {text!r} at column {col + 1} after the value")
-        return parsed
+def _literal(text: str, node: ast.expr, indent: int) -> Parsed:
+    """The value of one whitelisted node: constants, names (symbols), negative integers, tuples, lists."""
+    if isinstance(node, (ast.Tuple, ast.List)):
+        return tuple(_literal(text, n, indent) for n in node.elts)
+    if isinstance(node, ast.Name):  # None, True and False are constants to the parser, not names
+        return Symbol(node.id)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        value = _literal(text, node.operand, indent)
+        if isinstance(value, int) and not isinstance(value, bool) and isinstance(node.operand, ast.Constant):
+            return -value
+        raise _refuse(text, node, indent)
+    if isinstance(node, ast.Constant):
+        constant = node.value
+        if constant is None or isinstance(constant, (bool, int)):
+            return constant
+        segment = ast.get_source_segment(text, node) or ""
+        # One plainly quoted string: no escapes, prefixes or implicit concatenation ('a' 'b').
+        if isinstance(constant, str) and _PLAIN_STRING.fullmatch(segment):
+            return constant
+    raise _refuse(text, node, indent)
 
 
 def parse_literal(text: str) -> Parsed:
     """One literal: an integer, a quoted string, None/True/False, a symbol, or a tuple or list of those.
 
-    Lists come back as tuples. Anything else (an operator, a call, an escape in a string) raises
-    LiteralError.
+    The text is parsed by Python's own parser as an expression and read node by node through a
+    whitelist; it is never evaluated. Lists come back as tuples. Anything else (an operator, a call,
+    an attribute, a float, an escape in a string) raises LiteralError.
     """
-    return _Parser(text).whole()
+    if len(text) > _MAX_LITERAL_CHARS:
+        raise LiteralError(f"{len(text)} characters is too long for a key")
+    body = text.strip()
+    indent = len(text) - len(text.lstrip())  # the parser refuses leading blanks; columns count them
+    try:
+        tree = ast.parse(body, mode="eval")
+    except SyntaxError as exc:
+        col = f" at column {exc.offset + indent}" if exc.offset else ""
+        raise LiteralError(f"not a literal{col}: {exc.msg}") from None
+    except (ValueError, RecursionError, MemoryError) as exc:  # NUL bytes, absurd nesting
+        raise LiteralError(f"not a literal: {type(exc).__name__}") from None
+    return _literal(body, tree.body, indent)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ num_gpus = 8
 accelerator_type = "H200"
 
 [search]                            # all optional (tunectl.search)
-strategy = "halving"                # grid | halving | model
+strategy = "halving"                # grid | halving
 finalists = 3
 ```
 Every error names the file and the field and is raised as ``SpecError``.
@@ -69,23 +69,21 @@ class MeasureSpec:
 class SearchSpec:
     """How configs are chosen per point (``tunectl.search``)."""
 
-    strategy: str = "grid"  # grid | halving | model
+    strategy: str = "grid"  # grid | halving
     finalists: int = 3  # configs timed again against the default, interleaved (0: no finals)
     rounds: int = 8  # interleaved rounds in the finals
     tie: float = 0.02  # a config this close to the default (or faster) may reach the finals
     eta: int = 3  # halving: keep 1/eta of the configs per rung, give each eta times more time
     min_budget: float = 0.1  # halving: the first rung's share of the spec's measurement time
-    budget: float = 0.3  # model: configs measured per point, a share of the grid (<= 1) or a count
-    min_gain: float = 0.005  # model: stop when no config is expected to gain this much (log time)
-    warm_start: int = 1  # model: winners of this many nearest measured shapes tried first
-    explore: int = 2  # model: configs the model knows least about, tried before it goes by expected gain
 
     def rung_budget(self, rung: int) -> float:
         """Halving: a look's share of a full measurement at ``rung``."""
         return min(1.0, self.min_budget * self.eta**rung)
 
 
-STRATEGIES = ("grid", "halving", "model")
+STRATEGIES = ("grid", "halving")
+#: strategies earlier versions ran; runs made with them still read (``parse_spec(..., stored=True)``)
+RETIRED_STRATEGIES = ("model",)
 
 
 @dataclass(frozen=True)
@@ -130,11 +128,16 @@ def load_spec(path: str | Path) -> Spec:
     return parse_spec(text, p, default_name=Path(path).stem)
 
 
-def parse_spec(text: str, path: str = "<spec>", default_name: str = "spec") -> Spec:
+def parse_spec(text: str, path: str = "<spec>", default_name: str = "spec", *, stored: bool = False) -> Spec:
+    """``stored``: the text is a finished run's spec, read for what it tuned (its shapes, buckets and
+    configs); a ``[search]`` table naming a strategy this version no longer has reads as the default."""
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(path, "toml", str(exc)) from None
+    search = raw.get("search")
+    if stored and isinstance(search, dict) and search.get("strategy") in RETIRED_STRATEGIES:
+        raw = {k: v for k, v in raw.items() if k != "search"}
     return _Validator(path).spec(raw, text, default_name)
 
 
@@ -170,6 +173,8 @@ class _Validator:
         return Spec(self.path, name, task.name, static, shapes, configs, measure, resources, search, text)
 
     def search(self, value: object) -> SearchSpec:
+        if isinstance(value, dict) and value.get("strategy") in RETIRED_STRATEGIES:
+            raise self.fail("search.strategy", f"{value['strategy']!r} was removed; use 'halving'")
         search: SearchSpec = self.dataclass_table(SearchSpec, value, "search")
         self.choice("search.strategy", search.strategy, STRATEGIES)
         if search.finalists and search.rounds < 2:
@@ -178,8 +183,6 @@ class _Validator:
             raise self.fail("search.eta", "must be at least 2")
         if not 0.0 < search.min_budget <= 1.0:
             raise self.fail("search.min_budget", "must be a share in (0, 1]")
-        if search.budget <= 0.0 or (search.budget > 1.0 and search.budget != int(search.budget)):
-            raise self.fail("search.budget", "must be a share in (0, 1] or a whole number of configs")
         return search
 
     def task(self, name: object) -> Any:

@@ -73,8 +73,8 @@ class FixedItems:
             item if pool is None else replace(item, item_id=in_pool(item.item_id, pool)) for item in items
         ]
 
-    def start(self, rows: Iterable[Mapping[str, Any]] = ()) -> list[WorkItem]:
-        done = {r["item_id"] for r in rows}
+    def start(self, records: Iterable[Record] = ()) -> list[WorkItem]:
+        done = {r.item_id for r in records}
         return [i for i in self.items if not set(i.record_ids()) <= done]
 
     def follow_up(self, records: Sequence[Record | Mapping[str, Any]]) -> list[WorkItem]:

@@ -21,7 +21,8 @@ def report_cmd(
         Path, typer.Option("--out", help="Directory for index.html and its PNG plots (created if missing).")
     ] = Path("tunectl-report"),
 ) -> None:
-    """Write an HTML report: speedup per shape, noise per measurement, validation, a bundle's entries."""
+    """Write an HTML report: speedup per shape, noise per measurement, validation verdicts, imported
+    autotuning logs, a bundle's entries."""
     from tunectl.report import write_report
 
     with library_errors():

@@ -1,0 +1,349 @@
+"""What the report shows, as plain data: result rows and a bundle in, ``ReportData`` out.
+
+This is the one module that reads result rows (``_Rows`` below); drawing and the page see only the
+dataclasses here, so a change in how rows are read touches this file alone.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tunectl import stats
+from tunectl.keys import Key, key_from_text, value_order
+from tunectl.report.grids import Cell, Grid, Group, Point, label, noise_grid, short_labels, speedup_grids
+from tunectl.select import Winner, latest_comparisons, select_winners
+
+if TYPE_CHECKING:
+    from tunectl.runtime import Bundle
+
+Row = Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class SpeedupPanel:
+    group: Group
+    grids: tuple[Grid, ...]
+    points: tuple[Point, ...]
+
+
+@dataclass(frozen=True)
+class Check:
+    """One validated shape: the bundle's config against the default, as an L-layer stack."""
+
+    shape: Key
+    config: Key
+    status: str
+    speedup: float | None
+    lo: float | None
+    hi: float | None
+    layers: int | None
+    rounds: int | None
+    message: str
+
+    @property
+    def verdict(self) -> str:
+        """faster / slower (the whole 95 % interval past 1), tie, or the status of a failed check."""
+        if self.status != "ok" or self.speedup is None or self.lo is None or self.hi is None:
+            return self.status if self.status != "ok" else "no interval"
+        s = stats.Speedup(self.speedup, self.lo, self.hi, self.rounds or 0)
+        return "faster" if s.beats() else "slower" if s.loses() else "tie"
+
+
+@dataclass(frozen=True)
+class ValidationPanel:
+    group: Group
+    checks: tuple[Check, ...]
+    plot: str  # "" when no check has a speedup to draw
+
+    @property
+    def geomean(self) -> float | None:
+        return geomean(c.speedup for c in self.checks if c.status == "ok")
+
+
+@dataclass(frozen=True)
+class Choice:
+    config: Key
+    median_us: float | None  # None: the choice failed
+
+
+@dataclass(frozen=True)
+class ImportedPoint:
+    """One shape of an imported autotuning log: Inductor's pick (its fastest choice) and the rest."""
+
+    shape: Key
+    choices: tuple[Choice, ...]  # fastest first, failed last
+
+    @property
+    def pick(self) -> Choice | None:
+        return self.choices[0] if self.choices and self.choices[0].median_us is not None else None
+
+    def over_pick(self, choice: Choice) -> float | None:
+        """How many times slower than the pick ``choice`` ran (None where it failed)."""
+        pick = self.pick
+        if pick is None or pick.median_us is None or choice.median_us is None:
+            return None
+        return choice.median_us / pick.median_us
+
+    @property
+    def num_failed(self) -> int:
+        return sum(c.median_us is None for c in self.choices)
+
+    @property
+    def runner_up(self) -> Choice | None:
+        ok = [c for c in self.choices if c.median_us is not None]
+        return ok[1] if len(ok) > 1 else None
+
+    @property
+    def slowest(self) -> Choice | None:
+        ok = [c for c in self.choices if c.median_us is not None]
+        return ok[-1] if len(ok) > 1 else None
+
+    @property
+    def fallback(self) -> Choice | None:
+        """The choice that is not a generated kernel (Inductor logs its fallback as type ``extern``)."""
+        return next((c for c in self.choices if dict(c.config).get("type") == "extern"), None)
+
+
+@dataclass(frozen=True)
+class ImportedPanel:
+    group: Group
+    points: tuple[ImportedPoint, ...]
+    plot: str
+    names: Mapping[Key, str]  # each choice by the options that vary among the group's choices
+
+    def name(self, choice: Choice | None) -> str:
+        return self.names.get(choice.config, label(choice.config)) if choice is not None else "none finished"
+
+
+@dataclass(frozen=True)
+class BundleSection:
+    name: str  # name/version
+    location: str
+    points: tuple[Point, ...]
+    panels: tuple[SpeedupPanel, ...]
+
+
+@dataclass(frozen=True)
+class ReportData:
+    runs: Mapping[str, int]  # run -> rows
+    statuses: Mapping[str, int]
+    phases: Mapping[str, int]
+    points: tuple[Point, ...]
+    speedup: tuple[SpeedupPanel, ...]
+    noise: tuple[Grid, ...]
+    validation: tuple[ValidationPanel, ...]
+    imported: tuple[ImportedPanel, ...]
+    bundle: BundleSection | None
+
+    @property
+    def grids(self) -> tuple[Grid, ...]:
+        bundle_panels = self.bundle.panels if self.bundle else ()
+        return (*(g for p in (*self.speedup, *bundle_panels) for g in p.grids), *self.noise)
+
+
+def geomean(values: Iterable[float | None]) -> float | None:
+    """Geometric mean of the positive values; None where there are none."""
+    positive = [v for v in values if v is not None and v > 0]
+    return stats.geomean(positive) if positive else None
+
+
+# -- reading rows: the only place that knows a row's fields ------------------------------------------
+
+
+def _group(row: Row) -> Group:
+    return Group(row["task"], row["device_name"] or "", key_from_text(row["static_key"]))
+
+
+def _cell_keys(row: Row) -> tuple[Key, Key]:
+    return key_from_text(row["shape_key"]), key_from_text(row["config_key"])
+
+
+def _noise_cell(row: Row) -> Cell:
+    shape, config = _cell_keys(row)
+    if row["status"] != "ok":
+        message = (row["message"] or "").strip().splitlines()
+        note = f"{row['status']}: {message[0][:200]}" if message else row["status"]
+        return Cell(None, row["status"].replace("_result", ""), note, row["status"], shape, config)
+    noise, median = row["rel_noise"], row["median_us"]
+    note = f"median {median:,.1f} µs ({row['phase']})" if median is not None else row["phase"]
+    return Cell(noise, f"{noise:.1%}" if noise is not None else "-", note, "ok", shape, config)
+
+
+def _check(row: Row) -> Check:
+    shape, config = _cell_keys(row)
+    return Check(
+        shape,
+        config,
+        row["status"],
+        row["speedup"],
+        row["speedup_lo"],
+        row["speedup_hi"],
+        row["layers"],
+        row["rounds"],
+        row["message"] or "",
+    )
+
+
+def _choice(row: Row) -> Choice:
+    ok = row["status"] == "ok" and row["median_us"] is not None
+    return Choice(key_from_text(row["config_key"]), row["median_us"] if ok else None)
+
+
+def _latest(rows: Iterable[Row]) -> list[Row]:
+    """The last finished row per (task, device, static, shape, config)."""
+    latest: dict[tuple[Any, ...], Row] = {}
+    for row in rows:
+        at = tuple(row[f] for f in ("task", "device_name", "static_key", "shape_key", "config_key"))
+        if at not in latest or row["finished_at"] >= latest[at]["finished_at"]:
+            latest[at] = row
+    return list(latest.values())
+
+
+def _compared_arms(rows: Iterable[Row]) -> list[Row]:
+    """Per shape, the arms of its latest validation that are not the default (the default's arm where it
+    was compared with itself alone)."""
+    chosen: list[Row] = []
+    for arms in latest_comparisons(rows, "validate").values():
+        chosen += [r for r in arms if not r["is_default"]] or arms
+    return chosen
+
+
+def _defaults(rows: Iterable[Row]) -> set[Key]:
+    return {_cell_keys(r)[1] for r in rows if r["is_default"]}
+
+
+def _phase(row: Row) -> str:
+    return str(row["phase"])
+
+
+# -- from rows and a bundle to panels ---------------------------------------------------------------
+
+
+def by_group(items: Iterable[Any], group_of: Callable[[Any], Group]) -> dict[Group, list[Any]]:
+    groups: dict[Group, list[Any]] = {}
+    for item in items:
+        groups.setdefault(group_of(item), []).append(item)
+    return dict(sorted(groups.items(), key=lambda kv: (kv[0].task, kv[0].device, value_order(kv[0].static))))
+
+
+def point_of_winner(winner: Winner) -> Point:
+    lo, hi = winner.speedup_lo, winner.speedup_hi
+    return Point(
+        Group(winner.task, winner.device_name, winner.static),
+        winner.shape,
+        winner.config,
+        winner.is_default,
+        winner.speedup,
+        winner.median_us,
+        winner.default_median_us,
+        (lo, hi) if lo is not None and hi is not None else None,
+        winner.reason,
+    )
+
+
+def _json_key(params: Mapping[str, Any]) -> Key:
+    return key_from_text(json.dumps(params))
+
+
+def bundle_points(bundle: Bundle) -> tuple[Point, ...]:
+    """Every entry of ``bundle`` as a point, its speedup from the bundle's statistics."""
+    device = str(bundle.manifest.get("environment", {}).get("device_name", ""))
+    points = []
+    for task in bundle.tasks:
+        for entry in bundle.entries(task):
+            median, default = entry.get("median_us"), entry.get("default_median_us")
+            speedup = entry.get("speedup")
+            if speedup is None and median and default:
+                speedup = default / median
+            lo, hi = entry.get("speedup_lo"), entry.get("speedup_hi")
+            points.append(
+                Point(
+                    Group(task, device, _json_key(entry["static"])),
+                    _json_key(entry["shape"]),
+                    _json_key(entry["config"]),
+                    bool(entry.get("is_default", False)),
+                    speedup,
+                    median,
+                    default,
+                    (lo, hi) if lo is not None and hi is not None else None,
+                    str(entry.get("reason") or ""),
+                )
+            )
+    return tuple(points)
+
+
+def speedup_panels(points: Iterable[Point], plot_prefix: str) -> tuple[SpeedupPanel, ...]:
+    panels: list[SpeedupPanel] = []
+    for group, members in by_group(points, lambda p: p.group).items():
+        ordered = sorted(members, key=lambda p: value_order(p.shape))
+        first = sum(len(p.grids) for p in panels) + 1
+        panels.append(SpeedupPanel(group, speedup_grids(ordered, plot_prefix, first), tuple(ordered)))
+    return tuple(panels)
+
+
+def validation_panels(rows: Iterable[Row]) -> tuple[ValidationPanel, ...]:
+    """Per group, each shape's latest validation: its config's arm against the default."""
+    panels = []
+    for n, (group, members) in enumerate(by_group(_compared_arms(rows), _group).items(), start=1):
+        checks = tuple(sorted(map(_check, members), key=lambda c: value_order(c.shape)))
+        drawable = any(c.status == "ok" and c.speedup is not None for c in checks)
+        panels.append(ValidationPanel(group, checks, f"validation-{n:03d}.png" if drawable else ""))
+    return tuple(panels)
+
+
+def imported_panels(rows: Iterable[Row]) -> tuple[ImportedPanel, ...]:
+    """Per group of imported rows (another tuner's log): each shape's choices, its pick first."""
+    panels = []
+    for n, (group, members) in enumerate(by_group(_latest(rows), _group).items(), start=1):
+        shapes: dict[Key, list[Choice]] = {}
+        for row in members:
+            shapes.setdefault(_cell_keys(row)[0], []).append(_choice(row))
+        points = tuple(
+            ImportedPoint(shape, tuple(sorted(choices, key=_choice_order)))
+            for shape, choices in sorted(shapes.items(), key=lambda kv: value_order(kv[0]))
+        )
+        names = short_labels(c.config for p in points for c in p.choices)
+        panels.append(ImportedPanel(group, points, f"imported-{n:03d}.png", names))
+    return tuple(panels)
+
+
+def _choice_order(choice: Choice) -> tuple[float, tuple[Any, ...]]:
+    return (math.inf if choice.median_us is None else choice.median_us, value_order(choice.config))
+
+
+def gather(rows: Sequence[Row], bundle: Bundle | None = None) -> ReportData:
+    """What the report shows, from result rows (and a loaded bundle)."""
+    imported = [r for r in rows if _phase(r) == "import"]
+    measured = [r for r in rows if _phase(r) not in ("validate", "import")]
+    points = tuple(point_of_winner(w) for w in select_winners(measured))
+    noise = tuple(
+        noise_grid(
+            group, [_noise_cell(r) for r in members], f"noise-{n:03d}.png", defaults=_defaults(members)
+        )
+        for n, (group, members) in enumerate(by_group(_latest(measured), _group).items(), start=1)
+    )
+    section = None
+    if bundle is not None:
+        entries = bundle_points(bundle)
+        section = BundleSection(
+            f"{bundle.name}/{bundle.version}", bundle.location, entries, speedup_panels(entries, "bundle")
+        )
+    return ReportData(
+        runs=dict(sorted(Counter(r["run_id"] for r in rows).items())),
+        statuses=dict(Counter(r["status"] for r in rows).most_common()),
+        phases=dict(Counter(map(_phase, rows)).most_common()),
+        points=points,
+        speedup=speedup_panels(points, "speedup"),
+        noise=noise,
+        validation=validation_panels(rows),
+        imported=imported_panels(imported),
+        bundle=section,
+    )
+
+
+__all__ = ["ReportData", "gather", "label"]
