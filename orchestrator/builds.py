@@ -241,7 +241,7 @@ class BuildScheduler:
                 SHARED if shared else node,
                 (0, 1) if shared else (nodes.index(node), len(nodes)),
                 f"#{i}",
-            )  # fmt: skip
+            )
             for i, (actor, node) in enumerate(builders)
         ]
         self._owner: dict[Any, _Builder] = {}
