@@ -128,7 +128,7 @@ def simulate_table(runs: list[dict[str, Any]], builders_per_gpu: int = 4, items_
         if run["gpus"] != 1 or run["caches"] != "cold":
             continue
         init_s = BEFORE_INIT_S.get(run["grid"], 0.0)
-        for gpus, nodes in ((8, 1), (32, 4), (128, 16), (8, 8), (128, 128)):
+        for gpus, nodes in ((8, 1), (8, 8), (32, 4), (32, 16), (128, 16)):
             per_node = builders_per_gpu * math.ceil(gpus / nodes)
             copies = max(1, math.ceil(gpus * items_per_gpu / len(run["per_item"])))
             items, kernels = workload(run, copies)

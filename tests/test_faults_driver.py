@@ -87,3 +87,25 @@ def test_cancel_stops_a_local_run_cleanly_and_resume_finishes_it(tmp_path: Path)
     assert "cancelled" in listed.output
     resume(results, run_id)
     assert_one_row_per_item(results, run_id, planned_ids(spec))
+
+
+def test_a_driver_killed_while_compile_processes_build_resumes_to_one_row_per_item(tmp_path: Path) -> None:
+    configs = (
+        '[[configs]]\nfault = "none"\nrun_ms = 40\ncompile_ms = 300\nvariant = ['
+        + ", ".join(map(str, range(12)))
+        + "]\n"
+    )
+    spec, results = write_spec(tmp_path, configs, n=(4, 8)), tmp_path / "results"
+    build = ["--num-gpus", "2", "--compile-workers", "1", "--compile-cache", str(tmp_path / "cache")]
+    with driver("submit", str(spec), "--results", str(results), *build) as proc:
+        run_id = wait_for_rows(results)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    (summary,) = summarise_runs(results)
+    assert 0 < summary.num_done < len(planned_ids(spec)), "killed with kernels still to build"
+
+    with driver("submit", "--resume", run_id, "--results", str(results), *build) as proc:
+        out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 0, out
+    rows = assert_one_row_per_item(results, run_id, planned_ids(spec))
+    assert {r["status"] for r in rows} == {"ok"}
