@@ -299,6 +299,7 @@ def interference_table(phases: dict[str, Path]) -> str:
 
 
 def cmd_simulate(args: argparse.Namespace) -> None:
+    sys.path.insert(0, str(ROOT))
     from benchmarks.fleet_model import simulate_table
 
     runs = json.loads(Path(args.sweeps).read_text())
