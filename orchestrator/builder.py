@@ -20,6 +20,7 @@ from typing import Any
 
 import ray
 
+from tunectl.keys import Key
 from tunectl.plan import WorkItem
 
 #: exit status of a builder that leaves because its CUDA context is unusable
@@ -54,14 +55,14 @@ class Builder:
         return {"node_id": ctx.get_node_id(), "host": socket.gethostname(), "pid": os.getpid(),
                 "device": self.device}  # fmt: skip
 
-    def build(self, key: str, item: WorkItem) -> BuildResult:
-        """Compile ``item``'s kernel (its compile key is ``key``) into the caches."""
+    def build(self, key: str, item: WorkItem, arm: Key) -> BuildResult:
+        """Compile the kernel of config ``arm`` (the item's, or one of its arms') at ``item``'s point."""
         from tasks import compile as build_api
         from tasks.base import InvalidConfig
         from tasks.registry import get_task
 
         task = self._tasks.get(item.task) or self._tasks.setdefault(item.task, get_task(item.task))
-        static, shape, config = dict(item.static), dict(item.shape), dict(item.config or item.arms[0])
+        static, shape, config = dict(item.static), dict(item.shape), dict(arm)
         host = socket.gethostname()
 
         def inputs_for(static: Any, shape: Any) -> Any:

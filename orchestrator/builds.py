@@ -28,6 +28,7 @@ import ray
 from ray import exceptions as rex
 
 from orchestrator.blame import death_detail, first_line
+from tunectl.keys import Key
 from tunectl.plan import WorkItem
 
 log = logging.getLogger("tunectl.run")
@@ -37,7 +38,7 @@ READY, CLAIMABLE, WAIT = 0, 1, 2  # how a worker sees an item (BuildBook.rank)
 MAX_BUILDER_DEATHS = 2  # a kernel whose build killed this many compile processes is a compile_error
 MAX_PROBE_FAILURES = 5  # a compile process that does not answer this often (over ~15 s) is lost
 
-KeyFn = Callable[[WorkItem], list[str]]
+KeyFn = Callable[[WorkItem], "dict[str, Key]"]  # an item's kernels: compile key -> the config that builds it
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,8 @@ class CompileOptions:
 
 @dataclass
 class _Key:
-    item: WorkItem  # the first item that needs it: what a builder builds
+    item: WorkItem  # the first item that needs it, at whose point a builder builds it
+    config: Key  # the config (of the item, or of one arm of a comparison) that builds it
     state: str = "pending"  # pending | building | built | claimed | failed
     claimant: str = ""  # the item whose worker compiles it itself (state claimed)
     status: str = ""  # for failed: compile_error | compile_timeout | invalid
@@ -96,7 +98,7 @@ class BuildBook:
         for key in self._keys(item):
             self.waiting[key] = max(0, self.waiting.get(key, 0) - 1)
 
-    def next_job(self, scope: str, share: tuple[int, int] = (0, 1)) -> tuple[str, WorkItem] | None:
+    def next_job(self, scope: str, share: tuple[int, int] = (0, 1)) -> tuple[str, WorkItem, Key] | None:
         """The next pending key of ``scope`` that a queued item needs, now building. ``share`` (i, n):
         node i of n builds every n-th kernel of the order first, then helps with the others, so that
         nodes build different kernels and each finds its own near the head of the queue."""
@@ -113,7 +115,7 @@ class BuildBook:
             return None
         entry = self.keys[scope][first]
         entry.state = "building"
-        return first, entry.item
+        return first, entry.item, entry.config
 
     def finished(self, scope: str, key: str, status: str, seconds: float, message: str = "") -> None:
         entry = self.keys[scope][key]
@@ -203,11 +205,12 @@ class BuildBook:
     def _keys(self, item: WorkItem) -> list[str]:
         keys = self.item_keys.get(item.item_id)
         if keys is None:
-            keys = self.item_keys[item.item_id] = self.key_fn(item)
-            for key in keys:
+            kernels = self.key_fn(item)
+            keys = self.item_keys[item.item_id] = list(kernels)
+            for key, config in kernels.items():
                 self.position.setdefault(key, len(self.position))
                 for book in self.keys.values():
-                    book.setdefault(key, _Key(item))
+                    book.setdefault(key, _Key(item, config))
         return keys
 
 
@@ -279,9 +282,9 @@ class BuildScheduler:
             job = self.book.next_job(b.scope, b.share)
             if job is None:
                 continue
-            key, item = job
+            key, item, config = job
             b.state, b.job = "busy", (key, time.monotonic())
-            b.ref = b.actor.build.remote(key, item)
+            b.ref = b.actor.build.remote(key, item, config)
             self._owner[b.ref] = b
         self._changed()
 
@@ -344,6 +347,12 @@ class BuildScheduler:
         b.job, b.ref = None, None
         try:
             result = ray.get(ref)
+        except rex.RayTaskError as exc:  # raised outside the task's build (the process lives on)
+            b.state = "ready"
+            self.book.finished(
+                b.scope, key, "compile_error", 0.0, f"the compile process failed: {first_line(exc)}"
+            )
+            return
         except rex.RayError as exc:  # the process died building it (a compiler crash, out of memory)
             why = death_detail(exc)
             log.warning("compile process %s died building %s: %s", b.name, _short(key), why)
@@ -366,8 +375,9 @@ class BuildScheduler:
             self.on_change(self.book)
 
 
-def compile_keys(item: WorkItem, tasks: dict[str, Any] | None = None) -> list[str]:
-    """The compile keys of an item's kernels (one per arm of a comparison); empty: nothing to build."""
+def compile_keys(item: WorkItem, tasks: dict[str, Any] | None = None) -> dict[str, Key]:
+    """The kernels an item needs, as compile key -> the config that builds it (one per arm of a
+    comparison, each once); empty: nothing to build."""
     from tasks import compile as build_api
     from tasks.registry import get_task
 
@@ -375,12 +385,12 @@ def compile_keys(item: WorkItem, tasks: dict[str, Any] | None = None) -> list[st
     task = tasks.get(item.task)
     if task is None:
         task = tasks[item.task] = get_task(item.task)
-    keys = []
+    kernels: dict[str, Key] = {}
     for config in item.arms or (item.config,):
         key = build_api.compile_key(task, dict(item.static), dict(item.shape), dict(config))
-        if key is not None and key not in keys:
-            keys.append(key)
-    return keys
+        if key is not None:
+            kernels.setdefault(key, config)
+    return kernels
 
 
 def key_function() -> KeyFn:

@@ -23,6 +23,10 @@ DECODE_STATIC = dict(
 )  # fmt: skip
 
 
+PREFILL_STATIC = dict(dtype="float32", num_q_heads=2, num_kv_heads=1, head_dim=16, mask="causal", num_docs=1,
+                      window=(-1, -1))  # fmt: skip
+
+
 def item(n: int, variant: int, compile_ms: int = 100, **config: object) -> WorkItem:
     cfg = {"compile_ms": compile_ms, "variant": variant, **config}
     return WorkItem(
@@ -74,8 +78,11 @@ def test_a_comparison_needs_the_kernel_of_each_arm() -> None:
     a, b = item(4, 0), item(4, 1)
     final = WorkItem("f", "fault_injection", a.static, a.shape, make_key({}), False, phase="final",
                      arms=(a.config, b.config, a.config), rounds=4)  # fmt: skip
-    assert compile_keys(final) == [*compile_keys(a), *compile_keys(b)]
-    assert compile_keys(item(4, 0, compile_ms=0)) == [], "no compile, nothing to build"
+    assert compile_keys(final) == {**compile_keys(a), **compile_keys(b)}
+    assert list(compile_keys(final).values()) == [a.config, b.config], (
+        "each arm's kernel, from its own config"
+    )
+    assert compile_keys(item(4, 0, compile_ms=0)) == {}, "no compile, nothing to build"
 
 
 # -- the build book -----------------------------------------------------------------------------------
@@ -129,14 +136,14 @@ def test_a_claim_lapses_when_its_worker_dies_and_the_item_is_queued_again() -> N
 def test_a_build_that_kills_two_compile_processes_is_a_compile_error_and_a_hang_a_timeout() -> None:
     crashing, hanging = item(4, 0), item(4, 1)
     book = book_for([crashing, hanging])
-    key, _ = book.next_job("node-a") or ("", None)
+    key, _, _ = book.next_job("node-a") or ("", None, None)
     book.died("node-a", key, "SIGSEGV")
     assert book.failure(crashing, "node-a") is None and book.rank(crashing, "node-a") == WAIT
     assert book.next_job("node-a") is not None  # it is built again, on a fresh process
     book.died("node-a", key, "SIGSEGV")
     status, message = book.failure(crashing, "node-a") or ("", "")
     assert status == "compile_error" and "died" in message and "SIGSEGV" in message
-    hang_key, _ = book.next_job("node-a") or ("", None)
+    hang_key, _, _ = book.next_job("node-a") or ("", None, None)
     book.timed_out("node-a", hang_key, 30.0)
     assert book.failure(hanging, "node-a") == (
         "compile_timeout",
@@ -154,9 +161,27 @@ def test_nodes_build_different_kernels_first_and_a_shared_cache_builds_once_per_
     a3 = book.next_job("node-a", (0, 2))
     assert a3 is not None and a3[1] is items[1], "its own share done, a node helps with the rest"
     shared = book_for(items, (SHARED,))
-    key, _ = shared.next_job(SHARED) or ("", None)
+    key, _, _ = shared.next_job(SHARED) or ("", None, None)
     shared.finished(SHARED, key, "ok", 1.0)
     assert shared.rank(items[0], SHARED) == READY
+
+
+def test_a_compile_process_builds_a_default_that_sets_no_option(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An empty config (FlexAttention's default: no kernel options) builds like any other."""
+    from orchestrator.builder import Builder
+
+    monkeypatch.setenv("TUNECTL_COMPILE_CACHE", str(tmp_path))
+    monkeypatch.setattr(
+        FlexPrefill, "__init__", lambda self: setattr(self, "compile_on_cpu", False)
+    )  # CPU: eager
+    builder = Builder.__ray_metadata__.modified_class(0)  # the actor's class, run in this process
+    default = WorkItem("d", "flex_prefill", make_key(PREFILL_STATIC), make_key({"batch": 1, "seq_len": 256}),
+                       make_key({}), True)  # fmt: skip
+    result = builder.build("flex_prefill:default", default, default.config)
+    assert (result.status, result.message) == ("ok", "")
+    assert result.seconds > 0
 
 
 # -- the work queue -----------------------------------------------------------------------------------
