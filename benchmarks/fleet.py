@@ -303,7 +303,7 @@ def cmd_simulate(args: argparse.Namespace) -> None:
     from benchmarks.fleet_model import simulate_table
 
     runs = json.loads(Path(args.sweeps).read_text())
-    print(simulate_table(runs, builders_per_gpu=args.builders_per_gpu))
+    print(simulate_table(runs, builders_per_gpu=args.builders_per_gpu, items_per_gpu=args.items_per_gpu))
 
 
 def main() -> None:
@@ -323,6 +323,9 @@ def main() -> None:
     p = sub.add_parser("simulate")
     p.add_argument("--sweeps", required=True)
     p.add_argument("--builders-per-gpu", type=int, default=4)
+    p.add_argument(
+        "--items-per-gpu", type=int, default=60, help="the recorded sweep is repeated to this size"
+    )
     p = sub.add_parser("table")
     p.add_argument("--sweeps", required=True)
     args = parser.parse_args()

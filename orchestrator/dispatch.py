@@ -289,7 +289,7 @@ class _Dispatcher:
                 item = queue.pop(slot.point, busy, self._rank_on(slot))
             if item is None:
                 return
-            if self._built_elsewhere(slot, item):
+            if self._settle_unbuildable(slot, item):
                 continue
             lookahead = None
             if self.options.compile_ahead and not self.blame.is_suspect(item):
@@ -309,9 +309,10 @@ class _Dispatcher:
         scope = builds.scope_of(slot.node_id)
         return lambda item: builds.rank(item, scope)
 
-    def _built_elsewhere(self, slot: _Slot, item: WorkItem) -> bool:
-        """Settle an item whose kernel failed to build (recorded, never sent to a GPU); note the
-        others as taken, and as claimed by this worker where nothing built them yet."""
+    def _settle_unbuildable(self, slot: _Slot, item: WorkItem) -> bool:
+        """True for an item whose kernel failed to build: it is recorded from the build's answer and
+        never sent to a GPU. Any other item is noted as taken (and as claimed by this worker where no
+        compile process is left to build its kernel)."""
         if self.builds is None:
             return False
         scope, book = self.builds.scope_of(slot.node_id), self.builds.book
