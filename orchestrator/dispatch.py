@@ -112,24 +112,25 @@ FollowUp = Callable[[str, list[Record]], Iterable[WorkItem]]
 
 
 def dispatch(
-    lanes: Sequence[Lane], run_id: str, settings: MeasureSpec, on_record: Callable[[Record], None],
+    lanes: Sequence[Lane], run_id: str, settings: MeasureSpec, on_records: Callable[[list[Record]], None],
     options: DispatchOptions = DispatchOptions(), follow_up: FollowUp | None = None,
     builds: BuildScheduler | None = None,
 ) -> DispatchStats:  # fmt: skip
-    """Run every item of every lane; call ``on_record`` exactly once per record (one per item, one per
-    arm of a comparison), in completion order. ``follow_up`` adds items as results come in (a search
+    """Run every item of every lane; call ``on_records`` once per item with all its records (one, or
+    one per arm of a comparison: they are written as a unit), in completion order; every record is
+    passed exactly once. ``follow_up`` adds items as results come in (a search
     choosing what to measure next); the run ends when no lane has work left. ``builds``: compile
     processes that build kernels ahead (``orchestrator.builds``); workers prefer what they built."""
-    return _Dispatcher(lanes, run_id, settings, on_record, options, follow_up, builds).run()
+    return _Dispatcher(lanes, run_id, settings, on_records, options, follow_up, builds).run()
 
 
 class _Dispatcher:
     def __init__(
         self, lanes: Sequence[Lane], run_id: str, settings: MeasureSpec,
-        on_record: Callable[[Record], None], options: DispatchOptions, follow_up: FollowUp | None,
+        on_records: Callable[[list[Record]], None], options: DispatchOptions, follow_up: FollowUp | None,
         builds: BuildScheduler | None = None,
     ) -> None:  # fmt: skip
-        self.run_id, self.settings, self.on_record, self.options = run_id, settings, on_record, options
+        self.run_id, self.settings, self.on_records, self.options = run_id, settings, on_records, options
         self.follow_up = follow_up
         self.builds = builds
         self.queues = {lane.name: WorkQueue(lane.items) for lane in lanes}
@@ -265,7 +266,8 @@ class _Dispatcher:
             self.recorded.add(record.item_id)
             self.stats.num_records += 1
             self.stats.statuses[record.status] += 1
-            self.on_record(record)
+        if fresh:
+            self.on_records(fresh)
         if self.follow_up is not None and fresh:
             queue = self.queues[lane]
             new = list(self.follow_up(lane, fresh))

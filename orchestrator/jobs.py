@@ -59,7 +59,10 @@ def client(address: str | None) -> Any:
     from ray.exceptions import AuthenticationError
     from ray.job_submission import JobSubmissionClient
 
+    from orchestrator.cluster import CONNECT_TIMEOUT_S, check_reachable
+
     url = dashboard_address(address)
+    check_reachable(url, CONNECT_TIMEOUT_S)  # the client itself retries an unreachable host for minutes
     try:
         return JobSubmissionClient(url)
     except AuthenticationError:

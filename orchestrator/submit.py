@@ -142,8 +142,6 @@ def submit(
     def search(pool: str | None) -> Work:
         return Search(work, spec.search, pool)
 
-    if not work.items:
-        raise UserError(f"{spec.path}: the spec plans no work (every point was skipped)")
     if results.exists() and not results.is_dir():
         raise UserError(f"--results {results} exists and is not a directory")
     if previous is None and run_id is not None and run_exists(results, run_id):
@@ -162,10 +160,11 @@ def submit(
     pools: list[Pool] = []
     builders: list[tuple[Any, str]] = []
 
-    def on_record(record: Record) -> None:
-        writer.append(record)
-        out.statuses[record.status] += 1
-        progress.record(record)
+    def on_records(records: list[Record]) -> None:
+        writer.append_item(records)  # an item's records (a comparison's arms) reach disk together
+        for record in records:
+            out.statuses[record.status] += 1
+            progress.record(record)
 
     try:
         with _event_log(results, run_id):
@@ -195,7 +194,7 @@ def submit(
             progress.start(run_id, todo, out.placement)
             options = DispatchOptions(spec.resources.prefetch, ahead, stall_timeout_s=stall_timeout_s)
             stats = dispatch(
-                lanes, run_id, spec.measure, on_record, options,
+                lanes, run_id, spec.measure, on_records, options,
                 follow_up=lambda lane, records: searches[lane].follow_up(records), builds=builds,
             )  # fmt: skip
             if builds is not None:

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tasks.base import InvalidConfig
+from tunectl.params import Rule
 
 #: config names passed through to ``flex_attention(kernel_options=...)``, with their types.
 KERNEL_OPTIONS: dict[str, type] = {
@@ -26,6 +27,11 @@ KERNEL_OPTIONS: dict[str, type] = {
     "BACKEND": str,
 }
 _POW2_OPTIONS = ("BLOCK_M", "BLOCK_N", "num_warps")
+#: what a spec may give each option (whether a value suits a point is decided when it is prepared)
+KERNEL_OPTION_RULES: dict[str, Rule] = {
+    name: Rule.one_of(True, False) if kind is bool else Rule("str") if kind is str else Rule.integer(1)
+    for name, kind in KERNEL_OPTIONS.items()
+}
 _RECOMPILE_LIMIT = 256
 
 _state: dict[str, Any] = {"compiled": None, "point": None}

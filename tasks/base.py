@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
+from tunectl.params import Rule
+
 Params = Mapping[str, Any]
 
 
@@ -31,6 +33,9 @@ class TuningTask(Protocol):
     def default_config(self, static: Params) -> dict[str, Any]:
         """The config equal to what the library does untuned."""
 
+    # Optional: ``param_rules: Mapping[str, Rule]``, what each static and config parameter may take
+    # (type, range or choices); a spec is checked against it before anything is planned. A parameter
+    # without a rule takes any value a key can hold (``param_rules_of`` gives the empty default).
     # Optional: ``selectable(static, config) -> bool`` is False for a config measured for reference
     # only, one a server with this static key cannot use as-is (e.g. it needs the KV cache re-paged);
     # such a config is kept in the results but never wins.
@@ -65,3 +70,9 @@ DTYPE_TOLERANCE: dict[str, tuple[float, float]] = {
     "float16": (2e-3, 2e-3),
     "bfloat16": (1.6e-2, 1.6e-2),
 }
+
+
+def param_rules_of(task: object) -> Mapping[str, Rule]:
+    """The task's declared parameter rules; none for a task that declares none."""
+    rules: Mapping[str, Rule] = getattr(task, "param_rules", {})
+    return rules

@@ -19,10 +19,11 @@ It is also the reference implementation GPU decode kernels are checked against.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
 
 from tasks.base import DTYPE_TOLERANCE, InvalidConfig, Params
+from tunectl.params import Rule
 
 
 class DecodeAttention:
@@ -30,6 +31,16 @@ class DecodeAttention:
     static_params = ("dtype", "head_dim", "num_kv_heads", "num_q_heads", "page_size")
     shape_params = ("batch", "kv_len")
     config_params = ("gather", "gqa", "num_splits")
+    param_rules: ClassVar[Mapping[str, Rule]] = {
+        "dtype": Rule.one_of(*DTYPE_TOLERANCE),
+        "num_q_heads": Rule.integer(1, 1024),
+        "num_kv_heads": Rule.integer(1, 1024),
+        "head_dim": Rule.integer(1, 1024),
+        "page_size": Rule.integer(1, 1 << 16),
+        "gather": Rule.one_of("index", "per_seq"),
+        "gqa": Rule.one_of("expand", "grouped"),
+        "num_splits": Rule.integer(1, 1024),
+    }
 
     def default_config(self, static: Params) -> dict[str, Any]:
         return {"gather": "index", "gqa": "expand", "num_splits": 1}

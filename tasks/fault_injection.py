@@ -33,12 +33,13 @@ import hashlib
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from tasks.base import InvalidConfig, Params
 from tasks.compile import cache_dir, key_of
+from tunectl.params import Rule
 
 FAULTS = ("none", "raise", "invalid", "wrong", "nan", "hang", "exit", "exit_once")
 COMPILE_FAULTS = ("raise", "exit", "hang")
@@ -52,6 +53,15 @@ class FaultInjection:
     static_params: tuple[str, ...] = ()
     shape_params = ("n",)
     config_params = ("compile_fault", "compile_ms", "fault", "run_ms", "token", "variant", "where")
+    param_rules: ClassVar[Mapping[str, Rule]] = {
+        "compile_fault": Rule.one_of(*COMPILE_FAULTS),
+        "compile_ms": Rule.number(0),
+        "fault": Rule.one_of(*FAULTS),
+        "run_ms": Rule.number(0),
+        "token": Rule("str"),
+        "variant": Rule.integer(),
+        "where": Rule.one_of("call", "prepare"),
+    }
 
     def default_config(self, static: Params) -> dict[str, Any]:
         return {"fault": "none"}

@@ -34,11 +34,13 @@ over every backend's default.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
 
+from tasks import _flex
 from tasks.base import DTYPE_TOLERANCE, InvalidConfig, Params
 from tasks.compile import key_of, warm_up_libraries
+from tunectl.params import Rule
 
 BACKEND_OPTIONS: dict[str, tuple[str, ...]] = {
     "fa4": ("pack_gqa", "num_splits"),
@@ -77,6 +79,24 @@ class FlashDecode:
     )
     shape_params = ("batch", "kv_len", "q_len")
     config_params = ("backend", *tuple(sorted({o for opts in BACKEND_OPTIONS.values() for o in opts})))
+    param_rules: ClassVar[Mapping[str, Rule]] = {
+        "causal": Rule.one_of(True, False),
+        "dtype": Rule.one_of(*_ITEMSIZE),
+        "head_dim": Rule.integer(1, 1024),
+        "num_kv_heads": Rule.integer(1, 1024),
+        "num_q_heads": Rule.integer(1, 1024),
+        "page_size": Rule.integer(1, 1 << 16),
+        "sinks": Rule.one_of(True, False),
+        "softcap": Rule.number(0),
+        "window": Rule.pair(-1),
+        "backend": Rule.one_of(*BACKEND_OPTIONS),
+        "pack_gqa": Rule.one_of(True, False),
+        "num_splits": Rule.integer(0, 1024),
+        "kv_page_size": Rule.integer(1, 1 << 16),
+        "sdpa_backend": Rule.one_of("flash", "efficient", "cudnn", "math"),
+        "sdpa_gqa": Rule.one_of("native", "expand"),
+        **_flex.KERNEL_OPTION_RULES,
+    }
 
     def __init__(self, compile_flex_on_cpu: bool = True) -> None:
         # Tests on CPU run Flex eagerly (same masks, block mask and layouts; seconds not minutes).

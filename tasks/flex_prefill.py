@@ -16,13 +16,14 @@ whose tiles do not divide its blocks are invalid. Compiled per static shape (see
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
 
 from tasks import _flex
 from tasks._lazy import lazily
 from tasks.base import DTYPE_TOLERANCE, InvalidConfig, Params
 from tasks.compile import key_of, warm_up_libraries
+from tunectl.params import Rule
 
 MASKS = ("causal", "document_causal", "sliding_window")
 _SPARSE_BLOCK = 128
@@ -36,6 +37,16 @@ class FlexPrefill:
     static_params = ("dtype", "head_dim", "mask", "num_docs", "num_kv_heads", "num_q_heads", "window")
     shape_params = ("batch", "seq_len")
     config_params = _OPTIONS
+    param_rules: ClassVar[Mapping[str, Rule]] = {
+        "dtype": Rule.one_of(*_ITEMSIZE),
+        "head_dim": Rule.integer(1, 1024),
+        "mask": Rule.one_of(*MASKS),
+        "num_docs": Rule.integer(1),
+        "num_kv_heads": Rule.integer(1, 1024),
+        "num_q_heads": Rule.integer(1, 1024),
+        "window": Rule.pair(-1),
+        **{n: r for n, r in _flex.KERNEL_OPTION_RULES.items() if n in _OPTIONS},
+    }
 
     def __init__(self, compile_on_cpu: bool = True) -> None:
         self.compile_on_cpu = compile_on_cpu

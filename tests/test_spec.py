@@ -44,7 +44,7 @@ def _error(text: str) -> SpecError:
             "unknown parameter",
         ),
         (lambda s: s.replace("max_seconds = 0.05", 'max_seconds = "fast"'), "measure.max_seconds", "float"),
-        (lambda s: s.replace("warmup = 1", "warmup = -1"), "measure.warmup", "negative"),
+        (lambda s: s.replace("warmup = 1", "warmup = -1"), "measure.warmup", "integer >= 0"),
         (
             lambda s: s.replace("[measure]", "[resources]\nnum_gpus = true\n[measure]"),
             "resources.num_gpus",

@@ -7,8 +7,11 @@ reported, not planned.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
+from tunectl.errors import UserError
 from tunectl.keys import Key, key_digest, key_text, make_key
 from tunectl.spec import Spec
 
@@ -78,22 +81,73 @@ def comparison(
 
 
 def plan(spec: Spec) -> Plan:
+    """Every item of the spec, the task's default config first at each point; ``UserError`` if none."""
+    items: list[WorkItem] = []
+    skipped: list[tuple[Key, Key, str]] = []
+    for static, configs, shapes in _points(spec, skipped):
+        for shape in shapes:
+            for config in configs:
+                iid = item_id(spec.task, static, shape, config)
+                items.append(WorkItem(iid, spec.task, static, shape, config, config == configs[0]))
+    if not items:
+        raise _no_work(spec, skipped)
+    return Plan(spec, tuple(items), tuple(skipped))
+
+
+@dataclass(frozen=True)
+class PlanCount:
+    """What a spec plans, counted without making its items (``submit --dry-run``, the size guard)."""
+
+    spec: Spec
+    per_static: tuple[tuple[Key, int, int], ...]  # (static key, points, items)
+    skipped_points: tuple[tuple[Key, Key, str], ...]
+
+    @property
+    def num_items(self) -> int:
+        return sum(n for _, _, n in self.per_static)
+
+
+def count_plan(spec: Spec) -> PlanCount:
+    """The items ``plan(spec)`` makes per static key, in memory proportional to the points only."""
+    skipped: list[tuple[Key, Key, str]] = []
+    per_static = []
+    for static, configs, shapes in _points(spec, skipped):
+        num_points = sum(1 for _ in shapes)
+        per_static.append((static, num_points, num_points * len(configs)))
+    return PlanCount(spec, tuple(per_static), tuple(skipped))
+
+
+def _points(
+    spec: Spec, skipped: list[tuple[Key, Key, str]]
+) -> Iterator[tuple[Key, list[Key], Iterator[Key]]]:
+    """Per static key: its configs (the default first) and its buildable shapes, lazily."""
     from tasks.registry import get_task
 
     task = get_task(spec.task)
-    items: list[WorkItem] = []
-    skipped: list[tuple[Key, Key, str]] = []
     complete = getattr(task, "complete_config", None)  # fills options a config leaves implicit
     for static in spec.static_grid():
         default = make_key(task.default_config(dict(static)))
         given = [make_key(complete(dict(c))) if complete else c for c in spec.configs]
         configs = list(dict.fromkeys([default, *given]))
-        for shape in spec.shape_grid():
+        yield static, configs, _buildable(spec, task, static, skipped)
+
+
+def _buildable(spec: Spec, task: Any, static: Key, skipped: list[tuple[Key, Key, str]]) -> Iterator[Key]:
+    for shape in spec.shape_grid():
+        try:
             why = task.check_point(dict(static), dict(shape))
-            if why is not None:
-                skipped.append((static, shape, why))
-                continue
-            for config in configs:
-                iid = item_id(spec.task, static, shape, config)
-                items.append(WorkItem(iid, spec.task, static, shape, config, config == default))
-    return Plan(spec, tuple(items), tuple(skipped))
+        except Exception as exc:  # a task's check that cannot take a value its rules let through
+            raise UserError(
+                f"{spec.path}: static {key_text(static)}, shape {key_text(shape)}: the task cannot check "
+                f"this point ({type(exc).__name__}: {exc})"
+            ) from None
+        if why is None:
+            yield shape
+        else:
+            skipped.append((static, shape, why))
+
+
+def _no_work(spec: Spec, skipped: list[tuple[Key, Key, str]]) -> UserError:
+    reasons = sorted({why for _, _, why in skipped})
+    detail = f"; {len(skipped)} point(s) skipped: {'; '.join(reasons[:3])}" if reasons else ""
+    return UserError(f"{spec.path}: the spec plans no work{detail}")

@@ -15,6 +15,7 @@ This is the one module that imports pyarrow.
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import time
@@ -23,12 +24,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from tunectl.errors import ResultsError
+from tunectl.errors import ResultsError, UserError
 from tunectl.record import RECORD_FIELDS, Record
 
 SCHEMA_VERSION = 1
 PARTITIONS = ("task", "run_id")
 _TIMESTAMPS = ("started_at", "finished_at")
+log = logging.getLogger("tunectl.results")
 _FLOAT_SUFFIXES = ("_us", "_ms", "_noise", "_err", "_mhz", "_c", "_w")
 
 
@@ -59,15 +61,14 @@ def _schema() -> Any:
     return pa.schema(cols, metadata={"tunectl.schema_version": str(SCHEMA_VERSION)})
 
 
-def _partitioning() -> Any:
-    import pyarrow as pa
-    import pyarrow.dataset as ds
-
-    return ds.partitioning(pa.schema([("task", pa.string()), ("run_id", pa.string())]), flavor="hive")
-
-
 class ResultsWriter:
-    """Buffers records and flushes them as atomic Parquet parts (by count or by age)."""
+    """Buffers records and flushes them as atomic Parquet parts (by count or by age).
+
+    The unit of writing is an item's records (``append_item``): one row for a plain item, one per
+    arm for a comparison (``group_id``). An item's records always land in one part, so a driver
+    killed at any moment leaves each comparison on disk whole or not at all, and a resume that
+    measures it again never writes a second copy of an arm.
+    """
 
     def __init__(self, root: str | Path, max_rows: int = 256, max_age_s: float = 2.0) -> None:
         self.root = Path(root)
@@ -78,42 +79,63 @@ class ResultsWriter:
         self.rows_written = 0
 
     def append(self, record: Record) -> None:
+        """One plain item's record (a comparison's arms go through ``append_item`` together)."""
+        self.append_item([record])
+
+    def append_item(self, records: Sequence[Record]) -> None:
+        """All records of one item; they are flushed together, never split across parts."""
+        if not records:
+            return
         if not self._buffer:
             self._oldest = time.monotonic()
-        self._buffer.append(record)
+        self._buffer.extend(records)
         if len(self._buffer) >= self.max_rows or time.monotonic() - self._oldest >= self.max_age_s:
             self.flush()
 
     def flush(self) -> None:
+        """Write what is buffered. Safe to call again after an interrupt: what landed is not rewritten."""
         by_part: dict[tuple[str, str], list[Record]] = {}
         for rec in self._buffer:
             by_part.setdefault((rec.task, rec.run_id), []).append(rec)
         for (task, run_id), records in by_part.items():
-            self._write_part(task, run_id, records)
+            path = self._next_path(task, run_id)
+            try:
+                self._write_part(path, records)
+            finally:
+                # Even when interrupted (Ctrl-C, a cancel) right after the rename, a part that landed
+                # leaves the buffer, so the flush on the way out does not write it a second time.
+                if path.exists():
+                    landed = set(map(id, records))
+                    self._buffer = [r for r in self._buffer if id(r) not in landed]
+                    self.rows_written += len(records)
         self._buffer.clear()
 
     def close(self) -> None:
         self.flush()
 
-    def _write_part(self, task: str, run_id: str, records: Sequence[Record]) -> None:
+    def _next_path(self, task: str, run_id: str) -> Path:
+        directory = self.root / f"task={task}" / f"run_id={run_id}"
+        directory.mkdir(parents=True, exist_ok=True)
+        self._seq += 1
+        return (
+            directory / f"part-{int(time.time() * 1e3):013d}-{self._seq:05d}-{secrets.token_hex(4)}.parquet"
+        )
+
+    def _write_part(self, path: Path, records: Sequence[Record]) -> None:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        columns: dict[str, list[Any]] = {n: [] for n in _schema().names}
+        schema = _schema()
+        columns: dict[str, list[Any]] = {n: [] for n in schema.names}
         for rec in records:
             row = asdict(rec)
             for name in columns:
                 value = row[name]
                 columns[name].append(int(value * 1e6) if name in _TIMESTAMPS else value)
         table = pa.table(
-            {n: pa.array(v, type=_schema().field(n).type) for n, v in columns.items()}, schema=_schema()
+            {n: pa.array(v, type=schema.field(n).type) for n, v in columns.items()}, schema=schema
         )
-        directory = self.root / f"task={task}" / f"run_id={run_id}"
-        directory.mkdir(parents=True, exist_ok=True)
-        self._seq += 1
-        name = f"part-{int(time.time() * 1e3):013d}-{self._seq:05d}-{secrets.token_hex(4)}.parquet"
-        atomic_write(directory / name, lambda f: pq.write_table(table, f, compression="zstd"))
-        self.rows_written += len(records)
+        atomic_write(path, lambda f: pq.write_table(table, f, compression="zstd"))
 
 
 def atomic_write(path: Path, write: Any) -> None:
@@ -138,32 +160,116 @@ def atomic_write(path: Path, write: Any) -> None:
         os.close(dir_fd)
 
 
+#: columns every part has had since the first schema; a file without them is not a results part
+_REQUIRED = ("item_id", "static_key", "shape_key", "config_key", "status", "finished_at")
+_warned: set[str] = set()
+
+
+class BadPart(ResultsError):
+    """A Parquet file under the dataset that cannot be read as results (damaged, empty, foreign)."""
+
+
+class NoResultsError(ResultsError, UserError):
+    """The results directory asked for does not exist or holds no dataset."""
+
+
+def require_dataset(root: str | Path) -> Path:
+    """``root`` as a Path if it holds a results dataset (runs or parts); else a ``NoResultsError``."""
+    root = Path(root)
+    if not root.is_dir():
+        raise NoResultsError(f"no results dataset at {root} (no such directory); give --results DIR")
+    if not (root / "_runs").is_dir() and not any(root.glob("task=*/run_id=*")):
+        raise NoResultsError(f"{root} is not a results dataset (no runs, no task=*/run_id=* parts)")
+    return root
+
+
+def part_files(root: str | Path, run_ids: Iterable[str] | None = None, task: str | None = None) -> list[Path]:
+    """The dataset's visible Parquet parts (readers skip dot- and underscore-files), in name order."""
+    wanted = None if run_ids is None else set(run_ids)
+    parts = []
+    for path in sorted(Path(root).glob("task=*/run_id=*/*.parquet")):
+        if path.name.startswith((".", "_")):
+            continue
+        if task is not None and path.parent.parent.name != f"task={task}":
+            continue
+        if wanted is not None and path.parent.name.removeprefix("run_id=") not in wanted:
+            continue
+        parts.append(path)
+    return parts
+
+
+def read_part(path: str | Path) -> Any:
+    """One part as a table in the current schema (older parts gain null columns); ``BadPart`` if not."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    try:
+        if path.stat().st_size == 0:
+            raise BadPart(f"{path}: empty file (0 bytes)")
+        table = pq.read_table(path)
+    except BadPart:
+        raise
+    except (OSError, pa.ArrowException) as exc:
+        raise BadPart(f"{path}: not a readable Parquet file ({_first_line(exc)})") from None
+    missing = [n for n in _REQUIRED if n not in table.column_names]
+    if missing:
+        raise BadPart(f"{path}: not a tunectl results part (no column {missing[0]!r})")
+    schema = _schema()
+    columns = []
+    for fld in schema:
+        if fld.name not in table.column_names:
+            columns.append(pa.nulls(table.num_rows, fld.type))
+            continue
+        try:
+            columns.append(table.column(fld.name).cast(fld.type))
+        except (pa.ArrowException, ValueError) as exc:
+            raise BadPart(f"{path}: column {fld.name!r} has type {table.schema.field(fld.name).type}, "
+                          f"not {fld.type} ({_first_line(exc)})") from None  # fmt: skip
+    return pa.Table.from_arrays(columns, schema=schema)
+
+
+def check_parts(root: str | Path) -> list[BadPart]:
+    """Every part of the dataset that cannot be read, with why (``tunectl doctor``)."""
+    bad = []
+    for path in part_files(root):
+        try:
+            read_part(path)
+        except BadPart as exc:
+            bad.append(exc)
+    return bad
+
+
+def _first_line(exc: BaseException) -> str:
+    return next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+
+
 def read_results(
     root: str | Path, run_ids: Iterable[str] | None = None, task: str | None = None
 ) -> list[dict[str, Any]]:
-    """Rows of the dataset (optionally of some runs or one task), one per (run, item), as dicts."""
-    import pyarrow.dataset as ds
+    """Rows of the dataset (optionally of some runs or one task), one per (run, item), as dicts.
+
+    A part that cannot be read (damaged, empty, of another schema) is skipped with one warning per
+    file and process (logger ``tunectl.results``); ``tunectl doctor`` lists and quarantines them.
+    """
+    import pyarrow as pa
 
     root = Path(root)
     if not root.is_dir():
-        raise ResultsError(f"no results dataset at {root}")
-    files = sorted(str(p) for p in root.glob("task=*/run_id=*/*.parquet"))  # not what else lives there
-    if not files:
-        return []
-    try:
-        dataset = ds.dataset(
-            files, format="parquet", partitioning=_partitioning(), partition_base_dir=str(root),
-            schema=_full_schema(),
-        )  # fmt: skip
-        flt = None
-        if run_ids is not None:
-            flt = ds.field("run_id").isin(list(run_ids))
-        if task is not None:
-            cond = ds.field("task") == task
-            flt = cond if flt is None else flt & cond
-        rows = dataset.to_table(filter=flt).to_pylist()
-    except OSError as exc:
-        raise ResultsError(f"cannot read results at {root}: {exc}") from None
+        raise NoResultsError(f"no results dataset at {root} (no such directory); give --results DIR")
+    tables = []
+    for path in part_files(root, run_ids, task):
+        try:
+            table = read_part(path)
+        except BadPart as exc:
+            if str(path) not in _warned:
+                _warned.add(str(path))
+                log.warning("skipped %s; `tunectl doctor --results %s` lists such files", exc, root)
+            continue
+        run_dir, task_dir = path.parent.name, path.parent.parent.name
+        table = table.append_column("task", pa.array([task_dir.removeprefix("task=")] * table.num_rows))
+        tables.append(table.append_column("run_id", pa.array([run_dir.removeprefix("run_id=")] * len(table))))
+    rows = pa.concat_tables(tables).to_pylist() if tables else []
     latest: dict[tuple[str, str], dict[str, Any]] = {}
     for row in rows:
         row["phase"] = row["phase"] or "measure"  # rows written before phases existed
@@ -171,13 +277,6 @@ def read_results(
         if key not in latest or row["finished_at"] >= latest[key]["finished_at"]:
             latest[key] = row
     return list(latest.values())
-
-
-def _full_schema() -> Any:
-    import pyarrow as pa
-
-    base = _schema()
-    return pa.schema(list(base) + [pa.field(p, pa.string()) for p in PARTITIONS], metadata=base.metadata)
 
 
 def done_item_ids(root: str | Path, run_id: str) -> set[str]:

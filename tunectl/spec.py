@@ -40,6 +40,7 @@ from typing import Any
 from tunectl.buckets import POLICIES, is_pow2
 from tunectl.errors import SpecError
 from tunectl.keys import InvalidKeyError, Key, Value, make_key, normalise_value, product
+from tunectl.params import Rule
 
 _TOP_LEVEL = {"name", "description", "task", "static", "shapes", "configs", "measure", "resources", "search"}
 
@@ -84,6 +85,23 @@ class SearchSpec:
 STRATEGIES = ("grid", "halving")
 #: strategies earlier versions ran; runs made with them still read (``parse_spec(..., stored=True)``)
 RETIRED_STRATEGIES = ("model",)
+
+#: what each number of the spec's own tables may take (a time or a noise target of 0 measures nothing)
+TABLE_RULES: dict[str, Rule] = {
+    "measure.warmup": Rule.integer(0),
+    "measure.min_samples": Rule.integer(1),
+    "measure.max_samples": Rule.integer(1),
+    "measure.noise_target": Rule.number(0, 1, low_open=True),
+    "measure.max_seconds": Rule.number(0, low_open=True),
+    "measure.deadline_seconds": Rule.number(0, low_open=True),
+    "resources.num_gpus": Rule.integer(1),
+    "resources.prefetch": Rule.integer(1, 64),
+    "search.finalists": Rule.integer(0),
+    "search.rounds": Rule.integer(1),
+    "search.tie": Rule.number(0, 1),
+    "search.eta": Rule.integer(2),
+    "search.min_budget": Rule.number(0, 1, low_open=True),
+}
 
 
 @dataclass(frozen=True)
@@ -138,12 +156,19 @@ def parse_spec(text: str, path: str = "<spec>", default_name: str = "spec", *, s
     search = raw.get("search")
     if stored and isinstance(search, dict) and search.get("strategy") in RETIRED_STRATEGIES:
         raw = {k: v for k, v in raw.items() if k != "search"}
-    return _Validator(path).spec(raw, text, default_name)
+    # A stored spec was checked by the version that ran it: rules added since must not hide its results.
+    return _Validator(path, check_values=not stored).spec(raw, text, default_name)
+
+
+def _task_rules(task: object) -> Mapping[str, Rule]:
+    from tasks.base import param_rules_of
+
+    return param_rules_of(task)
 
 
 class _Validator:
-    def __init__(self, path: str) -> None:
-        self.path = path
+    def __init__(self, path: str, *, check_values: bool = True) -> None:
+        self.path, self.check_values = path, check_values
 
     def fail(self, fld: str, message: str) -> SpecError:
         return SpecError(self.path, fld, message)
@@ -156,19 +181,16 @@ class _Validator:
         name = raw.get("name", default_name)
         if not isinstance(name, str) or not name.replace("-", "").replace("_", "").isalnum():
             raise self.fail("name", "must be a string of letters, digits, '-' and '_'")
-        static = self.static(raw.get("static"), task.static_params)
+        rules = _task_rules(task)
+        static = self.static(raw.get("static"), task.static_params, rules)
         shapes = self.shapes(raw.get("shapes"), task.shape_params)
-        configs = self.configs(raw.get("configs"), task.config_params)
+        configs = self.configs(raw.get("configs"), task.config_params, rules)
         measure = self.dataclass_table(MeasureSpec, raw.get("measure", {}), "measure")
         self.choice("measure.l2", measure.l2, ("warm", "cold"))
         self.choice("measure.mode", measure.mode, ("auto", "eager", "graph"))
-        if measure.min_samples < 1 or measure.max_samples < measure.min_samples:
-            raise self.fail("measure.max_samples", "need 1 <= min_samples <= max_samples")
+        if measure.max_samples < measure.min_samples:
+            raise self.fail("measure.max_samples", "need min_samples <= max_samples")
         resources = self.dataclass_table(ResourceSpec, raw.get("resources", {}), "resources")
-        if resources.prefetch < 1:
-            raise self.fail("resources.prefetch", "must be at least 1")
-        if resources.num_gpus is not None and resources.num_gpus < 1:
-            raise self.fail("resources.num_gpus", "must be at least 1")
         search = self.search(raw.get("search", {}))
         return Spec(self.path, name, task.name, static, shapes, configs, measure, resources, search, text)
 
@@ -179,10 +201,6 @@ class _Validator:
         self.choice("search.strategy", search.strategy, STRATEGIES)
         if search.finalists and search.rounds < 2:
             raise self.fail("search.rounds", "finals need at least 2 rounds for an interval")
-        if search.eta < 2:
-            raise self.fail("search.eta", "must be at least 2")
-        if not 0.0 < search.min_budget <= 1.0:
-            raise self.fail("search.min_budget", "must be a share in (0, 1]")
         return search
 
     def task(self, name: object) -> Any:
@@ -209,6 +227,14 @@ class _Validator:
         if missing:
             raise self.fail(f"{fld}.{missing[0]}", "missing")
 
+    def checked(self, values: tuple[Value, ...], rule: Rule | None, fld: str) -> tuple[Value, ...]:
+        """``values`` if ``rule`` allows each of them; else the field and what it allows."""
+        for value in values if self.check_values else ():
+            problem = None if rule is None else rule.problem(value)
+            if problem is not None:
+                raise self.fail(fld, problem)
+        return values
+
     def value_list(self, value: object, fld: str) -> tuple[Value, ...]:
         values = value if isinstance(value, list) else [value]
         if not values:
@@ -224,10 +250,17 @@ class _Validator:
             raise self.fail(fld, "values repeat")
         return normalised
 
-    def static(self, value: object, allowed: tuple[str, ...]) -> tuple[tuple[str, tuple[Value, ...]], ...]:
-        table = self.table(value, "static") if allowed else dict(value or {})  # type: ignore[call-overload]
+    def static(
+        self, value: object, allowed: tuple[str, ...], rules: Mapping[str, Rule]
+    ) -> tuple[tuple[str, tuple[Value, ...]], ...]:
+        if not allowed and value not in (None, {}):
+            raise self.fail("static", "this task has no static parameters; leave [static] out")
+        table = self.table(value, "static") if allowed else {}
         self.names(table, allowed, "static", required=True)
-        return tuple((n, self.value_list(table[n], f"static.{n}")) for n in sorted(table))
+        return tuple(
+            (n, self.checked(self.value_list(table[n], f"static.{n}"), rules.get(n), f"static.{n}"))
+            for n in sorted(table)
+        )
 
     def shapes(self, value: object, allowed: tuple[str, ...]) -> tuple[ShapeDim, ...]:
         table = self.table(value, "shapes")
@@ -253,7 +286,7 @@ class _Validator:
             dims.append(ShapeDim(name, tuple(sorted(values)), bucket))
         return tuple(dims)
 
-    def configs(self, value: object, allowed: tuple[str, ...]) -> tuple[Key, ...]:
+    def configs(self, value: object, allowed: tuple[str, ...], rules: Mapping[str, Rule]) -> tuple[Key, ...]:
         grids = value if isinstance(value, list) else [self.table(value, "configs")]
         if not grids:
             raise self.fail("configs", "empty list; give at least one grid")
@@ -264,7 +297,10 @@ class _Validator:
             if not grid:
                 raise self.fail(fld, "empty grid")
             self.names(grid, allowed, fld, required=False)
-            expanded = {n: self.value_list(v, f"{fld}.{n}") for n, v in grid.items()}
+            expanded = {
+                n: self.checked(self.value_list(v, f"{fld}.{n}"), rules.get(n), f"{fld}.{n}")
+                for n, v in grid.items()
+            }
             for combo in product(expanded):
                 keys[make_key(combo)] = None
         return tuple(keys)
@@ -282,8 +318,9 @@ class _Validator:
                 ok, v = True, float(v)
             if not ok:
                 raise self.fail(f"{fld}.{name}", f"must be {expected.__name__}, not {type(v).__name__}")
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0:
-                raise self.fail(f"{fld}.{name}", "must not be negative")
+            rule = TABLE_RULES.get(f"{fld}.{name}")
+            if rule is not None:
+                self.checked((v,), rule, f"{fld}.{name}")
             table = {**table, name: v}
         return cls(**table)
 
