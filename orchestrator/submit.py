@@ -32,7 +32,7 @@ from orchestrator.cluster import (
 )  # fmt: skip
 from orchestrator.dispatch import DispatchOptions, Lane, dispatch
 from tunectl.errors import UserError
-from tunectl.plan import Plan, WorkItem, plan
+from tunectl.plan import Plan, WorkItem, count_plan, plan
 from tunectl.record import RECORD_FIELDS, Record
 from tunectl.results import ResultsWriter, read_results
 from tunectl.runs import RunInfo, driver_alive, load_run, new_run_id, run_exists, run_log_path, save_run
@@ -44,6 +44,14 @@ log = logging.getLogger("tunectl.run")
 
 class RunCancelled(KeyboardInterrupt):
     """The run was asked to stop (SIGTERM: ``tunectl cancel``, or a Ray job being stopped)."""
+
+
+class RunStopped(KeyboardInterrupt):
+    """A run stopped by Ctrl-C or a cancel once it existed: says which run, to resume it by id."""
+
+    def __init__(self, run_id: str, state: str) -> None:
+        self.run_id, self.state = run_id, state
+        super().__init__(f"run {run_id} {state}")
 
 
 @dataclass
@@ -96,6 +104,11 @@ def _spec_for(spec_path: str | None, resume: str | None, results: Path) -> tuple
             raise UserError("give a SPEC file, or --resume RUN_ID")
         return load_spec(spec_path), None
     info = load_run(results, resume)
+    if spec_path is not None and load_spec(spec_path).text != info.spec_text:
+        raise UserError(
+            f"run {resume} was started with another spec ({info.spec_path}); --resume finishes it with "
+            f"its own: leave out {spec_path}, or drop --resume to start a new run"
+        )
     if info.state == "finished":
         raise UserError(f"run {resume} already finished; nothing to resume")
     if info.state == "running" and driver_alive(info):
@@ -120,6 +133,7 @@ def submit(
     work_for: WorkFor | None = None,
     kind: str = "tune",
     compile_options: CompileOptions | None = None,
+    confirm_above: int | None = None,
 ) -> SubmitResult:
     """Run (or resume) a tuning run; every record lands in ``results`` as it arrives.
 
@@ -130,6 +144,8 @@ def submit(
     ``work_for``: what each pool runs (default: the spec's search over its plan); ``kind`` names it
     in the run's metadata (a validation run is ``validate``). ``compile_options``: compile processes that
     build kernels ahead into shared on-disk caches (``orchestrator.builds``).
+    ``confirm_above``: refuse (``UserError``) a new run planning more items than this, before planning
+    it (the caller asks the user to confirm); None: no limit.
     """
     results = Path(results)
     progress = progress or _Silent()
@@ -137,6 +153,8 @@ def submit(
     spec, previous = _spec_for(spec_path, resume, results)  # validate before touching anything
     if previous is not None and previous.kind != kind:
         raise UserError(f"run {resume} is a {previous.kind} run; run it again instead of resuming it")
+    if previous is None and confirm_above is not None:
+        _check_size(spec, confirm_above)
     work = plan(spec)
 
     def search(pool: str | None) -> Work:
@@ -208,7 +226,10 @@ def submit(
                      run_id, stats.num_records, stats.num_worker_failures, stats.num_requeued)  # fmt: skip
     except BaseException as exc:
         writer.close()
-        save_run(results, info.with_state(_stopped_state(exc), f"{type(exc).__name__}: {exc}"[:500]))
+        state = _stopped_state(exc)
+        save_run(results, info.with_state(state, f"{type(exc).__name__}: {exc}"[:500]))
+        if isinstance(exc, KeyboardInterrupt):
+            raise RunStopped(run_id, state) from None
         raise
     finally:
         stop_builders(builders)
@@ -270,6 +291,15 @@ def _compile_meta(
         "cache": compile.cache_root(), "shared": compile.shared, "timeout_s": compile.timeout_s,
         "compile_processes": len(builders), "env": dict(setup.env),
     }  # fmt: skip
+
+
+def _check_size(spec: Spec, limit: int) -> None:
+    counted = count_plan(spec)
+    if counted.num_items > limit:
+        raise UserError(
+            f"{spec.path}: the spec plans {counted.num_items:,} items (more than {limit:,}); see them with "
+            f"`tunectl submit {spec.path} --dry-run`, and run it with --yes"
+        )
 
 
 def _stopped_state(exc: BaseException) -> str:

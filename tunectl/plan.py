@@ -15,6 +15,9 @@ from tunectl.errors import UserError
 from tunectl.keys import Key, key_digest, key_text, make_key
 from tunectl.spec import Spec
 
+#: a spec planning more items than this runs only once the user confirms it (``submit --yes``)
+CONFIRM_ABOVE_ITEMS = 50_000
+
 
 @dataclass(frozen=True)
 class WorkItem:

@@ -161,12 +161,16 @@ def atomic_write(path: Path, write: Any) -> None:
 
 
 #: columns every part has had since the first schema; a file without them is not a results part
-_REQUIRED = ("item_id", "static_key", "shape_key", "config_key", "status", "finished_at")
+_REQUIRED = ("item_id", "status", "finished_at")
 _warned: set[str] = set()
 
 
 class BadPart(ResultsError):
     """A Parquet file under the dataset that cannot be read as results (damaged, empty, foreign)."""
+
+    def __init__(self, path: Path, why: str) -> None:
+        self.path = path
+        super().__init__(f"{path}: {why}")
 
 
 class NoResultsError(ResultsError, UserError):
@@ -206,15 +210,15 @@ def read_part(path: str | Path) -> Any:
     path = Path(path)
     try:
         if path.stat().st_size == 0:
-            raise BadPart(f"{path}: empty file (0 bytes)")
+            raise BadPart(path, "empty file (0 bytes)")
         table = pq.read_table(path)
     except BadPart:
         raise
     except (OSError, pa.ArrowException) as exc:
-        raise BadPart(f"{path}: not a readable Parquet file ({_first_line(exc)})") from None
+        raise BadPart(path, f"not a readable Parquet file ({_first_line(exc)})") from None
     missing = [n for n in _REQUIRED if n not in table.column_names]
     if missing:
-        raise BadPart(f"{path}: not a tunectl results part (no column {missing[0]!r})")
+        raise BadPart(path, f"not a tunectl results part (no column {missing[0]!r})")
     schema = _schema()
     columns = []
     for fld in schema:
@@ -224,8 +228,8 @@ def read_part(path: str | Path) -> Any:
         try:
             columns.append(table.column(fld.name).cast(fld.type))
         except (pa.ArrowException, ValueError) as exc:
-            raise BadPart(f"{path}: column {fld.name!r} has type {table.schema.field(fld.name).type}, "
-                          f"not {fld.type} ({_first_line(exc)})") from None  # fmt: skip
+            why = f"column {fld.name!r} has type {table.schema.field(fld.name).type}, not {fld.type}"
+            raise BadPart(path, f"{why} ({_first_line(exc)})") from None
     return pa.Table.from_arrays(columns, schema=schema)
 
 
@@ -238,6 +242,24 @@ def check_parts(root: str | Path) -> list[BadPart]:
         except BadPart as exc:
             bad.append(exc)
     return bad
+
+
+QUARANTINE_DIR = "_quarantine"
+
+
+def quarantine(root: str | Path, paths: Iterable[str | Path]) -> list[tuple[Path, Path]]:
+    """Move ``paths`` (files under ``root``) to ``root/_quarantine/`` at the same relative path, where
+    no reader looks; nothing is deleted. Returns (from, to) per file moved."""
+    root = Path(root)
+    moved = []
+    for path in map(Path, paths):
+        target = root / QUARANTINE_DIR / path.resolve().relative_to(root.resolve())
+        if target.exists():  # the same name quarantined before: keep both
+            target = target.with_name(f"{target.name}.{secrets.token_hex(3)}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(path, target)
+        moved.append((path, target))
+    return moved
 
 
 def _first_line(exc: BaseException) -> str:

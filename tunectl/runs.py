@@ -13,12 +13,14 @@ stop a driver on this machine.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import signal
 import socket
 import time
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,8 @@ from tunectl.errors import UserError
 from tunectl.results import atomic_write
 
 RUNS_DIR = "_runs"
+log = logging.getLogger("tunectl.results")
+_warned: set[str] = set()
 STATES = ("running", "finished", "interrupted", "cancelled", "failed")
 
 
@@ -111,16 +115,46 @@ def load_run(root: str | Path, run_id: str) -> RunInfo:
         return RunInfo(**raw)
     except FileNotFoundError:
         raise UserError(f"no run {run_id!r} in {root}; `tunectl runs --results {root}` lists them") from None
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, AttributeError, OSError) as exc:
         raise UserError(f"run metadata {path} is unreadable: {exc}") from None
 
 
 def list_runs(root: str | Path) -> list[RunInfo]:
-    directory = Path(root) / RUNS_DIR
-    if not directory.is_dir():
-        return []
-    runs = [load_run(root, p.stem) for p in sorted(directory.glob("r*.json"))]
+    """Every run with readable metadata; an unreadable file is skipped with a warning (``doctor``)."""
+    runs = []
+    for path in run_files(root):
+        try:
+            runs.append(load_run(root, path.stem))
+        except UserError as exc:
+            if str(path) not in _warned:
+                _warned.add(str(path))
+                log.warning("skipped %s; `tunectl doctor --results %s` lists such files", exc, root)
     return sorted(runs, key=lambda r: r.created_at)
+
+
+def run_files(root: str | Path) -> list[Path]:
+    directory = Path(root) / RUNS_DIR
+    return sorted(directory.glob("r*.json")) if directory.is_dir() else []
+
+
+def check_run_files(root: str | Path) -> list[tuple[Path, UserError]]:
+    """Every run metadata file that cannot be read, with why (``tunectl doctor``)."""
+    bad = []
+    for path in run_files(root):
+        try:
+            load_run(root, path.stem)
+        except UserError as exc:
+            bad.append((path, exc))
+    return bad
+
+
+def require_runs(root: str | Path, run_ids: Iterable[str]) -> None:
+    """A ``UserError`` naming the first of ``run_ids`` that is not a run of ``root``."""
+    known = {r.run_id for r in list_runs(root)}
+    known |= {p.name.removeprefix("run_id=") for p in Path(root).glob("task=*/run_id=*")}
+    for run_id in run_ids:
+        if run_id not in known:
+            raise UserError(f"no run {run_id!r} in {root}; `tunectl runs --results {root}` lists them")
 
 
 def summarise_runs(root: str | Path, rows: list[dict[str, Any]] | None = None) -> list[RunSummary]:
@@ -167,7 +201,10 @@ def cancel_local_run(root: str | Path, run_id: str, wait_s: float = 15.0) -> str
         )
     if not alive:
         save_run(root, info.with_state("interrupted", "its driver was gone"))
-        return f"run {run_id} had no driver left; marked interrupted (finish it with --resume {run_id})"
+        return (
+            f"run {run_id} had no driver left; marked interrupted "
+            f"(finish it with `tunectl submit --resume {run_id} --results {root}`)"
+        )
     os.kill(info.driver_pid, signal.SIGTERM)
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
@@ -175,7 +212,9 @@ def cancel_local_run(root: str | Path, run_id: str, wait_s: float = 15.0) -> str
             break
         time.sleep(0.1)
     state = effective_state(load_run(root, run_id))
-    return f"run {run_id} stopped: {state}; finish it with `tunectl submit --resume {run_id}`"
+    return (
+        f"run {run_id} stopped: {state}; finish it with `tunectl submit --resume {run_id} --results {root}`"
+    )
 
 
 def _process_start(pid: int) -> int | None:

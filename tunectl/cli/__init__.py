@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+
 import typer
 
-from tunectl.cli import bundle, export, imports, report, runs, submit, validate
+from tunectl.cli import bundle, doctor, export, imports, report, runs, submit, validate
 
 app = typer.Typer(
     help="Tune LLM-inference kernels on every GPU of a Ray cluster, and publish the winners as bundles.",
@@ -15,6 +17,8 @@ app = typer.Typer(
 app.command(help=submit.__doc__)(submit.submit)
 app.command(name="runs", help=runs.list_runs_cmd.__doc__)(runs.list_runs_cmd)
 app.command(name="winners", help=runs.winners_cmd.__doc__)(runs.winners_cmd)
+app.command(name="failures", help=runs.failures_cmd.__doc__)(runs.failures_cmd)
+app.command(name="doctor", help=doctor.doctor_cmd.__doc__)(doctor.doctor_cmd)
 app.command(name="logs", help=runs.logs_cmd.__doc__)(runs.logs_cmd)
 app.command(name="cancel", help=runs.cancel_cmd.__doc__)(runs.cancel_cmd)
 app.command(name="report", help=report.report_cmd.__doc__)(report.report_cmd)
@@ -22,6 +26,21 @@ app.command(name="validate", help=validate.validate_cmd.__doc__)(validate.valida
 app.add_typer(export.app, name="export")
 app.add_typer(bundle.app, name="bundle")
 app.add_typer(imports.app, name="import")
+
+
+class _Warnings(logging.Handler):
+    """Library warnings (a skipped file) as one ``warning:`` line each on stderr."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        typer.secho(f"warning: {record.getMessage()}", err=True, fg=typer.colors.YELLOW)
+
+
+@app.callback()
+def _setup() -> None:
+    logger = logging.getLogger("tunectl.results")
+    if not any(isinstance(h, _Warnings) for h in logger.handlers):
+        logger.addHandler(_Warnings(logging.WARNING))
+        logger.propagate = False
 
 
 def main() -> None:

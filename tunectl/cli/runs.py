@@ -2,26 +2,40 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import time
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from tunectl.cli._common import DEFAULT_RESULTS, ResultsOption, library_errors
-from tunectl.cli.render import winners_table
+from tunectl.cli.render import compact, winners_table
+
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON (one array) instead of a table.")]
 
 
-def list_runs_cmd(results: ResultsOption = DEFAULT_RESULTS) -> None:
-    """List runs with their state and counts: planned, done, failed by status."""
+def list_runs_cmd(results: ResultsOption = DEFAULT_RESULTS, as_json: JsonOption = False) -> None:
+    """List runs with their state and counts: planned, done, failed by status.
+
+    Example: tunectl runs --results ./tunectl-results --json
+    """
+    from tunectl.results import require_dataset
     from tunectl.runs import summarise_runs
 
     with library_errors():
-        runs = summarise_runs(results)
+        runs = summarise_runs(require_dataset(results))
+    if as_json:
+        typer.echo(json.dumps([_run_json(r) for r in runs], indent=2))
+        return
     table = Table(title=f"runs in {results}", title_justify="left")
-    for col in ("run", "name", "task", "state", "started", "planned", "done", "failed"):
-        table.add_column(col)
+    width = max((len(r.info.run_id) for r in runs), default=3)
+    table.add_column("run", no_wrap=True, min_width=width)  # an id cut short cannot be resumed
+    for col in ("name", "task", "state", "started", "planned", "done", "failed"):
+        table.add_column(col, overflow="fold")
     for run in runs:
         failed = ", ".join(f"{n} {s}" for s, n in run.failed.items()) or "0"
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.info.created_at))
@@ -36,6 +50,15 @@ def list_runs_cmd(results: ResultsOption = DEFAULT_RESULTS) -> None:
             failed,
         )
     Console().print(table)
+
+
+def _run_json(run: Any) -> dict[str, Any]:
+    info = run.info
+    return {
+        "run_id": info.run_id, "name": info.name, "task": info.task, "kind": info.kind, "state": run.state,
+        "created_at": info.created_at, "updated_at": info.updated_at, "message": info.message,
+        "num_planned": info.num_planned, "num_done": run.num_done, "counts": run.counts,
+    }  # fmt: skip
 
 
 AddressOption = Annotated[
@@ -85,7 +108,8 @@ def cancel_cmd(run: RunArg, results: ResultsOption = DEFAULT_RESULTS, address: A
 
         with library_errors():
             status = cancel_job(address, run)
-        typer.echo(f"job of run {run}: {status}; finish it with `tunectl submit --job --resume {run}`")
+        resume = f"tunectl submit --job --resume {run} --address {address}"
+        typer.echo(f"job of run {run}: {status}; finish it with `{resume}`")
         return
     from tunectl.runs import cancel_local_run
 
@@ -93,19 +117,95 @@ def cancel_cmd(run: RunArg, results: ResultsOption = DEFAULT_RESULTS, address: A
         typer.echo(cancel_local_run(results, run))
 
 
-def winners_cmd(
-    results: ResultsOption = DEFAULT_RESULTS,
-    run: Annotated[list[str] | None, typer.Option(help="Only these runs (repeatable). Default: all.")] = None,
-    task: Annotated[str | None, typer.Option(help="Only this task.")] = None,
-) -> None:
-    """Show the winner per point: config, median, the default's median, speedup."""
-    from tunectl.results import read_results
-    from tunectl.select import select_winners
+RunsOption = Annotated[list[str] | None, typer.Option(help="Only these runs (repeatable). Default: all.")]
+TaskOption = Annotated[str | None, typer.Option(help="Only this task.")]
+
+
+def read_checked(results: Path, run: list[str] | None, task: str | None) -> list[dict[str, Any]]:
+    """The rows asked for, once the dataset and every named run are known to exist (else exit 2)."""
+    from tunectl.results import read_results, require_dataset
+    from tunectl.runs import require_runs
 
     with library_errors():
-        winners = select_winners(read_results(results, run_ids=run, task=task))
+        require_runs(require_dataset(results), run or [])
+        return read_results(results, run_ids=run, task=task)
+
+
+def winners_cmd(
+    results: ResultsOption = DEFAULT_RESULTS,
+    run: RunsOption = None,
+    task: TaskOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Show the winner per point: config, median, the default's median, speedup.
+
+    Example: tunectl winners --results ./tunectl-results --run r20261129-221300-3fa2c1
+    """
+    from tunectl.select import select_winners
+
+    rows = read_checked(results, run, task)
+    with library_errors():
+        winners = select_winners(rows)
+    if as_json:
+        typer.echo(json.dumps([_winner_json(w) for w in winners], indent=2))
+        return
     console = Console()
     for name in sorted({w.task for w in winners}):
         console.print(winners_table([w for w in winners if w.task == name], title=f"winners: {name}"))
     if not winners:
-        console.print("no winners: no configuration finished with status ok")
+        failed = sum(r["status"] != "ok" for r in rows)
+        console.print(
+            f"no winners: none of {len(rows)} measurement(s) finished with status ok"
+            + (f"; `tunectl failures --results {results}` lists the {failed} that failed" if failed else "")
+        )
+
+
+def _winner_json(winner: Any) -> dict[str, Any]:
+    out = {k: v for k, v in dataclasses.asdict(winner).items() if k not in ("static", "shape", "config")}
+    out.update(static=dict(winner.static), shape=dict(winner.shape), config=dict(winner.config))
+    return {**out, "reason": winner.reason}
+
+
+def failures_cmd(
+    results: ResultsOption = DEFAULT_RESULTS,
+    run: RunsOption = None,
+    task: TaskOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List the measurements that failed (error, wrong_result, invalid, crash, timeout) with their
+    messages.
+
+    Example: tunectl failures --results ./tunectl-results --run r20261129-221300-3fa2c1 --json
+    """
+    rows = read_checked(results, run, task)
+    failed = sorted((r for r in rows if r["status"] != "ok"), key=lambda r: (r["run_id"], r["finished_at"]))
+    if as_json:
+        keys = (
+            "run_id",
+            "task",
+            "item_id",
+            "phase",
+            "status",
+            "message",
+            "static_key",
+            "shape_key",
+            "config_key",
+        )
+        typer.echo(json.dumps([{k: r[k] for k in keys} for r in failed], indent=2))
+        return
+    table = Table(title=f"failed measurements in {results}", title_justify="left")
+    table.add_column("run", no_wrap=True, min_width=max((len(r["run_id"]) for r in failed), default=3))
+    for col in ("status", "shape", "config", "message"):
+        table.add_column(col, overflow="fold")
+    for r in failed:
+        table.add_row(r["run_id"], r["status"], _compact_text(r["shape_key"]), _compact_text(r["config_key"]),
+                      (r["message"] or "").strip().splitlines()[0][:300] if r["message"] else "")  # fmt: skip
+    console = Console()
+    console.print(table)
+    console.print(f"{len(failed)} failed of {len(rows)} measurement(s)")
+
+
+def _compact_text(key_text: str) -> str:
+    from tunectl.keys import key_from_text
+
+    return compact(key_from_text(key_text))

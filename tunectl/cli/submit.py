@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import signal
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
@@ -12,9 +13,11 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 from tunectl.cli._common import DEFAULT_RESULTS, ResultsOption, fail, library_errors
-from tunectl.cli.render import winners_table
+from tunectl.cli.render import compact, winners_table
+from tunectl.plan import CONFIRM_ABOVE_ITEMS
 
 
 class RunBar:
@@ -180,8 +183,27 @@ def submit(
     run_id: Annotated[
         str | None, typer.Option(hidden=True, help="The id of a new run (set by --job).")
     ] = None,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Count the items per static key and estimate the time from earlier runs; measure nothing.",
+        ),
+    ] = False,
+    yes: Annotated[
+        bool, typer.Option("--yes", help="Run a spec that plans more items than the size guard allows.")
+    ] = False,
 ) -> None:
-    """Plan SPEC's shape x config work, measure it on a Ray cluster, stream results to Parquet."""
+    """Plan SPEC's shape x config work, measure it on a Ray cluster, stream results to Parquet.
+    Exits 1 when the run produced no usable (ok) measurement.
+
+    Example: tunectl submit configs/quickstart.toml --dry-run
+    """
+    if dry_run:
+        if spec is None:
+            raise fail("--dry-run needs a SPEC file")
+        _print_dry_run(spec, results)
+        return
     compile_args = _compile_args(compile_workers, compile_cache, compile_cache_shared, compile_timeout)
     if job:
         _submit_job(spec, address, results, resume, compile_ahead, follow, compile_args)
@@ -208,14 +230,11 @@ def submit(
                 compile_options=CompileOptions(
                     compile_workers, compile_cache, compile_cache_shared, compile_timeout
                 ),
+                confirm_above=None if yes else CONFIRM_ABOVE_ITEMS,
             )
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         bar.stop()
-        raise fail(
-            "stopped; what was measured is kept. Finish it with "
-            f"`tunectl submit --resume <RUN_ID> --results {results}` (`tunectl runs` lists runs)",
-            130,
-        ) from None
+        raise fail(_stopped(exc, results), 130) from None
     finally:
         bar.stop()
     counts = ", ".join(f"{n} {s}" for s, n in sorted(out.statuses.items()))
@@ -226,9 +245,66 @@ def submit(
     for static, shape, why in out.plan.skipped_points:
         console.print(f"[yellow]skipped[/] {dict(static)} {dict(shape)}: {why}")
     with library_errors():
-        winners = select_winners(read_results(results, run_ids=[out.run_id]))
+        rows = read_results(results, run_ids=[out.run_id])
+        winners = select_winners(rows)
     console.print(winners_table(winners, title=f"winners of {out.run_id} ({out.plan.spec.task})"))
     console.print(f"results: {results}")
+    if not winners:
+        failed = Counter(r["status"] for r in rows if r["status"] != "ok")
+        counts = ", ".join(f"{n} {s}" for s, n in sorted(failed.items())) or "no measurement"
+        raise fail(
+            f"run {out.run_id} produced no usable result ({counts}); "
+            f"`tunectl failures --run {out.run_id} --results {results}` lists why",
+            1,
+        )
+
+
+def _stopped(exc: KeyboardInterrupt, results: Path) -> str:
+    """What a stop leaves, and how to go on: by the run's id once the run exists."""
+    run_id = getattr(exc, "run_id", None)
+    if run_id is None:
+        return "stopped before the run started; nothing was written"
+    return (
+        f"run {run_id} stopped ({getattr(exc, 'state', 'interrupted')}); what was measured is kept. "
+        f"Finish it with `tunectl submit --resume {run_id} --results {results}`"
+    )
+
+
+def _print_dry_run(spec: Path, results: Path) -> None:
+    """Items per static key and a time estimate, without touching Ray or the results."""
+    from tunectl.estimate import dry_run
+
+    with library_errors():
+        planned = dry_run(spec, results)
+    console = Console()
+    table = Table(title=f"{spec}: {planned.count.spec.task}", title_justify="left")
+    for col, justify in (("static", "left"), ("points", "right"), ("items", "right")):
+        table.add_column(col, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    for static, points, items in planned.count.per_static:
+        table.add_row(compact(static), f"{points:,}", f"{items:,}")
+    console.print(table)
+    skipped = planned.count.skipped_points
+    console.print(
+        f"{planned.count.num_items:,} item(s) to measure, "
+        f"then {planned.num_comparisons:,} finals comparison(s)"
+        + (f"; {len(skipped):,} point(s) skipped ({skipped[0][2]}{', ...' if len(skipped) > 1 else ''})"
+           if skipped else "")
+    )  # fmt: skip
+    if planned.seconds is None:
+        console.print(f"no earlier run of {planned.count.spec.task} in {results}: no time estimate")
+    else:
+        console.print(
+            f"estimate: {_duration(planned.seconds)} of measurement on one worker (divide by the workers), "
+            f"from {planned.num_earlier:,} earlier measurement(s) of {planned.count.spec.task} in {results}"
+        )
+    if planned.count.num_items > CONFIRM_ABOVE_ITEMS:
+        console.print(f"more than {CONFIRM_ABOVE_ITEMS:,} items: running it needs --yes")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
 def _compile_args(workers: int | None, cache: str | None, shared: bool, timeout_s: float) -> list[str]:

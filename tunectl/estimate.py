@@ -1,0 +1,72 @@
+"""What a spec will cost before it runs: items per static key, and a time taken from earlier runs.
+
+Counting never makes the items (``tunectl.plan.count_plan``), so a dry run of a very large grid
+takes memory in proportion to its points, not its items.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tunectl.plan import PlanCount, count_plan
+from tunectl.spec import Spec, load_spec
+
+
+@dataclass(frozen=True)
+class DryRun:
+    """A spec's planned work, and what earlier runs of its task say one item and one comparison take."""
+
+    count: PlanCount
+    num_comparisons: int  # finals: one per point (the default against up to ``finalists`` configs)
+    item_s: float | None  # median seconds per measured item in earlier runs; None without any
+    comparison_s: float | None  # median seconds per finals comparison in earlier runs
+    num_earlier: int  # measured items the estimate rests on
+
+    @property
+    def seconds(self) -> float | None:
+        """Device seconds for the whole spec on one worker (divide by the workers), or None."""
+        if self.item_s is None:
+            return None
+        return self.count.num_items * self.item_s + self.num_comparisons * (self.comparison_s or 0.0)
+
+
+def dry_run(spec_path: str | Path, results: str | Path | None = None) -> DryRun:
+    """Count ``spec_path``'s work and estimate its time from the rows of ``results`` (if it exists)."""
+    spec = load_spec(spec_path)
+    counted = count_plan(spec)
+    num_points = sum(points for _, points, _ in counted.per_static)
+    comparisons = num_points if spec.search.finalists else 0
+    rows = _earlier_rows(spec, results)
+    item_s, comparison_s, n = _durations(rows)
+    return DryRun(counted, comparisons, item_s, comparison_s, n)
+
+
+def _earlier_rows(spec: Spec, results: str | Path | None) -> list[dict[str, Any]]:
+    if results is None or not Path(results).is_dir():
+        return []
+    from tunectl.results import read_results
+
+    return read_results(results, task=spec.task)
+
+
+def _durations(rows: Iterable[Mapping[str, Any]]) -> tuple[float | None, float | None, int]:
+    """Median seconds of a measured item and of a comparison (its arms share one span)."""
+    items: list[float] = []
+    groups: dict[str, tuple[float, float]] = {}
+    for row in rows:
+        start, end = row.get("started_at"), row.get("finished_at")
+        if start is None or end is None:
+            continue
+        span = (start.timestamp(), end.timestamp()) if hasattr(start, "timestamp") else (start, end)
+        if row.get("phase") == "final" and row.get("group_id"):
+            lo, hi = groups.get(row["group_id"], span)
+            groups[row["group_id"]] = (min(lo, span[0]), max(hi, span[1]))
+        elif row.get("phase") in ("measure", None):
+            items.append(span[1] - span[0])
+    item_s = statistics.median(items) if items else None
+    comparison_s = statistics.median(hi - lo for lo, hi in groups.values()) if groups else None
+    return item_s, comparison_s, len(items)
