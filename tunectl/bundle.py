@@ -21,6 +21,7 @@ import gzip
 import hashlib
 import io
 import json
+import logging
 import os
 import re
 import secrets
@@ -33,11 +34,12 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tunectl import __version__
-from tunectl.errors import BundleExistsError, UserError
+from tunectl.errors import BundleError, BundleExistsError, UserError
 from tunectl.runtime import CHANNELS, MANIFEST, SCHEMA_VERSION, Bundle, Fetcher, load_bundle, safe_member
 from tunectl.runtime.format import ARCHIVE_SUFFIXES, BundleCorruptError
 from tunectl.runtime.sources import Source, read_local, read_verified, resolve
 
+log = logging.getLogger("tunectl.bundle")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -336,21 +338,37 @@ def list_bundles(store: BundleStore) -> tuple[list[VersionListing], list[Channel
             except (FileNotFoundError, ValueError, AttributeError, TypeError):
                 continue  # no manifest (an unfinished publish) or not a bundle: not a version
         for file in store.list_dir(f"{name}/{CHANNELS}"):
-            pointer = (
-                read_channel(store, name, file.removesuffix(".json")) if file.endswith(".json") else None
-            )
+            pointer = _channel_or_none(store, name, file)
             if pointer is not None:
                 channels.append(pointer)
     return versions, channels
 
 
-def pack(source: str, out: str | os.PathLike[str], fetcher: Fetcher | None = None) -> Path:
-    """Write the verified bundle at ``source`` as one ``.tar.gz`` (deterministic, written atomically)."""
-    where, _ = resolve(source, None, None, None, fetcher)
-    _, raw, files = read_verified(Source(where, fetcher))
+def _channel_or_none(store: BundleStore, name: str, file: str) -> ChannelPointer | None:
+    """The pointer in a channel file; None (with a warning) for one that cannot be read."""
+    if not file.endswith(".json"):
+        return None
+    try:
+        return read_channel(store, name, file.removesuffix(".json"))
+    except BundleError as exc:  # one bad pointer must not hide the rest of the store
+        log.warning("skipped %s", exc)
+        return None
+
+
+def pack(
+    source: str, out: str | os.PathLike[str], fetcher: Fetcher | None = None, *, overwrite: bool = False
+) -> Path:
+    """Write the verified bundle at ``source`` as one ``.tar.gz`` (deterministic, written atomically).
+
+    An existing ``out`` is a ``UserError`` unless ``overwrite``.
+    """
     out = Path(out)
     if not out.name.endswith(ARCHIVE_SUFFIXES):
         raise UserError(f"{out}: an archive's name ends with {' or '.join(ARCHIVE_SUFFIXES)}")
+    if out.exists() and not overwrite:
+        raise UserError(f"{out} already exists; choose another name, or pass --force to replace it")
+    where, _ = resolve(source, None, None, None, fetcher)
+    _, raw, files = read_verified(Source(where, fetcher))
     out.parent.mkdir(parents=True, exist_ok=True)
     temp = out.parent / f".{out.name}.{secrets.token_hex(4)}.tmp"
     try:

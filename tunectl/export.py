@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,12 +11,14 @@ from typing import Any
 
 from tunectl.bundle import TaskTable, build_files, check_name, publish
 from tunectl.errors import UserError
-from tunectl.keys import Key
+from tunectl.keys import Key, key_from_text
 from tunectl.results import read_results
 from tunectl.runs import load_run
 from tunectl.select import SELECTED_PHASES, Winner, select_winners
 from tunectl.spec import parse_spec
 from tunectl.stores import open_store
+
+log = logging.getLogger("tunectl.export")
 
 _ENV_FIELDS = ("device_kind", "device_name", "compute_capability", "sm_count", "cuda", "packages")
 
@@ -76,6 +79,26 @@ def _bucketing(results: Path, run_ids: Sequence[str], task: str) -> dict[str, di
     return {name: {"policy": policy, "points": []} for name, policy in policies.items()}
 
 
+def _bucketable(rows: list[dict[str, Any]], *, asked_for_runs: bool) -> list[dict[str, Any]]:
+    """The rows whose sizes a lookup can bucket. Symbolic sizes (a dynamic-shape log's ``s37``) are
+    an error in runs asked for by id; otherwise those rows are left out with a warning."""
+    kept: list[dict[str, Any]] = []
+    odd: list[dict[str, Any]] = []
+    for row in rows:
+        (kept if all(isinstance(v, int) for _, v in key_from_text(row["shape_key"])) else odd).append(row)
+    if not odd:
+        return kept
+    dim_name, value = next((n, v) for n, v in key_from_text(odd[0]["shape_key"]) if not isinstance(v, int))
+    why = f"{dim_name}={value!r} is not a size a lookup can bucket (a symbolic size from a dynamic-shape log)"
+    if asked_for_runs:
+        raise UserError(
+            f"task {odd[0]['task']}, run {odd[0]['run_id']}: {why}; export the other runs with --run"
+        )
+    runs = ", ".join(sorted({r["run_id"] for r in odd}))
+    log.warning("left out %d row(s) with symbolic sizes (runs %s): %s", len(odd), runs, why)
+    return kept
+
+
 def _environment(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     latest = max(rows, key=lambda r: r["finished_at"])
     env = json.loads(latest["env_json"] or "{}")
@@ -125,6 +148,7 @@ def prepare_bundle(
     check_name("version", version)
     results = Path(results)
     rows = [r for r in read_results(results, run_ids=run_ids, task=task) if r["phase"] in SELECTED_PHASES]
+    rows = _bucketable(rows, asked_for_runs=run_ids is not None)
     if device is not None:
         rows = [r for r in rows if r["device_name"] == device]
     if not rows:
@@ -144,11 +168,6 @@ def prepare_bundle(
         shapes = _bucketing(results, source_runs, task_name)
         for w in task_winners:
             for dim_name, value in w.shape:
-                if not isinstance(value, int):
-                    raise UserError(
-                        f"task {task_name}: {dim_name}={value!r} is not a size a lookup can bucket "
-                        "(a symbolic size from a dynamic-shape log); export the other runs with --run"
-                    )
                 shapes.setdefault(dim_name, {"policy": "exact", "points": []})["points"].append(value)
         for dim in shapes.values():
             dim["points"] = sorted(set(dim["points"]))

@@ -37,10 +37,9 @@ class _Warnings(logging.Handler):
 
 @app.callback()
 def _setup() -> None:
-    logger = logging.getLogger("tunectl.results")
+    logger = logging.getLogger("tunectl")  # a run's own events have their handler (run_events)
     if not any(isinstance(h, _Warnings) for h in logger.handlers):
         logger.addHandler(_Warnings(logging.WARNING))
-        logger.propagate = False
 
 
 def main() -> None:

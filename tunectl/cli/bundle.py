@@ -207,11 +207,12 @@ def promote_cmd(
 def pack_cmd(
     source: SourceArg,
     out: Annotated[str, typer.Argument(help="The archive to write (.tar.gz, .tgz or .tar).")],
+    force: Annotated[bool, typer.Option("--force", help="Replace OUT if it exists.")] = False,
 ) -> None:
     """Write a verified bundle as one archive, which load_bundle and TUNECTL_BUNDLE accept as is."""
     from tunectl.bundle import pack
     from tunectl.stores import fetcher_for
 
     with library_errors():
-        path = pack(source, out, fetcher=fetcher_for(source))
+        path = pack(source, out, fetcher=fetcher_for(source), overwrite=force)
     typer.echo(f"packed {source} into {path}")

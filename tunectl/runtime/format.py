@@ -49,8 +49,16 @@ def check_member(name: object) -> str:
 
 
 def safe_member(root: Path, name: str) -> Path:
-    """``root / name`` for a member name that stays inside ``root``; BundleCorruptError otherwise."""
-    return root.joinpath(*PurePosixPath(check_member(name)).parts)
+    """``root / name`` for a member that stays inside ``root``, links followed; BundleCorruptError
+    otherwise (a symlink in a bundle pointing outside it would make a foreign file verify)."""
+    path = root.joinpath(*PurePosixPath(check_member(name)).parts)
+    try:
+        inside = path.resolve().is_relative_to(root.resolve())
+    except (OSError, RuntimeError):  # a link loop
+        inside = False
+    if not inside:
+        raise BundleCorruptError(f"bundle {root}: {name} is a link to a file outside the bundle")
+    return path
 
 
 def load_json(raw: bytes, what: str) -> Any:
