@@ -1,0 +1,147 @@
+"""Exactly once through every stop: the driver is killed (SIGKILL), interrupted (SIGINT) or cancelled
+at a loop of record counts, the finals included, and resumed each time; the raw dataset, read by
+DuckDB without any dedupe, then holds exactly one row per planned item and per arm of each
+comparison. Also: a run whose every measurement failed exits non-zero and says where to look."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import duckdb
+import pytest
+from typer.testing import CliRunner
+
+from tests.test_faults import raw_row_count
+from tests.test_faults_driver import driver
+from tunectl.cli import app
+from tunectl.plan import plan
+from tunectl.results import read_results
+from tunectl.runs import list_runs
+from tunectl.search import Search
+from tunectl.spec import load_spec
+
+pytestmark = pytest.mark.slow
+
+SPEC = """name = "once"
+task = "fault_injection"
+[shapes.n]
+values = [4, 8]
+[[configs]]
+fault = "none"
+run_ms = 15
+variant = [0, 1, 2, 3, 4, 5]
+[measure]
+warmup = 0
+min_samples = 2
+max_samples = 3
+max_seconds = 0.05
+[search]
+finalists = 3
+rounds = 3
+"""
+#: (rows on disk before the stop, how): the last ones fall in the finals (14 items are measured first)
+STOPS = ((2, "kill"), (6, "interrupt"), (11, "kill"), (15, "cancel"), (19, "kill"), (23, "kill"))
+
+
+def _stop(proc: subprocess.Popen[str], how: str, results: Path) -> None:
+    if how == "kill":
+        proc.send_signal(signal.SIGKILL)
+    elif how == "interrupt":
+        proc.send_signal(signal.SIGINT)
+    else:
+        (run,) = list_runs(results)
+        subprocess.run([sys.executable, "-m", "tunectl", "cancel", run.run_id, "--results", str(results)],
+                       capture_output=True, timeout=60, check=True)  # fmt: skip
+    proc.wait(timeout=60)
+
+
+def _run_until(args: list[str], results: Path, rows: int, how: str) -> bool:
+    """Run ``tunectl ARGS`` until the run has ``rows`` raw rows, then stop it; False if it finished first."""
+    with driver(*args) as proc:
+        while proc.poll() is None:
+            runs = list_runs(results) if (results / "_runs").is_dir() else []
+            if runs and raw_row_count(results, runs[0].run_id) >= rows:
+                _stop(proc, how, results)
+                return True
+            time.sleep(0.05)
+    return False
+
+
+def test_stops_at_any_record_count_then_resume_leave_exactly_one_row_per_item(tmp_path: Path) -> None:
+    spec, results = tmp_path / "once.toml", tmp_path / "results"
+    spec.write_text(SPEC)
+    stopped = []
+    for rows, how in STOPS:
+        run = list_runs(results) if (results / "_runs").is_dir() else []
+        args = ["submit", "--resume", run[0].run_id] if run else ["submit", str(spec)]
+        if not _run_until([*args, "--results", str(results)], results, rows, how):
+            break
+        stopped.append(how)
+    assert len(stopped) >= 4, "the run finished before most stops: make its items slower"
+    (run,) = list_runs(results)
+    with driver("submit", "--resume", run.run_id, "--results", str(results)) as proc:
+        out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 0, out
+
+    glob = str(results / "task=*" / f"run_id={run.run_id}" / "*.parquet")
+    [(num_rows, num_items)] = duckdb.sql(
+        f"select count(*), count(distinct item_id) from read_parquet('{glob}', hive_partitioning=true)"
+    ).fetchall()
+    assert num_rows == num_items, "an item or an arm was written twice"
+    arms = duckdb.sql(
+        f"select group_id, count(*) from read_parquet('{glob}') where phase = 'final' group by group_id"
+    ).fetchall()
+    assert len(arms) == 2 and all(2 <= n <= 4 for _, n in arms), "one comparison per point, whole"
+    work = plan(load_spec(spec))
+    ids = {r[0] for r in duckdb.sql(f"select item_id from read_parquet('{glob}')").fetchall()}
+    assert {i.item_id for i in work.items} <= ids, "a planned item has no row"
+    assert Search(work).start(read_results(results, run_ids=[run.run_id])) == [], "a comparison is missing"
+    assert num_rows == len(work.items) + sum(n for _, n in arms)
+
+
+#: flash-attn backends only (fa4, the default, and fa2, fa3), on a machine without CUDA: all invalid
+CUDA_ONLY = """name = "cuda_only"
+task = "flash_decode"
+[static]
+causal = true
+dtype = "float16"
+head_dim = 64
+num_kv_heads = 1
+num_q_heads = 2
+page_size = 16
+sinks = false
+softcap = 0.0
+window = -1
+[shapes.batch]
+values = [1]
+[shapes.kv_len]
+values = [64]
+[shapes.q_len]
+values = [1]
+[configs]
+backend = ["fa2", "fa3"]
+[search]
+finalists = 0
+"""
+
+
+def test_a_run_where_every_measurement_failed_exits_1_and_points_to_the_failures(tmp_path: Path) -> None:
+    spec, results = tmp_path / "fails.toml", tmp_path / "results"
+    spec.write_text(CUDA_ONLY)
+    with driver("submit", str(spec), "--results", str(results)) as proc:
+        out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 1, out
+    (run,) = list_runs(results)
+    assert f"error: run {run.run_id} produced no usable result (3 invalid)" in out
+    assert f"tunectl failures --run {run.run_id} --results {results}" in out and "Traceback" not in out
+
+    listed = CliRunner().invoke(app, ["failures", "--results", str(results), "--json"])
+    assert listed.exit_code == 0, listed.output
+    failed = json.loads(listed.output)
+    assert len(failed) == 3 and {f["status"] for f in failed} == {"invalid"}
+    assert all("runs on CUDA devices only" in f["message"] for f in failed)
