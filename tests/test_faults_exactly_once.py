@@ -16,6 +16,7 @@ import duckdb
 import pytest
 from typer.testing import CliRunner
 
+from tests.conftest import TINY_SPEC
 from tests.test_faults import raw_row_count
 from tests.test_faults_driver import driver
 from tunectl.cli import app
@@ -27,25 +28,20 @@ from tunectl.spec import load_spec
 
 pytestmark = pytest.mark.slow
 
-SPEC = """name = "once"
-task = "fault_injection"
-[shapes.n]
-values = [4, 8]
-[[configs]]
-fault = "none"
-run_ms = 15
-variant = [0, 1, 2, 3, 4, 5]
-[measure]
-warmup = 0
-min_samples = 2
-max_samples = 3
-max_seconds = 0.05
-[search]
-finalists = 3
-rounds = 3
-"""
-#: (rows on disk before the stop, how): the last ones fall in the finals (14 items are measured first)
-STOPS = ((2, "kill"), (6, "interrupt"), (11, "kill"), (15, "cancel"), (19, "kill"), (23, "kill"))
+#: real CPU measurements (near-ties, so every point has finals): 6 points x 4 configs, then a
+#: comparison per point of up to 4 arms; a point's finals start as soon as its 4 items are in
+SPEC = TINY_SPEC.replace("max_seconds = 0.05", "max_seconds = 0.3").replace(
+    "min_samples = 3", "min_samples = 10"
+)
+STOPS = (
+    (3, "kill"),
+    (7, "interrupt"),
+    (12, "kill"),
+    (17, "cancel"),
+    (22, "kill"),
+    (27, "kill"),
+    (32, "kill"),
+)
 
 
 def _stop(proc: subprocess.Popen[str], how: str, results: Path) -> None:
@@ -60,16 +56,21 @@ def _stop(proc: subprocess.Popen[str], how: str, results: Path) -> None:
     proc.wait(timeout=60)
 
 
-def _run_until(args: list[str], results: Path, rows: int, how: str) -> bool:
-    """Run ``tunectl ARGS`` until the run has ``rows`` raw rows, then stop it; False if it finished first."""
+def _run_until(args: list[str], results: Path, rows: int, how: str) -> str | None:
+    """Run ``tunectl ARGS`` until the run has ``rows`` raw rows, then stop it. Returns where it was
+    stopped ("measure" or "finals"), or None if it finished first."""
     with driver(*args) as proc:
         while proc.poll() is None:
             runs = list_runs(results) if (results / "_runs").is_dir() else []
             if runs and raw_row_count(results, runs[0].run_id) >= rows:
+                glob = str(results / "task=*" / f"run_id={runs[0].run_id}" / "*.parquet")
+                [(finals,)] = duckdb.sql(
+                    f"select count(*) from read_parquet('{glob}') where phase = 'final'"
+                ).fetchall()
                 _stop(proc, how, results)
-                return True
+                return "finals" if finals else "measure"
             time.sleep(0.05)
-    return False
+    return None
 
 
 def test_stops_at_any_record_count_then_resume_leave_exactly_one_row_per_item(tmp_path: Path) -> None:
@@ -79,14 +80,17 @@ def test_stops_at_any_record_count_then_resume_leave_exactly_one_row_per_item(tm
     for rows, how in STOPS:
         run = list_runs(results) if (results / "_runs").is_dir() else []
         args = ["submit", "--resume", run[0].run_id] if run else ["submit", str(spec)]
-        if not _run_until([*args, "--results", str(results)], results, rows, how):
+        where = _run_until([*args, "--results", str(results)], results, rows, how)
+        if where is None:
             break
-        stopped.append(how)
+        stopped.append(where)
     assert len(stopped) >= 4, "the run finished before most stops: make its items slower"
+    assert "finals" in stopped, "no stop came inside the finals"
     (run,) = list_runs(results)
-    with driver("submit", "--resume", run.run_id, "--results", str(results)) as proc:
-        out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 0, out
+    if run.state != "finished":  # else the last stop came too late: the run had finished
+        with driver("submit", "--resume", run.run_id, "--results", str(results)) as proc:
+            out, _ = proc.communicate(timeout=300)
+        assert proc.returncode == 0, out
 
     glob = str(results / "task=*" / f"run_id={run.run_id}" / "*.parquet")
     [(num_rows, num_items)] = duckdb.sql(
@@ -96,7 +100,7 @@ def test_stops_at_any_record_count_then_resume_leave_exactly_one_row_per_item(tm
     arms = duckdb.sql(
         f"select group_id, count(*) from read_parquet('{glob}') where phase = 'final' group by group_id"
     ).fetchall()
-    assert len(arms) == 2 and all(2 <= n <= 4 for _, n in arms), "one comparison per point, whole"
+    assert len(arms) == 6 and all(2 <= n <= 4 for _, n in arms), "one comparison per point, whole"
     work = plan(load_spec(spec))
     ids = {r[0] for r in duckdb.sql(f"select item_id from read_parquet('{glob}')").fetchall()}
     assert {i.item_id for i in work.items} <= ids, "a planned item has no row"
