@@ -82,7 +82,7 @@ def test_a_bad_value_names_its_field_and_what_is_allowed(old: str, new: str, mes
 def test_a_point_every_static_skips_says_why_there_is_no_work() -> None:
     text = TINY_SPEC.replace("num_q_heads = 4", "num_q_heads = 3")  # not a multiple of 2 KV heads
     with pytest.raises(
-        UserError, match="plans no work; 6 point.*num_q_heads must be a multiple of num_kv_heads"
+        UserError, match=r"plans no work; 6 point.*num_q_heads must be a multiple of num_kv_heads"
     ):
         plan(parse_spec(text, "bad.toml"))
 

@@ -66,9 +66,10 @@ def validation_table(validation: Any, title: str) -> Table:
     """Per point: the bundle's config, per-layer times of default and bundle, speedup and interval."""
     table = Table(title=title, title_justify="left")
     for col in ("shape", "bundle config"):
-        table.add_column(col, overflow="fold", min_width=11)
-    for col in ("default µs", "bundle µs", "speedup", "95% CI", "verdict"):
-        table.add_column(col, justify="right", no_wrap=True)
+        table.add_column(col, overflow="fold", min_width=8)
+    for col in ("default µs", "bundle µs", "speedup", "95% CI"):
+        table.add_column(col, justify="right", overflow="fold")
+    table.add_column("verdict", justify="right", no_wrap=True, min_width=6)  # the column a reader needs whole
     style = {"faster": "green", "slower": "red", "tie": "default"}
     for p in validation.points:
         s = p.speedup

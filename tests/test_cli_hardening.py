@@ -1,0 +1,239 @@
+"""What a user gets on the edges: a dry run and a size guard before any work, JSON for scripts,
+clear errors for a wrong address, a resumed run's spec, an existing archive, a corrupt channel, a
+bundle member linking outside, symbolic sizes in an import, and tables that keep ids whole at 80
+columns."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import tracemalloc
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.test_bundle import ENV, table
+from tests.test_results import _record
+from tunectl.bundle import LocalStore, build_files, list_bundles, promote, publish
+from tunectl.cli import app
+from tunectl.errors import UserError
+from tunectl.plan import CONFIRM_ABOVE_ITEMS, count_plan
+from tunectl.results import ResultsWriter
+from tunectl.runs import RunInfo, save_run
+from tunectl.runtime import BundleCorruptError, load_bundle
+from tunectl.spec import parse_spec
+
+from .conftest import TINY_SPEC
+
+#: 1000 batches x 1000 kv lengths x 10 configs (5 splits x 2 gqa): ten million items
+_THOUSAND = "values = [" + ", ".join(map(str, range(1, 1001))) + "]"
+HUGE = (
+    TINY_SPEC.replace('values = [1, 2, 4]\nbucket = "pow2"', _THOUSAND + '\nbucket = "exact"')
+    .replace("values = [64, 128]", _THOUSAND)
+    .replace("num_splits = [1, 2]", "num_splits = [1, 2, 3, 4, 5]")
+)
+
+
+def run(*args: str) -> object:
+    return CliRunner().invoke(app, list(args), env={"COLUMNS": "80"})
+
+
+def _results_with_a_run(tmp_path: Path, status: str = "ok") -> Path:
+    root = tmp_path / "results"
+    writer = ResultsWriter(root)
+    for i, s in enumerate(("ok", status)):
+        stats = {"p20_us": 9.0, "p80_us": 11.0, "rel_noise": 0.01, "num_samples": 10}
+        rec = replace(_record("r20261201-000000-abcdef", f"i{i}", median=10.0 - i), **stats)
+        message = "" if s == "ok" else "RuntimeError: injected\nsecond line"
+        writer.append(replace(rec, config_key=f'{{"c":{i}}}', is_default=i == 0, status=s, message=message))
+    writer.close()
+    save_run(root, RunInfo("r20261201-000000-abcdef", "n", "t", "s.toml", TINY_SPEC, "finished", 2, 0.0, 0.0))
+    return root
+
+
+def test_dry_run_counts_per_static_key_and_estimates_from_earlier_runs(tmp_path: Path) -> None:
+    spec = tmp_path / "tiny.toml"
+    spec.write_text(TINY_SPEC.replace('dtype = "float32"', 'dtype = ["float32", "float64"]'))
+    out = CliRunner().invoke(app, ["submit", str(spec), "--dry-run", "--results", str(tmp_path / "none")],
+                             env={"COLUMNS": "300"})  # fmt: skip
+    assert out.exit_code == 0, out.output
+    assert (
+        out.output.count("│      6 │    24 │") == 2 and "48 item(s) to measure, then 12 finals" in out.output
+    )
+    assert "no time estimate" in out.output and not (tmp_path / "none").exists()
+
+    results = tmp_path / "results"
+    writer = ResultsWriter(results)
+    for i in range(4):  # earlier measurements of the same task, 0.5 s each
+        rec = replace(_record("r1", f"i{i}", task="decode_attention"), started_at=100.0, finished_at=100.5)
+        writer.append(rec)
+    writer.close()
+    out = CliRunner().invoke(app, ["submit", str(spec), "--dry-run", "--results", str(results)],
+                             env={"COLUMNS": "300"})  # fmt: skip
+    assert "estimate: 24 s of measurement on one worker" in out.output, out.output  # 48 x 0.5 s
+
+
+def test_a_huge_grid_is_counted_lazily_and_needs_yes(tmp_path: Path) -> None:
+    spec = parse_spec(HUGE, "huge.toml")
+    tracemalloc.start()
+    counted = count_plan(spec)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert counted.num_items == 1000 * 1000 * 10 and counted.num_items > CONFIRM_ABOVE_ITEMS
+    assert peak < 400 << 20, f"counting took {peak >> 20} MiB"
+
+    path, results = tmp_path / "huge.toml", tmp_path / "results"
+    path.write_text(HUGE)
+    started = time.monotonic()
+    out = run("submit", str(path), "--results", str(results))
+    assert out.exit_code == 2 and "plans 10,000,000 items" in out.output and "--yes" in out.output
+    assert time.monotonic() - started < 120 and not results.exists()
+
+
+def test_runs_winners_and_failures_speak_json(tmp_path: Path) -> None:
+    root = _results_with_a_run(tmp_path, status="error")
+    runs = json.loads(run("runs", "--results", str(root), "--json").output)
+    assert runs[0]["run_id"] == "r20261201-000000-abcdef" and runs[0]["counts"] == {"ok": 1, "error": 1}
+    winners = json.loads(run("winners", "--results", str(root), "--json").output)
+    assert winners[0]["config"] == {"c": 0} and winners[0]["is_default"] and "reason" in winners[0]
+    failures = json.loads(run("failures", "--results", str(root), "--json").output)
+    assert [(f["status"], f["message"]) for f in failures] == [
+        ("error", "RuntimeError: injected\nsecond line")
+    ]
+    listed = run("failures", "--results", str(root))
+    assert "RuntimeError: injected" in listed.output and "second line" not in listed.output
+    assert "1 failed of 2 measurement(s)" in listed.output
+
+
+def test_run_ids_stay_whole_at_80_columns(tmp_path: Path) -> None:
+    root = _results_with_a_run(tmp_path, status="error")
+    for command in ("runs", "failures"):
+        out = run(command, "--results", str(root))
+        assert "r20261201-000000-abcdef" in out.output, out.output
+
+
+def test_a_validation_verdict_is_not_cropped_at_80_columns() -> None:
+    from rich.console import Console
+
+    from tunectl.cli.render import validation_table
+    from tunectl.keys import make_key
+    from tunectl.stats import Speedup
+
+    class Point:
+        shape = make_key({"batch": 16384, "kv_len": 131072})
+        config = make_key({"backend": "flex", "BLOCK_N": 64, "num_warps": 4, "num_stages": 3})
+        default_us, bundle_us, verdict = 123456.7, 100000.1, "slower"
+        speedup = Speedup(0.834, 0.823, 0.845, 8)
+
+    class Validation:
+        points, layers, rounds, geomean = [Point()], 36, 8, None
+
+    console = Console(width=80, record=True)
+    console.print(validation_table(Validation(), "stacked validation"))
+    assert "slower" in console.export_text()
+
+
+def test_resume_with_a_different_spec_is_refused(tmp_path: Path) -> None:
+    root = _results_with_a_run(tmp_path)
+    save_run(root, RunInfo("r2", "n", "decode_attention", "a.toml", TINY_SPEC, "interrupted", 24, 0.0, 0.0))
+    other = tmp_path / "other.toml"
+    other.write_text(TINY_SPEC.replace("rounds = 3", "rounds = 4"))
+    out = run("submit", str(other), "--resume", "r2", "--results", str(root))
+    assert out.exit_code == 2 and "was started with another spec (a.toml)" in out.output
+
+
+def test_an_unreachable_address_fails_fast_with_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import socket
+
+    from orchestrator import cluster
+
+    def no_answer(address: tuple[str, int], timeout: float) -> socket.socket:
+        raise TimeoutError  # what a host that drops packets gives once the timeout passes
+
+    with monkeypatch.context() as patched:
+        patched.setattr(cluster.socket, "create_connection", no_answer)
+        with pytest.raises(UserError, match=r"no answer from head:6379 within 0.5 s"):
+            cluster.check_reachable("ray://head:6379", timeout_s=0.5)
+    spec = tmp_path / "tiny.toml"
+    spec.write_text(TINY_SPEC)
+    started = time.monotonic()
+    out = CliRunner().invoke(
+        app, ["submit", str(spec), "--address", "127.0.0.1:9", "--results", str(tmp_path / "r")]
+    )
+    assert out.exit_code == 2 and out.output.startswith("error: cannot connect to 127.0.0.1:9")
+    assert time.monotonic() - started < 60 and len(out.output.strip().splitlines()) == 1
+
+
+def test_bundle_pack_does_not_overwrite_without_force(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    publish(store, "b", "1", build_files("b", "1", [table({1: 2})], [], ENV))
+    archive = tmp_path / "b.tgz"
+    archive.write_bytes(b"someone else's file")
+    out = run("bundle", "pack", str(tmp_path / "store" / "b" / "1"), str(archive))
+    assert out.exit_code == 2 and "already exists" in out.output
+    assert archive.read_bytes() == b"someone else's file"
+    out = run("bundle", "pack", str(tmp_path / "store" / "b" / "1"), str(archive), "--force")
+    assert out.exit_code == 0 and load_bundle(str(archive)).name == "b"
+
+
+def test_bundle_list_goes_on_past_a_corrupt_channel(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path)
+    publish(store, "b", "1", build_files("b", "1", [table({1: 2})], [], ENV))
+    promote(store, "b", "1", "stable")
+    (tmp_path / "b" / "_channels" / "canary.json").write_text("{truncated")
+    versions, channels = list_bundles(store)
+    assert [v.version for v in versions] == ["1"] and [c.channel for c in channels] == ["stable"]
+    out = CliRunner().invoke(app, ["bundle", "list", str(tmp_path)])
+    assert out.exit_code == 0 and "canary" in out.output and "warning: skipped" in out.output
+
+
+def test_a_bundle_member_linking_outside_the_bundle_is_refused(tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    publish(store, "b", "1", build_files("b", "1", [table({1: 2})], [], ENV))
+    version = tmp_path / "store" / "b" / "1"
+    table_file = next((version / "tables").iterdir())
+    outside = tmp_path / "elsewhere.json"
+    outside.write_bytes(table_file.read_bytes())  # the same bytes: the checksum alone would pass
+    table_file.unlink()
+    os.symlink(outside, table_file)
+    with pytest.raises(BundleCorruptError, match="outside the bundle"):
+        load_bundle(str(version))
+    out = run("bundle", "verify", str(version))
+    assert out.exit_code != 0 and "outside the bundle" in out.output
+
+
+def test_a_plain_export_leaves_out_a_dynamic_shape_import(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    log = Path(__file__).parent / "data" / "flex_logs" / "torch211-h200-dynamic.json"
+    assert run("import", "flex-log", str(log), "--results", str(results)).exit_code == 0
+    writer = ResultsWriter(results)  # a tuned run of the same device beside it
+    stats = {
+        "p20_us": 9.0,
+        "p80_us": 11.0,
+        "rel_noise": 0.01,
+        "num_samples": 10,
+        "device_name": "NVIDIA H200",
+    }
+    writer.append(replace(_record("r1", "i1", task="decode_attention"), is_default=True, **stats))
+    writer.close()
+    save_run(results, RunInfo("r1", "n", "decode_attention", "s.toml", "", "finished", 1, 0.0, 0.0))
+    out = run(
+        "export",
+        "bundle",
+        "--results",
+        str(results),
+        "--name",
+        "b",
+        "--version",
+        "1",
+        "--out",
+        str(tmp_path / "b"),
+    )
+    assert out.exit_code == 0, out.output
+    assert "warning: left out 12 row(s) with symbolic sizes" in out.output
+    assert load_bundle(str(tmp_path / "b" / "b" / "1")).lookup("decode_attention", d=1, b=1) is not None
