@@ -4,7 +4,7 @@ Each cycle starts `tunectl submit SPEC` (or `--resume RUN` while a run is unfini
 session of its own, waits a random time, and stops it: SIGKILL (the driver and every Ray process it
 started, as a lost machine would), SIGINT (Ctrl-C) or `tunectl cancel` (SIGTERM). A run that
 finishes before its stop is checked and a new one starts. Every finished run is checked against
-the raw Parquet parts with DuckDB (no dedupe):
+the raw Parquet parts with DuckDB (no dedupe) once the last run is finished:
 
 - duplicated: rows beyond one per (run, item id);
 - lost: items the plan has without a row, plus comparison items (the finals) that a search rebuilt
@@ -47,6 +47,14 @@ class Tally:
     lost: int = 0
     duplicated: int = 0
     failures: list[str] = field(default_factory=list)
+
+    def add(self, rows: int, lost: int, duplicated: int) -> None:
+        self.runs_checked += 1
+        self.rows, self.lost, self.duplicated = (
+            self.rows + rows,
+            self.lost + lost,
+            self.duplicated + duplicated,
+        )
 
 
 def tunectl(*args: str) -> subprocess.Popen[str]:
@@ -116,11 +124,12 @@ def check_run(results: Path, run_id: str, spec: Path) -> tuple[int, int, int]:
 
 
 def run(args: argparse.Namespace) -> Tally:
+    """Stop and resume runs for ``args.cycles`` stops, finish the last one, then check every run."""
     rng = random.Random(args.seed)
     results = Path(args.results or tempfile.mkdtemp(prefix="tunectl-faults-")) / "results"
     tally = Tally()
     print(f"results: {results}", flush=True)
-    while tally.cycles < args.cycles:
+    while tally.cycles < args.cycles and len(tally.failures) <= 5:
         run_id = unfinished_run(results)
         proc = tunectl(*(["submit", "--resume", run_id] if run_id else ["submit", str(args.spec)]),
                        "--results", str(results))  # fmt: skip
@@ -130,7 +139,7 @@ def run(args: argparse.Namespace) -> Tally:
         except subprocess.TimeoutExpired:
             how = rng.choice(STOPS)
             run_id = run_id or unfinished_run(results)
-            finals = in_finals(results, run_id)
+            finals = in_finals(results, run_id) and unfinished_run(results) is not None
             stop(proc, how, results, run_id)
             tally.cycles += 1
             tally.stops[how] += 1
@@ -138,39 +147,33 @@ def run(args: argparse.Namespace) -> Tally:
             print(f"cycle {tally.cycles}: {how} after {delay:.1f} s{' (in the finals)' if finals else ''}",
                   flush=True)  # fmt: skip
             continue
-        out = proc.stdout.read() if proc.stdout else ""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        if proc.returncode != 0:
-            tally.failures.append(f"exit {proc.returncode}: {out.strip().splitlines()[-1:]}")
-            print(f"driver exited {proc.returncode}:\n{out}", flush=True)
-            if len(tally.failures) > 5:
-                break
-            continue
-        finished = out.split(" finished in ")[0].rsplit("run ", 1)[-1].strip()
-        rows, lost, duplicated = check_run(results, finished, args.spec)
-        tally.runs_checked += 1
-        tally.rows, tally.lost, tally.duplicated = (
-            tally.rows + rows,
-            tally.lost + lost,
-            tally.duplicated + duplicated,
-        )
-        print(f"run {finished} finished: {rows} rows, {lost} lost, {duplicated} duplicated", flush=True)
+        _finished(proc, tally)
     final = unfinished_run(results)
-    if final is not None:  # finish the last run without a stop, and check it too
+    if final is not None:  # the last run, finished without a stop
         proc = tunectl("submit", "--resume", final, "--results", str(results))
-        out, _ = proc.communicate(timeout=900)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        rows, lost, duplicated = check_run(results, final, args.spec)
-        tally.runs_checked += 1
-        tally.rows, tally.lost, tally.duplicated = (
-            tally.rows + rows,
-            tally.lost + lost,
-            tally.duplicated + duplicated,
-        )
-        print(f"run {final} finished: {rows} rows, {lost} lost, {duplicated} duplicated", flush=True)
+        proc.wait(timeout=1800)
+        _finished(proc, tally)
+    for run_id in finished_runs(results):
+        rows, lost, duplicated = check_run(results, run_id, args.spec)
+        tally.add(rows, lost, duplicated)
+        print(f"run {run_id}: {rows} rows, {lost} lost, {duplicated} duplicated", flush=True)
     return tally
+
+
+def _finished(proc: subprocess.Popen[str], tally: Tally) -> None:
+    """A driver that exited by itself: it must have exited 0."""
+    out = proc.stdout.read() if proc.stdout else ""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    if proc.returncode != 0:
+        tally.failures.append(f"exit {proc.returncode}: {out.strip().splitlines()[-1:]}")
+        print(f"driver exited {proc.returncode}:\n{out}", flush=True)
+
+
+def finished_runs(results: Path) -> list[str]:
+    from tunectl.runs import summarise_runs
+
+    return [r.info.run_id for r in summarise_runs(results) if r.state == "finished"]
 
 
 def report(tally: Tally, args: argparse.Namespace, seconds: float) -> str:
