@@ -38,7 +38,7 @@ values = [64]
 [configs]
 num_splits = [1, 2, 4, 8, 16]
 gqa = ["expand", "grouped"]
-gather = ["index", "gather"]
+gather = ["index", "per_seq"]
 """
 
 Oracle = Callable[[WorkItem], float]

@@ -234,7 +234,7 @@ def submit(
             )
     except KeyboardInterrupt as exc:
         bar.stop()
-        raise fail(_stopped(exc, results), 130) from None
+        raise fail(stopped_message(exc, results), 130) from None
     finally:
         bar.stop()
     counts = ", ".join(f"{n} {s}" for s, n in sorted(out.statuses.items()))
@@ -259,7 +259,7 @@ def submit(
         )
 
 
-def _stopped(exc: KeyboardInterrupt, results: Path) -> str:
+def stopped_message(exc: KeyboardInterrupt, results: Path) -> str:
     """What a stop leaves, and how to go on: by the run's id once the run exists."""
     run_id = getattr(exc, "run_id", None)
     if run_id is None:

@@ -44,8 +44,10 @@ def validate_cmd(
                 bundle, spec, results, layers, rounds, progress=bar,
                 address=address, num_gpus=num_gpus, connect_fn=connect_trapping_cancel,
             )  # fmt: skip
-    except KeyboardInterrupt:
-        raise fail("stopped; what was measured is kept in the results", 130) from None
+    except KeyboardInterrupt as exc:
+        run_id = getattr(exc, "run_id", None)
+        stopped = f"validation run {run_id} stopped" if run_id else "stopped before the run started"
+        raise fail(f"{stopped}; what was measured is kept in {results}; validate again", 130) from None
     finally:
         bar.stop()
     print_validation(console, [run])
