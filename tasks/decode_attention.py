@@ -25,6 +25,8 @@ from typing import Any, ClassVar
 from tasks.base import DTYPE_TOLERANCE, InvalidConfig, Params
 from tunectl.params import Rule
 
+_MAX_BYTES = 8 << 30
+
 
 class DecodeAttention:
     name = "decode_attention"
@@ -53,6 +55,9 @@ class DecodeAttention:
             return "num_q_heads must be a multiple of num_kv_heads"
         if static["dtype"] not in DTYPE_TOLERANCE:
             return f"unsupported dtype {static['dtype']}"
+        kv_bytes = self.bytes_moved(static, shape)
+        if kv_bytes > _MAX_BYTES:  # a point this large would take the worker's memory, not measure
+            return f"the inputs would take {kv_bytes / 2**30:.1f} GiB (limit {_MAX_BYTES / 2**30:.0f})"
         return None
 
     def build_inputs(self, static: Params, shape: Params, device: str) -> dict[str, Any]:

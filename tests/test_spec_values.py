@@ -182,3 +182,15 @@ def test_any_value_of_any_field_validates_or_is_refused_with_the_field_named(
 def test_a_rule_allows_a_value_or_says_what_it_allows(value: object, rule: Rule) -> None:
     problem = rule.problem(tuple(value) if isinstance(value, list) else value)
     assert problem is None or problem.startswith(f"must be {rule.allowed()}, not ")
+
+
+def test_a_point_too_large_to_build_is_skipped_with_its_size() -> None:
+    spec = parse_spec(TINY_SPEC.replace("values = [64, 128]", "values = [64, 1000000000]"), "big.toml")
+    work = plan(spec)
+    assert {dict(shape)["kv_len"] for _, shape, _ in work.skipped_points} == {1000000000}
+    assert all("GiB (limit 8)" in why for _, _, why in work.skipped_points)
+    assert {dict(i.shape)["kv_len"] for i in work.items} == {64}
+
+
+def test_a_description_must_be_text() -> None:
+    assert _error("description = 5\n" + TINY_SPEC) == "bad.toml: description: must be a string"

@@ -181,6 +181,8 @@ class _Validator:
         name = raw.get("name", default_name)
         if not isinstance(name, str) or not name.replace("-", "").replace("_", "").isalnum():
             raise self.fail("name", "must be a string of letters, digits, '-' and '_'")
+        if not isinstance(raw.get("description", ""), str):
+            raise self.fail("description", "must be a string")
         rules = _task_rules(task)
         static = self.static(raw.get("static"), task.static_params, rules)
         shapes = self.shapes(raw.get("shapes"), task.shape_params)
