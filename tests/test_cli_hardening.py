@@ -83,7 +83,7 @@ def test_a_huge_grid_is_counted_lazily_and_needs_yes(tmp_path: Path) -> None:
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert counted.num_items == 1000 * 1000 * 10 and counted.num_items > CONFIRM_ABOVE_ITEMS
-    assert peak < 400 << 20, f"counting took {peak >> 20} MiB"
+    assert peak < 16 << 20, f"counting took {peak >> 20} MiB"  # points one at a time, items never made
 
     path, results = tmp_path / "huge.toml", tmp_path / "results"
     path.write_text(HUGE)
