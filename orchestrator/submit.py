@@ -32,7 +32,7 @@ from orchestrator.cluster import (
 )  # fmt: skip
 from orchestrator.dispatch import DispatchOptions, Lane, dispatch
 from tunectl.errors import UserError
-from tunectl.plan import Plan, WorkItem, count_plan, plan
+from tunectl.plan import Plan, WorkItem, check_size, plan
 from tunectl.record import RECORD_FIELDS, Record
 from tunectl.results import ResultsWriter, read_results
 from tunectl.runs import RunInfo, driver_alive, load_run, new_run_id, run_exists, run_log_path, save_run
@@ -154,7 +154,7 @@ def submit(
     if previous is not None and previous.kind != kind:
         raise UserError(f"run {resume} is a {previous.kind} run; run it again instead of resuming it")
     if previous is None and confirm_above is not None:
-        _check_size(spec, confirm_above)
+        check_size(spec, confirm_above)
     work = plan(spec)
 
     def search(pool: str | None) -> Work:
@@ -291,15 +291,6 @@ def _compile_meta(
         "cache": compile.cache_root(), "shared": compile.shared, "timeout_s": compile.timeout_s,
         "compile_processes": len(builders), "env": dict(setup.env),
     }  # fmt: skip
-
-
-def _check_size(spec: Spec, limit: int) -> None:
-    counted = count_plan(spec)
-    if counted.num_items > limit:
-        raise UserError(
-            f"{spec.path}: the spec plans {counted.num_items:,} items (more than {limit:,}); see them with "
-            f"`tunectl submit {spec.path} --dry-run`, and run it with --yes"
-        )
 
 
 def _stopped_state(exc: BaseException) -> str:

@@ -91,6 +91,8 @@ def test_a_huge_grid_is_counted_lazily_and_needs_yes(tmp_path: Path) -> None:
     out = run("submit", str(path), "--results", str(results))
     assert out.exit_code == 2 and "plans 10,000,000 items" in out.output and "--yes" in out.output
     assert time.monotonic() - started < 120 and not results.exists()
+    as_job = run("submit", str(path), "--job", "--address", "http://127.0.0.1:9", "--results", "/abs/results")
+    assert as_job.exit_code == 2 and "plans 10,000,000 items" in as_job.output, "refused before it is sent"
 
 
 def test_runs_winners_and_failures_speak_json(tmp_path: Path) -> None:

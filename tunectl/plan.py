@@ -121,6 +121,16 @@ def count_plan(spec: Spec) -> PlanCount:
     return PlanCount(spec, tuple(per_static), tuple(skipped))
 
 
+def check_size(spec: Spec, limit: int = CONFIRM_ABOVE_ITEMS) -> None:
+    """A ``UserError`` (saying how to go on) if ``spec`` plans more than ``limit`` items."""
+    counted = count_plan(spec)
+    if counted.num_items > limit:
+        raise UserError(
+            f"{spec.path}: the spec plans {counted.num_items:,} items (more than {limit:,}); see them with "
+            f"`tunectl submit {spec.path} --dry-run`, and run it with --yes"
+        )
+
+
 def _points(
     spec: Spec, skipped: list[tuple[Key, Key, str]]
 ) -> Iterator[tuple[Key, list[Key], Iterator[Key]]]:

@@ -206,7 +206,10 @@ def submit(
         return
     compile_args = _compile_args(compile_workers, compile_cache, compile_cache_shared, compile_timeout)
     if job:
-        _submit_job(spec, address, results, resume, compile_ahead, follow, compile_args)
+        if spec is not None and resume is None and not yes:
+            _check_size_here(spec)  # here, not minutes later on the cluster
+        extra = [*compile_args, *(["--yes"] if yes else [])]
+        _submit_job(spec, address, results, resume, compile_ahead, follow, extra)
         return
     from orchestrator.builds import CompileOptions
     from orchestrator.submit import submit as run_submit
@@ -268,6 +271,14 @@ def stopped_message(exc: KeyboardInterrupt, results: Path) -> str:
         f"run {run_id} stopped ({getattr(exc, 'state', 'interrupted')}); what was measured is kept. "
         f"Finish it with `tunectl submit --resume {run_id} --results {results}`"
     )
+
+
+def _check_size_here(spec: Path) -> None:
+    from tunectl.plan import check_size
+    from tunectl.spec import load_spec
+
+    with library_errors():
+        check_size(load_spec(spec))
 
 
 def _print_dry_run(spec: Path, results: Path) -> None:
