@@ -28,14 +28,19 @@ class TuningTask(Protocol):
     #: names a config may set; a config may set a subset (e.g. only its backend's options)
     config_params: tuple[str, ...]
 
+    #: how serving runs the kernel, what ``measure.mode = "auto"`` times: ``eager`` or ``graph``
+    serving_mode: str
+
     def default_config(self, static: Params) -> dict[str, Any]:
         """The config equal to what the library does untuned."""
 
-    # Optional: ``selectable(static, config) -> bool`` is False for a config measured for reference
-    # only, one a server with this static key cannot use as-is (e.g. it needs the KV cache re-paged);
-    # such a config is kept in the results but never wins.
-    # Optional: ``complete_config(config) -> dict`` fills the options a config leaves implicit with
-    # their defaults, so {"num_splits": 1} and {"num_splits": 1, "gather": "index"} plan as one config.
+    def complete_config(self, config: Params) -> dict[str, Any]:
+        """``config`` with the options it leaves implicit filled in, so {"num_splits": 1} and
+        {"num_splits": 1, "gather": "index"} plan as one config."""
+
+    def selectable(self, static: Params, config: Params) -> bool:
+        """False for a config measured for reference only, one a server with this static key cannot
+        use as it is (e.g. it needs the KV cache re-paged): kept in the results, never a winner."""
 
     def check_point(self, static: Params, shape: Params) -> str | None:
         """None if the point can be built (capacity, divisibility); else why not."""
@@ -57,6 +62,36 @@ class TuningTask(Protocol):
 
     def bytes_moved(self, static: Params, shape: Params) -> int:
         """Bytes a kernel must read and write at this point (for achieved bandwidth); 0 if unknown."""
+
+
+class Task:
+    """A base for tasks: the optional members of ``TuningTask`` with their defaults.
+
+    Subclasses set the names and implement the required methods; they override an optional member
+    only where the default is wrong for them.
+    """
+
+    name: str
+    static_params: tuple[str, ...] = ()
+    shape_params: tuple[str, ...] = ()
+    config_params: tuple[str, ...] = ()
+    serving_mode: str = "eager"
+
+    def complete_config(self, config: Params) -> dict[str, Any]:
+        return dict(config)
+
+    def selectable(self, static: Params, config: Params) -> bool:
+        return True
+
+    def bytes_moved(self, static: Params, shape: Params) -> int:
+        return 0
+
+    def compile_key(self, static: Params, shape: Params, config: Params) -> str | None:
+        """None: nothing to build ahead (``tasks.compile``)."""
+        return None
+
+    def warm_up(self, device: str) -> None:
+        """No per-process start-up beyond importing the task."""
 
 
 DTYPE_TOLERANCE: dict[str, tuple[float, float]] = {

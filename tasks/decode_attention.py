@@ -22,10 +22,10 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from tasks.base import DTYPE_TOLERANCE, InvalidConfig, Params
+from tasks.base import DTYPE_TOLERANCE, InvalidConfig, Params, Task
 
 
-class DecodeAttention:
+class DecodeAttention(Task):
     name = "decode_attention"
     static_params = ("dtype", "head_dim", "num_kv_heads", "num_q_heads", "page_size")
     shape_params = ("batch", "kv_len")

@@ -3,13 +3,21 @@
 Items are grouped by (static, shape) so a worker builds inputs once per point. The task's default
 config is always planned (selection needs it). Points the task cannot build (capacity) are
 reported, not planned.
+
+Planning is the last moment the task is asked anything: what selection, validation and export need
+from it later (which configs may win, how shapes bucket, the parameter names) is written into the
+run as ``RunFacts``, so they never load a task.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from tunectl.keys import Key, key_digest, key_text, make_key
+from tunectl.record import Phase
+from tunectl.registry import PlannedTask, get_task
 from tunectl.spec import Spec
 
 
@@ -30,12 +38,15 @@ class WorkItem:
     shape: Key
     config: Key
     is_default: bool
-    phase: str = "measure"
+    phase: Phase = Phase.MEASURE
     rung: int | None = None
     budget: float = 1.0
     arms: tuple[Key, ...] = ()
     rounds: int = 0
     layers: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "phase", Phase(self.phase))
 
     @property
     def point(self) -> tuple[Key, Key]:
@@ -47,10 +58,61 @@ class WorkItem:
 
 
 @dataclass(frozen=True)
+class RunFacts:
+    """What the decisions need from a run's task, written into the run when it is planned.
+
+    ``unselectable``: (static key text, config key text) pairs measured for reference only, which
+    may never win (``TuningTask.selectable``). ``buckets``: each shape dimension's bucket policy.
+    """
+
+    task: str
+    static_params: tuple[str, ...] = ()
+    shape_params: tuple[str, ...] = ()
+    config_params: tuple[str, ...] = ()
+    buckets: tuple[tuple[str, str], ...] = ()
+    unselectable: frozenset[tuple[str, str]] = field(default_factory=frozenset)
+
+    def selectable(self, static: Key, config: Key) -> bool:
+        return (key_text(static), key_text(config)) not in self.unselectable
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "task": self.task,
+            "static_params": list(self.static_params),
+            "shape_params": list(self.shape_params),
+            "config_params": list(self.config_params),
+            "buckets": dict(self.buckets),
+            "unselectable": sorted(map(list, self.unselectable)),
+        }
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> RunFacts:
+        return cls(
+            task=str(raw["task"]),
+            static_params=tuple(raw.get("static_params", ())),
+            shape_params=tuple(raw.get("shape_params", ())),
+            config_params=tuple(raw.get("config_params", ())),
+            buckets=tuple(sorted(dict(raw.get("buckets", {})).items())),
+            unselectable=frozenset((str(s), str(c)) for s, c in raw.get("unselectable", ())),
+        )
+
+
+def selectable_in(facts: Iterable[RunFacts]) -> Any:
+    """The rule ``select_winners`` takes: a config may win unless a run of its task says otherwise."""
+    barred = {(f.task, *pair) for f in facts for pair in f.unselectable}
+
+    def selectable(task: str, static: Key, config: Key) -> bool:
+        return (task, key_text(static), key_text(config)) not in barred
+
+    return selectable
+
+
+@dataclass(frozen=True)
 class Plan:
     spec: Spec
     items: tuple[WorkItem, ...]
     skipped_points: tuple[tuple[Key, Key, str], ...]  # (static, shape, why)
+    facts: RunFacts = field(default_factory=lambda: RunFacts(""))
 
 
 def item_id(task: str, static: Key, shape: Key, config: Key, *extra: Key) -> str:
@@ -69,25 +131,37 @@ def member_id(group_id: str, config: Key) -> str:
 
 
 def comparison(
-    task: str, static: Key, shape: Key, arms: tuple[Key, ...], phase: str, rounds: int, layers: int = 0
+    task: str, static: Key, shape: Key, arms: tuple[Key, ...], phase: Phase, rounds: int, layers: int = 0
 ) -> WorkItem:
     """An item comparing ``arms`` (the baseline first) at one point, interleaved on one device."""
-    extra = make_key({"phase": phase, "rounds": rounds, "layers": layers, "arms": tuple(map(key_text, arms))})
+    arms_text = tuple(map(key_text, arms))
+    extra = make_key({"phase": str(Phase(phase)), "rounds": rounds, "layers": layers, "arms": arms_text})
     iid = item_id(task, static, shape, arms[0], extra)
     return WorkItem(iid, task, static, shape, arms[0], True, phase, None, 1.0, arms, rounds, layers)
 
 
-def plan(spec: Spec) -> Plan:
-    from tasks.registry import get_task
+def full_config(task: PlannedTask, config: Mapping[str, Any]) -> Key:
+    """``config`` with the options it leaves implicit filled in, so two spellings plan as one."""
+    return make_key(task.complete_config(dict(config)))
 
-    task = get_task(spec.task)
+
+def configs_of(task: PlannedTask, static: Key, given: Iterable[Key]) -> tuple[Key, list[Key]]:
+    """The default config at ``static`` and the distinct configs to plan there, the default first."""
+    default = full_config(task, task.default_config(dict(static)))
+    return default, list(dict.fromkeys([default, *(full_config(task, dict(c)) for c in given)]))
+
+
+def plan(spec: Spec, task: PlannedTask | None = None) -> Plan:
+    """The spec's work items, and the facts the run records (``task``: default, the registered one)."""
+    task = task or get_task(spec.task)
     items: list[WorkItem] = []
     skipped: list[tuple[Key, Key, str]] = []
-    complete = getattr(task, "complete_config", None)  # fills options a config leaves implicit
+    unselectable: set[tuple[str, str]] = set()
     for static in spec.static_grid():
-        default = make_key(task.default_config(dict(static)))
-        given = [make_key(complete(dict(c))) if complete else c for c in spec.configs]
-        configs = list(dict.fromkeys([default, *given]))
+        default, configs = configs_of(task, static, spec.configs)
+        unselectable |= {
+            (key_text(static), key_text(c)) for c in configs if not task.selectable(dict(static), dict(c))
+        }
         for shape in spec.shape_grid():
             why = task.check_point(dict(static), dict(shape))
             if why is not None:
@@ -96,4 +170,8 @@ def plan(spec: Spec) -> Plan:
             for config in configs:
                 iid = item_id(spec.task, static, shape, config)
                 items.append(WorkItem(iid, spec.task, static, shape, config, config == default))
-    return Plan(spec, tuple(items), tuple(skipped))
+    facts = RunFacts(
+        spec.task, tuple(task.static_params), tuple(task.shape_params), tuple(task.config_params),
+        tuple((d.name, d.bucket) for d in spec.shapes), frozenset(unselectable),
+    )  # fmt: skip
+    return Plan(spec, tuple(items), tuple(skipped), facts)

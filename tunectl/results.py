@@ -15,19 +15,19 @@ This is the one module that imports pyarrow.
 
 from __future__ import annotations
 
-import os
 import secrets
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from tunectl.errors import ResultsError
-from tunectl.record import RECORD_FIELDS, Record
+from tunectl.files import atomic_write
+from tunectl.record import RECORD_FIELDS, Record, latest
 
 SCHEMA_VERSION = 1
 PARTITIONS = ("task", "run_id")
+__all__ = ["SCHEMA_VERSION", "ResultsWriter", "atomic_write", "done_item_ids", "read_results"]
 _TIMESTAMPS = ("started_at", "finished_at")
 _FLOAT_SUFFIXES = ("_us", "_ms", "_noise", "_err", "_mhz", "_c", "_w")
 
@@ -101,7 +101,7 @@ class ResultsWriter:
 
         columns: dict[str, list[Any]] = {n: [] for n in _schema().names}
         for rec in records:
-            row = asdict(rec)
+            row = rec.to_row()
             for name in columns:
                 value = row[name]
                 columns[name].append(int(value * 1e6) if name in _TIMESTAMPS else value)
@@ -116,32 +116,11 @@ class ResultsWriter:
         self.rows_written += len(records)
 
 
-def atomic_write(path: Path, write: Any) -> None:
-    """Write through ``write(file)`` to a hidden temp file, fsync, rename into place, fsync the dir.
-
-    On any failure the temp file is removed and ``path`` is untouched.
-    """
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
 def read_results(
     root: str | Path, run_ids: Iterable[str] | None = None, task: str | None = None
-) -> list[dict[str, Any]]:
-    """Rows of the dataset (optionally of some runs or one task), one per (run, item), as dicts."""
+) -> list[Record]:
+    """The dataset's records (optionally of some runs or one task), one per (run, item): the last
+    finished where an item was measured again. Rows written by earlier versions read as records too."""
     import pyarrow.dataset as ds
 
     root = Path(root)
@@ -164,13 +143,11 @@ def read_results(
         rows = dataset.to_table(filter=flt).to_pylist()
     except OSError as exc:
         raise ResultsError(f"cannot read results at {root}: {exc}") from None
-    latest: dict[tuple[str, str], dict[str, Any]] = {}
-    for row in rows:
-        row["phase"] = row["phase"] or "measure"  # rows written before phases existed
-        key = (row["run_id"], row["item_id"])
-        if key not in latest or row["finished_at"] >= latest[key]["finished_at"]:
-            latest[key] = row
-    return list(latest.values())
+    try:
+        records = [Record.from_row(row) for row in rows]
+    except ValueError as exc:
+        raise ResultsError(f"results at {root} hold a row this version cannot read: {exc}") from None
+    return list(latest(records, key=lambda r: (r.run_id, r.item_id)).values())
 
 
 def _full_schema() -> Any:
@@ -184,4 +161,4 @@ def done_item_ids(root: str | Path, run_id: str) -> set[str]:
     """Items of ``run_id`` that already have a row (what a resume skips)."""
     if not Path(root).is_dir():
         return set()
-    return {row["item_id"] for row in read_results(root, run_ids=[run_id])}
+    return {record.item_id for record in read_results(root, run_ids=[run_id])}

@@ -40,6 +40,7 @@ from typing import Any
 from tunectl.buckets import POLICIES, is_pow2
 from tunectl.errors import SpecError
 from tunectl.keys import InvalidKeyError, Key, Value, make_key, normalise_value, product
+from tunectl.registry import PlannedTask, get_task, task_names
 
 _TOP_LEVEL = {"name", "description", "task", "static", "shapes", "configs", "measure", "resources", "search"}
 
@@ -185,11 +186,11 @@ class _Validator:
             raise self.fail("search.min_budget", "must be a share in (0, 1]")
         return search
 
-    def task(self, name: object) -> Any:
-        from tasks.registry import get_task, task_names
-
+    def task(self, name: object) -> PlannedTask:
         if name is None:
             raise self.fail("task", "missing")
+        if not task_names():
+            raise self.fail("task", "no tasks are installed (entry points 'tunectl.tasks'); reinstall")
         if not isinstance(name, str) or name not in task_names():
             raise self.fail("task", f"unknown task {name!r}; known tasks: {', '.join(task_names())}")
         return get_task(name)

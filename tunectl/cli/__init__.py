@@ -12,13 +12,14 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-app.command(help=submit.__doc__)(submit.submit)
-app.command(name="runs", help=runs.list_runs_cmd.__doc__)(runs.list_runs_cmd)
-app.command(name="winners", help=runs.winners_cmd.__doc__)(runs.winners_cmd)
-app.command(name="logs", help=runs.logs_cmd.__doc__)(runs.logs_cmd)
-app.command(name="cancel", help=runs.cancel_cmd.__doc__)(runs.cancel_cmd)
-app.command(name="report", help=report.report_cmd.__doc__)(report.report_cmd)
-app.command(name="validate", help=validate.validate_cmd.__doc__)(validate.validate_cmd)
+# Each command's help is its docstring, which ends with an Example: block.
+app.command(name="submit")(submit.submit)
+app.command(name="runs")(runs.list_runs_cmd)
+app.command(name="winners")(runs.winners_cmd)
+app.command(name="logs")(runs.logs_cmd)
+app.command(name="cancel")(runs.cancel_cmd)
+app.command(name="report")(report.report_cmd)
+app.command(name="validate")(validate.validate_cmd)
 app.add_typer(export.app, name="export")
 app.add_typer(bundle.app, name="bundle")
 app.add_typer(imports.app, name="import")

@@ -14,7 +14,12 @@ from tunectl.cli.render import winners_table
 
 
 def list_runs_cmd(results: ResultsOption = DEFAULT_RESULTS) -> None:
-    """List runs with their state and counts: planned, done, failed by status."""
+    """List runs with their state and counts: planned, done, failed by status.
+
+    Example:
+    \b
+        tunectl runs --results tunectl-results
+    """
     from tunectl.runs import summarise_runs
 
     with library_errors():
@@ -57,7 +62,12 @@ def logs_cmd(
         bool, typer.Option("--follow", "-f", help="With --address: keep printing until it ends.")
     ] = False,
 ) -> None:
-    """Show a run's log: its job's output with --address, else its event log under --results."""
+    """Show a run's log: its job's output with --address, else its event log under --results.
+
+    Example:
+    \b
+        tunectl logs r20261129-221300-3fa2c1 --address http://HEAD:8265 --follow
+    """
     from tunectl.runs import load_run, run_log_path
 
     if address:
@@ -79,7 +89,12 @@ def logs_cmd(
 
 
 def cancel_cmd(run: RunArg, results: ResultsOption = DEFAULT_RESULTS, address: AddressOption = None) -> None:
-    """Stop a run: its job with --address, else its driver on this machine. Resume it later."""
+    """Stop a run: its job with --address, else its driver on this machine. Resume it later.
+
+    Example:
+    \b
+        tunectl cancel r20261129-221300-3fa2c1
+    """
     if address:
         from orchestrator.jobs import cancel_job
 
@@ -98,12 +113,16 @@ def winners_cmd(
     run: Annotated[list[str] | None, typer.Option(help="Only these runs (repeatable). Default: all.")] = None,
     task: Annotated[str | None, typer.Option(help="Only this task.")] = None,
 ) -> None:
-    """Show the winner per point: config, median, the default's median, speedup."""
-    from tunectl.results import read_results
-    from tunectl.select import select_winners
+    """Show the winner per point: config, median, the default's median, speedup.
+
+    Example:
+    \b
+        tunectl winners --run r20261129-221300-3fa2c1 --task decode_attention
+    """
+    from tunectl.export import winners_in
 
     with library_errors():
-        winners = select_winners(read_results(results, run_ids=run, task=task))
+        winners = winners_in(results, run_ids=run, task=task)
     console = Console()
     for name in sorted({w.task for w in winners}):
         console.print(winners_table([w for w in winners if w.task == name], title=f"winners: {name}"))
