@@ -70,7 +70,7 @@ def submit(spec: Path, results: Path, *extra: str) -> dict[str, Any]:
     if line is None or json.loads(line[6:])["code"] != 0:
         raise SystemExit(f"tunectl submit failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     out = json.loads(line[6:])
-    out["rows"] = read_results(results)
+    out["rows"] = [r.to_row() for r in read_results(results)]
     return out
 
 
