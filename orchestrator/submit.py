@@ -258,12 +258,9 @@ def _measure(
     pools += started
     works = {p.name: work(p.name if len(pools) > 1 else None) for p in pools}
     lanes, info, out.num_skipped_done = _lanes(pools, works, info, results, resumed=resumed)
-    key_fn = key_function()
-    if any(key_fn(item) for lane in lanes for item in lane.items):
-        builders += _builders(pools, compile_options, setup)
-    info = dataclasses.replace(info, compile=_compile_meta(compile_options, setup, builders))
+    info, builds = _start_builds(lanes, pools, builders, info=info, options=compile_options, setup=setup,
+                                 progress=progress)  # fmt: skip
     save_run(results, info.with_state("running"))
-    builds = _scheduler(compile_options, builders, progress, key_fn)
     todo = info.num_planned - out.num_skipped_done
     log.info("run %s: ~%d record(s) to come (%s search) from %d worker(s) in pool(s) %s "
              "(compile ahead: %s)", info.run_id, todo, strategy, out.placement.num_workers,
@@ -275,14 +272,38 @@ def _measure(
         follow_up=lambda lane, records: works[lane].follow_up(records), builds=builds,
     )  # fmt: skip
     if builds is not None:
-        built, total, _ = builds.book.counts()
-        info.compile.update(built=built, keys=total, build_seconds=round(builds.book.seconds, 3),
-                            per_kernel_seconds=builds.book.build_seconds)  # fmt: skip
-        log.info("run %s: compile processes built %d of %d kernel(s) in %.1f s of compile time",
-                 info.run_id, built, total, builds.book.seconds)  # fmt: skip
+        _note_builds(info, builds)
     log.info("run %s finished: %d record(s), %d worker failure(s), %d item(s) requeued",
              info.run_id, stats.num_records, stats.num_worker_failures, stats.num_requeued)  # fmt: skip
     return info
+
+
+def _start_builds(
+    lanes: list[Lane],
+    pools: list[Pool],
+    builders: list[tuple[Any, str]],
+    *,
+    info: RunInfo,
+    options: CompileOptions,
+    setup: WorkerSetup,
+    progress: Progress,
+) -> tuple[RunInfo, BuildScheduler | None]:
+    """Compile processes (into ``builders``) where the lanes' items have kernels to build ahead; the
+    run's metadata saying so, and the scheduler that hands them builds (None without any)."""
+    key_fn = key_function()
+    if any(key_fn(item) for lane in lanes for item in lane.items):
+        builders += _builders(pools, options, setup)
+    info = dataclasses.replace(info, compile=_compile_meta(options, setup, builders))
+    return info, _scheduler(options, builders, progress, key_fn)
+
+
+def _note_builds(info: RunInfo, builds: BuildScheduler) -> None:
+    """What the compile processes built, in the run's metadata and its log."""
+    built, total, _ = builds.book.counts()
+    info.compile.update(built=built, keys=total, build_seconds=round(builds.book.seconds, 3),
+                        per_kernel_seconds=builds.book.build_seconds)  # fmt: skip
+    log.info("run %s: compile processes built %d of %d kernel(s) in %.1f s of compile time",
+             info.run_id, built, total, builds.book.seconds)  # fmt: skip
 
 
 def _release(pools: list[Pool], builders: list[tuple[Any, str]], owns_ray: bool) -> None:

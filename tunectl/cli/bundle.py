@@ -120,16 +120,20 @@ def show_cmd(
             f"{', '.join(info['static_params'])}; shapes {dims}"
         )
     for task, listed in rows.items():
-        table = Table(title=task, title_justify="left")
-        for col in ("static", "shape", "config", "median µs", "speedup", "why"):
-            table.add_column(col, justify="right" if col in ("median µs", "speedup") else "left")
-        for e in listed:
-            speedup = f"{e['speedup']:.2f}x" if e.get("speedup") else "-"
-            table.add_row(
-                _kv(e["static"]), _kv(e["shape"]), _kv(e["config"]), _us(e.get("median_us")), speedup,
-                e.get("reason") or "-",
-            )  # fmt: skip
-        Console().print(table)
+        Console().print(_entries_table(task, listed))
+
+
+def _entries_table(task: str, listed: list[dict[str, Any]]) -> Table:
+    table = Table(title=task, title_justify="left")
+    for col in ("static", "shape", "config", "median µs", "speedup", "why"):
+        table.add_column(col, justify="right" if col in ("median µs", "speedup") else "left")
+    for e in listed:
+        speedup = f"{e['speedup']:.2f}x" if e.get("speedup") else "-"
+        table.add_row(
+            _kv(e["static"]), _kv(e["shape"]), _kv(e["config"]), _us(e.get("median_us")), speedup,
+            e.get("reason") or "-",
+        )  # fmt: skip
+    return table
 
 
 def _kv(mapping: dict[str, Any] | None) -> str:
@@ -174,8 +178,11 @@ def diff_cmd(
         typer.echo(note)
     counts = ", ".join(f"{diff.count(k)} {k}" for k in ("added", "removed", "changed", "same"))
     typer.echo(f"{diff.old} -> {diff.new}: {counts}")
-    if not shown:
-        return
+    if shown:
+        Console(width=200).print(_changes_table(shown))
+
+
+def _changes_table(shown: list[Any]) -> Table:
     table = Table(title_justify="left")
     for col in ("task", "static", "shape", "", "old config", "new config", "old µs", "new µs", "median"):
         table.add_column(col, justify="right" if col in ("old µs", "new µs", "median") else "left")
@@ -192,7 +199,7 @@ def diff_cmd(
             _us(c.new_median_us),
             change,
         )
-    Console(width=200).print(table)
+    return table
 
 
 def _plain(mapping: Any) -> dict[str, Any] | None:
