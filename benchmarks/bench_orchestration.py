@@ -84,7 +84,8 @@ def by_worker(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
 
 
 def seconds(ts: Any) -> float:
-    return float(ts.timestamp())
+    """Seconds since the epoch, from a record's time (a float) or a datetime."""
+    return float(ts.timestamp()) if hasattr(ts, "timestamp") else float(ts)
 
 
 def per_item_intervals(rows: list[dict[str, Any]]) -> list[float]:
