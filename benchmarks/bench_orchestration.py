@@ -70,7 +70,7 @@ def submit(spec: Path, results: Path, *extra: str) -> dict[str, Any]:
     if line is None or json.loads(line[6:])["code"] != 0:
         raise SystemExit(f"tunectl submit failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     out = json.loads(line[6:])
-    out["rows"] = read_results(results)
+    out["rows"] = [r.to_row() for r in read_results(results)]
     return out
 
 
@@ -84,7 +84,8 @@ def by_worker(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
 
 
 def seconds(ts: Any) -> float:
-    return float(ts.timestamp())
+    """Seconds since the epoch, from a record's time (a float) or a datetime."""
+    return float(ts.timestamp()) if hasattr(ts, "timestamp") else float(ts)
 
 
 def per_item_intervals(rows: list[dict[str, Any]]) -> list[float]:

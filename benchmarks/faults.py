@@ -108,7 +108,6 @@ def check_run(results: Path, run_id: str, spec: Path) -> tuple[int, int, int]:
     import duckdb
 
     from tunectl.plan import plan
-    from tunectl.record import RECORD_FIELDS, Record
     from tunectl.results import read_results
     from tunectl.search import Search
     from tunectl.spec import load_spec
@@ -120,10 +119,7 @@ def check_run(results: Path, run_id: str, spec: Path) -> tuple[int, int, int]:
     ids = {r[0] for r in duckdb.sql(f"select distinct item_id from read_parquet('{glob}')").fetchall()}
     work = plan(load_spec(spec))
     missing_measure = sum(1 for item in work.items if item.item_id not in ids)
-    found = read_results(results, run_ids=[run_id])
-    still_wanted = Search(work).start(
-        [Record(**{name: row[name] for name in RECORD_FIELDS}) for row in found]
-    )
+    still_wanted = Search(work).start(read_results(results, run_ids=[run_id]))
     return rows, missing_measure + len(still_wanted), rows - distinct
 
 

@@ -64,7 +64,7 @@ def run_figures(results: Path, warmup: int) -> dict[str, Any]:
     from tunectl.runs import list_runs
 
     (info,) = list_runs(results)
-    rows = read_results(results, run_ids=[info.run_id])
+    rows = [r.to_row() for r in read_results(results, run_ids=[info.run_id])]
     workers: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         if row["worker"]:

@@ -22,10 +22,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import search_cost
 
+from tunectl.export import winners_in
 from tunectl.keys import key_text
 from tunectl.results import read_results
 from tunectl.runs import RunInfo, list_runs
-from tunectl.select import Winner, select_winners
+from tunectl.select import Winner
 from tunectl.spec import parse_spec
 from tunectl.validate import read_validation
 
@@ -39,6 +40,10 @@ def _spec(info: RunInfo) -> Any:
 def _strategy(info: RunInfo) -> str:
     """The strategy the run was made with, as its spec names it (a retired one included)."""
     return str(tomllib.loads(info.spec_text).get("search", {}).get("strategy", "grid"))
+
+
+def _rows(results: str, run_id: str) -> list[dict[str, Any]]:
+    return [r.to_row() for r in read_results(results, run_ids=[run_id])]
 
 
 def _medians(rows: Sequence[Mapping[str, Any]]) -> dict[tuple[str, str, str], float]:
@@ -57,10 +62,9 @@ def _close(w: Winner, other: Winner, medians: Mapping[tuple[str, str, str], floa
 
 
 def reproducibility(results: str, a: RunInfo, b: RunInfo) -> str:
-    rows_a, rows_b = read_results(results, run_ids=[a.run_id]), read_results(results, run_ids=[b.run_id])
-    wa = {(w.static, w.shape): w for w in select_winners(rows_a)}
-    wb = {(w.static, w.shape): w for w in select_winners(rows_b)}
-    ma, mb = _medians(rows_a), _medians(rows_b)
+    wa = {(w.static, w.shape): w for w in winners_in(results, run_ids=[a.run_id])}
+    wb = {(w.static, w.shape): w for w in winners_in(results, run_ids=[b.run_id])}
+    ma, mb = _medians(_rows(results, a.run_id)), _medians(_rows(results, b.run_id))
     same = tie = 0
     differ = []
     for key in sorted(wa.keys() & wb.keys(), key=repr):
@@ -124,8 +128,7 @@ def main() -> None:
             print(reproducibility(args.results, pair[0], pair[1]))
     print("\n## Search cost against the exhaustive grid (real runs)\n")
     for name, pair in grids.items():
-        truth_rows = read_results(args.results, run_ids=[pair[0].run_id])
-        truth = search_cost._truth(truth_rows)
+        truth = search_cost._truth(_rows(args.results, pair[0].run_id))
         spec = _spec(pair[0])
         print(f"{name}: ground truth run {pair[0].run_id}, {len(truth)} points\n")
         print(search_cost.HEADER)
@@ -133,7 +136,7 @@ def main() -> None:
             other = _spec(r)
             if r.name != name or _strategy(r) == "grid":
                 continue
-            rows = read_results(args.results, run_ids=[r.run_id])
+            rows = _rows(args.results, r.run_id)
             label = f"{_strategy(r)} ({r.run_id}, {r.state})"
             print(search_cost.from_run(spec, truth, rows, label, other).line())
         print()

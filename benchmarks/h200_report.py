@@ -20,9 +20,10 @@ from typing import Any
 
 from tasks.flash_decode import BACKEND_DEFAULTS
 from tasks.flex_prefill import flops
+from tunectl.export import winners_in
 from tunectl.keys import key_dict, key_from_text, key_text, make_key
 from tunectl.results import read_results
-from tunectl.select import Winner, select_winners
+from tunectl.select import Winner
 
 ROOF_TBPS = 4.3
 DECODE_BACKENDS = ("fa4", "sdpa", "flex")  # the backends that run on the cache's own pages here
@@ -251,8 +252,8 @@ def environment_section(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def render(results: Path) -> str:
-    rows = read_results(results)
-    winners = select_winners(rows)
+    rows = [r.to_row() for r in read_results(results)]
+    winners = winners_in(results)
     out = ["# H200 attention tuning", ""]
     out += environment_section(rows)
     out += [NOTES]

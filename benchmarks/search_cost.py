@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
 import statistics
 import sys
@@ -32,12 +33,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tunectl.keys import key_text
-from tunectl.plan import WorkItem, plan
+from tunectl.plan import RunFacts, WorkItem, plan
 from tunectl.record import RECORD_FIELDS, Record
 from tunectl.results import read_results
 from tunectl.runs import load_run
 from tunectl.search import Search
-from tunectl.select import select_winners, task_selectable
+from tunectl.select import select_winners
 from tunectl.spec import Spec, parse_spec
 
 Point = tuple[str, str]
@@ -78,12 +79,22 @@ def _truth(rows: Sequence[Mapping[str, Any]]) -> dict[Point, dict[str, Mapping[s
     return truth
 
 
+def _may_win(spec: Spec, static: Any, config: Any) -> bool:
+    """Whether the task lets ``config`` win at ``static`` (as the run's plan-time facts say)."""
+    return _facts(spec).selectable(static, config)
+
+
+@functools.cache
+def _facts(spec: Spec) -> RunFacts:
+    return plan(spec).facts
+
+
 def _grid_cost(spec: Spec, truth: Mapping[Point, Mapping[str, Mapping[str, Any]]]) -> int:
     """Configs that may win at their point (the grid also measures some for reference only)."""
     from tunectl.keys import key_from_text
 
     return sum(
-        task_selectable(spec.task, key_from_text(p[0]), key_from_text(c)) or r["is_default"]
+        _may_win(spec, key_from_text(p[0]), key_from_text(c)) or r["is_default"]
         for p, configs in truth.items()
         for c, r in configs.items()
     )
@@ -96,7 +107,7 @@ def _grid_best(spec: Spec, truth: Mapping[Point, Mapping[str, Mapping[str, Any]]
     ok = [
         r["median_us"]
         for c, r in truth[point].items()
-        if r["status"] == "ok" and task_selectable(spec.task, static, key_from_text(c))
+        if r["status"] == "ok" and _may_win(spec, static, key_from_text(c))
     ]
     return min(ok)
 
@@ -141,7 +152,8 @@ def _quality(
     spec: Spec, truth: Mapping[Point, Mapping[str, Mapping[str, Any]]], rows: Sequence[Mapping[str, Any]]
 ) -> list[float]:
     quality = []
-    for w in select_winners([{**r, "device_name": "d", "task": spec.task} for r in rows]):
+    records = [Record.from_row({**r, "device_name": "d", "task": spec.task}) for r in rows]
+    for w in select_winners(records, selectable=lambda task, static, config: _may_win(spec, static, config)):
         point = (key_text(w.static), key_text(w.shape))
         pick = truth[point][key_text(w.config)]
         quality.append(_grid_best(spec, truth, point) / pick["median_us"])
@@ -177,7 +189,7 @@ def main() -> None:
     args = ap.parse_args()
     info = load_run(args.results, args.run)
     base = parse_spec(info.spec_text, info.spec_path, info.name)
-    truth = _truth(read_results(args.results, run_ids=[args.run]))
+    truth = _truth([r.to_row() for r in read_results(args.results, run_ids=[args.run])])
     print(f"{info.name} ({args.run}): {len(truth)} points, {sum(len(v) for v in truth.values())} configs\n")
     print(HEADER)
     if args.mode == "replay":
@@ -192,7 +204,7 @@ def main() -> None:
     for run_id in args.other:
         other = load_run(args.results, run_id)
         spec = parse_spec(other.spec_text, other.spec_path, other.name, stored=True)
-        rows = read_results(args.results, run_ids=[run_id])
+        rows = [r.to_row() for r in read_results(args.results, run_ids=[run_id])]
         strategy = tomllib.loads(other.spec_text).get("search", {}).get("strategy", "grid")
         print(from_run(base, truth, rows, f"{strategy} ({run_id})", spec).line())
 

@@ -75,9 +75,9 @@ def submit_job(
     address: str | None,
     spec_path: str | None,
     results: str,
+    *,
     resume: str | None = None,
     compile_ahead: bool | None = None,
-    *,
     extra_args: Sequence[str] = (),
 ) -> JobRef:
     """Submit ``tunectl submit`` as a job: a new run of ``spec_path``, or the rest of run ``resume``."""

@@ -1,8 +1,11 @@
-"""``tunectl submit`` as a library call: plan, place workers, dispatch, stream results.
+"""Runs as library calls that take objects: ``run`` measures any work, ``submit`` a spec's search.
 
-Every record is appended to the results dataset as it arrives (nothing is held), and the run's
-metadata says how far it got, so a run stopped in any way is finished with ``resume=RUN_ID``:
-only the items without a row are measured again.
+``run(work, resources, measure, results=..., info=...)`` places workers, dispatches the work's items
+and streams records: every record is appended to the results dataset as it arrives (nothing is
+held), and the run's metadata says how far it got, so a run stopped in any way is finished with
+``submit(resume=RUN_ID)``: only the items without a record are measured again. ``submit`` plans a
+spec and runs its search; validation (``orchestrator.validate``) builds its own work and calls
+``run`` the same way.
 """
 
 from __future__ import annotations
@@ -33,11 +36,12 @@ from orchestrator.cluster import (
 from orchestrator.dispatch import DispatchOptions, Lane, dispatch
 from tunectl.errors import UserError
 from tunectl.plan import Plan, WorkItem, check_size, plan
-from tunectl.record import RECORD_FIELDS, Record
+from tunectl.record import Record
+from tunectl.registry import get_task
 from tunectl.results import ResultsWriter, read_results
 from tunectl.runs import RunInfo, driver_alive, load_run, new_run_id, run_exists, run_log_path, save_run
 from tunectl.search import Search
-from tunectl.spec import Spec, load_spec, parse_spec
+from tunectl.spec import MeasureSpec, ResourceSpec, Spec, load_spec, parse_spec
 
 log = logging.getLogger("tunectl.run")
 
@@ -57,11 +61,30 @@ class RunStopped(KeyboardInterrupt):
 @dataclass
 class SubmitResult:
     run_id: str
-    plan: Plan
     placement: Placement | None
-    num_skipped_done: int  # items a resume found already measured
+    num_skipped_done: int  # records a resume found already there
     statuses: Counter[str] = field(default_factory=Counter)
     seconds: float = 0.0
+    plan: Plan | None = None  # the spec's plan (a run of other work has none)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How a run reaches its cluster and paces itself; nothing here changes what it measures.
+
+    ``compile_ahead``: prepare the next item in a background thread while timing the current one. Off
+    unless asked for: a preparation that launches device work or holds the interpreter lock while
+    a kernel is timed skews that time (seen on the H200: single timed calls stretched up to 1000x).
+    """
+
+    address: str | None = None
+    num_gpus: int | None = None
+    num_cpus: int | None = None
+    connect_fn: Callable[..., bool] = connect
+    compile_ahead: bool | None = None
+    stall_timeout_s: float = 900.0
+    #: compile processes that build kernels ahead into shared on-disk caches (``orchestrator.builds``)
+    compile_options: CompileOptions | None = None
 
 
 class Progress(Protocol):
@@ -98,16 +121,19 @@ class _Silent:
         pass
 
 
-def _spec_for(spec_path: str | None, resume: str | None, results: Path) -> tuple[Spec, RunInfo | None]:
+def _spec_for(
+    spec: Spec | str | Path | None, resume: str | None, results: Path
+) -> tuple[Spec, RunInfo | None]:
     if resume is None:
-        if spec_path is None:
+        if spec is None:
             raise UserError("give a SPEC file, or --resume RUN_ID")
-        return load_spec(spec_path), None
+        return (spec if isinstance(spec, Spec) else load_spec(spec)), None
     info = load_run(results, resume)
-    if spec_path is not None and load_spec(spec_path).text != info.spec_text:
+    if spec is not None and (spec if isinstance(spec, Spec) else load_spec(spec)).text != info.spec_text:
+        given = spec.path if isinstance(spec, Spec) else spec
         raise UserError(
             f"run {resume} was started with another spec ({info.spec_path}); --resume finishes it with "
-            f"its own: leave out {spec_path}, or drop --resume to start a new run"
+            f"its own: leave out {given}, or drop --resume to start a new run"
         )
     if info.state == "finished":
         raise UserError(f"run {resume} already finished; nothing to resume")
@@ -115,68 +141,129 @@ def _spec_for(spec_path: str | None, resume: str | None, results: Path) -> tuple
         raise UserError(
             f"run {resume} is still running (pid {info.driver_pid}); stop it first: `tunectl cancel {resume}`"
         )
+    if info.kind != "tune":
+        raise UserError(f"run {resume} is a {info.kind} run; run it again instead of resuming it")
     return parse_spec(info.spec_text, info.spec_path, info.name), info
 
 
+def new_run(
+    spec: Spec, *, results: Path, num_planned: int, run_id: str | None = None, kind: str = "tune"
+) -> RunInfo:
+    """The metadata of a new run of ``spec`` (not yet saved); refuses an id ``results`` already has."""
+    if results.exists() and not results.is_dir():
+        raise UserError(f"--results {results} exists and is not a directory")
+    if run_id is not None and run_exists(results, run_id):
+        raise UserError(f"run {run_id} already exists in {results}; finish it with --resume {run_id}")
+    now = time.time()
+    return RunInfo(
+        run_id or new_run_id(), spec.name, spec.task, spec.path, spec.text, "running", num_planned, now, now,
+        kind=kind,
+    )  # fmt: skip
+
+
 def submit(
-    spec_path: str | None,
+    spec: Spec | str | Path | None,
     results: str | Path = "tunectl-results",
-    address: str | None = None,
+    *,
     resume: str | None = None,
     progress: Progress | None = None,
-    num_gpus: int | None = None,
-    num_cpus: int | None = None,
-    connect_fn: Callable[..., bool] = connect,
     run_id: str | None = None,
-    compile_ahead: bool | None = None,
-    stall_timeout_s: float = 900.0,
-    work_for: WorkFor | None = None,
-    kind: str = "tune",
-    compile_options: CompileOptions | None = None,
     confirm_above: int | None = None,
+    **options: Any,
 ) -> SubmitResult:
-    """Run (or resume) a tuning run; every record lands in ``results`` as it arrives.
+    """Run (or resume) ``spec``'s search (a Spec, or a spec file's path); records land in ``results``.
 
-    ``compile_ahead``: prepare the next item in a background thread while timing the current one. Off
-    unless asked for: a preparation that launches device work or holds the interpreter lock while
-    a kernel is timed skews that time (seen on the H200: single timed calls stretched up to 1000x).
     ``run_id``: the id for a new run (a job submitted for it chose it); default a fresh one.
-    ``work_for``: what each pool runs (default: the spec's search over its plan); ``kind`` names it
-    in the run's metadata (a validation run is ``validate``). ``compile_options``: compile processes that
-    build kernels ahead into shared on-disk caches (``orchestrator.builds``).
     ``confirm_above``: refuse (``UserError``) a new run planning more items than this, before planning
     it (the caller asks the user to confirm); None: no limit.
+    ``options``: ``RunOptions`` fields (address, num_gpus, num_cpus, connect_fn, compile_ahead, ...).
     """
     results = Path(results)
-    progress = progress or _Silent()
-    compile_options = compile_options or CompileOptions()
-    spec, previous = _spec_for(spec_path, resume, results)  # validate before touching anything
-    if previous is not None and previous.kind != kind:
-        raise UserError(f"run {resume} is a {previous.kind} run; run it again instead of resuming it")
+    spec, previous = _spec_for(spec, resume, results)  # validate before touching anything
     if previous is None and confirm_above is not None:
         check_size(spec, confirm_above)
-    work = plan(spec)
+    work = plan(spec, get_task(spec.task))  # UserError, saying why, if it plans nothing
+    info = previous or new_run(spec, results=results, num_planned=len(work.items), run_id=run_id)
+    info = dataclasses.replace(info, facts=info.facts or work.facts)
 
     def search(pool: str | None) -> Work:
         return Search(work, spec.search, pool)
 
-    if results.exists() and not results.is_dir():
-        raise UserError(f"--results {results} exists and is not a directory")
-    if previous is None and run_id is not None and run_exists(results, run_id):
-        raise UserError(f"run {run_id} already exists in {results}; finish it with --resume {run_id}")
-    run_id = previous.run_id if previous else (run_id or new_run_id())
-    started = time.time()
-    info = previous or RunInfo(
-        run_id, spec.name, spec.task, spec.path, spec.text, "running", len(work.items), started, started,
-        kind=kind,
+    out = run(
+        search, spec.resources, spec.measure, results=results, info=info, resumed=previous is not None,
+        progress=progress, options=RunOptions(**options), strategy=spec.search.strategy,
     )  # fmt: skip
+    out.plan = work
+    return out
+
+
+def run(
+    work: WorkFor,
+    resources: ResourceSpec,
+    measure: MeasureSpec,
+    *,
+    results: str | Path,
+    info: RunInfo,
+    resumed: bool = False,
+    progress: Progress | None = None,
+    options: RunOptions = RunOptions(),
+    strategy: str = "fixed",
+) -> SubmitResult:
+    """Measure ``work`` (each pool's, given its name when the run has several) as run ``info``.
+
+    The run's metadata is saved as it goes; its records are appended to ``results`` as they arrive.
+    ``resumed``: the run has records already; each pool's work starts from them.
+    """
+    results = Path(results)
+    progress = progress or _Silent()
+    started = time.time()
     info = info.with_driver()
-    owns_ray = connect_fn(address, num_gpus=num_gpus, num_cpus=num_cpus)
+    owns_ray = options.connect_fn(options.address, num_gpus=options.num_gpus, num_cpus=options.num_cpus)
     save_run(results, info.with_state("running"))
-    out = SubmitResult(run_id, work, None, 0)
+    out = SubmitResult(info.run_id, None, 0)
     writer = ResultsWriter(results)
     pools: list[Pool] = []
     builders: list[tuple[Any, str]] = []
+    try:
+        with _event_log(results, info.run_id):
+            info = _measure(
+                work, resources, measure, info=info, results=results, resumed=resumed, out=out, pools=pools,
+                builders=builders, writer=writer, progress=progress, options=options, strategy=strategy,
+            )  # fmt: skip
+            writer.close()
+    except BaseException as exc:
+        writer.close()
+        state = _stopped_state(exc)
+        save_run(results, info.with_state(state, f"{type(exc).__name__}: {exc}"[:500]))
+        if isinstance(exc, KeyboardInterrupt):
+            raise RunStopped(info.run_id, state) from None
+        raise
+    finally:
+        _release(pools, builders, owns_ray)
+    save_run(results, info.with_state("finished"))
+    out.seconds = time.time() - started
+    return out
+
+
+def _measure(
+    work: WorkFor,
+    resources: ResourceSpec,
+    measure: MeasureSpec,
+    *,
+    info: RunInfo,
+    results: Path,
+    resumed: bool,
+    out: SubmitResult,
+    pools: list[Pool],
+    builders: list[tuple[Any, str]],
+    writer: ResultsWriter,
+    progress: Progress,
+    options: RunOptions,
+    strategy: str,
+) -> RunInfo:
+    """Start the pools and compile processes (into ``pools`` and ``builders``, for the caller to stop),
+    dispatch each pool's work until it is done, saying what is coming and what came; return the run's
+    metadata as it now stands."""
 
     def on_records(records: list[Record]) -> None:
         writer.append_item(records)  # an item's records (a comparison's arms) reach disk together
@@ -184,75 +271,80 @@ def submit(
             out.statuses[record.status] += 1
             progress.record(record)
 
-    try:
-        with _event_log(results, run_id):
-            names = list(previous.pools) if previous and previous.pools else choose_pools(
-                spec.resources.accelerator_type, spec.resources.num_gpus
-            )  # fmt: skip
-            ahead = bool(compile_ahead)
-            setup = _setup(compile_options, spec.task, ahead)
-            pools, out.placement = start_pools(
-                names, spec.resources.num_gpus, setup, label=f"tunectl-{run_id}"
-            )
-            work_of = work_for or search
-            searches = {p.name: work_of(p.name if len(pools) > 1 else None) for p in pools}
-            lanes, info, out.num_skipped_done = _lanes(
-                pools, searches, info, results, resumed=previous is not None
-            )
-            key_fn = key_function()
-            if any(key_fn(item) for lane in lanes for item in lane.items):
-                builders = _builders(pools, compile_options, setup)
-            info = dataclasses.replace(info, compile=_compile_meta(compile_options, setup, builders))
-            save_run(results, info.with_state("running"))
-            builds = _scheduler(compile_options, builders, progress, key_fn)
-            todo = info.num_planned - out.num_skipped_done
-            log.info("run %s: ~%d record(s) to come (%s search) from %d worker(s) in pool(s) %s "
-                     "(compile ahead: %s)", run_id, todo, spec.search.strategy, out.placement.num_workers,
-                     ", ".join(names), ahead)  # fmt: skip
-            progress.start(run_id, todo, out.placement)
-            options = DispatchOptions(spec.resources.prefetch, ahead, stall_timeout_s=stall_timeout_s)
-            stats = dispatch(
-                lanes, run_id, spec.measure, on_records, options,
-                follow_up=lambda lane, records: searches[lane].follow_up(records), builds=builds,
-            )  # fmt: skip
-            if builds is not None:
-                built, total, _ = builds.book.counts()
-                info.compile.update(built=built, keys=total, build_seconds=round(builds.book.seconds, 3),
-                                    per_kernel_seconds=builds.book.build_seconds)  # fmt: skip
-                log.info("run %s: compile processes built %d of %d kernel(s) in %.1f s of compile time",
-                         run_id, built, total, builds.book.seconds)  # fmt: skip
-            writer.close()
-            log.info("run %s finished: %d record(s), %d worker failure(s), %d item(s) requeued",
-                     run_id, stats.num_records, stats.num_worker_failures, stats.num_requeued)  # fmt: skip
-    except BaseException as exc:
-        writer.close()
-        state = _stopped_state(exc)
-        save_run(results, info.with_state(state, f"{type(exc).__name__}: {exc}"[:500]))
-        if isinstance(exc, KeyboardInterrupt):
-            raise RunStopped(run_id, state) from None
-        raise
-    finally:
-        stop_builders(builders)
-        stop_pools(pools)
-        if owns_ray:
-            import ray
+    names = list(info.pools) or choose_pools(resources.accelerator_type, resources.num_gpus)
+    ahead = bool(options.compile_ahead)
+    compile_options = options.compile_options or CompileOptions()
+    setup = _setup(compile_options, info.task, ahead)
+    started, out.placement = start_pools(names, resources.num_gpus, setup, label=f"tunectl-{info.run_id}")
+    pools += started
+    works = {p.name: work(p.name if len(pools) > 1 else None) for p in pools}
+    lanes, info, out.num_skipped_done = _lanes(pools, works, info, results, resumed=resumed)
+    info, builds = _start_builds(lanes, pools, builders, info=info, options=compile_options, setup=setup,
+                                 progress=progress)  # fmt: skip
+    save_run(results, info.with_state("running"))
+    todo = info.num_planned - out.num_skipped_done
+    log.info("run %s: ~%d record(s) to come (%s search) from %d worker(s) in pool(s) %s "
+             "(compile ahead: %s)", info.run_id, todo, strategy, out.placement.num_workers,
+             ", ".join(info.pools), ahead)  # fmt: skip
+    progress.start(info.run_id, todo, out.placement)
+    stats = dispatch(
+        lanes, info.run_id, measure, on_records,
+        DispatchOptions(resources.prefetch, ahead, stall_timeout_s=options.stall_timeout_s),
+        follow_up=lambda lane, records: works[lane].follow_up(records), builds=builds,
+    )  # fmt: skip
+    if builds is not None:
+        _note_builds(info, builds)
+    log.info("run %s finished: %d record(s), %d worker failure(s), %d item(s) requeued",
+             info.run_id, stats.num_records, stats.num_worker_failures, stats.num_requeued)  # fmt: skip
+    return info
 
-            ray.shutdown()
-    save_run(results, info.with_state("finished"))
-    out.seconds = time.time() - started
-    return out
+
+def _start_builds(
+    lanes: list[Lane],
+    pools: list[Pool],
+    builders: list[tuple[Any, str]],
+    *,
+    info: RunInfo,
+    options: CompileOptions,
+    setup: WorkerSetup,
+    progress: Progress,
+) -> tuple[RunInfo, BuildScheduler | None]:
+    """Compile processes (into ``builders``) where the lanes' items have kernels to build ahead; the
+    run's metadata saying so, and the scheduler that hands them builds (None without any)."""
+    key_fn = key_function()
+    if any(key_fn(item) for lane in lanes for item in lane.items):
+        builders += _builders(pools, options, setup)
+    info = dataclasses.replace(info, compile=_compile_meta(options, setup, builders))
+    return info, _scheduler(options, builders, progress, key_fn)
+
+
+def _note_builds(info: RunInfo, builds: BuildScheduler) -> None:
+    """What the compile processes built, in the run's metadata and its log."""
+    built, total, _ = builds.book.counts()
+    info.compile.update(built=built, keys=total, build_seconds=round(builds.book.seconds, 3),
+                        per_kernel_seconds=builds.book.build_seconds)  # fmt: skip
+    log.info("run %s: compile processes built %d of %d kernel(s) in %.1f s of compile time",
+             info.run_id, built, total, builds.book.seconds)  # fmt: skip
+
+
+def _release(pools: list[Pool], builders: list[tuple[Any, str]], owns_ray: bool) -> None:
+    stop_builders(builders)
+    stop_pools(pools)
+    if owns_ray:
+        import ray
+
+        ray.shutdown()
 
 
 def _lanes(
-    pools: list[Pool], searches: dict[str, Work], info: RunInfo, results: Path, resumed: bool
+    pools: list[Pool], works: dict[str, Work], info: RunInfo, results: Path, *, resumed: bool
 ) -> tuple[list[Lane], RunInfo, int]:
     """Each pool's first items (after what a resumed run already has); the run's metadata to match."""
-    rows = read_results(results, run_ids=[info.run_id]) if resumed and results.is_dir() else []
-    records = [Record(**{name: row[name] for name in RECORD_FIELDS}) for row in rows]
-    lanes = [Lane(p.name, tuple(p.workers), tuple(searches[p.name].start(records))) for p in pools]
-    planned = sum(s.estimate() for s in searches.values())
+    records = read_results(results, run_ids=[info.run_id]) if resumed and results.is_dir() else []
+    lanes = [Lane(p.name, tuple(p.workers), tuple(works[p.name].start(records))) for p in pools]
+    planned = sum(w.estimate() for w in works.values())
     info = dataclasses.replace(info, pools=tuple(p.name for p in pools), num_planned=planned)
-    return lanes, info, len(rows)
+    return lanes, info, len(records)
 
 
 def _setup(compile: CompileOptions, task: str, compile_ahead: bool) -> WorkerSetup:

@@ -13,13 +13,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.submit import Progress, submit
+from orchestrator.submit import Progress, RunOptions, new_run, run
 from tunectl.bundle import MANIFEST, publish, publish_local
 from tunectl.errors import TunectlError, UserError
-from tunectl.export import ExportResult, PreparedBundle, prepare_bundle
+from tunectl.export import ALL_RESULTS, ExportResult, PreparedBundle, Scope, prepare_bundle
+from tunectl.registry import get_task
 from tunectl.results import read_results
 from tunectl.runs import load_run
-from tunectl.spec import load_spec
+from tunectl.runtime import Bundle
+from tunectl.spec import Spec, load_spec, parse_spec
 from tunectl.stores import open_store, read_bundle
 from tunectl.validate import (
     DEFAULT_LAYERS,
@@ -46,31 +48,35 @@ class ValidationRun:
 
 
 def validate(
-    bundle: str | Path,
-    spec_path: str | Path,
+    bundle: str | Path | Bundle,
+    spec: Spec | str | Path,
     results: str | Path = "tunectl-results",
+    *,
     layers: int = DEFAULT_LAYERS,
     rounds: int = DEFAULT_ROUNDS,
     progress: Progress | None = None,
-    **run_options: Any,
+    **options: Any,
 ) -> ValidationRun:
-    """Run ``spec_path``'s points as ``layers``-layer stacks, ``bundle``'s configs against the defaults.
+    """Run ``spec``'s points as ``layers``-layer stacks, ``bundle``'s configs against the defaults.
 
-    ``run_options`` go to ``orchestrator.submit.submit`` (address, num_gpus, connect_fn, ...).
+    ``bundle``: a loaded bundle, or where to load one; ``spec``: a Spec, or a spec file's path.
+    ``options``: ``orchestrator.submit.RunOptions`` fields (address, num_gpus, connect_fn, ...).
     """
     if layers < 1 or rounds < 2:
         raise UserError("--layers must be at least 1 and --rounds at least 2")
-    spec = load_spec(spec_path)
-    loaded = read_bundle(bundle)
-    items, skipped = plan_validation(spec, loaded, layers, rounds)
+    spec = spec if isinstance(spec, Spec) else load_spec(spec)
+    loaded = bundle if isinstance(bundle, Bundle) else read_bundle(bundle)
+    items, skipped = plan_validation(spec, loaded, layers=layers, rounds=rounds, task=get_task(spec.task))
     if not items:
-        return ValidationRun(None, str(spec_path), Validation((), layers, rounds), tuple(skipped))
-    out = submit(
-        str(spec_path), results, progress=progress, kind="validate",
-        work_for=lambda pool: FixedItems(items, pool), **run_options,
+        return ValidationRun(None, spec.path, Validation((), layers, rounds), tuple(skipped))
+    results = Path(results)
+    info = new_run(spec, results=results, num_planned=len(items), kind="validate")
+    out = run(
+        lambda pool: FixedItems(items, pool), spec.resources, spec.measure, results=results, info=info,
+        progress=progress, options=RunOptions(**options),
     )  # fmt: skip
-    rows = read_results(results, run_ids=[out.run_id])
-    return ValidationRun(out.run_id, str(spec_path), read_validation(rows), tuple(skipped))
+    records = read_results(results, run_ids=[out.run_id])
+    return ValidationRun(out.run_id, spec.path, read_validation(records), tuple(skipped))
 
 
 def export_validated(
@@ -78,26 +84,25 @@ def export_validated(
     name: str,
     version: str,
     out: str | Path,
-    run_ids: Sequence[str] | None = None,
-    task: str | None = None,
-    device: str | None = None,
-    specs: Sequence[str | Path] = (),
+    scope: Scope = ALL_RESULTS,
+    *,
+    specs: Sequence[Spec | str | Path] = (),
     layers: int = DEFAULT_LAYERS,
     rounds: int = DEFAULT_ROUNDS,
-    **run_options: Any,
+    **options: Any,
 ) -> tuple[ExportResult, list[ValidationRun]]:
     """Build the bundle, validate it (on ``specs``, default the specs of its source runs), and publish it
     only if no point loses to the defaults beyond noise. Raises ``ValidationFailed`` otherwise."""
     store = open_store(out)
     if _exists(store, name, version):
         raise UserError(f"bundle {name}/{version} already exists in {out}; versions are immutable")
-    prepared = prepare_bundle(results, name, version, run_ids, task, device)
+    prepared = prepare_bundle(results, name, version, scope)
     with tempfile.TemporaryDirectory(prefix="tunectl-validate-") as tmp:
-        candidate = publish_local(Path(tmp) / "bundles", name, version, prepared.files)
-        runs = [
-            validate(candidate, spec, results, layers, rounds, **run_options)
-            for spec in (specs or _source_specs(results, prepared, Path(tmp)))
-        ]
+        candidate = read_bundle(publish_local(Path(tmp) / "bundles", name, version, prepared.files))
+    runs = [
+        validate(candidate, spec, results, layers=layers, rounds=rounds, **options)
+        for spec in (specs or _source_specs(results, prepared))
+    ]
     losers = [p for run in runs for p in run.validation.losers]
     if losers:
         where = "; ".join(f"{describe_point(p)}: {p.speedup}" for p in losers[:5])
@@ -109,21 +114,16 @@ def export_validated(
     return ExportResult(location, prepared.winners, prepared.source_runs), runs
 
 
-def _source_specs(results: str | Path, prepared: PreparedBundle, directory: Path) -> list[Path]:
-    """The distinct specs of the bundle's source runs, written out as files."""
-    texts: dict[str, str] = {}
+def _source_specs(results: str | Path, prepared: PreparedBundle) -> list[Spec]:
+    """The distinct specs of the bundle's source runs, as they were stored with each run."""
+    specs: dict[str, Spec] = {}
     for run_id in prepared.source_runs:
         info = load_run(results, run_id)
-        if info.kind == "tune" and info.spec_text:
-            texts.setdefault(info.spec_text, info.name)
-    paths = []
-    for i, (text, run_name) in enumerate(texts.items()):
-        path = directory / f"{run_name}-{i}.toml"
-        path.write_text(text, encoding="utf-8")
-        paths.append(path)
-    if not paths:
+        if info.kind == "tune" and info.spec_text and info.spec_text not in specs:
+            specs[info.spec_text] = parse_spec(info.spec_text, info.spec_path, info.name, stored=True)
+    if not specs:
         raise UserError("the bundle's source runs have no specs to validate on; give --spec")
-    return paths
+    return list(specs.values())
 
 
 def _exists(store: Any, name: str, version: str) -> bool:

@@ -19,6 +19,7 @@ from typing import Any
 
 import ray
 
+from tunectl.files import canonical_json
 from tunectl.plan import WorkItem
 from tunectl.record import Record
 from tunectl.spec import MeasureSpec
@@ -103,7 +104,7 @@ class TuneWorker:
         self.journal.unlink(missing_ok=True)
 
     def _note(self, running: str | None, preparing: str | None) -> None:
-        data = json.dumps({"pid": os.getpid(), "running": running, "preparing": preparing})
+        data = canonical_json({"pid": os.getpid(), "running": running, "preparing": preparing})
         with contextlib.suppress(OSError):  # without a journal, blame falls back to Ray's order
             self.journal.parent.mkdir(exist_ok=True)
             self.journal.write_text(data)

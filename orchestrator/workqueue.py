@@ -10,7 +10,7 @@ from typing import Any
 
 from tunectl.keys import key_text
 from tunectl.plan import WorkItem
-from tunectl.record import Record
+from tunectl.record import Record, Status
 
 _SCAN_POINTS = 64  # points looked at for one with a built kernel (builds go in queue order)
 _SCAN_ITEMS = 32  # items of a point looked at for one whose kernel is built
@@ -108,7 +108,7 @@ class WorkQueue:
         return best
 
 
-def failure_records(run_id: str, item: WorkItem, status: str, message: str) -> list[Record]:
+def failure_records(run_id: str, item: WorkItem, status: Status | str, message: str) -> list[Record]:
     """Records for an item that got no result from a worker (crash, timeout, a failed call): one, or
     one per arm of a comparison."""
     now = time.time()
@@ -123,7 +123,7 @@ def failure_records(run_id: str, item: WorkItem, status: str, message: str) -> l
             shape_key=key_text(item.shape),
             config_key=key_text(config),
             is_default=is_default,
-            status=status,
+            status=Status(status),
             message=message,
             phase=item.phase,
             rung=item.rung,

@@ -81,19 +81,13 @@ def fa2_page_size(config: Params, inputs: dict[str, Any]) -> int:
 def fa3_kwargs(static: Params, config: Params, inputs: dict[str, Any]) -> dict[str, Any]:
     if inputs["sinks"] is not None:
         raise InvalidConfig("flash-attn 3 (hopper/) has no attention sinks")
-    kwargs = _common(static, inputs, unbounded=-1)
-    kwargs.update(
-        k_cache=inputs["k_cache"],
-        v_cache=inputs["v_cache"],
-        page_table=inputs["page_table"],
-        cache_seqlens=inputs["seqused_k"],
-        num_splits=int(config.get("num_splits", 0)),
-        pack_gqa=config.get("pack_gqa"),
-    )
+    kwargs = sgl_kwargs(static, config, inputs)
+    del kwargs["sinks"]
     return kwargs
 
 
 def sgl_kwargs(static: Params, config: Params, inputs: dict[str, Any]) -> dict[str, Any]:
+    """sgl-kernel's decode takes flash-attn 3's arguments, and attention sinks besides."""
     kwargs = _common(static, inputs, unbounded=-1)
     kwargs.update(
         k_cache=inputs["k_cache"],

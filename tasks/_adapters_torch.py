@@ -19,6 +19,7 @@ from typing import Any
 
 from tasks import _flex
 from tasks._lazy import lazily
+from tasks._masks import visible
 from tasks.base import InvalidConfig, Params
 
 SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")
@@ -79,8 +80,6 @@ def sdpa_decode(static: Params, config: Params, inputs: dict[str, Any]) -> Calla
 
 def _sdpa_mask(static: Params, kv_len: int, q_len: int, device: Any) -> Any:
     """None where no key is masked (decode of one token, no window); else what SDPA needs."""
-    from tasks.flash_decode import visible
-
     left, right = static["window"]
     if left < 0 and (q_len == 1 or (not static["causal"] and right < 0)):
         return None

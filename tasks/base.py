@@ -9,7 +9,7 @@ so that reading a task's declarations (spec validation, planning) stays cheap.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from tunectl.params import Rule
 
@@ -30,17 +30,22 @@ class TuningTask(Protocol):
     #: names a config may set; a config may set a subset (e.g. only its backend's options)
     config_params: tuple[str, ...]
 
+    #: how serving runs the kernel, what ``measure.mode = "auto"`` times: ``eager`` or ``graph``
+    serving_mode: str
+    #: what each static and config parameter may take (type, range or choices); a spec is checked
+    #: against it before anything is planned. A parameter without a rule takes any value a key can hold.
+    param_rules: ClassVar[Mapping[str, Rule]]
+
     def default_config(self, static: Params) -> dict[str, Any]:
         """The config equal to what the library does untuned."""
 
-    # Optional: ``param_rules: Mapping[str, Rule]``, what each static and config parameter may take
-    # (type, range or choices); a spec is checked against it before anything is planned. A parameter
-    # without a rule takes any value a key can hold (``param_rules_of`` gives the empty default).
-    # Optional: ``selectable(static, config) -> bool`` is False for a config measured for reference
-    # only, one a server with this static key cannot use as-is (e.g. it needs the KV cache re-paged);
-    # such a config is kept in the results but never wins.
-    # Optional: ``complete_config(config) -> dict`` fills the options a config leaves implicit with
-    # their defaults, so {"num_splits": 1} and {"num_splits": 1, "gather": "index"} plan as one config.
+    def complete_config(self, config: Params) -> dict[str, Any]:
+        """``config`` with the options it leaves implicit filled in, so {"num_splits": 1} and
+        {"num_splits": 1, "gather": "index"} plan as one config."""
+
+    def selectable(self, static: Params, config: Params) -> bool:
+        """False for a config measured for reference only, one a server with this static key cannot
+        use as it is (e.g. it needs the KV cache re-paged): kept in the results, never a winner."""
 
     def check_point(self, static: Params, shape: Params) -> str | None:
         """None if the point can be built (capacity, divisibility); else why not."""
@@ -64,15 +69,41 @@ class TuningTask(Protocol):
         """Bytes a kernel must read and write at this point (for achieved bandwidth); 0 if unknown."""
 
 
+class Task:
+    """A base for tasks: the optional members of ``TuningTask`` with their defaults.
+
+    Subclasses set the names and implement the required methods; they override an optional member
+    only where the default is wrong for them.
+    """
+
+    name: str
+    static_params: tuple[str, ...] = ()
+    shape_params: tuple[str, ...] = ()
+    config_params: tuple[str, ...] = ()
+    serving_mode: str = "eager"
+    #: none: every parameter takes any value a key can hold
+    param_rules: ClassVar[Mapping[str, Rule]] = {}
+
+    def complete_config(self, config: Params) -> dict[str, Any]:
+        return dict(config)
+
+    def selectable(self, static: Params, config: Params) -> bool:
+        return True
+
+    def bytes_moved(self, static: Params, shape: Params) -> int:
+        return 0
+
+    def compile_key(self, static: Params, shape: Params, config: Params) -> str | None:
+        """None: nothing to build ahead (``tasks.compile``)."""
+        return None
+
+    def warm_up(self, device: str) -> None:
+        """No per-process start-up beyond importing the task."""
+
+
 DTYPE_TOLERANCE: dict[str, tuple[float, float]] = {
     "float64": (1e-9, 1e-9),
     "float32": (1e-4, 1e-4),
     "float16": (2e-3, 2e-3),
     "bfloat16": (1.6e-2, 1.6e-2),
 }
-
-
-def param_rules_of(task: object) -> Mapping[str, Rule]:
-    """The task's declared parameter rules; none for a task that declares none."""
-    rules: Mapping[str, Rule] = getattr(task, "param_rules", {})
-    return rules

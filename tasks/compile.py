@@ -24,7 +24,6 @@ Optional task members (found with ``getattr``; a task without them builds nothin
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.base import TuningTask
+from tunectl.files import canonical_json
 
 #: where a task of our own keeps what it builds (the fault-injection task's stand-in compiler)
 CACHE_ENV = "TUNECTL_COMPILE_CACHE"
@@ -63,7 +63,7 @@ def compile_key(task: TuningTask, static: Mapping[str, Any], shape: Mapping[str,
 
 def key_of(*parts: Mapping[str, Any]) -> str:
     """A canonical text for the parts of an item a compile depends on (a helper for tasks)."""
-    return json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
+    return canonical_json(parts, default=str)
 
 
 InputsFor = Callable[[Mapping[str, Any], Mapping[str, Any]], Any]

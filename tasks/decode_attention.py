@@ -22,13 +22,13 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
-from tasks.base import DTYPE_TOLERANCE, InvalidConfig, Params
+from tasks.base import DTYPE_TOLERANCE, InvalidConfig, Params, Task
 from tunectl.params import Rule
 
 _MAX_BYTES = 8 << 30
 
 
-class DecodeAttention:
+class DecodeAttention(Task):
     name = "decode_attention"
     static_params = ("dtype", "head_dim", "num_kv_heads", "num_q_heads", "page_size")
     shape_params = ("batch", "kv_len")

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import importlib.metadata
-import json
 import platform
 import socket
 from functools import cache
 from typing import Any
+
+from tunectl.files import canonical_json
 
 _PACKAGES = ("torch", "triton", "flash-attn", "flash-attn-4", "sgl-kernel", "nvidia-cutlass-dsl", "tunectl")
 
@@ -45,7 +46,7 @@ def environment(device: str) -> dict[str, Any]:
 
 
 def env_json(device: str) -> str:
-    return json.dumps(environment(device), sort_keys=True)
+    return canonical_json(environment(device))
 
 
 def _cpu_name() -> str:

@@ -37,8 +37,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from tasks.base import InvalidConfig, Params
+from tasks.base import InvalidConfig, Params, Task
 from tasks.compile import cache_dir, key_of
+from tunectl.files import atomic_write
 from tunectl.params import Rule
 
 FAULTS = ("none", "raise", "invalid", "wrong", "nan", "hang", "exit", "exit_once")
@@ -48,7 +49,7 @@ EXIT_CODE = 71
 _OUTPUT_FAULTS = ("wrong", "nan")  # faults of the output: they show when the kernel runs
 
 
-class FaultInjection:
+class FaultInjection(Task):
     name = "fault_injection"
     static_params: tuple[str, ...] = ()
     shape_params = ("n",)
@@ -135,10 +136,7 @@ def _compile(config: Params) -> None:
     if fault is not None:
         _misbehave(fault, config, {})
     if artifact is not None:
-        artifact.parent.mkdir(parents=True, exist_ok=True)
-        tmp = artifact.with_name(f".{artifact.name}.{os.getpid()}")
-        tmp.write_bytes(b"built")
-        os.replace(tmp, artifact)
+        atomic_write(artifact, b"built", make_parents=True)
         with open(artifact.parent / "compiles.log", "a") as log:  # what was really compiled, and how often
             log.write(f"{artifact.stem}\n")
 

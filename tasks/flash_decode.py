@@ -38,7 +38,8 @@ from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 from tasks import _flex
-from tasks.base import DTYPE_TOLERANCE, InvalidConfig, Params
+from tasks._masks import visible
+from tasks.base import DTYPE_TOLERANCE, InvalidConfig, Params, Task
 from tasks.compile import key_of, warm_up_libraries
 from tunectl.params import Rule
 
@@ -63,7 +64,7 @@ _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 _MAX_KV_BYTES = 8 << 30  # K and V together; larger points are skipped, not half-built
 
 
-class FlashDecode:
+class FlashDecode(Task):
     name = "flash_decode"
     serving_mode = "graph"
     static_params = (
@@ -234,27 +235,6 @@ class FlashDecode:
 def _capacity(kv_len: int, page_size: int) -> int:
     """Tokens the page table holds per sequence: whole pages, at least kv_len."""
     return math.ceil(kv_len / page_size) * page_size
-
-
-def visible(static: Params, kv_len: int, q_len: int, device: Any) -> Any:
-    """Bool ``[q_len, kv_len]``: which cached tokens each query token attends to.
-
-    Query token ``i`` sits at position ``kv_len - q_len + i`` (bottom-right alignment, as flash-attn);
-    ``window = (left, right)`` keeps keys in ``[pos - left, pos + right]``, ``causal`` forces right = 0.
-    """
-    import torch
-
-    pos = torch.arange(kv_len - q_len, kv_len, device=device)[:, None]
-    key = torch.arange(kv_len, device=device)[None, :]
-    left, right = static["window"]
-    ok = torch.ones(q_len, kv_len, dtype=torch.bool, device=device)
-    if static["causal"]:
-        ok &= key <= pos
-    elif right >= 0:
-        ok &= key <= pos + right
-    if left >= 0:
-        ok &= key >= pos - left
-    return ok
 
 
 def reference_decode(static: Params, inputs: dict[str, Any]) -> Any:

@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 from tasks import _flex
 from tasks._lazy import lazily
-from tasks.base import DTYPE_TOLERANCE, InvalidConfig, Params
+from tasks.base import DTYPE_TOLERANCE, InvalidConfig, Params, Task
 from tasks.compile import key_of, warm_up_libraries
 from tunectl.params import Rule
 
@@ -31,7 +31,7 @@ _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 _OPTIONS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "USE_TMA", "BACKEND")
 
 
-class FlexPrefill:
+class FlexPrefill(Task):
     name = "flex_prefill"
     serving_mode = "eager"
     static_params = ("dtype", "head_dim", "mask", "num_docs", "num_kv_heads", "num_q_heads", "window")

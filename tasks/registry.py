@@ -1,24 +1,16 @@
-"""Task names to task objects. Importing a task module must not import torch."""
+"""Task names to task objects, through the ``tunectl.tasks`` entry points (``tunectl.registry``)."""
 
 from __future__ import annotations
 
-import importlib
-
 from tasks.base import TuningTask
-
-_TASKS: dict[str, str] = {
-    "decode_attention": "tasks.decode_attention:DecodeAttention",
-    "fault_injection": "tasks.fault_injection:FaultInjection",
-    "flash_decode": "tasks.flash_decode:FlashDecode",
-    "flex_prefill": "tasks.flex_prefill:FlexPrefill",
-}
+from tunectl import registry
 
 
 def task_names() -> list[str]:
-    return sorted(_TASKS)
+    return registry.task_names()
 
 
 def get_task(name: str) -> TuningTask:
     """The task registered as ``name``; KeyError if there is none."""
-    module_name, _, attr = _TASKS[name].partition(":")
-    return getattr(importlib.import_module(module_name), attr)()  # type: ignore[no-any-return]
+    task: TuningTask = registry.get_task(name)
+    return task

@@ -63,7 +63,7 @@ class ItemRunner:
         started = time.time()
         task = self._task(item.task)
         static, shape, config = dict(item.static), dict(item.shape), dict(item.config)
-        mode = settings.mode if settings.mode != "auto" else getattr(task, "serving_mode", "eager")
+        mode = settings.mode if settings.mode != "auto" else task.serving_mode
         if not self.device.startswith("cuda"):
             mode = "eager"
         base: dict[str, Any] = dict(

@@ -237,11 +237,11 @@ def test_each_kernel_is_compiled_once_per_node_and_workers_only_load_it(
     cache = tmp_path / "cache"
     out = submit(str(spec), tmp_path / "results", compile_options=CompileOptions(2, str(cache)))
     rows = assert_one_row_per_item(tmp_path / "results", out.run_id, planned_ids(spec))
-    assert {r["status"] for r in rows} == {"ok"}
+    assert {r.status for r in rows} == {"ok"}
     assert set(builds_logged(cache).values()) == {1} and len(builds_logged(cache)) == 3, (
         "three distinct kernels (the key has no shape), each compiled once on the node"
     )
-    loaded = [r for r in rows if json.loads(r["config_key"]).get("compile_ms") and r["compile_ms"] < 200]
+    loaded = [r for r in rows if json.loads(r.config_key).get("compile_ms") and r.compile_ms < 200]
     assert len(loaded) >= 9, "most items found their kernel built and only loaded it"
     meta = json.loads((tmp_path / "results" / "_runs" / f"{out.run_id}.json").read_text())["compile"]
     assert meta["cache"] == str(cache) and meta["compile_processes"] == 2
@@ -267,15 +267,15 @@ def test_a_compiler_that_fails_dies_or_hangs_never_takes_down_a_gpu_worker(
     options = CompileOptions(2, str(tmp_path / "cache"), timeout_s=4.0)
     out = submit(str(spec), tmp_path / "results", compile_options=options)
     rows = assert_one_row_per_item(tmp_path / "results", out.run_id, planned_ids(spec))
-    by_fault = {(json.loads(r["config_key"]).get("compile_fault"), r["status"]) for r in rows}
+    by_fault = {(json.loads(r.config_key).get("compile_fault"), r.status) for r in rows}
     assert by_fault == {
         ("raise", "compile_error"), ("exit", "compile_error"), ("hang", "compile_timeout"), (None, "ok")
     }  # fmt: skip
-    messages = {json.loads(r["config_key"]).get("compile_fault"): r["message"] for r in rows}
+    messages = {json.loads(r.config_key).get("compile_fault"): r.message for r in rows}
     assert "injected failure" in messages["raise"]
     assert "compiler process died" in messages["exit"]
     assert "longer than 4 s" in messages["hang"]
-    failed_on_gpu = [r for r in rows if r["status"] != "ok" and r["worker"]]
+    failed_on_gpu = [r for r in rows if r.status != "ok" and r.worker]
     assert not failed_on_gpu, "no failed build reached a GPU worker"
     log = (tmp_path / "results" / "_runs" / f"{out.run_id}.log").read_text()
     assert "worker GPU#0 failed" not in log and "worker GPU#1 failed" not in log

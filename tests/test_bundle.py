@@ -75,14 +75,14 @@ def test_publishing_an_existing_version_fails_and_changes_nothing(tmp_path: Path
 
 
 def test_a_publish_that_fails_midway_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = bundle_mod._write_synced
+    real = bundle_mod.write_synced
 
     def fail_on_manifest(path: Path, data: bytes) -> None:
         if path.name == "manifest.json":
             raise OSError("disk full")
         real(path, data)
 
-    monkeypatch.setattr(bundle_mod, "_write_synced", fail_on_manifest)
+    monkeypatch.setattr(bundle_mod, "write_synced", fail_on_manifest)
     with pytest.raises(OSError, match="disk full"):
         publish_local(tmp_path, "b", "1", build_files("b", "1", [table({1: 2})], [], ENV))
     assert list((tmp_path / "b").iterdir()) == []  # no version, no staging directory

@@ -20,9 +20,8 @@ def _commands(
     group: click.Command, path: tuple[str, ...] = ()
 ) -> list[tuple[tuple[str, ...], click.Command]]:
     found = [(path, group)]
-    if isinstance(group, click.Group):
-        for name, cmd in group.commands.items():
-            found += _commands(cmd, (*path, name))
+    for name, cmd in getattr(group, "commands", {}).items():  # typer's groups are not click.Group
+        found += _commands(cmd, (*path, name))
     return found
 
 
@@ -32,6 +31,24 @@ def test_every_command_says_what_it_does(path: tuple[str, ...]) -> None:
     assert (commands[path].help or "").strip(), f"{' '.join(path) or 'tunectl'} has no help text"
     out = CliRunner().invoke(app, [*path, "--help"])
     assert out.exit_code == 0 and "Usage" in out.output
+
+
+LEAVES = [p for p, c in _commands(typer.main.get_command(app)) if not hasattr(c, "commands")]
+README = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("path", LEAVES, ids=" ".join)
+def test_every_command_ends_its_help_with_an_example_of_itself(path: tuple[str, ...]) -> None:
+    text = dict(_commands(typer.main.get_command(app)))[path].help or ""
+    before, example = text.rsplit("Example:", 1) if "Example:" in text else (text, "")
+    lines = [line.strip() for line in example.splitlines() if line.strip() not in ("", "\b")]
+    assert before.strip() and lines, f"tunectl {' '.join(path)}: the help ends without an Example: block"
+    assert all(line.startswith(f"tunectl {' '.join(path)}") for line in lines), lines
+
+
+@pytest.mark.parametrize("path", LEAVES, ids=" ".join)
+def test_every_command_appears_in_the_readme(path: tuple[str, ...]) -> None:
+    assert f"tunectl {' '.join(path)}" in README
 
 
 def _tunectl(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:

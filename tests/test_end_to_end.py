@@ -32,20 +32,20 @@ def test_submit_export_lookup(ray_two_gpus: None, tiny_spec: Path, tmp_path: Pat
     assert "winners of" in out.output and "speedup" in out.output
 
     rows = read_results(results)
-    measured = [r for r in rows if r["phase"] == "measure"]
-    assert len(measured) == 24 and {r["status"] for r in rows} == {"ok"}
-    assert all(r["median_us"] > 0 and r["num_samples"] >= 3 for r in rows)
-    assert sum(r["is_default"] for r in measured) == 6  # the default measured at every point
+    measured = [r for r in rows if r.phase == "measure"]
+    assert len(measured) == 24 and {r.status for r in rows} == {"ok"}
+    assert all(r.median_us > 0 and r.num_samples >= 3 for r in rows)
+    assert sum(r.is_default for r in measured) == 6  # the default measured at every point
     finals: dict[str, list[dict]] = {}
     for r in rows:
-        if r["phase"] == "final":
-            finals.setdefault(r["group_id"], []).append(r)
+        if r.phase == "final":
+            finals.setdefault(r.group_id, []).append(r)
     assert finals, "points where a config came near the default get finals"
     for group in finals.values():
-        assert sum(r["is_default"] for r in group) == 1 and 2 <= len(group) <= 4
-        assert len({(r["static_key"], r["shape_key"]) for r in group}) == 1
+        assert sum(r.is_default for r in group) == 1 and 2 <= len(group) <= 4
+        assert len({(r.static_key, r.shape_key) for r in group}) == 1
         for r in group:
-            assert r["rounds"] == 3 and r["speedup_lo"] <= r["speedup"] <= r["speedup_hi"]
+            assert r.rounds == 3 and r.speedup_lo <= r.speedup <= r.speedup_hi
 
     export = ["export", "bundle", "--results", str(results), "--name", "tiny", "--version", "1"]
     export += ["--out", str(store)]

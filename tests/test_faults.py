@@ -12,12 +12,12 @@ import secrets
 import textwrap
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from orchestrator.submit import submit
 from tunectl.plan import plan
+from tunectl.record import Record
 from tunectl.results import read_results
 from tunectl.runs import load_run, run_log_path
 from tunectl.spec import load_spec
@@ -61,24 +61,24 @@ def raw_row_count(results: Path, run_id: str) -> int:
     return sum(pq.read_metadata(p).num_rows for p in parts if not Path(p).name.startswith((".", "_")))
 
 
-def assert_one_row_per_item(results: Path, run_id: str, expected_ids: list[str]) -> list[dict[str, Any]]:
+def assert_one_row_per_item(results: Path, run_id: str, expected_ids: list[str]) -> list[Record]:
     rows = read_results(results, run_ids=[run_id])
-    assert sorted(r["item_id"] for r in rows) == sorted(expected_ids), "an item is missing or extra"
+    assert sorted(r.item_id for r in rows) == sorted(expected_ids), "an item is missing or extra"
     assert raw_row_count(results, run_id) == len(expected_ids), "an item was written twice"
     return rows
 
 
-def by_fault(rows: list[dict[str, Any]]) -> dict[str, set[str]]:
+def by_fault(rows: list[Record]) -> dict[str, set[str]]:
     """fault name -> the statuses its rows ended with."""
     out: dict[str, set[str]] = {}
     for row in rows:
-        fault = re.search(r'"fault":"(\w+)"', row["config_key"])
-        out.setdefault(fault.group(1) if fault else "?", set()).add(row["status"])
+        fault = re.search(r'"fault":"(\w+)"', row.config_key)
+        out.setdefault(fault.group(1) if fault else "?", set()).add(row.status)
     return out
 
 
-def worker_pids(rows: list[dict[str, Any]]) -> set[str]:
-    return {r["worker"] for r in rows if r["worker"]}
+def worker_pids(rows: list[Record]) -> set[str]:
+    return {r.worker for r in rows if r.worker}
 
 
 def test_configs_that_raise_or_return_wrong_results_are_recorded_and_the_run_goes_on(
@@ -97,8 +97,8 @@ def test_configs_that_raise_or_return_wrong_results_are_recorded_and_the_run_goe
         "nan": {"wrong_result"},
         "none": {"ok"},
     }
-    raised = next(r for r in rows if r["status"] == "error")
-    assert "injected failure" in raised["message"]
+    raised = next(r for r in rows if r.status == "error")
+    assert "injected failure" in raised.message
     assert len(worker_pids(rows)) <= 2, "nobody died: the first worker processes did everything"
     assert " failed " not in run_log_path(tmp_path / "results", out.run_id).read_text()
     assert load_run(tmp_path / "results", out.run_id).state == "finished"
@@ -117,8 +117,8 @@ def test_a_config_that_kills_its_worker_is_retried_once_then_recorded_as_crash(
 
     rows = assert_one_row_per_item(tmp_path / "results", out.run_id, planned_ids(spec))
     assert by_fault(rows) == {"exit": {"crash"}, "exit_once": {"ok"}, "none": {"ok"}}
-    crash = next(r for r in rows if r["status"] == "crash")
-    assert "died while running it 2 times" in crash["message"]
+    crash = next(r for r in rows if r.status == "crash")
+    assert "died while running it 2 times" in crash.message
     events = run_log_path(tmp_path / "results", out.run_id).read_text()
     assert len(set(re.findall(r"ready: pid (\d+)", events))) == 2 + 3, "each death brought a fresh process"
     assert events.count("runs again, alone") == 2 and events.count("recorded as crash") == 1
@@ -149,7 +149,7 @@ def test_a_hanging_config_times_out_and_its_worker_is_replaced(ray_two_gpus: Non
 
     rows = assert_one_row_per_item(tmp_path / "results", out.run_id, planned_ids(spec))
     assert by_fault(rows) == {"hang": {"timeout"}, "none": {"ok"}}
-    assert all("deadline of 1.5 s" in r["message"] for r in rows if r["status"] == "timeout")
-    assert Counter(r["status"] for r in rows)["timeout"] == 2
+    assert all("deadline of 1.5 s" in r.message for r in rows if r.status == "timeout")
+    assert Counter(r.status for r in rows)["timeout"] == 2
     events = run_log_path(tmp_path / "results", out.run_id).read_text()
     assert events.count("killing the worker") == 2

@@ -67,8 +67,8 @@ def test_a_node_removed_mid_run_moves_its_work_to_the_other_node(two_gpu_nodes: 
     out = submit(str(spec), tmp_path / "results", progress=progress)
 
     rows = assert_one_row_per_item(tmp_path / "results", out.run_id, planned_ids(spec))
-    assert {r["status"] for r in rows} == {"ok"}, "losing a node is nobody's crash"
+    assert {r.status for r in rows} == {"ok"}, "losing a node is nobody's crash"
     events = run_log_path(tmp_path / "results", out.run_id).read_text()
     assert re.search(r"worker GPU#\d (lost with its node|died without a word).* go back to the queue", events)
-    last = sorted(rows, key=lambda r: r["finished_at"])[-5:]
-    assert progress.removed_pid not in {r["worker"].rsplit(":", 1)[1] for r in last}, "the rest ran elsewhere"
+    last = sorted(rows, key=lambda r: r.finished_at)[-5:]
+    assert progress.removed_pid not in {r.worker.rsplit(":", 1)[1] for r in last}, "the rest ran elsewhere"

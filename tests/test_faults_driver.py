@@ -108,4 +108,4 @@ def test_a_driver_killed_while_compile_processes_build_resumes_to_one_row_per_it
         out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 0, out
     rows = assert_one_row_per_item(results, run_id, planned_ids(spec))
-    assert {r["status"] for r in rows} == {"ok"}
+    assert {r.status for r in rows} == {"ok"}

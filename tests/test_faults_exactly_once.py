@@ -21,7 +21,6 @@ from tests.test_faults import raw_row_count
 from tests.test_faults_driver import driver
 from tunectl.cli import app
 from tunectl.plan import plan
-from tunectl.record import RECORD_FIELDS, Record
 from tunectl.results import read_results
 from tunectl.runs import list_runs
 from tunectl.search import Search
@@ -105,8 +104,7 @@ def test_stops_at_any_record_count_then_resume_leave_exactly_one_row_per_item(tm
     work = plan(load_spec(spec))
     ids = {r[0] for r in duckdb.sql(f"select item_id from read_parquet('{glob}')").fetchall()}
     assert {i.item_id for i in work.items} <= ids, "a planned item has no row"
-    rows = read_results(results, run_ids=[run.run_id])
-    records = [Record(**{name: row[name] for name in RECORD_FIELDS}) for row in rows]
+    records = read_results(results, run_ids=[run.run_id])
     assert Search(work).start(records) == [], "a comparison, or an arm of one, is missing"
     assert num_rows == len(work.items) + sum(n for _, n in arms)
 

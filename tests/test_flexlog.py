@@ -256,23 +256,23 @@ def test_every_choice_becomes_a_row_with_its_keys_and_median(tmp_path: Path) -> 
         0,
     )
     rows = read_results(tmp_path / "res", run_ids=[res.run_id])
-    assert len(rows) == 9 and {r["task"] for r in rows} == {TASK} and {r["phase"] for r in rows} == {"import"}
-    by_config = {(key_dict(key_from_text(r["static_key"]))["kernel"], r["config_key"]): r for r in rows}
+    assert len(rows) == 9 and {r.task for r in rows} == {TASK} and {r.phase for r in rows} == {"import"}
+    by_config = {(key_dict(key_from_text(r.static_key))["kernel"], r.config_key): r for r in rows}
     extern = by_config[("forward", '{"type":"extern"}')]
-    assert extern["status"] == "ok" and extern["median_us"] == pytest.approx(331.2)
-    assert extern["p20_us"] == extern["p80_us"] == extern["median_us"]
-    assert extern["is_default"] is False and extern["num_samples"] is None
-    assert key_dict(key_from_text(extern["shape_key"])) == {"batch": 2, "q_len": 2048, "kv_len": 2048}
-    assert key_dict(key_from_text(extern["static_key"])) == {
+    assert extern.status == "ok" and extern.median_us == pytest.approx(331.2)
+    assert extern.p20_us == extern.p80_us == extern.median_us
+    assert extern.is_default is False and extern.num_samples is None
+    assert key_dict(key_from_text(extern.shape_key)) == {"batch": 2, "q_len": 2048, "kv_len": 2048}
+    assert key_dict(key_from_text(extern.static_key)) == {
         "kernel": "forward",
         "num_q_heads": 32,
         "num_kv_heads": 8,
         "qk_head_dim": 128,
         "v_head_dim": 128,
     }
-    (failed,) = [r for r in rows if r["status"] != "ok"]
-    assert failed["status"] == "error" and failed["median_us"] is None and "inf ms" in failed["message"]
-    assert key_dict(key_from_text(failed["config_key"]))["BLOCK_N"] == 128
+    (failed,) = [r for r in rows if r.status != "ok"]
+    assert failed.status == "error" and failed.median_us is None and "inf ms" in failed.message
+    assert key_dict(key_from_text(failed.config_key))["BLOCK_N"] == 128
     (run,) = list_runs(tmp_path / "res")
     assert (run.run_id, run.task, run.state, run.num_planned, run.spec_text) == (
         res.run_id,
@@ -300,7 +300,7 @@ def test_a_config_logged_again_later_at_a_point_replaces_the_earlier(tmp_path: P
     )
     res = import_flex_log(log, tmp_path / "res")
     assert (res.num_choices, res.rows_written, res.num_replaced) == (3, 2, 1)
-    medians = sorted(r["median_us"] for r in read_results(tmp_path / "res"))
+    medians = sorted(r.median_us for r in read_results(tmp_path / "res"))
     assert medians == pytest.approx([250.0, 300.0])
 
 

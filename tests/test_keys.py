@@ -128,7 +128,7 @@ def test_keys_survive_parquet_and_bundle_round_trips(
             )
         )
     writer.close()
-    back = {key_from_text(r["static_key"]) for r in read_results(root / "results")}
+    back = {key_from_text(r.static_key) for r in read_results(root / "results")}
     assert back == set(keys)
     entries = tuple(
         {

@@ -17,6 +17,7 @@ import pytest
 from orchestrator.submit import submit
 from tests.test_faults import assert_one_row_per_item, planned_ids, write_spec
 from tunectl.errors import UserError
+from tunectl.record import Record
 from tunectl.runs import load_run, run_log_path
 
 pytestmark = pytest.mark.slow
@@ -50,8 +51,8 @@ def pool_of_worker(results: Path, run_id: str) -> dict[str, str]:
     return {pid: pool for pool, pid in re.findall(r"worker (\S+)#\d+ ready: pid (\d+)", events)}
 
 
-def pools_that_measured(rows: list[dict[str, object]], pools: dict[str, str]) -> Counter[str]:
-    return Counter(pools[str(r["worker"]).rsplit(":", 1)[1]] for r in rows)
+def pools_that_measured(rows: list[Record], pools: dict[str, str]) -> Counter[str]:
+    return Counter(pools[str(r.worker).rsplit(":", 1)[1]] for r in rows)
 
 
 def test_a_spec_for_one_accelerator_type_gets_one_worker_per_such_gpu_on_every_node(
@@ -100,9 +101,9 @@ def test_a_heterogeneous_cluster_measures_the_whole_plan_once_per_accelerator_ty
     pools = pool_of_worker(tmp_path / "results", out.run_id)
     for pool, items in by_pool.items():
         ids = {i.item_id for i in items}
-        mine = [r for r in rows if r["item_id"] in ids]
+        mine = [r for r in rows if r.item_id in ids]
         assert set(pools_that_measured(mine, pools)) == {pool}, f"{pool} items ran on {pool} GPUs only"
-    per_point = Counter((r["static_key"], r["shape_key"], r["config_key"]) for r in rows)
+    per_point = Counter((r.static_key, r.shape_key, r.config_key) for r in rows)
     assert set(per_point.values()) == {2}, "every planned point and config measured on both types"
 
 

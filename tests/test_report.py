@@ -138,7 +138,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _publish_bundle(results: Path, store: Path, changed_speedup: float) -> Path:
     """A bundle of the results' winners, with the speedup at (4, 256) replaced in its statistics."""
-    winners = select_winners([r for r in read_results(results) if r["phase"] != "validate"])
+    winners = select_winners([r for r in read_results(results) if r.phase != "validate"])
     tables = []
     for task in (DECODE, PREFILL):
         entries = []

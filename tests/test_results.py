@@ -52,7 +52,7 @@ def test_a_failed_flush_keeps_what_was_written(tmp_path: Path, monkeypatch: pyte
         writer.flush()
     files = [p for p in tmp_path.rglob("*") if p.is_file()]
     assert len(files) == 1 and not files[0].name.startswith(".")
-    assert [r["item_id"] for r in read_results(tmp_path)] == ["a"]
+    assert [r.item_id for r in read_results(tmp_path)] == ["a"]
 
 
 def test_rows_are_partitioned_and_readable_by_pandas_and_duckdb(tmp_path: Path) -> None:
@@ -91,7 +91,7 @@ def test_a_re_measured_item_reads_once_latest_first(tmp_path: Path) -> None:
     writer.append(_record("r1", "a", median=7.0, finished=2.0))
     writer.close()
     rows = read_results(tmp_path)
-    assert len(rows) == 1 and rows[0]["median_us"] == 7.0
+    assert len(rows) == 1 and rows[0].median_us == 7.0
 
 
 def test_other_files_under_the_root_are_not_read_as_results(tmp_path: Path) -> None:
@@ -102,7 +102,7 @@ def test_other_files_under_the_root_are_not_read_as_results(tmp_path: Path) -> N
     store.mkdir(parents=True)
     (store / "manifest.json").write_text("{}")
     (tmp_path / "notes.txt").write_text("not parquet")
-    assert [r["item_id"] for r in read_results(tmp_path)] == ["i1"]
+    assert [r.item_id for r in read_results(tmp_path)] == ["i1"]
 
 
 def test_rows_from_before_phases_read_as_full_measurements(tmp_path: Path) -> None:
@@ -115,7 +115,7 @@ def test_rows_from_before_phases_read_as_full_measurements(tmp_path: Path) -> No
     table = pa.table({"item_id": ["i1"], "status": ["ok"], "median_us": [1.0], "finished_at": stamp})
     pq.write_table(table, part / "p.parquet")
     [row] = read_results(tmp_path)
-    assert row["phase"] == "measure" and row["group_id"] is None and row["run_id"] == "old"
+    assert row.phase == "measure" and row.group_id == "" and row.run_id == "old"
 
 
 def test_a_crash_record_without_a_device_does_not_split_an_export(tmp_path: Path) -> None:

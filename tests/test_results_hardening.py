@@ -99,7 +99,7 @@ def test_damaged_empty_and_foreign_parts_are_skipped_with_one_warning_each(
     with caplog.at_level(logging.WARNING, logger="tunectl.results"):
         rows = read_results(root)
         read_results(root)  # a second read in one process does not warn again
-    assert sorted(r["item_id"] for r in rows) == ["i1", "i2"]
+    assert sorted(r.item_id for r in rows) == ["i1", "i2"]
     warned = [r.getMessage() for r in caplog.records if "skipped" in r.getMessage()]
     assert len(warned) == 3 and all(any(str(p) in w for w in warned) for p in bad)
     assert {str(b.path) for b in check_parts(root)} == set(map(str, bad))
@@ -132,7 +132,7 @@ def test_doctor_lists_damaged_files_and_quarantines_them_without_deleting(tmp_pa
     kept = sorted(p.name for p in (root / "_quarantine").rglob("*") if p.is_file())
     assert kept == sorted([*(p.name for p in bad), "r2.json"])
     assert CliRunner().invoke(app, ["doctor", "--results", str(root)]).exit_code == 0
-    assert sorted(r["item_id"] for r in read_results(root)) == ["i1", "i2"]
+    assert sorted(r.item_id for r in read_results(root)) == ["i1", "i2"]
 
 
 def test_unknown_results_directories_and_run_ids_are_errors(tmp_path: Path) -> None:

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from tunectl.select import select_winners
+from tests.data.v1.make import SPEC as V1_SPEC
+from tunectl.plan import plan, selectable_in
+from tunectl.record import Record
+from tunectl.select import select_winners as select_records
+from tunectl.spec import parse_spec
+
+
+def select_winners(rows: list[dict[str, Any]], **options: Any) -> Any:
+    """Selection over the records these stored rows read as."""
+    return select_records([Record.from_row(r) for r in rows], **options)
 
 
 def _row(
@@ -17,6 +26,8 @@ def _row(
     finished: float = 1.0,
 ) -> dict[str, Any]:
     return {
+        "run_id": "r",
+        "item_id": f"{config}@{shape}",
         "task": "t",
         "device_name": "gpu",
         "static_key": '{"d":1}',
@@ -29,7 +40,6 @@ def _row(
         "p80_us": median,
         "rel_noise": noise,
         "num_samples": 10,
-        "run_id": "r",
         "finished_at": finished,
     }
 
@@ -90,8 +100,10 @@ def test_flash_decode_never_picks_a_kernel_that_needs_the_cache_re_paged() -> No
         {**_row('{"backend":"fa2","kv_page_size":256}', 50.0), "task": "flash_decode", "static_key": static},
         {**_row('{"backend":"flex"}', 80.0), "task": "flash_decode", "static_key": static},
     ]
-    [w] = select_winners(rows)
+    spec = parse_spec(V1_SPEC)  # fa2 on a re-paged cache among its configs
+    [w] = select_winners(rows, selectable=selectable_in([plan(spec).facts]))
     assert dict(w.config) == {"backend": "flex"}
+    assert dict(select_winners(rows)[0].config) == {"backend": "fa2", "kv_page_size": 256}  # no facts: any
 
 
 def _final(

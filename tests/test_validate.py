@@ -104,7 +104,7 @@ def test_validate_reports_a_slower_bundle_and_exits_1(ray_two_gpus: None, tmp_pa
     assert out.exit_code == 1, out.output
     assert "slower" in out.output and "geometric mean" in out.output and "Traceback" not in out.output
     rows = read_results(results)
-    assert {r["phase"] for r in rows} == {"validate"} and len(rows) == 2
+    assert {r.phase for r in rows} == {"validate"} and len(rows) == 2
     validation = read_validation(rows)
     [point] = validation.points
     assert point.verdict == "slower" and validation.losers == [point] and validation.layers == 2
@@ -183,4 +183,4 @@ def test_export_validate_publishes_a_faster_bundle_and_refuses_a_slower_one(
     assert out.exit_code == 1, out.output
     assert "not published" in out.output and "slower than the defaults" in out.output
     assert not (store / "bad").exists(), "a refused bundle leaves nothing in the store"
-    assert {r["phase"] for r in read_results(bad, run_ids=None) if r["run_id"] != "rbad"} == {"validate"}
+    assert {r.phase for r in read_results(bad, run_ids=None) if r.run_id != "rbad"} == {"validate"}

@@ -35,6 +35,8 @@ from typing import Any, Protocol
 
 from tunectl import __version__
 from tunectl.errors import BundleError, BundleExistsError, UserError
+from tunectl.files import atomic_write, canonical_json, json_bytes, sync_dir, write_synced
+from tunectl.keys import from_json, value_order
 from tunectl.runtime import CHANNELS, MANIFEST, SCHEMA_VERSION, Bundle, Fetcher, load_bundle, safe_member
 from tunectl.runtime.format import ARCHIVE_SUFFIXES, BundleCorruptError
 from tunectl.runtime.sources import Source, read_local, read_verified, resolve
@@ -61,16 +63,6 @@ def check_name(kind: str, value: str) -> str:
     return value
 
 
-def _dump(obj: Any, compact: bool = False) -> bytes:
-    if compact:
-        return (json.dumps(obj, separators=(",", ":"), sort_keys=True, allow_nan=False) + "\n").encode()
-    return (json.dumps(obj, indent=1, sort_keys=True, allow_nan=False) + "\n").encode()
-
-
-def _hashable(value: Any) -> Any:
-    return tuple(_hashable(v) for v in value) if isinstance(value, list) else value
-
-
 def _columns(table: TaskTable) -> tuple[dict[str, Any], dict[str, list[Any]]]:
     """The table (static keys, configs, flat rows) and its statistics by column, for one task."""
     shape_params = sorted(table.shape_params)
@@ -90,12 +82,12 @@ def _columns(table: TaskTable) -> tuple[dict[str, Any], dict[str, list[Any]]]:
         for p, value in zip(shape_params, shape, strict=True):
             if value not in points[p]:
                 raise UserError(f"task {table.task}: entry {i} has {p}={value!r}, not a declared point")
-        key = (_hashable(static), tuple(shape))
+        key = (from_json(static), tuple(shape))
         if key in seen:  # equal as lookup keys (1 == True == 1.0 in Python): one would shadow the other
             raise UserError(f"task {table.task}: two entries share the key {static!r} {shape!r}")
         seen.add(key)
-        s = statics.setdefault(json.dumps(static, sort_keys=True), len(statics))
-        c = configs.setdefault(json.dumps(config, sort_keys=True), len(configs))
+        s = statics.setdefault(canonical_json(static), len(statics))
+        c = configs.setdefault(canonical_json(config), len(configs))
         rows += [s, *shape, c]
         for col, value in entry.items():
             if col not in ("static", "shape", "config"):
@@ -130,10 +122,8 @@ def build_files(
         check_name("task", table.task)
         doc, stats = _columns(table)
         table_at, stats_at = f"tables/{table.task}.json", f"stats/{table.task}.json"
-        files[table_at] = _dump(doc, compact=True)
-        files[stats_at] = _dump(
-            {"schema_version": SCHEMA_VERSION, "task": table.task, "columns": stats}, True
-        )
+        files[table_at] = json_bytes(doc)
+        files[stats_at] = json_bytes({"schema_version": SCHEMA_VERSION, "task": table.task, "columns": stats})
         tasks[table.task] = {
             "table": table_at,
             "stats": stats_at,
@@ -152,7 +142,7 @@ def build_files(
         "tasks": tasks,
         "files": {rel: hashlib.sha256(data).hexdigest() for rel, data in files.items()},
     }
-    files[MANIFEST] = _dump(manifest)
+    files[MANIFEST] = json_bytes(manifest, indent=1)
     return files
 
 
@@ -179,21 +169,6 @@ class BundleStore(Protocol):
         """Replace a small member atomically: readers see the old bytes or the new, never a mix."""
 
 
-def _write_synced(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _sync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class LocalStore:
     """A store in a local directory (or a mounted volume)."""
 
@@ -217,15 +192,7 @@ class LocalStore:
         return str(publish_local(self.root, name, version, files))
 
     def replace(self, rel: str, data: bytes) -> None:
-        target = safe_member(self.root, rel)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        temp = target.parent / f".{target.name}.{secrets.token_hex(4)}.tmp"
-        try:
-            _write_synced(temp, data)
-            os.replace(temp, target)
-            _sync_dir(target.parent)
-        finally:
-            temp.unlink(missing_ok=True)
+        atomic_write(safe_member(self.root, rel), data, make_parents=True)
 
 
 def publish_local(store: str | Path, name: str, version: str, files: Mapping[str, bytes]) -> Path:
@@ -241,12 +208,13 @@ def publish_local(store: str | Path, name: str, version: str, files: Mapping[str
         for rel in sorted(files, key=lambda r: r == MANIFEST):  # the manifest last
             path = safe_member(staging, rel)
             path.parent.mkdir(parents=True, exist_ok=True)
-            _write_synced(path, files[rel])
+            write_synced(path, files[rel])  # the directory is renamed into place whole, below
         try:
-            os.rename(staging, target)  # fails on a non-empty target: a concurrent publish lost the race
+            # a directory, renamed whole; fails on a non-empty target: a concurrent publish lost the race
+            os.rename(staging, target)  # noqa: TID251
         except OSError:
             raise BundleExistsError(f"bundle {name}/{version} already exists at {target}") from None
-        _sync_dir(target.parent)
+        sync_dir(target.parent)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
@@ -299,7 +267,7 @@ def promote(store: BundleStore, name: str, version: str, channel: str) -> Channe
         previous=previous,
         promoted_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )
-    store.replace(member, _dump(pointer.__dict__))
+    store.replace(member, json_bytes(pointer.__dict__, indent=1))
     return pointer
 
 
@@ -370,24 +338,20 @@ def pack(
     where, _ = resolve(source, None, None, None, fetcher)
     _, raw, files = read_verified(Source(where, fetcher))
     out.parent.mkdir(parents=True, exist_ok=True)
-    temp = out.parent / f".{out.name}.{secrets.token_hex(4)}.tmp"
-    try:
-        with open(temp, "wb") as f:
-            compress = out.name.endswith(("gz", "tgz"))
-            # gzip records a file name and a time in its header: blank both, so equal bundles pack equal
-            stream: Any = gzip.GzipFile(filename="", mode="wb", fileobj=f, mtime=0) if compress else f
-            with tarfile.open(fileobj=stream, mode="w", format=tarfile.PAX_FORMAT) as tar:
-                for rel, data in sorted({**files, MANIFEST: raw}.items(), key=lambda kv: kv[0] == MANIFEST):
-                    info = tarfile.TarInfo(rel)
-                    info.size, info.mode, info.mtime = len(data), 0o644, 0
-                    tar.addfile(info, io.BytesIO(data))
-            if compress:
-                stream.close()
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp, out)
-    finally:
-        temp.unlink(missing_ok=True)
+
+    def write(f: Any) -> None:
+        compress = out.name.endswith(("gz", "tgz"))
+        # gzip records a file name and a time in its header: blank both, so equal bundles pack equal
+        stream: Any = gzip.GzipFile(filename="", mode="wb", fileobj=f, mtime=0) if compress else f
+        with tarfile.open(fileobj=stream, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            for rel, data in sorted({**files, MANIFEST: raw}.items(), key=lambda kv: kv[0] == MANIFEST):
+                info = tarfile.TarInfo(rel)
+                info.size, info.mode, info.mtime = len(data), 0o644, 0
+                tar.addfile(info, io.BytesIO(data))
+        if compress:
+            stream.close()
+
+    atomic_write(out, write)
     return out
 
 
@@ -424,13 +388,13 @@ class BundleDiff:
 
 
 def _by_point(bundle: Bundle, task: str) -> dict[str, dict[str, Any]]:
-    return {json.dumps([e["static"], e["shape"]], sort_keys=True): e for e in bundle.entries(task)}
+    return {canonical_json([e["static"], e["shape"]]): e for e in bundle.entries(task)}
 
 
 def _order(point: str) -> tuple[Any, ...]:
-    """Points in table order: by static key, then shape values as numbers (batch 4 before 16)."""
+    """Points in table order: by static key, then shape (batch 4 before 16)."""
     static, shape = json.loads(point)
-    return json.dumps(static, sort_keys=True), [(k, str(type(v)), v) for k, v in sorted(shape.items())]
+    return value_order(static), value_order(shape)
 
 
 def diff_bundles(old: Bundle, new: Bundle) -> BundleDiff:

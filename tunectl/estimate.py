@@ -7,12 +7,12 @@ takes memory in proportion to its points, not its items.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from tunectl.plan import PlanCount, count_plan
+from tunectl.record import Phase, Record
 from tunectl.spec import Spec, load_spec
 
 
@@ -35,17 +35,16 @@ class DryRun:
 
 
 def dry_run(spec_path: str | Path, results: str | Path | None = None) -> DryRun:
-    """Count ``spec_path``'s work and estimate its time from the rows of ``results`` (if it exists)."""
+    """Count ``spec_path``'s work and estimate its time from the records of ``results`` (if it exists)."""
     spec = load_spec(spec_path)
     counted = count_plan(spec)
     num_points = sum(points for _, points, _ in counted.per_static)
     comparisons = num_points if spec.search.finalists else 0
-    rows = _earlier_rows(spec, results)
-    item_s, comparison_s, n = _durations(rows)
+    item_s, comparison_s, n = _durations(_earlier_records(spec, results))
     return DryRun(counted, comparisons, item_s, comparison_s, n)
 
 
-def _earlier_rows(spec: Spec, results: str | Path | None) -> list[dict[str, Any]]:
+def _earlier_records(spec: Spec, results: str | Path | None) -> list[Record]:
     if results is None or not Path(results).is_dir():
         return []
     from tunectl.results import read_results
@@ -53,19 +52,18 @@ def _earlier_rows(spec: Spec, results: str | Path | None) -> list[dict[str, Any]
     return read_results(results, task=spec.task)
 
 
-def _durations(rows: Iterable[Mapping[str, Any]]) -> tuple[float | None, float | None, int]:
+def _durations(records: Iterable[Record]) -> tuple[float | None, float | None, int]:
     """Median seconds of a measured item and of a comparison (its arms share one span)."""
     items: list[float] = []
     groups: dict[str, tuple[float, float]] = {}
-    for row in rows:
-        start, end = row.get("started_at"), row.get("finished_at")
-        if start is None or end is None:
+    for record in records:
+        if not record.started_at or not record.finished_at:
             continue
-        span = (start.timestamp(), end.timestamp()) if hasattr(start, "timestamp") else (start, end)
-        if row.get("phase") == "final" and row.get("group_id"):
-            lo, hi = groups.get(row["group_id"], span)
-            groups[row["group_id"]] = (min(lo, span[0]), max(hi, span[1]))
-        elif row.get("phase") in ("measure", None):
+        span = (record.started_at, record.finished_at)
+        if record.phase is Phase.FINAL and record.group_id:
+            lo, hi = groups.get(record.group_id, span)
+            groups[record.group_id] = (min(lo, span[0]), max(hi, span[1]))
+        elif record.phase is Phase.MEASURE:
             items.append(span[1] - span[0])
     item_s = statistics.median(items) if items else None
     comparison_s = statistics.median(hi - lo for lo, hi in groups.values()) if groups else None

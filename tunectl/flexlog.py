@@ -41,16 +41,17 @@ import math
 import re
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Union
 
 from tunectl.adapters import FLEX_BACKWARD_TUNABLES, FLEX_KERNEL_TUNABLES, flex_kernel_options
 from tunectl.errors import UserError
-from tunectl.formats import FormatExport, _dump, _point_file, _write_atomic
+from tunectl.files import atomic_write
+from tunectl.formats import FormatExport, _dump, _point_file
 from tunectl.keys import InvalidKeyError, Key, key_text, make_key
 from tunectl.plan import item_id
-from tunectl.record import Record
+from tunectl.record import Phase, Record, Status
 from tunectl.results import ResultsWriter, done_item_ids
 from tunectl.runs import RunInfo, load_run, new_run_id, save_run
 from tunectl.select import select_winners
@@ -296,13 +297,13 @@ def flex_records(entries: Sequence[FlexLogEntry], run_id: str, source: str, stam
                 shape_key=key_text(shape),
                 config_key=key_text(choice.config),
                 is_default=False,
-                status="ok" if ok else "error",
+                status=Status.OK if ok else Status.ERROR,
                 message=where if ok else f"Inductor logged its time as {choice.time_ms} ms ({where})",
                 median_us=us,
                 p20_us=us,
                 p80_us=us,
                 rel_noise=0.0 if ok else None,
-                phase="import",
+                phase=Phase.IMPORT,
                 started_at=stamp,
                 finished_at=stamp,
             )
@@ -317,9 +318,7 @@ def _kernel_options(kernel: str, config: Mapping[str, Any]) -> dict[str, Any]:
 
 def flex_options(records: Sequence[Record]) -> tuple[dict[str, dict[str, Any]], dict[str, int]]:
     """Each point's kernel_options by file name, from its winner per kernel; and what was left out, why."""
-    winners = sorted(
-        select_winners([asdict(r) for r in records]), key=lambda w: KERNELS.index(dict(w.static)["kernel"])
-    )
+    winners = sorted(select_winners(records), key=lambda w: KERNELS.index(dict(w.static)["kernel"]))
     files: dict[str, dict[str, Any]] = {}
     skipped: dict[str, int] = {}
     for winner in winners:
@@ -345,7 +344,7 @@ def write_flex_options(
     result = FormatExport(Path(out), skipped=dict(skipped), num_entries=len(files))
     for name, options in sorted(files.items()):
         path = result.out / TASK / name
-        _write_atomic(path, _dump(options))
+        atomic_write(path, _dump(options), make_parents=True)
         result.files.append(path)
     return result
 

@@ -32,11 +32,8 @@ LightLLM falls back to its nearest run key there: tune with that backend alone f
 from __future__ import annotations
 
 import hashlib
-import json
 import math
-import os
 import re
-import secrets
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +41,7 @@ from typing import Any
 
 from tunectl.adapters import flex_kernel_options
 from tunectl.errors import UserError
+from tunectl.files import atomic_write, canonical_json, json_bytes
 from tunectl.runtime import Bundle
 
 FLEX_FORMAT = "tunectl.flex_kernel_options"
@@ -63,23 +61,10 @@ class FormatExport:
     skipped: dict[str, int] = field(default_factory=dict)  # reason -> count
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
-    try:
-        with open(temp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp, path)
-    finally:
-        temp.unlink(missing_ok=True)
-
-
 def _text(value: Any) -> str:
     if isinstance(value, list):
         return "_".join(map(_text, value))
-    return json.dumps(value) if isinstance(value, bool) or value is None else str(value)
+    return canonical_json(value) if isinstance(value, bool) or value is None else str(value)
 
 
 def _point_file(static: Mapping[str, Any], shape: Mapping[str, Any]) -> str:
@@ -90,7 +75,7 @@ def _point_file(static: Mapping[str, Any], shape: Mapping[str, Any]) -> str:
 
 
 def _dump(obj: Any) -> bytes:
-    return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
+    return json_bytes(obj, indent=2)
 
 
 def export_flex_options(bundle: Bundle, out: str | Path, tasks: Sequence[str] | None = None) -> FormatExport:
@@ -113,7 +98,7 @@ def export_flex_options(bundle: Bundle, out: str | Path, tasks: Sequence[str] | 
                 continue
             options = flex_kernel_options(config)
             rel = f"{task}/{_point_file(entry['static'], entry['shape'])}"
-            _write_atomic(out / rel, _dump(options))
+            atomic_write(out / rel, _dump(options), make_parents=True)
             result.files.append(out / rel)
             stats = {k: entry.get(k) for k in ("median_us", "default_median_us", "speedup", "is_default")}
             listed.append(
@@ -136,7 +121,9 @@ def export_flex_options(bundle: Bundle, out: str | Path, tasks: Sequence[str] | 
         "packages": {k: v for k, v in (env.get("packages") or {}).items() if k in ("torch", "triton")},
         "tasks": index,
     }
-    _write_atomic(out / "index.json", _dump(doc))  # last: the index names only files already written
+    atomic_write(
+        out / "index.json", _dump(doc), make_parents=True
+    )  # last: the index names only files already written
     result.files.append(out / "index.json")
     return result
 
@@ -150,7 +137,7 @@ def lightllm_device_name(device_name: str) -> str:
 
 def lightllm_file_name(static_key: Mapping[str, Any], device: str) -> str:
     """LightLLM's file name for a static key: sorted JSON, no spaces or quotes, ':' as '='."""
-    text = json.dumps(dict(static_key), sort_keys=True)
+    text = canonical_json(dict(static_key))
     text = text.replace(" ", "").replace("\n", "").replace('"', "").replace(":", "=")
     return f"{text}_{device}.json"
 
@@ -200,6 +187,7 @@ def export_lightllm(
     bundle: Bundle,
     out: str | Path,
     task: str = "flash_decode",
+    *,
     kernel_name: str = LIGHTLLM_KERNEL,
     backends: Iterable[str] = ("sgl",),
     triton_version: str | None = None,
@@ -235,6 +223,6 @@ def export_lightllm(
         tables.setdefault(name, {})[str(run_key)] = {"num_splits": int(config.get("num_splits", 0))}
         result.num_entries += 1
     for name, table in sorted(tables.items()):
-        _write_atomic(root / name, _dump(table))
+        atomic_write(root / name, _dump(table), make_parents=True)
         result.files.append(root / name)
     return result

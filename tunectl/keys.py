@@ -23,6 +23,8 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Union
 
+from tunectl.files import canonical_json
+
 Scalar = Union[None, bool, int, float, str]  # noqa: UP007 (a runtime alias)
 Value = Union[Scalar, tuple["Value", ...]]  # noqa: UP007 (recursive)
 Key = tuple[tuple[str, Value], ...]
@@ -93,23 +95,28 @@ def make_key(params: Mapping[str, object]) -> Key:
     return tuple(sorted((name, normalise_value(name, v)) for name, v in params.items()))
 
 
-def _to_json(value: Value) -> object:
+def to_json(value: Any) -> Any:
+    """A value as JSON holds it: tuples (at any depth) become lists. The inverse of ``from_json``."""
     if isinstance(value, tuple):
-        return [_to_json(v) for v in value]
+        return [to_json(v) for v in value]
     return value
 
 
-def _from_json(value: object) -> Value:
+def from_json(value: Any) -> Any:
+    """A value read from JSON as a key holds it: lists (at any depth) become tuples, so it hashes."""
     if isinstance(value, list):
-        return tuple(_from_json(v) for v in value)
-    return value  # type: ignore[return-value]
+        return tuple(from_json(v) for v in value)
+    return value
+
+
+def key_json(key: Key) -> dict[str, Any]:
+    """A key as a JSON object (what a bundle entry stores)."""
+    return {name: to_json(v) for name, v in key}
 
 
 def key_text(key: Key) -> str:
     """Canonical JSON text of a key (an object with sorted names, no whitespace)."""
-    return json.dumps(
-        {name: _to_json(v) for name, v in key}, sort_keys=True, separators=(",", ":"), allow_nan=False
-    )
+    return canonical_json(key_json(key))
 
 
 def key_from_text(text: str) -> Key:
@@ -117,16 +124,21 @@ def key_from_text(text: str) -> Key:
     raw = json.loads(text)
     if not isinstance(raw, dict):
         raise InvalidKeyError(f"a key's text must be a JSON object, not {text!r}")
-    return tuple(sorted((name, _from_json(v)) for name, v in raw.items()))
+    return tuple(sorted((name, from_json(v)) for name, v in raw.items()))
 
 
 def key_dict(key: Key) -> dict[str, Value]:
     return dict(key)
 
 
-def value_order(key: Key) -> tuple[Any, ...]:
-    """A sort key that orders keys by value (batch 4 before 16), values of different types apart."""
-    return tuple((name, type(v).__name__, v if not isinstance(v, tuple) else repr(v)) for name, v in key)
+def value_order(key: Key | Mapping[str, Any]) -> tuple[Any, ...]:
+    """A sort key that orders keys by value (batch 4 before 16), values of different types apart.
+
+    The one ordering of keys: tables, reports, diffs and near-tie breaks all sort with it. A mapping
+    (a bundle entry's key, lists and all) sorts as the key it holds.
+    """
+    items = sorted((n, from_json(v)) for n, v in key.items()) if isinstance(key, Mapping) else key
+    return tuple((name, type(v).__name__, v if not isinstance(v, tuple) else repr(v)) for name, v in items)
 
 
 def key_digest(*keys: Key) -> str:

@@ -3,17 +3,23 @@
 Items are grouped by (static, shape) so a worker builds inputs once per point. The task's default
 config is always planned (selection needs it). Points the task cannot build (capacity) are
 reported, not planned.
+
+Planning is the last moment the task is asked anything: what selection, validation and export need
+from it later (which configs may win, how shapes bucket, the parameter names) is written into the
+run as ``RunFacts``, so they never load a task.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from tunectl.errors import UserError
 from tunectl.keys import Key, key_digest, key_text, make_key
+from tunectl.record import Phase
+from tunectl.registry import PlannedTask, get_task
 from tunectl.spec import Spec
 
 #: a spec planning more items than this runs only once the user confirms it (``submit --yes``)
@@ -37,12 +43,15 @@ class WorkItem:
     shape: Key
     config: Key
     is_default: bool
-    phase: str = "measure"
+    phase: Phase = Phase.MEASURE
     rung: int | None = None
     budget: float = 1.0
     arms: tuple[Key, ...] = ()
     rounds: int = 0
     layers: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "phase", Phase(self.phase))
 
     @property
     def point(self) -> tuple[Key, Key]:
@@ -54,10 +63,61 @@ class WorkItem:
 
 
 @dataclass(frozen=True)
+class RunFacts:
+    """What the decisions need from a run's task, written into the run when it is planned.
+
+    ``unselectable``: (static key text, config key text) pairs measured for reference only, which
+    may never win (``TuningTask.selectable``). ``buckets``: each shape dimension's bucket policy.
+    """
+
+    task: str
+    static_params: tuple[str, ...] = ()
+    shape_params: tuple[str, ...] = ()
+    config_params: tuple[str, ...] = ()
+    buckets: tuple[tuple[str, str], ...] = ()
+    unselectable: frozenset[tuple[str, str]] = field(default_factory=frozenset)
+
+    def selectable(self, static: Key, config: Key) -> bool:
+        return (key_text(static), key_text(config)) not in self.unselectable
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "task": self.task,
+            "static_params": list(self.static_params),
+            "shape_params": list(self.shape_params),
+            "config_params": list(self.config_params),
+            "buckets": dict(self.buckets),
+            "unselectable": sorted(map(list, self.unselectable)),
+        }
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> RunFacts:
+        return cls(
+            task=str(raw["task"]),
+            static_params=tuple(raw.get("static_params", ())),
+            shape_params=tuple(raw.get("shape_params", ())),
+            config_params=tuple(raw.get("config_params", ())),
+            buckets=tuple(sorted(dict(raw.get("buckets", {})).items())),
+            unselectable=frozenset((str(s), str(c)) for s, c in raw.get("unselectable", ())),
+        )
+
+
+def selectable_in(facts: Iterable[RunFacts]) -> Any:
+    """The rule ``select_winners`` takes: a config may win unless a run of its task says otherwise."""
+    barred = {(f.task, *pair) for f in facts for pair in f.unselectable}
+
+    def selectable(task: str, static: Key, config: Key) -> bool:
+        return (task, key_text(static), key_text(config)) not in barred
+
+    return selectable
+
+
+@dataclass(frozen=True)
 class Plan:
     spec: Spec
     items: tuple[WorkItem, ...]
     skipped_points: tuple[tuple[Key, Key, str], ...]  # (static, shape, why)
+    facts: RunFacts = field(default_factory=lambda: RunFacts(""))
 
 
 def item_id(task: str, static: Key, shape: Key, config: Key, *extra: Key) -> str:
@@ -76,26 +136,48 @@ def member_id(group_id: str, config: Key) -> str:
 
 
 def comparison(
-    task: str, static: Key, shape: Key, arms: tuple[Key, ...], phase: str, rounds: int, layers: int = 0
+    task: str, static: Key, shape: Key, arms: tuple[Key, ...], phase: Phase, rounds: int, layers: int = 0
 ) -> WorkItem:
     """An item comparing ``arms`` (the baseline first) at one point, interleaved on one device."""
-    extra = make_key({"phase": phase, "rounds": rounds, "layers": layers, "arms": tuple(map(key_text, arms))})
+    arms_text = tuple(map(key_text, arms))
+    extra = make_key({"phase": str(Phase(phase)), "rounds": rounds, "layers": layers, "arms": arms_text})
     iid = item_id(task, static, shape, arms[0], extra)
     return WorkItem(iid, task, static, shape, arms[0], True, phase, None, 1.0, arms, rounds, layers)
 
 
-def plan(spec: Spec) -> Plan:
-    """Every item of the spec, the task's default config first at each point; ``UserError`` if none."""
+def full_config(task: PlannedTask, config: Mapping[str, Any]) -> Key:
+    """``config`` with the options it leaves implicit filled in, so two spellings plan as one."""
+    return make_key(task.complete_config(dict(config)))
+
+
+def configs_of(task: PlannedTask, static: Key, given: Iterable[Key]) -> tuple[Key, list[Key]]:
+    """The default config at ``static`` and the distinct configs to plan there, the default first."""
+    default = full_config(task, task.default_config(dict(static)))
+    return default, list(dict.fromkeys([default, *(full_config(task, dict(c)) for c in given)]))
+
+
+def plan(spec: Spec, task: PlannedTask | None = None) -> Plan:
+    """The spec's work items, the task's default config first at each point, and the facts the run
+    records (``task``: default, the registered one); ``UserError`` if it plans nothing."""
+    task = task or get_task(spec.task)
     items: list[WorkItem] = []
     skipped: list[tuple[Key, Key, str]] = []
-    for static, configs, shapes in _points(spec, skipped):
+    unselectable: set[tuple[str, str]] = set()
+    for static, default, configs, shapes in _points(spec, task, skipped):
+        unselectable |= {
+            (key_text(static), key_text(c)) for c in configs if not task.selectable(dict(static), dict(c))
+        }
         for shape in shapes:
             for config in configs:
                 iid = item_id(spec.task, static, shape, config)
-                items.append(WorkItem(iid, spec.task, static, shape, config, config == configs[0]))
+                items.append(WorkItem(iid, spec.task, static, shape, config, config == default))
     if not items:
         raise _no_work(spec, skipped)
-    return Plan(spec, tuple(items), tuple(skipped))
+    facts = RunFacts(
+        spec.task, tuple(task.static_params), tuple(task.shape_params), tuple(task.config_params),
+        tuple((d.name, d.bucket) for d in spec.shapes), frozenset(unselectable),
+    )  # fmt: skip
+    return Plan(spec, tuple(items), tuple(skipped), facts)
 
 
 @dataclass(frozen=True)
@@ -111,11 +193,11 @@ class PlanCount:
         return sum(n for _, _, n in self.per_static)
 
 
-def count_plan(spec: Spec) -> PlanCount:
+def count_plan(spec: Spec, task: PlannedTask | None = None) -> PlanCount:
     """The items ``plan(spec)`` makes per static key, in memory proportional to the points only."""
     skipped: list[tuple[Key, Key, str]] = []
     per_static = []
-    for static, configs, shapes in _points(spec, skipped):
+    for static, _, configs, shapes in _points(spec, task or get_task(spec.task), skipped):
         num_points = sum(1 for _ in shapes)
         per_static.append((static, num_points, num_points * len(configs)))
     return PlanCount(spec, tuple(per_static), tuple(skipped))
@@ -132,28 +214,25 @@ def check_size(spec: Spec, limit: int = CONFIRM_ABOVE_ITEMS) -> None:
 
 
 def _points(
-    spec: Spec, skipped: list[tuple[Key, Key, str]]
-) -> Iterator[tuple[Key, list[Key], Iterator[Key]]]:
-    """Per static key: its configs (the default first) and its buildable shapes, lazily."""
-    from tasks.registry import get_task
-
-    task = get_task(spec.task)
-    complete = getattr(task, "complete_config", None)  # fills options a config leaves implicit
+    spec: Spec, task: PlannedTask, skipped: list[tuple[Key, Key, str]]
+) -> Iterator[tuple[Key, Key, list[Key], Iterator[Key]]]:
+    """Per static key: its default config, its configs (the default first) and its buildable shapes,
+    the shapes lazily (a large grid is never held)."""
     for static in spec.static_grid():
-        default = make_key(task.default_config(dict(static)))
-        given = [make_key(complete(dict(c))) if complete else c for c in spec.configs]
-        configs = list(dict.fromkeys([default, *given]))
-        yield static, configs, _buildable(spec, task, static, skipped)
+        default, configs = configs_of(task, static, spec.configs)
+        yield static, default, configs, _buildable(spec, task, static, skipped)
 
 
 def _shapes(spec: Spec) -> Iterator[Key]:
-    """``spec.shape_grid()`` in the same order, one key at a time (a large grid is never held)."""
+    """``spec.shape_grid()`` in the same order, one key at a time."""
     dims = sorted(spec.shapes, key=lambda d: d.name)
     for values in itertools.product(*(d.values for d in dims)):
         yield make_key(dict(zip((d.name for d in dims), values, strict=True)))
 
 
-def _buildable(spec: Spec, task: Any, static: Key, skipped: list[tuple[Key, Key, str]]) -> Iterator[Key]:
+def _buildable(
+    spec: Spec, task: PlannedTask, static: Key, skipped: list[tuple[Key, Key, str]]
+) -> Iterator[Key]:
     for shape in _shapes(spec):
         try:
             why = task.check_point(dict(static), dict(shape))

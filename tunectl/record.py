@@ -1,24 +1,76 @@
-"""One measurement, as a worker returns it and the results dataset stores it. Standard library only."""
+"""One measurement, as a worker returns it and the results dataset stores it. Standard library only.
+
+A ``Record`` is the one currency from the worker onwards: selection, validation and export take
+``Sequence[Record]``. Its keys travel as canonical text (what Parquet stores) and read as typed keys
+(``record.static``, ``.shape``, ``.config``); its choices are ``StrEnum`` members, checked when the
+record is made, so an unknown status never reaches a file. Text exists only at the file edges
+(``Record.from_row`` and ``Record.to_row``).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+import datetime as dt
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from dataclasses import asdict, dataclass, fields
+from enum import StrEnum
+from functools import cached_property
+from typing import Any, TypeVar
 
-#: ok: measured and correct. wrong_result: output differs from the reference (never timed, never wins).
-#: error: the config raised. invalid: the kernel rejects the config at this point. crash: the worker
-#: process died running it (after one retry). timeout: it ran past the per-item deadline.
-#: compile_error: building its kernel failed in a compile process (the compiler raised, or died
-#: twice); compile_timeout: the build ran past the compile timeout. Neither reached a GPU worker.
-STATUSES = ("ok", "wrong_result", "error", "invalid", "crash", "timeout", "compile_error", "compile_timeout")
-FAILED = tuple(s for s in STATUSES if s != "ok")
+from tunectl.keys import Key, key_from_text
 
-#: What a row measured. measure: one config, timed on its own to the spec's noise target. screen: a
-#: cheaper look at one config (a successive-halving rung below the top). final: finalists of one
-#: point timed in interleaved rounds against the default on one device (``speedup*`` is the paired
-#: ratio with its 95 % interval). validate: a bundle's config against the default, each run as an
-#: L-layer stack (``layers``) with a cache-thrashing kernel between layers. import: taken from
-#: another tuner's log, not measured by tunectl.
-PHASES = ("measure", "screen", "final", "validate", "import")
+
+class Status(StrEnum):
+    """How a measurement ended.
+
+    ok: measured and correct. wrong_result: output differs from the reference (never timed, never
+    wins). error: the config raised. invalid: the kernel rejects the config at this point. crash: the
+    worker process died running it (after one retry). timeout: it ran past the per-item deadline.
+    compile_error: building its kernel failed in a compile process (the compiler raised, or died
+    twice). compile_timeout: the build ran past the compile timeout. Neither reached a GPU worker.
+    """
+
+    OK = "ok"
+    WRONG_RESULT = "wrong_result"
+    ERROR = "error"
+    INVALID = "invalid"
+    CRASH = "crash"
+    TIMEOUT = "timeout"
+    COMPILE_ERROR = "compile_error"
+    COMPILE_TIMEOUT = "compile_timeout"
+
+
+class Phase(StrEnum):
+    """What a record measured.
+
+    measure: one config, timed on its own to the spec's noise target. screen: a cheaper look at one
+    config (a successive-halving rung below the top). final: finalists of one point timed in
+    interleaved rounds against the default on one device (``speedup*`` is the paired ratio with its
+    95 % interval). validate: a bundle's config against the default, each run as an L-layer stack
+    (``layers``) with a cache-thrashing kernel between layers. import: taken from another tuner's
+    log, not measured by tunectl.
+    """
+
+    MEASURE = "measure"
+    SCREEN = "screen"
+    FINAL = "final"
+    VALIDATE = "validate"
+    IMPORT = "import"
+
+
+class TimingMethod(StrEnum):
+    """How a sample was timed: eager calls, or CUDA-graph replay. Empty where nothing was timed."""
+
+    NONE = ""
+    EAGER = "eager"
+    GRAPH = "graph"
+
+
+STATUSES = tuple(Status)
+FAILED = tuple(s for s in Status if s is not Status.OK)
+PHASES = tuple(Phase)
+#: Records that measured configs one call at a time (``validate`` records time whole stacks).
+SELECTED_PHASES = (Phase.MEASURE, Phase.SCREEN, Phase.FINAL, Phase.IMPORT)
+_ENUMS: dict[str, type[StrEnum]] = {"status": Status, "phase": Phase, "measure_mode": TimingMethod}
 
 
 @dataclass(frozen=True)
@@ -30,7 +82,7 @@ class Record:
     shape_key: str
     config_key: str
     is_default: bool
-    status: str
+    status: Status
     message: str = ""
     median_us: float | None = None
     p20_us: float | None = None
@@ -43,9 +95,9 @@ class Record:
     max_abs_err: float | None = None
     compile_ms: float | None = None
     bytes_moved: int | None = None
-    measure_mode: str = ""
-    phase: str = "measure"
-    group_id: str = ""  # the comparison (final, validate) the row is one arm of
+    measure_mode: TimingMethod = TimingMethod.NONE
+    phase: Phase = Phase.MEASURE
+    group_id: str = ""  # the comparison (final, validate) the record is one arm of
     rung: int | None = None
     rounds: int | None = None
     layers: int | None = None
@@ -65,5 +117,83 @@ class Record:
     started_at: float = 0.0
     finished_at: float = 0.0
 
+    def __post_init__(self) -> None:
+        for name, enum in _ENUMS.items():
+            value = getattr(self, name)
+            if type(value) is not enum:
+                try:
+                    object.__setattr__(self, name, enum(value))
+                except ValueError:
+                    choices = ", ".join(repr(str(m)) for m in enum)
+                    raise ValueError(f"record {name} {value!r} is not one of {choices}") from None
 
+    @cached_property
+    def static(self) -> Key:
+        return key_from_text(self.static_key)
+
+    @cached_property
+    def shape(self) -> Key:
+        return key_from_text(self.shape_key)
+
+    @cached_property
+    def config(self) -> Key:
+        return key_from_text(self.config_key)
+
+    @property
+    def ok(self) -> bool:
+        return self.status is Status.OK
+
+    @property
+    def point(self) -> Point:
+        """Where the record measured: (task, device name, static key text, shape key text)."""
+        return (self.task, self.device_name, self.static_key, self.shape_key)
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Record:
+        """A record from a stored row (a Parquet row as a dict); rows written by older versions read too.
+
+        Missing or null text fields read as empty, a missing phase as ``measure`` (rows from before
+        phases were full measurements), timestamps as seconds since the epoch.
+        """
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            if f.name not in row:
+                continue
+            value = row[f.name]
+            if f.name in _TIMESTAMPS:
+                value = value.timestamp() if isinstance(value, dt.datetime) else float(value or 0.0)
+            elif value is None and f.type in ("str", "Phase", "TimingMethod"):
+                value = "measure" if f.name == "phase" else ""
+            values[f.name] = value
+        if not values.get("phase"):
+            values["phase"] = Phase.MEASURE
+        return cls(**values)
+
+    def to_row(self) -> dict[str, Any]:
+        """The record as a plain dict of text and numbers (what a file or a data frame holds)."""
+        return {name: str(v) if isinstance(v, StrEnum) else v for name, v in asdict(self).items()}
+
+
+Point = tuple[str, str, str, str]  # (task, device name, static key text, shape key text)
 RECORD_FIELDS = tuple(f.name for f in fields(Record))
+_TIMESTAMPS = ("started_at", "finished_at")
+
+K = TypeVar("K", bound=Hashable)
+
+
+def latest(
+    records: Iterable[Record], key: Callable[[Record], K], rank: Callable[[Record], Any] | None = None
+) -> dict[K, Record]:
+    """Per ``key``, the record with the highest ``rank`` (default: the last finished); on a tie the later one.
+
+    The one rule for "which of several records counts": a retry's record over the one it replaced,
+    a full measurement over a screening look (``rank``).
+    """
+    order = rank or (lambda r: r.finished_at)
+    out: dict[K, Record] = {}
+    for record in records:
+        k = key(record)
+        old = out.get(k)
+        if old is None or order(record) >= order(old):
+            out[k] = record
+    return out

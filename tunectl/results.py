@@ -16,19 +16,33 @@ This is the one module that imports pyarrow.
 from __future__ import annotations
 
 import logging
-import os
 import secrets
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from tunectl.errors import ResultsError, UserError
-from tunectl.record import RECORD_FIELDS, Record
+from tunectl.files import atomic_write, move
+from tunectl.record import RECORD_FIELDS, Record, latest
 
 SCHEMA_VERSION = 1
 PARTITIONS = ("task", "run_id")
+__all__ = [
+    "SCHEMA_VERSION",
+    "BadPart",
+    "NoResultsError",
+    "ResultsWriter",
+    "atomic_write",
+    "check_parts",
+    "done_item_ids",
+    "part_files",
+    "quarantine",
+    "read_part",
+    "read_part_records",
+    "read_results",
+    "require_dataset",
+]
 _TIMESTAMPS = ("started_at", "finished_at")
 log = logging.getLogger("tunectl.results")
 _FLOAT_SUFFIXES = ("_us", "_ms", "_noise", "_err", "_mhz", "_c", "_w")
@@ -128,7 +142,7 @@ class ResultsWriter:
         schema = _schema()
         columns: dict[str, list[Any]] = {n: [] for n in schema.names}
         for rec in records:
-            row = asdict(rec)
+            row = rec.to_row()
             for name in columns:
                 value = row[name]
                 columns[name].append(int(value * 1e6) if name in _TIMESTAMPS else value)
@@ -136,28 +150,6 @@ class ResultsWriter:
             {n: pa.array(v, type=schema.field(n).type) for n, v in columns.items()}, schema=schema
         )
         atomic_write(path, lambda f: pq.write_table(table, f, compression="zstd"))
-
-
-def atomic_write(path: Path, write: Any) -> None:
-    """Write through ``write(file)`` to a hidden temp file, fsync, rename into place, fsync the dir.
-
-    On any failure the temp file is removed and ``path`` is untouched.
-    """
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 #: columns every part has had since the first schema; a file without them is not a results part
@@ -233,12 +225,24 @@ def read_part(path: str | Path) -> Any:
     return pa.Table.from_arrays(columns, schema=schema)
 
 
+def read_part_records(path: str | Path) -> list[Record]:
+    """One part's records, its task and run taken from its directories; ``BadPart`` if it holds a row
+    this version cannot read (a status or phase it does not know)."""
+    path = Path(path)
+    rows = read_part(path).to_pylist()
+    task, run_id = path.parent.parent.name.removeprefix("task="), path.parent.name.removeprefix("run_id=")
+    try:
+        return [Record.from_row({**row, "task": task, "run_id": run_id}) for row in rows]
+    except (ValueError, TypeError) as exc:
+        raise BadPart(path, f"holds a row this version cannot read ({_first_line(exc)})") from None
+
+
 def check_parts(root: str | Path) -> list[BadPart]:
     """Every part of the dataset that cannot be read, with why (``tunectl doctor``)."""
     bad = []
     for path in part_files(root):
         try:
-            read_part(path)
+            read_part_records(path)
         except BadPart as exc:
             bad.append(exc)
     return bad
@@ -256,8 +260,7 @@ def quarantine(root: str | Path, paths: Iterable[str | Path]) -> list[tuple[Path
         target = root / QUARANTINE_DIR / path.resolve().relative_to(root.resolve())
         if target.exists():  # the same name quarantined before: keep both
             target = target.with_name(f"{target.name}.{secrets.token_hex(3)}")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(path, target)
+        move(path, target, make_parents=True)
         moved.append((path, target))
     return moved
 
@@ -268,41 +271,29 @@ def _first_line(exc: BaseException) -> str:
 
 def read_results(
     root: str | Path, run_ids: Iterable[str] | None = None, task: str | None = None
-) -> list[dict[str, Any]]:
-    """Rows of the dataset (optionally of some runs or one task), one per (run, item), as dicts.
+) -> list[Record]:
+    """The dataset's records (optionally of some runs or one task), one per (run, item): the last
+    finished where an item was measured again. Rows written by earlier versions read as records too.
 
     A part that cannot be read (damaged, empty, of another schema) is skipped with one warning per
     file and process (logger ``tunectl.results``); ``tunectl doctor`` lists and quarantines them.
     """
-    import pyarrow as pa
-
     root = Path(root)
     if not root.is_dir():
         raise NoResultsError(f"no results dataset at {root} (no such directory); give --results DIR")
-    tables = []
+    records: list[Record] = []
     for path in part_files(root, run_ids, task):
         try:
-            table = read_part(path)
+            records.extend(read_part_records(path))
         except BadPart as exc:
             if str(path) not in _warned:
                 _warned.add(str(path))
                 log.warning("skipped %s; `tunectl doctor --results %s` lists such files", exc, root)
-            continue
-        run_dir, task_dir = path.parent.name, path.parent.parent.name
-        table = table.append_column("task", pa.array([task_dir.removeprefix("task=")] * table.num_rows))
-        tables.append(table.append_column("run_id", pa.array([run_dir.removeprefix("run_id=")] * len(table))))
-    rows = pa.concat_tables(tables).to_pylist() if tables else []
-    latest: dict[tuple[str, str], dict[str, Any]] = {}
-    for row in rows:
-        row["phase"] = row["phase"] or "measure"  # rows written before phases existed
-        key = (row["run_id"], row["item_id"])
-        if key not in latest or row["finished_at"] >= latest[key]["finished_at"]:
-            latest[key] = row
-    return list(latest.values())
+    return list(latest(records, key=lambda r: (r.run_id, r.item_id)).values())
 
 
 def done_item_ids(root: str | Path, run_id: str) -> set[str]:
     """Items of ``run_id`` that already have a row (what a resume skips)."""
     if not Path(root).is_dir():
         return set()
-    return {row["item_id"] for row in read_results(root, run_ids=[run_id])}
+    return {record.item_id for record in read_results(root, run_ids=[run_id])}

@@ -26,7 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from tunectl.errors import UserError
-from tunectl.results import atomic_write
+from tunectl.files import atomic_write, json_bytes
+from tunectl.plan import RunFacts
+from tunectl.record import Record
 
 RUNS_DIR = "_runs"
 log = logging.getLogger("tunectl.results")
@@ -55,6 +57,8 @@ class RunInfo:
     #: where kernels were built and cached: the cache root, whether every node sees it, the compile
     #: processes per node, the environment pointing each library's cache there, what they built
     compile: dict[str, Any] = field(default_factory=dict)
+    #: what selection and export need from the task, fixed at plan time (None: a run written before)
+    facts: RunFacts | None = None
 
     def with_state(self, state: str, message: str = "") -> RunInfo:
         assert state in STATES, state
@@ -97,8 +101,8 @@ def run_log_path(root: str | Path, run_id: str) -> Path:
 def save_run(root: str | Path, info: RunInfo) -> None:
     directory = Path(root) / RUNS_DIR
     directory.mkdir(parents=True, exist_ok=True)
-    data = json.dumps(asdict(info), indent=2, sort_keys=True).encode()
-    atomic_write(directory / f"{info.run_id}.json", lambda f: f.write(data))
+    raw = {**asdict(info), "facts": info.facts.to_json() if info.facts else None}
+    atomic_write(directory / f"{info.run_id}.json", json_bytes(raw, indent=2))
 
 
 def run_exists(root: str | Path, run_id: str) -> bool:
@@ -112,11 +116,23 @@ def load_run(root: str | Path, run_id: str) -> RunInfo:
         known = {f.name for f in fields(RunInfo)}
         raw = {k: v for k, v in raw.items() if k in known}  # written by a newer tunectl: keep what we know
         raw["pools"] = tuple(raw.get("pools", ()))
+        raw["facts"] = RunFacts.from_json(raw["facts"]) if raw.get("facts") else None
         return RunInfo(**raw)
     except FileNotFoundError:
         raise UserError(f"no run {run_id!r} in {root}; `tunectl runs --results {root}` lists them") from None
-    except (ValueError, TypeError, AttributeError, OSError) as exc:
+    except (ValueError, TypeError, KeyError, AttributeError, OSError) as exc:
         raise UserError(f"run metadata {path} is unreadable: {exc}") from None
+
+
+def run_facts(info: RunInfo) -> RunFacts | None:
+    """The run's plan-time facts; for a run recorded before runs carried them, planned again from its
+    spec (None for a run without a spec, such as one imported from another tuner's log)."""
+    if info.facts is not None or not info.spec_text:
+        return info.facts
+    from tunectl.plan import plan
+    from tunectl.spec import parse_spec
+
+    return plan(parse_spec(info.spec_text, info.spec_path, info.name, stored=True)).facts
 
 
 def list_runs(root: str | Path) -> list[RunInfo]:
@@ -157,16 +173,16 @@ def require_runs(root: str | Path, run_ids: Iterable[str]) -> None:
             raise UserError(f"no run {run_id!r} in {root}; `tunectl runs --results {root}` lists them")
 
 
-def summarise_runs(root: str | Path, rows: list[dict[str, Any]] | None = None) -> list[RunSummary]:
-    """Every run under ``root`` with its row counts by status (``rows``: the dataset, if already read)."""
+def summarise_runs(root: str | Path, records: list[Record] | None = None) -> list[RunSummary]:
+    """Every run under ``root`` with its record counts by status (``records``: the dataset, if read)."""
     runs = list_runs(root)
-    if rows is None and runs:
+    if records is None and runs:
         from tunectl.results import read_results
 
-        rows = read_results(root)
+        records = read_results(root)
     counts: dict[str, Counter[str]] = {}
-    for row in rows or []:
-        counts.setdefault(row["run_id"], Counter())[row["status"]] += 1
+    for record in records or []:
+        counts.setdefault(record.run_id, Counter())[str(record.status)] += 1
     return [RunSummary(r, effective_state(r), dict(counts.get(r.run_id, Counter()))) for r in runs]
 
 

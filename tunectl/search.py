@@ -37,7 +37,7 @@ from typing import Protocol
 
 from tunectl.keys import Key, key_text, make_key
 from tunectl.plan import Plan, WorkItem, comparison, in_pool, item_id
-from tunectl.record import Record
+from tunectl.record import Phase, Record
 from tunectl.spec import SearchSpec
 
 Measured = dict[Key, Record]  # a point's records at one fidelity, by config
@@ -75,7 +75,7 @@ class Looks:
         """A full measurement of ``config`` (budget 1), or a screening look at ``budget`` on ``rung``."""
         extra = (make_key({"rung": rung, "budget": budget}),) if budget < 1.0 else ()
         iid = self.pooled(item_id(self.task, point.static, point.shape, config, *extra))
-        phase = "screen" if budget < 1.0 else "measure"
+        phase = Phase.SCREEN if budget < 1.0 else Phase.MEASURE
         return WorkItem(iid, self.task, point.static, point.shape, config, config == point.default, phase,
                         rung, budget)  # fmt: skip
 
@@ -162,7 +162,7 @@ class Search:
         self.settings = settings or plan.spec.search
         self.strategy = strategy_of(self.settings)
         self.looks = Looks(plan.spec.task, pool)
-        self._select = _task_rule(plan.spec.task)
+        self._select = plan.facts.selectable  # written into the run when it was planned
         grouped: dict[tuple[Key, Key], list[WorkItem]] = {}
         for item in plan.items:
             grouped.setdefault(item.point, []).append(item)
@@ -233,7 +233,7 @@ class Search:
         if not finalists:
             return None
         arms = (point.default, *finalists)
-        item = comparison(self.looks.task, point.static, point.shape, arms, "final", s.rounds)
+        item = comparison(self.looks.task, point.static, point.shape, arms, Phase.FINAL, s.rounds)
         return dataclasses.replace(item, item_id=self.looks.pooled(item.item_id))
 
 
@@ -252,9 +252,3 @@ def ranked_configs(
     """Configs measured ok, fastest first by ``time_us`` (ties in canonical order)."""
     ok = [(time_us(r), key_text(c), c) for c, r in measured.items() if r.status == "ok"]
     return [c for _, _, c in sorted(ok, key=lambda t: (t[0], t[1]))]
-
-
-def _task_rule(task: str) -> Callable[[Key, Key], bool]:
-    from tunectl.select import task_selectable
-
-    return lambda static, config: task_selectable(task, static, config)

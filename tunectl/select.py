@@ -17,19 +17,22 @@ median among those wins, ties in canonical order. Where a config was measured se
 latest measurement at the highest fidelity counts (a full measurement over a screening look).
 
 Each winner says why it won: its speedup, the interval, and what it rests on.
+
+``select_winners`` is a pure function of its records: the order they come in changes nothing, and
+whether a config may win (``selectable``) is a fact the caller passes in, read from the runs'
+plan-time facts (``tunectl.plan.RunFacts``), never from a task.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from functools import cache
 from typing import Any
 
-from tunectl.keys import Key, key_from_text, value_order
+from tunectl.keys import Key, value_order
+from tunectl.record import SELECTED_PHASES, Phase, Point, Record, Status, latest
 
-#: Rows that measured configs one call at a time (``validate`` rows time whole stacks: not selected on).
-SELECTED_PHASES = ("measure", "screen", "final", "import")
+__all__ = ["SELECTED_PHASES", "Selectable", "Winner", "latest_comparisons", "select_winners"]
 
 
 @dataclass(frozen=True)
@@ -71,152 +74,155 @@ class Winner:
         return f"{self.speedup:.3f}x over the default (p20-p80 band {interval}), beyond both configs' noise"
 
 
-def _latest(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, ...], Mapping[str, Any]]:
-    """Per (task, device, static, shape, config): the latest row at the highest fidelity."""
-    latest: dict[tuple[str, ...], Mapping[str, Any]] = {}
-    for row in rows:
-        key = (row["task"], row["device_name"], row["static_key"], row["shape_key"], row["config_key"])
-        old = latest.get(key)
-        if old is None or (_fidelity(row), row["finished_at"]) >= (_fidelity(old), old["finished_at"]):
-            latest[key] = row
-    return latest
-
-
-def _fidelity(row: Mapping[str, Any]) -> int:
-    return 0 if row.get("phase") == "screen" else 1
-
-
 Selectable = Callable[[str, Key, Key], bool]  # (task, static, config) -> may it win?
 
 
-@cache
-def _task_rule(task: str) -> Callable[[Mapping[str, Any], Mapping[str, Any]], bool] | None:
-    from tasks.registry import get_task, task_names
-
-    return getattr(get_task(task), "selectable", None) if task in task_names() else None
+def every_config(task: str, static: Key, config: Key) -> bool:
+    """The selectable rule of a task that measures nothing for reference only."""
+    return True
 
 
-def task_selectable(task: str, static: Key, config: Key) -> bool:
-    """The task's own rule (``TuningTask.selectable``), where it declares one."""
-    rule = _task_rule(task)
-    return True if rule is None else bool(rule(dict(static), dict(config)))
-
-
-def _beats(row: Mapping[str, Any], default: Mapping[str, Any]) -> bool:
-    margin = max(row["rel_noise"] or 0.0, default["rel_noise"] or 0.0)
-    return bool(row["median_us"] * (1.0 + margin) < default["median_us"])
+def _fidelity(record: Record) -> tuple[int, tuple[float, str, str]]:
+    """A full measurement counts over a screening look; then the later one (then a fixed order)."""
+    return (0 if record.phase is Phase.SCREEN else 1, _order(record))
 
 
 def select_winners(
-    rows: Iterable[Mapping[str, Any]],
-    selectable: Selectable = task_selectable,
+    records: Iterable[Record],
+    *,
+    selectable: Selectable = every_config,
     margin: float = 0.0,
     tie: float = 0.02,
 ) -> list[Winner]:
-    """One winner per (task, device, static, shape) that has at least one ok, selectable measurement."""
-    rows = list(rows)
-    finals = latest_comparisons(rows, "final")
-    singles: dict[Point, list[Mapping[str, Any]]] = {}
-    for row in rows:
-        phase = row.get("phase") or "measure"  # rows from before phases were full measurements
-        if phase != "final" and phase in SELECTED_PHASES:
-            singles.setdefault(_point(row), []).append(row)
+    """One winner per (task, device, static, shape) that has at least one ok, selectable measurement.
+
+    Pure: the same records in any order give the same winners, ordered by point in value order.
+    """
+    records = list(records)
+    finals = latest_comparisons(records, Phase.FINAL)
+    singles: dict[Point, list[Record]] = {}
+    for record in records:
+        if record.phase is not Phase.FINAL and record.phase in SELECTED_PHASES:
+            singles.setdefault(record.point, []).append(record)
     winners = []
-    for point in sorted(singles.keys() | finals.keys()):
-        task, device, static_text, shape_text = point
-        static = key_from_text(static_text)
-
-        def eligible(r: Mapping[str, Any], static: Key = static, task: str = task) -> bool:
-            return r["status"] == "ok" and selectable(task, static, key_from_text(r["config_key"]))
-
-        group = list(_latest(singles.get(point, [])).values())
+    for point in singles.keys() | finals.keys():
+        group = list(latest(singles.get(point, []), key=lambda r: r.config_key, rank=_fidelity).values())
         final = finals.get(point, [])
-        winner = _from_finals(final, eligible, margin, tie) if final else None
-        if winner is None:
-            winner = _from_singles(group, eligible)
-        if winner is None:
-            continue
-        best, default, fields = winner
-        winners.append(
-            Winner(
-                task=task,
-                device_name=device,
-                static=static,
-                shape=key_from_text(shape_text),
-                config=key_from_text(best["config_key"]),
-                is_default=bool(best["is_default"]),
-                median_us=best["median_us"],
-                p20_us=best["p20_us"],
-                p80_us=best["p80_us"],
-                rel_noise=best["rel_noise"],
-                num_samples=best["num_samples"],
-                default_median_us=default["median_us"] if default else None,
-                run_id=best["run_id"],
-                num_configs=len(group) or len(final),
-                num_failed=sum(r["status"] != "ok" for r in group or final),
-                **fields,
-            )
-        )
+
+        def eligible(r: Record) -> bool:
+            return r.ok and selectable(r.task, r.static, r.config)
+
+        choice = _from_finals(final, eligible, margin, tie) if final else None
+        choice = choice or _from_singles(group, eligible)
+        if choice is not None:
+            winners.append(_winner(choice, group or final))
     return sorted(winners, key=lambda w: (w.task, w.device_name, value_order(w.static), value_order(w.shape)))
 
 
-Choice = tuple[Mapping[str, Any], Mapping[str, Any] | None, dict[str, Any]]  # (winner, default, fields)
+Choice = tuple[Record, Record | None, dict[str, Any]]  # (winner, default, statistics fields)
 
 
-Point = tuple[str, str, str, str]  # (task, device name, static key, shape key)
+def _winner(choice: Choice, group: Sequence[Record]) -> Winner:
+    best, default, fields = choice
+    return Winner(
+        task=best.task,
+        device_name=best.device_name,
+        static=best.static,
+        shape=best.shape,
+        config=best.config,
+        is_default=best.is_default,
+        median_us=best.median_us,  # type: ignore[arg-type]  # an ok record has its times
+        p20_us=best.p20_us,  # type: ignore[arg-type]
+        p80_us=best.p80_us,  # type: ignore[arg-type]
+        rel_noise=best.rel_noise,  # type: ignore[arg-type]
+        num_samples=best.num_samples,  # type: ignore[arg-type]
+        default_median_us=default.median_us if default else None,
+        run_id=best.run_id,
+        num_configs=len(group),
+        num_failed=sum(not r.ok for r in group),
+        **fields,
+    )
 
 
-def _point(row: Mapping[str, Any]) -> Point:
-    return (row["task"], row["device_name"], row["static_key"], row["shape_key"])
-
-
-def latest_comparisons(rows: Iterable[Mapping[str, Any]], phase: str) -> dict[Point, list[Mapping[str, Any]]]:
+def latest_comparisons(records: Iterable[Record], phase: Phase) -> dict[Point, list[Record]]:
     """Per point, the arms of its latest comparison (finals, or a validation) of ``phase``."""
-    groups: dict[Point, dict[str, list[Mapping[str, Any]]]] = {}
-    for row in rows:
-        if row.get("phase") == phase:
-            groups.setdefault(_point(row), {}).setdefault(row["group_id"] or row["run_id"], []).append(row)
-    return {
-        at: max(by_id.values(), key=lambda g: (max(r["finished_at"] for r in g), g[0]["group_id"] or ""))
-        for at, by_id in groups.items()
+    groups: dict[Point, dict[str, list[Record]]] = {}
+    for record in records:
+        if record.phase == phase:
+            by_id = groups.setdefault(record.point, {})
+            by_id.setdefault(record.group_id or record.run_id, []).append(record)
+    newest = {
+        at: by_id[max(by_id, key=lambda gid: _finished(by_id[gid], gid))] for at, by_id in groups.items()
     }
+    return {at: _arms(group) for at, group in newest.items()}
+
+
+def _arms(group: list[Record]) -> list[Record]:
+    """One record per config of a comparison: its latest (a retried arm counts once), in config order."""
+    arms = latest(group, key=lambda r: r.config_key, rank=_order)
+    return [arms[c] for c in sorted(arms)]
+
+
+def _order(record: Record) -> tuple[float, str, str]:
+    return (record.finished_at, record.run_id, record.item_id)
+
+
+def _finished(arms: list[Record], group_id: str) -> tuple[float, str]:
+    return (max(r.finished_at for r in arms), group_id)
 
 
 def _from_finals(
-    group: list[Mapping[str, Any]], eligible: Callable[[Mapping[str, Any]], bool], margin: float, tie: float
+    group: list[Record], eligible: Callable[[Record], bool], margin: float, tie: float
 ) -> Choice | None:
     """The finals' verdict, or None where they cannot give one (the default failed in them)."""
-    default = next((r for r in group if r["is_default"]), None)
-    if default is None or default["status"] != "ok":
+    default = next((r for r in group if r.is_default), None)
+    if default is None or default.status is not Status.OK:
         return None
-    rounds = default["rounds"]
-    beat = [r for r in group if not r["is_default"] and eligible(r) and r["speedup_lo"] > 1.0 + margin]
+    basis = {"basis": "final", "rounds": default.rounds}
+    beat = [r for r in group if not r.is_default and eligible(r) and _lo(r) > 1.0 + margin]
     if not beat:
-        others = [r for r in group if not r["is_default"] and r["status"] == "ok"]
-        best_other = max(others, key=lambda r: r["speedup"], default=None)
-        lo, hi = (best_other["speedup_lo"], best_other["speedup_hi"]) if best_other else (1.0, 1.0)
-        return default, default, {"speedup": 1.0, "speedup_lo": lo, "speedup_hi": hi,
-                                  "basis": "final", "rounds": rounds}  # fmt: skip
-    top = max(r["speedup"] for r in beat)
-    tied = [r for r in beat if r["speedup"] * (1.0 + tie) >= top]
-    best = min(tied, key=lambda r: value_order(key_from_text(r["config_key"])))  # by value: 64 before 128
-    return best, default, {"speedup": best["speedup"], "speedup_lo": best["speedup_lo"],
-                           "speedup_hi": best["speedup_hi"], "basis": "final", "rounds": rounds}  # fmt: skip
+        others = [r for r in group if not r.is_default and r.ok]
+        best_other = max(others, key=_speedup, default=None)
+        lo, hi = (best_other.speedup_lo, best_other.speedup_hi) if best_other else (1.0, 1.0)
+        return default, default, {"speedup": 1.0, "speedup_lo": lo, "speedup_hi": hi, **basis}
+    top = max(map(_speedup, beat))
+    tied = [r for r in beat if _speedup(r) * (1.0 + tie) >= top]
+    best = min(tied, key=lambda r: value_order(r.config))  # by value: 64 before 128
+    return best, default, {"speedup": best.speedup, "speedup_lo": best.speedup_lo,
+                           "speedup_hi": best.speedup_hi, **basis}  # fmt: skip
 
 
-def _from_singles(
-    group: list[Mapping[str, Any]], eligible: Callable[[Mapping[str, Any]], bool]
-) -> Choice | None:
-    ok = sorted((r for r in group if eligible(r)), key=lambda r: (r["median_us"], r["config_key"]))
+def _speedup(record: Record) -> float:
+    return record.speedup or 0.0
+
+
+def _lo(record: Record) -> float:
+    return record.speedup_lo or 0.0
+
+
+def _median(record: Record) -> float:
+    return record.median_us if record.median_us is not None else float("inf")
+
+
+def _from_singles(group: list[Record], eligible: Callable[[Record], bool]) -> Choice | None:
+    ok = sorted((r for r in group if eligible(r)), key=lambda r: (_median(r), r.config_key))
     if not ok:
         return None
-    default = next((r for r in ok if r["is_default"]), None)
+    default = next((r for r in ok if r.is_default), None)
     if default is None:
         return ok[0], None, {}
-    best = next((r for r in ok if not r["is_default"] and _beats(r, default)), default)
-    fields = {
-        "speedup": default["median_us"] / best["median_us"],
-        "speedup_lo": default["p20_us"] / best["p80_us"],
-        "speedup_hi": default["p80_us"] / best["p20_us"],
-    }
+    best = next((r for r in ok if not r.is_default and _beats(r, default)), default)
+    d, b = _times(default), _times(best)
+    fields = {"speedup": d[1] / b[1], "speedup_lo": d[0] / b[2], "speedup_hi": d[2] / b[0]}
     return best, default, fields
+
+
+def _times(record: Record) -> tuple[float, float, float]:
+    """(p20, median, p80) of an ok record (an imported time is all three)."""
+    median = _median(record)
+    return (record.p20_us or median, median, record.p80_us or median)
+
+
+def _beats(record: Record, default: Record) -> bool:
+    margin = max(record.rel_noise or 0.0, default.rel_noise or 0.0)
+    return _median(record) * (1.0 + margin) < _median(default)

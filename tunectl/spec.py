@@ -41,6 +41,7 @@ from tunectl.buckets import POLICIES, is_pow2
 from tunectl.errors import SpecError
 from tunectl.keys import InvalidKeyError, Key, Value, make_key, normalise_value, product
 from tunectl.params import Rule
+from tunectl.registry import PlannedTask, get_task, task_names
 
 _TOP_LEVEL = {"name", "description", "task", "static", "shapes", "configs", "measure", "resources", "search"}
 
@@ -160,12 +161,6 @@ def parse_spec(text: str, path: str = "<spec>", default_name: str = "spec", *, s
     return _Validator(path, check_values=not stored).spec(raw, text, default_name)
 
 
-def _task_rules(task: object) -> Mapping[str, Rule]:
-    from tasks.base import param_rules_of
-
-    return param_rules_of(task)
-
-
 class _Validator:
     def __init__(self, path: str, *, check_values: bool = True) -> None:
         self.path, self.check_values = path, check_values
@@ -183,7 +178,7 @@ class _Validator:
             raise self.fail("name", "must be a string of letters, digits, '-' and '_'")
         if not isinstance(raw.get("description", ""), str):
             raise self.fail("description", "must be a string")
-        rules = _task_rules(task)
+        rules = task.param_rules
         static = self.static(raw.get("static"), task.static_params, rules)
         shapes = self.shapes(raw.get("shapes"), task.shape_params)
         configs = self.configs(raw.get("configs"), task.config_params, rules)
@@ -205,11 +200,11 @@ class _Validator:
             raise self.fail("search.rounds", "finals need at least 2 rounds for an interval")
         return search
 
-    def task(self, name: object) -> Any:
-        from tasks.registry import get_task, task_names
-
+    def task(self, name: object) -> PlannedTask:
         if name is None:
             raise self.fail("task", "missing")
+        if not task_names():
+            raise self.fail("task", "no tasks are installed (entry points 'tunectl.tasks'); reinstall")
         if not isinstance(name, str) or name not in task_names():
             raise self.fail("task", f"unknown task {name!r}; known tasks: {', '.join(task_names())}")
         return get_task(name)

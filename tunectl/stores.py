@@ -34,7 +34,7 @@ from urllib.parse import unquote, urlsplit
 
 from tunectl.bundle import MANIFEST, LocalStore, check_name
 from tunectl.errors import BundleError, BundleExistsError, UserError
-from tunectl.runtime import BundleReadError, Fetcher, join_uri, register_fetcher, uri_scheme
+from tunectl.runtime import Bundle, BundleReadError, Fetcher, join_uri, register_fetcher, uri_scheme
 
 #: schemes pyarrow.fs.FileSystem.from_uri understands (each only where the installed pyarrow has it)
 SCHEMES = ("s3", "gs", "gcs", "hdfs", "viewfs", "abfs", "abfss")
@@ -221,9 +221,10 @@ def fetcher_for(source: str) -> Fetcher | None:
     return fetch if uri_scheme(source) not in (None, "file") else None
 
 
-def read_bundle(source: str | os.PathLike[str]) -> Any:
-    """A bundle from a directory, archive or store URI, for tools (the environment is not checked)."""
+def read_bundle(source: str | os.PathLike[str], *, env_policy: str = "off") -> Bundle:
+    """A bundle from a directory, archive, store URI or STORE/NAME@CHANNEL, for tools: the one way
+    commands and reports load one (``env_policy``: whether to check this machine's environment)."""
     from tunectl.runtime import load_bundle
 
     text = os.fspath(source)
-    return load_bundle(text, env_policy="off", fetcher=fetcher_for(text))
+    return load_bundle(text, env_policy=env_policy, fetcher=fetcher_for(text))

@@ -9,13 +9,14 @@ themselves go through the orchestrator like any other (``orchestrator.validate``
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from tunectl.keys import Key, key_from_text, key_text, make_key, value_order
-from tunectl.plan import WorkItem, comparison, in_pool
-from tunectl.record import Record
+from tunectl.keys import Key, key_from_text, key_text, value_order
+from tunectl.plan import WorkItem, comparison, full_config, in_pool
+from tunectl.record import Phase, Record
+from tunectl.registry import PlannedTask, get_task
 from tunectl.select import latest_comparisons
 from tunectl.spec import Spec
 from tunectl.stats import Speedup, geomean_speedup
@@ -32,27 +33,28 @@ class Skipped:
 
 
 def plan_validation(
-    spec: Spec, bundle: Any, layers: int = DEFAULT_LAYERS, rounds: int = DEFAULT_ROUNDS
+    spec: Spec,
+    bundle: Any,
+    *,
+    layers: int = DEFAULT_LAYERS,
+    rounds: int = DEFAULT_ROUNDS,
+    task: PlannedTask | None = None,
 ) -> tuple[list[WorkItem], list[Skipped]]:
-    """One item per point of ``spec`` where ``bundle`` chose a config other than the default."""
-    from tasks.registry import get_task
+    """One item per point of ``spec`` where ``bundle`` chose a config other than the default.
 
+    ``task``: the spec's task (default: the registered one).
+    """
     if layers < 1 or rounds < 2:
         raise ValueError("need at least 1 layer and 2 rounds")
-    task = get_task(spec.task)
-    complete = getattr(task, "complete_config", None)
-
-    def full(config: Mapping[str, Any]) -> Key:
-        return make_key(complete(dict(config)) if complete else config)
-
+    task = task or get_task(spec.task)
     items: list[WorkItem] = []
     skipped: list[Skipped] = []
     for static in spec.static_grid():
-        default = full(task.default_config(dict(static)))
+        default = full_config(task, task.default_config(dict(static)))
         for shape in spec.shape_grid():
             why = task.check_point(dict(static), dict(shape))
             found = bundle.lookup(spec.task, **dict(static), **dict(shape)) if why is None else None
-            config = full(found) if found is not None else None
+            config = full_config(task, found) if found is not None else None
             if why is None and config is None:
                 why = "the bundle has no entry here"
             if why is None and config == default:
@@ -61,7 +63,7 @@ def plan_validation(
                 skipped.append(Skipped(static, shape, why or ""))
                 continue
             arms = (default, config)
-            items.append(comparison(spec.task, static, shape, arms, "validate", rounds, layers))
+            items.append(comparison(spec.task, static, shape, arms, Phase.VALIDATE, rounds, layers))
     return items, skipped
 
 
@@ -77,7 +79,7 @@ class FixedItems:
         done = {r.item_id for r in records}
         return [i for i in self.items if not set(i.record_ids()) <= done]
 
-    def follow_up(self, records: Sequence[Record | Mapping[str, Any]]) -> list[WorkItem]:
+    def follow_up(self, records: Sequence[Record]) -> list[WorkItem]:
         return []
 
     def estimate(self) -> int:
@@ -125,35 +127,33 @@ class Validation:
         return [p for p in self.points if p.speedup is None]
 
 
-def read_validation(rows: Iterable[Mapping[str, Any]]) -> Validation:
-    """The verdict per point from a validation run's rows (the latest comparison at each point)."""
-    latest = latest_comparisons(rows, "validate")
+def read_validation(records: Iterable[Record]) -> Validation:
+    """The verdict per point from a validation run's records (the latest comparison at each point)."""
+    latest = latest_comparisons(records, Phase.VALIDATE)
     order = sorted(latest, key=lambda at: (at[0], at[1], at[2], value_order(key_from_text(at[3]))))
     points = [_verdict(latest[at]) for at in order]
-    layers = max((r["layers"] or 0 for g in latest.values() for r in g), default=0)
-    rounds = max((r["rounds"] or 0 for g in latest.values() for r in g), default=0)
+    layers = max((r.layers or 0 for g in latest.values() for r in g), default=0)
+    rounds = max((r.rounds or 0 for g in latest.values() for r in g), default=0)
     return Validation(tuple(points), layers, rounds)
 
 
-def _verdict(group: list[Mapping[str, Any]]) -> PointVerdict:
-    default = next(r for r in group if r["is_default"])
-    bundle = next((r for r in group if not r["is_default"]), default)
-    ok = default["status"] == "ok" and bundle["status"] == "ok"
-    speedup = (
-        Speedup(bundle["speedup"], bundle["speedup_lo"], bundle["speedup_hi"], bundle["rounds"])
-        if ok
-        else None
-    )
-    failed = bundle if bundle["status"] != "ok" else default
+def _verdict(group: list[Record]) -> PointVerdict:
+    default = next(r for r in group if r.is_default)
+    bundle = next((r for r in group if not r.is_default), default)
+    ok = default.ok and bundle.ok
+    speedup = None
+    if ok and bundle.speedup is not None and bundle.rounds is not None:
+        speedup = Speedup(bundle.speedup, bundle.speedup_lo, bundle.speedup_hi, bundle.rounds)  # type: ignore[arg-type]
+    failed = bundle if not bundle.ok else default
     return PointVerdict(
-        key_from_text(default["static_key"]),
-        key_from_text(default["shape_key"]),
-        key_from_text(bundle["config_key"]),
-        "ok" if ok else failed["status"],
-        default["median_us"] if ok else None,
-        bundle["median_us"] if ok else None,
+        default.static,
+        default.shape,
+        bundle.config,
+        "ok" if ok else str(failed.status),
+        default.median_us if ok else None,
+        bundle.median_us if ok else None,
         speedup,
-        "" if ok else failed["message"],
+        "" if ok else failed.message,
     )
 
 

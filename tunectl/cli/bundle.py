@@ -6,7 +6,6 @@ A SOURCE is a bundle directory (``bundles/quickstart/1``), an archive (``quickst
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any
 
 import typer
@@ -14,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tunectl.cli._common import library_errors
+from tunectl.files import canonical_json
 
 app = typer.Typer(help="Inspect, check, compare, promote and pack published bundles.", no_args_is_help=True)
 
@@ -23,19 +23,17 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of 
 DEFAULT_STORE = "bundles"
 
 
-def _load(source: str, env_policy: str = "off") -> Any:
-    from tunectl.runtime import load_bundle
-    from tunectl.stores import fetcher_for
-
-    return load_bundle(source, env_policy=env_policy, fetcher=fetcher_for(source))
-
-
 @app.command("list")
 def list_cmd(
     store: Annotated[str, typer.Argument(help="Bundle store: a directory or a URI.")] = DEFAULT_STORE,
     as_json: JsonOption = False,
 ) -> None:
-    """List every published version in STORE, and the channels that point at them."""
+    """List every published version in STORE, and the channels that point at them.
+
+    Example:
+    \b
+        tunectl bundle list bundles --json
+    """
     from tunectl.bundle import list_bundles
     from tunectl.stores import open_store
 
@@ -43,10 +41,9 @@ def list_cmd(
         versions, channels = list_bundles(open_store(store))
     if as_json:
         typer.echo(
-            json.dumps(
+            canonical_json(
                 {"versions": [v.__dict__ for v in versions], "channels": [c.__dict__ for c in channels]},
                 indent=2,
-                default=list,
             )
         )
         return
@@ -72,9 +69,16 @@ def verify_cmd(
         typer.Option(help="Also check this machine against the bundle's environment: off | warn | strict."),
     ] = "off",
 ) -> None:
-    """Check a bundle's schema version, every file's checksum and every table; exit 1 if anything is wrong."""
+    """Check a bundle's schema version, every file's checksum and every table; exit 1 if anything is wrong.
+
+    Example:
+    \b
+        tunectl bundle verify bundles/quickstart@stable --env-policy warn
+    """
+    from tunectl.stores import read_bundle
+
     with library_errors():
-        bundle = _load(source, env_policy)
+        bundle = read_bundle(source, env_policy=env_policy)
         bundle.check_statistics()
     via = f" (channel {bundle.channel})" if bundle.channel else ""
     tasks = ", ".join(bundle.tasks)
@@ -87,23 +91,26 @@ def show_cmd(
     entries: Annotated[bool, typer.Option("--entries", help="Also list every entry.")] = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Print a verified bundle's manifest: environment, source runs, tasks and their bucketing."""
+    """Print a verified bundle's manifest: environment, source runs, tasks and their bucketing.
+
+    Example:
+    \b
+        tunectl bundle show bundles/quickstart/1 --entries
+    """
+    from tunectl.stores import read_bundle
+
     with library_errors():
-        bundle = _load(source)
+        bundle = read_bundle(source)
         rows = {task: list(bundle.entries(task)) for task in bundle.tasks} if entries else {}
     if as_json:
-        typer.echo(
-            json.dumps(
-                {**bundle.manifest, **({"entries": rows} if entries else {})}, indent=2, sort_keys=True
-            )
-        )
+        typer.echo(canonical_json({**bundle.manifest, **({"entries": rows} if entries else {})}, indent=2))
         return
     m = bundle.manifest
     typer.echo(
         f"{bundle.name}/{bundle.version}  created {m.get('created_at')}  tunectl {m.get('tunectl_version')}"
     )
     typer.echo(f"location: {bundle.location}" + (f"  (channel {bundle.channel})" if bundle.channel else ""))
-    typer.echo(f"environment: {json.dumps(m['environment'], sort_keys=True)}")
+    typer.echo(f"environment: {canonical_json(m['environment'])}")
     typer.echo(f"source runs: {', '.join(m.get('source_runs', [])) or '-'}")
     for task in bundle.tasks:
         info = bundle.task_info(task)
@@ -113,16 +120,20 @@ def show_cmd(
             f"{', '.join(info['static_params'])}; shapes {dims}"
         )
     for task, listed in rows.items():
-        table = Table(title=task, title_justify="left")
-        for col in ("static", "shape", "config", "median µs", "speedup", "why"):
-            table.add_column(col, justify="right" if col in ("median µs", "speedup") else "left")
-        for e in listed:
-            speedup = f"{e['speedup']:.2f}x" if e.get("speedup") else "-"
-            table.add_row(
-                _kv(e["static"]), _kv(e["shape"]), _kv(e["config"]), _us(e.get("median_us")), speedup,
-                e.get("reason") or "-",
-            )  # fmt: skip
-        Console().print(table)
+        Console().print(_entries_table(task, listed))
+
+
+def _entries_table(task: str, listed: list[dict[str, Any]]) -> Table:
+    table = Table(title=task, title_justify="left")
+    for col in ("static", "shape", "config", "median µs", "speedup", "why"):
+        table.add_column(col, justify="right" if col in ("median µs", "speedup") else "left")
+    for e in listed:
+        speedup = f"{e['speedup']:.2f}x" if e.get("speedup") else "-"
+        table.add_row(
+            _kv(e["static"]), _kv(e["shape"]), _kv(e["config"]), _us(e.get("median_us")), speedup,
+            e.get("reason") or "-",
+        )  # fmt: skip
+    return table
 
 
 def _kv(mapping: dict[str, Any] | None) -> str:
@@ -142,11 +153,17 @@ def diff_cmd(
     ] = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Per task and point: configs added, removed or changed between OLD and NEW, and the median change."""
+    """Per task and point: configs added, removed or changed between OLD and NEW, and the median change.
+
+    Example:
+    \b
+        tunectl bundle diff bundles/quickstart/1 bundles/quickstart/2
+    """
     from tunectl.bundle import diff_bundles
+    from tunectl.stores import read_bundle
 
     with library_errors():
-        diff = diff_bundles(_load(old), _load(new))
+        diff = diff_bundles(read_bundle(old), read_bundle(new))
     shown = [c for c in diff.changes if show_all or c.kind != "same"]
     if as_json:
         doc = {
@@ -155,14 +172,17 @@ def diff_cmd(
             "notes": list(diff.notes),
             "changes": [{**c.__dict__, "median_change": c.median_change} for c in shown],
         }
-        typer.echo(json.dumps(doc, indent=2, sort_keys=True))
+        typer.echo(canonical_json(doc, indent=2))
         return
     for note in diff.notes:
         typer.echo(note)
     counts = ", ".join(f"{diff.count(k)} {k}" for k in ("added", "removed", "changed", "same"))
     typer.echo(f"{diff.old} -> {diff.new}: {counts}")
-    if not shown:
-        return
+    if shown:
+        Console(width=200).print(_changes_table(shown))
+
+
+def _changes_table(shown: list[Any]) -> Table:
     table = Table(title_justify="left")
     for col in ("task", "static", "shape", "", "old config", "new config", "old µs", "new µs", "median"):
         table.add_column(col, justify="right" if col in ("old µs", "new µs", "median") else "left")
@@ -179,7 +199,7 @@ def diff_cmd(
             _us(c.new_median_us),
             change,
         )
-    Console(width=200).print(table)
+    return table
 
 
 def _plain(mapping: Any) -> dict[str, Any] | None:
@@ -193,7 +213,12 @@ def promote_cmd(
     channel: Annotated[str, typer.Option(help="Channel to move (stable, canary, ...).")] = "stable",
     store: StoreOption = DEFAULT_STORE,
 ) -> None:
-    """Point CHANNEL of NAME at VERSION (verified first); the pointer is replaced atomically."""
+    """Point CHANNEL of NAME at VERSION (verified first); the pointer is replaced atomically.
+
+    Example:
+    \b
+        tunectl bundle promote quickstart 2 --channel stable --store bundles
+    """
     from tunectl.bundle import promote
     from tunectl.stores import open_store
 
@@ -209,7 +234,12 @@ def pack_cmd(
     out: Annotated[str, typer.Argument(help="The archive to write (.tar.gz, .tgz or .tar).")],
     force: Annotated[bool, typer.Option("--force", help="Replace OUT if it exists.")] = False,
 ) -> None:
-    """Write a verified bundle as one archive, which load_bundle and TUNECTL_BUNDLE accept as is."""
+    """Write a verified bundle as one archive, which load_bundle and TUNECTL_BUNDLE accept as is.
+
+    Example:
+    \b
+        tunectl bundle pack bundles/quickstart/1 quickstart-1.tar.gz
+    """
     from tunectl.bundle import pack
     from tunectl.stores import fetcher_for
 

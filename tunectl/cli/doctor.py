@@ -20,7 +20,9 @@ def doctor_cmd(
     parts, and unreadable run metadata. Readers skip them with a warning; --quarantine moves them
     out of the dataset. Exits 1 while such files remain.
 
-    Example: tunectl doctor --results ./tunectl-results --quarantine
+    Example:
+    \b
+        tunectl doctor --results tunectl-results --quarantine
     """
     from tunectl.results import check_parts, require_dataset
     from tunectl.results import quarantine as move_aside

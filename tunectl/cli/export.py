@@ -43,14 +43,20 @@ def export_bundle_cmd(
     rounds: RoundsOption = DEFAULT_ROUNDS,
     address: AddressOption = None,
 ) -> None:
-    """Pick the winners from RESULTS and publish them as an immutable, checksummed bundle."""
+    """Pick the winners from RESULTS and publish them as an immutable, checksummed bundle.
+
+    Example:
+    \b
+        tunectl export bundle --name quickstart --version 1 --out bundles
+        tunectl export bundle --name quickstart --version 2 --validate
+    """
     if validate:
         _export_validated(name, version, out, results, run, task, device, spec or [], layers, rounds, address)
         return
-    from tunectl.export import export_bundle
+    from tunectl.export import Scope, export_bundle
 
     with library_errors():
-        res = export_bundle(results, name, version, out, run_ids=run, task=task, device=device)
+        res = export_bundle(results, name, version, out, Scope(run, task, device))
     typer.echo(
         f"published {name}/{version} at {res.location}: {len(res.winners)} entries "
         f"from {len(res.source_runs)} run(s)"
@@ -66,14 +72,16 @@ def _export_validated(
     from orchestrator.validate import export_validated
     from tunectl.cli.submit import RunBar, connect_trapping_cancel, run_events
     from tunectl.cli.validate import print_validation
+    from tunectl.export import Scope
 
     console = Console()
     bar = RunBar(console)
     try:
         with library_errors(), run_events(console):
             res, runs = export_validated(
-                results, name, version, out, run, task, device, specs, layers, rounds,
-                progress=bar, address=address, connect_fn=connect_trapping_cancel,
+                results, name, version, out, Scope(run, task, device), specs=specs,
+                layers=layers, rounds=rounds, progress=bar, address=address,
+                connect_fn=connect_trapping_cancel,
             )  # fmt: skip
     finally:
         bar.stop()
@@ -82,12 +90,6 @@ def _export_validated(
         f"validated and published {name}/{version} at {res.location}: {len(res.winners)} entries "
         f"from {len(res.source_runs)} run(s)"
     )
-
-
-def _bundle(source: str) -> Any:
-    from tunectl.stores import read_bundle
-
-    return read_bundle(source)
 
 
 def _report(what: str, res: Any) -> None:
@@ -104,11 +106,17 @@ def export_flex_cmd(
         list[str] | None, typer.Option(help="Only these tasks. Default: flex_prefill, flash_decode.")
     ] = None,
 ) -> None:
-    """Write a bundle's FlexAttention winners as kernel_options JSON (fwd_* keys), one file per point."""
+    """Write a bundle's FlexAttention winners as kernel_options JSON (fwd_* keys), one file per point.
+
+    Example:
+    \b
+        tunectl export flex-options bundles/h200-attention/2 --out flex-options
+    """
     from tunectl.formats import export_flex_options
+    from tunectl.stores import read_bundle
 
     with library_errors():
-        res = export_flex_options(_bundle(source), out, task)
+        res = export_flex_options(read_bundle(source), out, task)
     _report("kernel_options", res)
 
 
@@ -124,11 +132,18 @@ def export_lightllm_cmd(
     triton_version: Annotated[str | None, typer.Option(help="Default: the bundle's triton version.")] = None,
     sgl_version: Annotated[str | None, typer.Option(help="Default: the bundle's sgl-kernel version.")] = None,
 ) -> None:
-    """Write a bundle's flash_attn_with_kvcache decode winners in LightLLM's autotune layout."""
+    """Write a bundle's flash_attn_with_kvcache decode winners in LightLLM's autotune layout.
+
+    Example:
+    \b
+        tunectl export lightllm bundles/h200-attention/2 --out lightllm/autotune_kernel_configs
+    """
     from tunectl.formats import export_lightllm
+    from tunectl.stores import read_bundle
 
     with library_errors():
         res = export_lightllm(
-            _bundle(source), out, task, kernel_name, backend or ("sgl",), triton_version, sgl_version
-        )
+            read_bundle(source), out, task, kernel_name=kernel_name, backends=backend or ("sgl",),
+            triton_version=triton_version, sgl_version=sgl_version,
+        )  # fmt: skip
     _report("run keys", res)

@@ -30,7 +30,12 @@ def flex_log_cmd(
         Path | None, typer.Option("--options-out", help="Also write each shape's winners as kernel_options.")
     ] = None,
 ) -> None:
-    """Import every choice Inductor timed in a FlexAttention autotuning log (task inductor_flex)."""
+    """Import every choice Inductor timed in a FlexAttention autotuning log (task inductor_flex).
+
+    Example:
+    \b
+        tunectl import flex-log autotune.log --results tunectl-results --options-out flex-options
+    """
     from tunectl.flexlog import import_flex_log
 
     with library_errors():

@@ -22,7 +22,12 @@ def report_cmd(
     ] = Path("tunectl-report"),
 ) -> None:
     """Write an HTML report: speedup per shape, noise per measurement, validation verdicts, imported
-    autotuning logs, a bundle's entries."""
+    autotuning logs, a bundle's entries.
+
+    Example:
+    \b
+        tunectl report --results tunectl-results --bundle bundles/quickstart/1 --out report
+    """
     from tunectl.report import write_report
 
     with library_errors():

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -14,6 +13,8 @@ from rich.table import Table
 
 from tunectl.cli._common import DEFAULT_RESULTS, ResultsOption, library_errors
 from tunectl.cli.render import compact, winners_table
+from tunectl.files import canonical_json
+from tunectl.record import Record
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON (one array) instead of a table.")]
 
@@ -21,7 +22,9 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON (one array)
 def list_runs_cmd(results: ResultsOption = DEFAULT_RESULTS, as_json: JsonOption = False) -> None:
     """List runs with their state and counts: planned, done, failed by status.
 
-    Example: tunectl runs --results ./tunectl-results --json
+    Example:
+    \b
+        tunectl runs --results tunectl-results --json
     """
     from tunectl.results import require_dataset
     from tunectl.runs import summarise_runs
@@ -29,7 +32,7 @@ def list_runs_cmd(results: ResultsOption = DEFAULT_RESULTS, as_json: JsonOption 
     with library_errors():
         runs = summarise_runs(require_dataset(results))
     if as_json:
-        typer.echo(json.dumps([_run_json(r) for r in runs], indent=2))
+        typer.echo(canonical_json([_run_json(r) for r in runs], indent=2))
         return
     table = Table(title=f"runs in {results}", title_justify="left")
     width = max((len(r.info.run_id) for r in runs), default=3)
@@ -80,7 +83,12 @@ def logs_cmd(
         bool, typer.Option("--follow", "-f", help="With --address: keep printing until it ends.")
     ] = False,
 ) -> None:
-    """Show a run's log: its job's output with --address, else its event log under --results."""
+    """Show a run's log: its job's output with --address, else its event log under --results.
+
+    Example:
+    \b
+        tunectl logs r20261129-221300-3fa2c1 --address http://HEAD:8265 --follow
+    """
     from tunectl.runs import load_run, run_log_path
 
     if address:
@@ -102,7 +110,12 @@ def logs_cmd(
 
 
 def cancel_cmd(run: RunArg, results: ResultsOption = DEFAULT_RESULTS, address: AddressOption = None) -> None:
-    """Stop a run: its job with --address, else its driver on this machine. Resume it later."""
+    """Stop a run: its job with --address, else its driver on this machine. Resume it later.
+
+    Example:
+    \b
+        tunectl cancel r20261129-221300-3fa2c1
+    """
     if address:
         from orchestrator.jobs import cancel_job
 
@@ -121,8 +134,8 @@ RunsOption = Annotated[list[str] | None, typer.Option(help="Only these runs (rep
 TaskOption = Annotated[str | None, typer.Option(help="Only this task.")]
 
 
-def read_checked(results: Path, run: list[str] | None, task: str | None) -> list[dict[str, Any]]:
-    """The rows asked for, once the dataset and every named run are known to exist (else exit 2)."""
+def read_checked(results: Path, run: list[str] | None, task: str | None) -> list[Record]:
+    """The records asked for, once the dataset and every named run are known to exist (else exit 2)."""
     from tunectl.results import read_results, require_dataset
     from tunectl.runs import require_runs
 
@@ -139,23 +152,25 @@ def winners_cmd(
 ) -> None:
     """Show the winner per point: config, median, the default's median, speedup.
 
-    Example: tunectl winners --results ./tunectl-results --run r20261129-221300-3fa2c1
+    Example:
+    \b
+        tunectl winners --run r20261129-221300-3fa2c1 --task decode_attention
     """
-    from tunectl.select import select_winners
+    from tunectl.export import facts_of, select_from
 
-    rows = read_checked(results, run, task)
+    records = read_checked(results, run, task)
     with library_errors():
-        winners = select_winners(rows)
+        winners = select_from(records, facts_of(results, (r.run_id for r in records)))
     if as_json:
-        typer.echo(json.dumps([_winner_json(w) for w in winners], indent=2))
+        typer.echo(canonical_json([_winner_json(w) for w in winners], indent=2))
         return
     console = Console()
     for name in sorted({w.task for w in winners}):
         console.print(winners_table([w for w in winners if w.task == name], title=f"winners: {name}"))
     if not winners:
-        failed = sum(r["status"] != "ok" for r in rows)
+        failed = sum(not r.ok for r in records)
         console.print(
-            f"no winners: none of {len(rows)} measurement(s) finished with status ok"
+            f"no winners: none of {len(records)} measurement(s) finished with status ok"
             + (f"; `tunectl failures --results {results}` lists the {failed} that failed" if failed else "")
         )
 
@@ -175,37 +190,28 @@ def failures_cmd(
     """List the measurements that failed (error, wrong_result, invalid, crash, timeout) with their
     messages.
 
-    Example: tunectl failures --results ./tunectl-results --run r20261129-221300-3fa2c1 --json
+    Example:
+    \b
+        tunectl failures --run r20261129-221300-3fa2c1 --json
     """
-    rows = read_checked(results, run, task)
-    failed = sorted((r for r in rows if r["status"] != "ok"), key=lambda r: (r["run_id"], r["finished_at"]))
+    records = read_checked(results, run, task)
+    failed = sorted((r for r in records if not r.ok), key=lambda r: (r.run_id, r.finished_at))
     if as_json:
-        keys = (
-            "run_id",
-            "task",
-            "item_id",
-            "phase",
-            "status",
-            "message",
-            "static_key",
-            "shape_key",
-            "config_key",
-        )
-        typer.echo(json.dumps([{k: r[k] for k in keys} for r in failed], indent=2))
+        row_of = (r.to_row() for r in failed)
+        typer.echo(canonical_json([{k: row[k] for k in _FAILURE_FIELDS} for row in row_of], indent=2))
         return
     table = Table(title=f"failed measurements in {results}", title_justify="left")
-    table.add_column("run", no_wrap=True, min_width=max((len(r["run_id"]) for r in failed), default=3))
+    table.add_column("run", no_wrap=True, min_width=max((len(r.run_id) for r in failed), default=3))
     for col in ("status", "shape", "config", "message"):
         table.add_column(col, overflow="fold")
     for r in failed:
-        table.add_row(r["run_id"], r["status"], _compact_text(r["shape_key"]), _compact_text(r["config_key"]),
-                      (r["message"] or "").strip().splitlines()[0][:300] if r["message"] else "")  # fmt: skip
+        message = r.message.strip().splitlines()[0][:300] if r.message.strip() else ""
+        table.add_row(r.run_id, str(r.status), compact(r.shape), compact(r.config), message)
     console = Console()
     console.print(table)
-    console.print(f"{len(failed)} failed of {len(rows)} measurement(s)")
+    console.print(f"{len(failed)} failed of {len(records)} measurement(s)")
 
 
-def _compact_text(key_text: str) -> str:
-    from tunectl.keys import key_from_text
-
-    return compact(key_from_text(key_text))
+#: what ``failures --json`` says of each failed measurement
+_FAILURE_FIELDS = ("run_id", "task", "item_id", "phase", "status", "message", "static_key", "shape_key",
+                   "config_key")  # fmt: skip

@@ -116,88 +116,106 @@ def run_events(console: Console) -> Iterator[None]:
         logger.propagate = propagate
 
 
+SpecArg = Annotated[
+    Path | None, typer.Argument(help="Tuning spec (TOML). Not needed with --resume.", show_default=False)
+]
+SubmitAddressOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Ray cluster to join (auto, HOST:6379, ray://HEAD:10001); with --job the dashboard, "
+        "http://HEAD:8265. Default: a local instance."
+    ),
+]
+ResumeOption = Annotated[
+    str | None, typer.Option(help="Finish an interrupted run: measure only what it lacks.")
+]
+NumGpusOption = Annotated[
+    int | None, typer.Option(help="Local instance only: GPUs to offer Ray (default: detected).")
+]
+JobOption = Annotated[
+    bool,
+    typer.Option(
+        "--job",
+        help="Submit through Ray's Job Submission API: the driver runs on the "
+        "cluster (--address http://HEAD:8265; --results is a path on the cluster).",
+    ),
+]
+FollowOption = Annotated[
+    bool, typer.Option("--follow", help="With --job: print the job's log until it ends.")
+]
+CompileAheadOption = Annotated[
+    bool | None,
+    typer.Option(
+        "--compile-ahead/--no-compile-ahead",
+        help="Prepare the next config while timing the current one (keeps the GPU busy during "
+        "compiles; only for tasks whose prepare is host-only). Default: off.",
+    ),
+]
+CompileWorkersOption = Annotated[
+    int | None,
+    typer.Option(
+        min=0,
+        help="Compile processes per node, building kernels ahead into the on-disk caches so that "
+        "GPU workers only load them; 0: workers compile for themselves. Default: from the node's "
+        "spare cores on GPU nodes, none on GPU-less ones.",
+    ),
+]
+CompileCacheOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Root of every kernel library's on-disk compile cache (Inductor, Triton, "
+        "flash-attn-4). Default: tunectl-compile-cache in each node's temp dir, kept between runs."
+    ),
+]
+CompileCacheSharedOption = Annotated[
+    bool,
+    typer.Option(
+        "--compile-cache-shared",
+        help="--compile-cache is on storage every node sees: build each kernel once per cluster.",
+    ),
+]
+CompileTimeoutOption = Annotated[
+    float, typer.Option(min=1.0, help="Seconds a kernel may take to build before it is a compile_timeout.")
+]
+RunIdOption = Annotated[str | None, typer.Option(hidden=True, help="The id of a new run (set by --job).")]
+DryRunOption = Annotated[
+    bool,
+    typer.Option(
+        "--dry-run",
+        help="Count the items per static key and estimate the time from earlier runs; measure nothing.",
+    ),
+]
+YesOption = Annotated[
+    bool, typer.Option("--yes", help="Run a spec that plans more items than the size guard allows.")
+]
+
+
 def submit(
-    spec: Annotated[
-        Path | None, typer.Argument(help="Tuning spec (TOML). Not needed with --resume.", show_default=False)
-    ] = None,
-    address: Annotated[
-        str | None,
-        typer.Option(
-            help="Ray cluster to join (auto, HOST:6379, ray://HEAD:10001); with --job the dashboard, "
-            "http://HEAD:8265. Default: a local instance."
-        ),
-    ] = None,
+    spec: SpecArg = None,
+    address: SubmitAddressOption = None,
     results: ResultsOption = DEFAULT_RESULTS,
-    resume: Annotated[
-        str | None, typer.Option(help="Finish an interrupted run: measure only what it lacks.")
-    ] = None,
-    num_gpus: Annotated[
-        int | None, typer.Option(help="Local instance only: GPUs to offer Ray (default: detected).")
-    ] = None,
-    job: Annotated[
-        bool,
-        typer.Option(
-            "--job",
-            help="Submit through Ray's Job Submission API: the driver runs on the "
-            "cluster (--address http://HEAD:8265; --results is a path on the cluster).",
-        ),
-    ] = False,
-    follow: Annotated[
-        bool, typer.Option("--follow", help="With --job: print the job's log until it ends.")
-    ] = False,
-    compile_ahead: Annotated[
-        bool | None,
-        typer.Option(
-            "--compile-ahead/--no-compile-ahead",
-            help="Prepare the next config while timing the current one (keeps the GPU busy during "
-            "compiles; only for tasks whose prepare is host-only). Default: off.",
-        ),
-    ] = None,
-    compile_workers: Annotated[
-        int | None,
-        typer.Option(
-            min=0,
-            help="Compile processes per node, building kernels ahead into the on-disk caches so that "
-            "GPU workers only load them; 0: workers compile for themselves. Default: from the node's "
-            "spare cores on GPU nodes, none on GPU-less ones.",
-        ),
-    ] = None,
-    compile_cache: Annotated[
-        str | None,
-        typer.Option(
-            help="Root of every kernel library's on-disk compile cache (Inductor, Triton, "
-            "flash-attn-4). Default: tunectl-compile-cache in each node's temp dir, kept between runs."
-        ),
-    ] = None,
-    compile_cache_shared: Annotated[
-        bool,
-        typer.Option(
-            "--compile-cache-shared",
-            help="--compile-cache is on storage every node sees: build each kernel once per cluster.",
-        ),
-    ] = False,
-    compile_timeout: Annotated[
-        float,
-        typer.Option(min=1.0, help="Seconds a kernel may take to build before it is a compile_timeout."),
-    ] = 600.0,
-    run_id: Annotated[
-        str | None, typer.Option(hidden=True, help="The id of a new run (set by --job).")
-    ] = None,
-    dry_run: Annotated[
-        bool,
-        typer.Option(
-            "--dry-run",
-            help="Count the items per static key and estimate the time from earlier runs; measure nothing.",
-        ),
-    ] = False,
-    yes: Annotated[
-        bool, typer.Option("--yes", help="Run a spec that plans more items than the size guard allows.")
-    ] = False,
+    resume: ResumeOption = None,
+    num_gpus: NumGpusOption = None,
+    job: JobOption = False,
+    follow: FollowOption = False,
+    compile_ahead: CompileAheadOption = None,
+    compile_workers: CompileWorkersOption = None,
+    compile_cache: CompileCacheOption = None,
+    compile_cache_shared: CompileCacheSharedOption = False,
+    compile_timeout: CompileTimeoutOption = 600.0,
+    run_id: RunIdOption = None,
+    dry_run: DryRunOption = False,
+    yes: YesOption = False,
 ) -> None:
     """Plan SPEC's shape x config work, measure it on a Ray cluster, stream results to Parquet.
     Exits 1 when the run produced no usable (ok) measurement.
 
-    Example: tunectl submit configs/quickstart.toml --dry-run
+    Example:
+    \b
+        tunectl submit configs/quickstart.toml --results tunectl-results
+        tunectl submit configs/quickstart.toml --dry-run
+        tunectl submit --resume r20261129-221300-3fa2c1
+        tunectl submit configs/h200/flash_decode.toml --compile-cache /mnt/cache --compile-cache-shared
     """
     if dry_run:
         if spec is None:
@@ -213,47 +231,49 @@ def submit(
         return
     from orchestrator.builds import CompileOptions
     from orchestrator.submit import submit as run_submit
-    from tunectl.results import read_results
-    from tunectl.select import select_winners
+    from tunectl.spec import load_spec
 
     console = Console()
     bar = RunBar(console)
     try:
         with library_errors(), run_events(console):
             out = run_submit(
-                str(spec) if spec else None,
-                results,
-                address=address,
-                resume=resume,
-                progress=bar,
-                num_gpus=num_gpus,
-                run_id=run_id,
-                compile_ahead=compile_ahead,
+                load_spec(spec) if spec else None, results, resume=resume, progress=bar, run_id=run_id,
+                address=address, num_gpus=num_gpus, compile_ahead=compile_ahead,
                 connect_fn=connect_trapping_cancel,
                 compile_options=CompileOptions(
                     compile_workers, compile_cache, compile_cache_shared, compile_timeout
                 ),
                 confirm_above=None if yes else CONFIRM_ABOVE_ITEMS,
-            )
+            )  # fmt: skip
     except KeyboardInterrupt as exc:
         bar.stop()
         raise fail(stopped_message(exc, results), 130) from None
     finally:
         bar.stop()
+    _print_summary(console, out, results)
+
+
+def _print_summary(console: Console, out: Any, results: Path) -> None:
+    """What the run did: its counts, the points it skipped, and its winners."""
+    from tunectl.export import facts_of, select_from
+    from tunectl.results import read_results
+
     counts = ", ".join(f"{n} {s}" for s, n in sorted(out.statuses.items()))
     console.print(
         f"run [bold]{out.run_id}[/] finished in {out.seconds:.1f} s: {counts or 'nothing to do'}"
         + (f" ({out.num_skipped_done} already measured)" if out.num_skipped_done else "")
     )
+    assert out.plan is not None  # a spec's run has its plan
     for static, shape, why in out.plan.skipped_points:
         console.print(f"[yellow]skipped[/] {dict(static)} {dict(shape)}: {why}")
     with library_errors():
-        rows = read_results(results, run_ids=[out.run_id])
-        winners = select_winners(rows)
+        records = read_results(results, run_ids=[out.run_id])
+        winners = select_from(records, facts_of(results, [out.run_id]))
     console.print(winners_table(winners, title=f"winners of {out.run_id} ({out.plan.spec.task})"))
     console.print(f"results: {results}")
     if not winners:
-        failed = Counter(r["status"] for r in rows if r["status"] != "ok")
+        failed = Counter(str(r.status) for r in records if not r.ok)
         counts = ", ".join(f"{n} {s}" for s, n in sorted(failed.items())) or "no measurement"
         raise fail(
             f"run {out.run_id} produced no usable result ({counts}); "
@@ -339,7 +359,12 @@ def _submit_job(
 
     with library_errors():
         ref = submit_job(
-            address, str(spec) if spec else None, str(results), resume, compile_ahead, extra_args=extra_args
+            address,
+            str(spec) if spec else None,
+            str(results),
+            resume=resume,
+            compile_ahead=compile_ahead,
+            extra_args=extra_args,
         )
     typer.echo(f"run {ref.run_id} submitted as job {ref.submission_id} to {ref.address}")
     if not follow:

@@ -33,7 +33,12 @@ def validate_cmd(
 ) -> None:
     """Run every point of SPEC as a stack of layers with BUNDLE's config and with the default,
     interleaved; report per-point and geometric-mean speedup with 95 % intervals. Exits 1 when the
-    bundle is slower than the defaults beyond noise at any point."""
+    bundle is slower than the defaults beyond noise at any point.
+
+    Example:
+    \b
+        tunectl validate bundles/quickstart/1 --spec configs/quickstart.toml --layers 36
+    """
     from orchestrator.validate import validate
 
     console = Console()
@@ -41,7 +46,7 @@ def validate_cmd(
     try:
         with library_errors(), run_events(console):
             run = validate(
-                bundle, spec, results, layers, rounds, progress=bar,
+                bundle, spec, results, layers=layers, rounds=rounds, progress=bar,
                 address=address, num_gpus=num_gpus, connect_fn=connect_trapping_cancel,
             )  # fmt: skip
     except KeyboardInterrupt as exc:

@@ -6,7 +6,6 @@ dataclasses here, so a change in how rows are read touches this file alone.
 
 from __future__ import annotations
 
-import json
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -14,7 +13,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tunectl import stats
-from tunectl.keys import Key, key_from_text, value_order
+from tunectl.keys import Key, from_json, key_from_text, value_order
+from tunectl.record import Phase, Record
 from tunectl.report.grids import Cell, Grid, Group, Point, label, noise_grid, short_labels, speedup_grids
 from tunectl.select import Winner, latest_comparisons, select_winners
 
@@ -208,8 +208,8 @@ def _compared_arms(rows: Iterable[Row]) -> list[Row]:
     """Per shape, the arms of its latest validation that are not the default (the default's arm where it
     was compared with itself alone)."""
     chosen: list[Row] = []
-    for arms in latest_comparisons(rows, "validate").values():
-        chosen += [r for r in arms if not r["is_default"]] or arms
+    for arms in latest_comparisons(map(Record.from_row, rows), Phase.VALIDATE).values():
+        chosen += [r.to_row() for r in arms if not r.is_default] or [r.to_row() for r in arms]
     return chosen
 
 
@@ -247,7 +247,7 @@ def point_of_winner(winner: Winner) -> Point:
 
 
 def _json_key(params: Mapping[str, Any]) -> Key:
-    return key_from_text(json.dumps(params))
+    return tuple(sorted((name, from_json(value)) for name, value in params.items()))
 
 
 def bundle_points(bundle: Bundle) -> tuple[Point, ...]:
@@ -320,7 +320,7 @@ def gather(rows: Sequence[Row], bundle: Bundle | None = None) -> ReportData:
     """What the report shows, from result rows (and a loaded bundle)."""
     imported = [r for r in rows if _phase(r) == "import"]
     measured = [r for r in rows if _phase(r) not in ("validate", "import")]
-    points = tuple(point_of_winner(w) for w in select_winners(measured))
+    points = tuple(point_of_winner(w) for w in select_winners(map(Record.from_row, measured)))
     noise = tuple(
         noise_grid(
             group, [_noise_cell(r) for r in members], f"noise-{n:03d}.png", defaults=_defaults(members)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -10,17 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from tunectl.buckets import make_bucketer
-from tunectl.keys import InvalidKeyError, normalise_value, normaliser_for
+from tunectl.files import canonical_json
+from tunectl.keys import InvalidKeyError, from_json, normalise_value, normaliser_for, to_json
 from tunectl.runtime.format import BundleCorruptError, load_json
 from tunectl.runtime.sources import uri_scheme
-
-
-def _from_json(value: Any) -> Any:
-    return tuple(_from_json(v) for v in value) if isinstance(value, list) else value
-
-
-def _to_json(value: Any) -> Any:
-    return [_to_json(v) for v in value] if isinstance(value, tuple) else value
 
 
 def _v1_table(spec: Mapping[str, Any], doc: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, list[Any]]]:
@@ -31,8 +25,8 @@ def _v1_table(spec: Mapping[str, Any], doc: Mapping[str, Any]) -> tuple[dict[str
     stats: dict[str, list[Any]] = {}
     shape_params = sorted(spec["shape_params"])
     for i, entry in enumerate(doc["entries"]):
-        static = json.dumps([entry["static"][p] for p in spec["static_params"]])
-        config = json.dumps(entry["config"], sort_keys=True)
+        static = canonical_json([entry["static"][p] for p in spec["static_params"]])
+        config = canonical_json(entry["config"])
         rows += [
             statics.setdefault(static, len(statics)),
             *(entry["shape"][p] for p in shape_params),
@@ -62,7 +56,7 @@ class _TaskIndex:
         self.policies = {
             p: {"policy": shapes[p]["policy"], "points": list(shapes[p]["points"])} for p in shapes
         }
-        self.statics = [tuple(_from_json(v) for v in s) for s in table["statics"]]
+        self.statics = [tuple(from_json(v) for v in s) for s in table["statics"]]
         configs: list[dict[str, Any]] = table["configs"]
         if any(len(s) != len(self.static_params) for s in self.statics) or not all(
             isinstance(c, dict) for c in configs
@@ -108,13 +102,13 @@ class _TaskIndex:
 
     def entry(self, row: int) -> dict[str, Any]:
         """The whole entry at ``row``: static and shape keys, the config and its statistics (plain JSON)."""
-        static = dict(zip(self.static_params, map(_to_json, self.statics[self.row_static[row]]), strict=True))
+        static = dict(zip(self.static_params, map(to_json, self.statics[self.row_static[row]]), strict=True))
         shape = {p: col[row] for p, col in zip(self.shape_params, self.row_shape, strict=True)}
         stats = {name: values[row] for name, values in self.stats().items()}
         return {
             "static": static,
             "shape": shape,
-            "config": json.loads(json.dumps(self.row_config[row])),
+            "config": copy.deepcopy(self.row_config[row]),
             **stats,
         }
 
