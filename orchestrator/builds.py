@@ -310,13 +310,6 @@ class BuildScheduler:
                 self._probe(b)
                 self._changed()
 
-    def stop(self) -> None:
-        for b in self.builders:
-            try:
-                ray.kill(b.actor, no_restart=True)
-            except Exception:  # already gone
-                continue
-
     # -- internals ---------------------------------------------------------------------------------
 
     def _probe(self, b: _Builder) -> None:
