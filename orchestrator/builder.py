@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import socket
-import traceback
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,7 +24,6 @@ from tunectl.plan import WorkItem
 
 #: exit status of a builder that leaves because its CUDA context is unusable
 POISONED_EXIT_CODE = 70
-_MESSAGE_CHARS = 2000
 
 
 @dataclass(frozen=True)
@@ -59,7 +57,8 @@ class Builder:
         """Compile the kernel of config ``arm`` (the item's, or one of its arms') at ``item``'s point."""
         from tasks import compile as build_api
         from tasks.base import InvalidConfig
-        from tasks.registry import get_task
+        from tasks.runner import clip, failure_message
+        from tunectl.registry import get_task
 
         task = self._tasks.get(item.task) or self._tasks.setdefault(item.task, get_task(item.task))
         static, shape, config = dict(item.static), dict(item.shape), dict(arm)
@@ -74,11 +73,10 @@ class Builder:
         try:
             seconds = build_api.build(task, static, shape, config, self.device, inputs_for)
         except InvalidConfig as exc:
-            return BuildResult(key, "invalid" if own_point else "ok", 0.0, _clip(str(exc)), host)
+            return BuildResult(key, "invalid" if own_point else "ok", 0.0, clip(str(exc)), host)
         except Exception as exc:
             self._check_context()
-            tail = "".join(traceback.format_tb(exc.__traceback__)[-2:])
-            message = _clip(f"{type(exc).__name__}: {exc}\n{tail}")
+            message = failure_message(exc)
             # Out of device memory here (beside the measuring workers) says nothing of the kernel: its
             # worker compiles it itself, as without compile processes.
             failed = own_point and type(exc).__name__ != "OutOfMemoryError"
@@ -102,10 +100,3 @@ class Builder:
 
         if not device_healthy(self.device):
             os._exit(POISONED_EXIT_CODE)
-
-
-def _clip(text: str) -> str:
-    if len(text) <= _MESSAGE_CHARS:
-        return text
-    half = (_MESSAGE_CHARS - 5) // 2
-    return f"{text[:half]}\n...\n{text[-half:]}"

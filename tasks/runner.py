@@ -105,10 +105,10 @@ class ItemRunner:
         try:
             return evaluate()
         except InvalidConfig as exc:
-            return [{"status": "invalid", "message": _clip(str(exc))}] * n
+            return [{"status": "invalid", "message": clip(str(exc))}] * n
         except Exception as exc:
             self._check_context()
-            return [{"status": "error", "message": _clip(f"{type(exc).__name__}: {exc}\n{_tail(exc)}")}] * n
+            return [{"status": "error", "message": failure_message(exc)}] * n
 
     def _task(self, name: str) -> TuningTask:
         if name not in self._tasks:
@@ -312,7 +312,12 @@ def _arm_stats(baseline: list[float], times: list[float], rounds: list[list[floa
     }
 
 
-def _clip(text: str) -> str:
+def failure_message(exc: BaseException) -> str:
+    """What a failed config's record says: the exception and where it was raised, clipped."""
+    return clip(f"{type(exc).__name__}: {exc}\n{_tail(exc)}")
+
+
+def clip(text: str) -> str:
     """Keep the head (what failed) and the tail (compilers put the root cause last) of a long message."""
     if len(text) <= _MESSAGE_CHARS:
         return text
