@@ -69,7 +69,7 @@ class Builder:
 
         # A kernel built at a smaller point than the item's can fail there for reasons of that point:
         # then the items find out for themselves (their workers compile what is left).
-        own_point = build_api.build_shape(task, static, shape, config) == shape
+        own_point = task.build_shape(static, shape, config) == shape
         try:
             seconds = build_api.build(task, static, shape, config, self.device, inputs_for)
         except InvalidConfig as exc:

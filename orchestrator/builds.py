@@ -81,7 +81,6 @@ class BuildBook:
     waiting: dict[str, int] = field(default_factory=dict)  # key -> queued items that need it
     position: dict[str, int] = field(default_factory=dict)  # key -> its place in the order
     seconds: float = 0.0  # compile time spent by builders, all of them
-    num_built: int = 0
     build_seconds: dict[str, float] = field(default_factory=dict)  # key -> its build's seconds
 
     def __post_init__(self) -> None:
@@ -121,7 +120,6 @@ class BuildBook:
         entry = self.keys[scope][key]
         if status == "ok":
             entry.state = "built"
-            self.num_built += 1
             self.build_seconds[key] = round(seconds, 3)
         else:
             entry.state, entry.status, entry.message = "failed", status, message

@@ -42,7 +42,6 @@ class TuneWorker:
 
     def __init__(self, num_threads: int, compile_ahead: bool = False, warm_up: tuple[str, ...] = ()) -> None:
         from orchestrator.pipeline import CompileAheadRunner
-        from tasks.compile import warm_up as warm_up_task
         from tasks.registry import get_task
         from tasks.runner import ItemRunner
 
@@ -54,7 +53,7 @@ class TuneWorker:
         self.device = self.runner.device
         self.compile_ahead = compile_ahead
         for name in warm_up:  # before the first item: the driver sends work once this answers
-            warm_up_task(get_task(name), self.device)
+            get_task(name).warm_up(self.device)
 
     def describe(self) -> dict[str, Any]:
         """Where this worker runs, and its predecessor's last words (reported once)."""

@@ -62,6 +62,15 @@ class TuningTask(Protocol):
         Raise ``InvalidConfig`` for a config the kernel does not support at this point.
         """
 
+    def compile_key(self, static: Params, shape: Params, config: Params) -> str | None:
+        """What decides the kernel this config builds (``tasks.compile``); None: nothing to build."""
+
+    def build_shape(self, static: Params, shape: Params, config: Params) -> dict[str, Any]:
+        """The point this config's kernel is built at."""
+
+    def warm_up(self, device: str) -> None:
+        """Per-process start-up of the task's libraries."""
+
     def tolerance(self, static: Params) -> tuple[float, float]:
         """(atol, rtol) for comparing an output with the reference."""
 
@@ -96,6 +105,10 @@ class Task:
     def compile_key(self, static: Params, shape: Params, config: Params) -> str | None:
         """None: nothing to build ahead (``tasks.compile``)."""
         return None
+
+    def build_shape(self, static: Params, shape: Params, config: Params) -> dict[str, Any]:
+        """The point a compile process builds this config's kernel at (``tasks.compile.build``)."""
+        return dict(shape)
 
     def warm_up(self, device: str) -> None:
         """No per-process start-up beyond importing the task."""

@@ -11,15 +11,16 @@ is pointed at one cache root per run (``cache_env``): Inductor's FX-graph and au
 the Triton cache under it, flash-attn-4's persistent CuTe DSL cache, and a folder for tasks of our
 own (``TUNECTL_COMPILE_CACHE``).
 
-Optional task members (found with ``getattr``; a task without them builds nothing ahead):
+What a task declares for this (``tasks.base.Task`` gives the defaults: nothing to build ahead):
 
 - ``compile_key(static, shape, config) -> str | None``
-- ``build(static, shape, config, device) -> None``: compile into the caches; the default prepares the
-  item and calls it once, which is what a task whose kernels compile on their first call wants
-- ``build_shape(static, shape, config) -> shape``: the point the default build runs at (default: the
+- ``build_shape(static, shape, config) -> shape``: the point its kernel is built at (default: the
   item's own; a kernel that does not depend on the shape builds at the smallest point of its key)
-- ``warm_up(device) -> None``: the per-process start-up of its libraries (imports, a first tiny
-  compile), done once when a worker starts rather than inside the first item that needs it
+- ``warm_up(device) -> None``: the per-process start-up of its libraries (imports), done once when a
+  worker starts rather than inside the first item that needs it
+- optionally ``build(static, shape, config, device) -> None``, found with ``getattr``: its own way to
+  compile into the caches; without it, ``build`` below prepares the item and calls it once, which is
+  what a task whose kernels compile on their first call wants
 """
 
 from __future__ import annotations
@@ -54,10 +55,7 @@ def cache_env(root: str | Path) -> dict[str, str]:
 def compile_key(task: TuningTask, static: Mapping[str, Any], shape: Mapping[str, Any],
                 config: Mapping[str, Any]) -> str | None:  # fmt: skip
     """The task's compile key for one item, with the task's name in it; None: nothing to build."""
-    fn = getattr(task, "compile_key", None)
-    if fn is None:
-        return None
-    key = fn(dict(static), dict(shape), dict(config))
+    key = task.compile_key(dict(static), dict(shape), dict(config))
     return None if key is None else f"{task.name}:{key}"
 
 
@@ -80,7 +78,7 @@ def build(task: TuningTask, static: Mapping[str, Any], shape: Mapping[str, Any],
     if own is not None:
         own(dict(static), dict(shape), dict(config), device)
         return time.perf_counter() - started
-    shape = build_shape(task, static, shape, config)
+    shape = task.build_shape(dict(static), dict(shape), dict(config))
     if inputs_for is None:
         inputs = task.build_inputs(dict(static), shape, device)
     else:
@@ -88,21 +86,6 @@ def build(task: TuningTask, static: Mapping[str, Any], shape: Mapping[str, Any],
     task.prepare(dict(static), shape, dict(config), inputs)()
     synchronize(device)
     return time.perf_counter() - started
-
-
-def build_shape(task: TuningTask, static: Mapping[str, Any], shape: Mapping[str, Any],
-                config: Mapping[str, Any]) -> dict[str, Any]:  # fmt: skip
-    """The point an item's kernel is built at (its own, unless the task says a smaller one builds the
-    same kernel). What fails there fails for the item only if it is the item's own point."""
-    smallest = getattr(task, "build_shape", None)
-    return dict(shape) if smallest is None else smallest(dict(static), dict(shape), dict(config))
-
-
-def warm_up(task: TuningTask, device: str) -> None:
-    """The task's per-process start-up, if it declares one."""
-    fn = getattr(task, "warm_up", None)
-    if fn is not None:
-        fn(device)
 
 
 def warm_up_libraries(modules: tuple[str, ...]) -> None:
