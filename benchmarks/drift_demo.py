@@ -1,0 +1,173 @@
+"""The drift guard against an induced slowdown: the same decode configs timed three times.
+
+    PYTHONPATH=. python benchmarks/drift_demo.py [--out DIR]      # on a GPU host, ~3 minutes
+
+1. undisturbed (the baseline);
+2. with a load process on the same GPU that runs matrix products in bursts (``--burst`` seconds on,
+   ``--gap`` off) all through the run, the guard on (``measure.drift = "remeasure"``);
+3. the same load, the guard off (``measure.drift = "off"``): what the disturbed rows read without it.
+
+Each run is a real ``tunectl submit`` (local Ray, one GPU worker). The table gives, per config and
+shape, each run's median over the baseline's, and for the guarded run whether the probe moved
+(``drift``) and how often the config was measured again; the summary counts rows more than 5 % off
+the baseline in each disturbed run. The load shares the GPU by time-slicing, so any kernel running
+while a burst is on reads slower.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+SPEC = """\
+name = "drift-demo"
+task = "flash_decode"
+
+[static]
+dtype = "bfloat16"
+num_q_heads = 32
+num_kv_heads = 8
+head_dim = 128
+page_size = 128
+causal = true
+window = -1
+softcap = 0.0
+sinks = false
+
+[shapes.batch]
+values = [1, 4, 16, 64]
+
+[shapes.kv_len]
+values = [8192, 32768]
+
+[shapes.q_len]
+values = [1]
+
+[[configs]]
+backend = "fa4"
+
+[[configs]]
+backend = "fa4"
+pack_gqa = false
+
+[[configs]]
+backend = "sdpa"
+sdpa_backend = "cudnn"
+sdpa_gqa = "expand"
+
+[measure]
+l2 = "cold"
+mode = "graph"
+max_seconds = 0.25
+drift = "{drift}"
+"""
+
+LOAD = textwrap.dedent(
+    """
+    import sys, time, torch
+    burst, gap, until = float(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    while time.time() < until:
+        end = time.time() + burst
+        while time.time() < end:
+            for _ in range(4):
+                a @ a
+            torch.cuda.synchronize()
+        time.sleep(gap)
+    """
+)
+
+
+def submit(out: Path, name: str, drift: str, load: tuple[float, float] | None) -> str:
+    spec = out / f"{name}.toml"
+    spec.write_text(SPEC.format(drift=drift).replace('"drift-demo"', f'"drift-demo-{name}"'))
+    loader = None
+    if load is not None:
+        until = time.time() + 240
+        loader = subprocess.Popen([sys.executable, "-c", LOAD, str(load[0]), str(load[1]), str(until)])
+        time.sleep(3)  # let it start its first burst
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "tunectl", "submit", str(spec), "--results", str(out / "results")],
+            capture_output=True,
+            text=True,
+            timeout=200,
+        )
+    finally:
+        if loader is not None:
+            loader.kill()
+    if proc.returncode != 0:
+        print(proc.stdout[-2000:], proc.stderr[-2000:], file=sys.stderr)
+    listed = subprocess.run(
+        [sys.executable, "-m", "tunectl", "runs", "--results", str(out / "results"), "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    runs = [r for r in json.loads(listed.stdout) if r["name"] == f"drift-demo-{name}"]
+    return sorted(runs, key=lambda r: r["created_at"])[-1]["run_id"]
+
+
+def rows(out: Path, run_id: str) -> dict[tuple[str, str], object]:
+    from tunectl.record import Phase
+    from tunectl.results import read_results
+
+    return {
+        (r.shape_key, r.config_key): r
+        for r in read_results(out / "results", [run_id])
+        if r.ok and r.phase is Phase.MEASURE
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("/tmp/drift-demo"))
+    parser.add_argument("--burst", type=float, default=0.4)
+    parser.add_argument("--gap", type=float, default=1.6)
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    base = rows(args.out, submit(args.out, "baseline", "remeasure", None))
+    guarded = rows(args.out, submit(args.out, "guarded", "remeasure", (args.burst, args.gap)))
+    bare = rows(args.out, submit(args.out, "unguarded", "off", (args.burst, args.gap)))
+    print(
+        f"Load: {args.burst} s of 8192^3 bf16 products, then {args.gap} s idle, all through runs 2 and 3.\n"
+    )
+    print("| shape | config | baseline µs | guarded / baseline | drift | remeasured | unguarded / baseline |")
+    print("|---|---|---|---|---|---|---|")
+    off: dict[str, list[float]] = {"guarded": [], "unguarded": []}
+    for key in sorted(base):
+        b, g, u = base[key], guarded.get(key), bare.get(key)
+        rg = g.median_us / b.median_us if g else None  # type: ignore[attr-defined]
+        ru = u.median_us / b.median_us if u else None  # type: ignore[attr-defined]
+        if rg is not None:
+            off["guarded"].append(rg)
+        if ru is not None:
+            off["unguarded"].append(ru)
+        print(
+            f"| {key[0]} | {key[1]} | {b.median_us:.1f} | {_x(rg)} | "  # type: ignore[attr-defined]
+            f"{getattr(g, 'drift', None)} | {getattr(g, 'remeasured', None)} | {_x(ru)} |"
+        )
+    print()
+    for name, ratios in off.items():
+        far = sum(abs(r - 1) > 0.05 for r in ratios)
+        med = statistics.median(ratios) if ratios else float("nan")
+        print(f"- {name}: {far} of {len(ratios)} rows more than 5 % off the baseline; median ratio {med:.3f}")
+    flagged = [g for g in guarded.values() if getattr(g, "remeasured", 0)]
+    print(
+        f"- guarded run: {len(flagged)} rows measured again, {sum(bool(g.drift) for g in guarded.values())}"  # type: ignore[attr-defined]
+        " still flagged after their re-measures"
+    )
+
+
+def _x(ratio: float | None) -> str:
+    return "—" if ratio is None else f"{ratio:.3f}"
+
+
+if __name__ == "__main__":
+    main()

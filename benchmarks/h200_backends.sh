@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The H200 measurements behind benchmarks/results/h200.md (decode backends at page 16 and 128),
+# timing.md (samplers) and lightllm.md, in steps that each fit one 10-minute command on the GPU host
+# (run from the project root there, after stage.sh's bootstrap with flashinfer-python==0.7.2.post1 and
+# nvidia-cudnn-frontend staged). Results accumulate in $RES; each step leaves its output in $OUT.
+#   bash benchmarks/h200_backends.sh smoke       # GPU tests of the backends, the samplers side by side
+#   bash benchmarks/h200_backends.sh grid 16     # the decode grid at one page size (16, then 128)
+#   bash benchmarks/h200_backends.sh holdout 128 # export, then random untuned shapes measured
+#   bash benchmarks/h200_backends.sh tables      # h200.md and lightllm.md from everything in $RES
+set -uo pipefail
+source /tmp/tunectl-site/env.sh
+python -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "editable install failed"
+RES=${RES:-/tmp/h200-results}
+OUT=${OUT:-/tmp/h200-out}
+mkdir -p "$RES" "$OUT"
+SPEC=configs/h200/flash_decode.toml
+nvidia-smi --query-gpu=name,clocks.sm,power.draw,temperature.gpu --format=csv,noheader 2>&1 | head -n 2
+page_spec() {  # the decode spec at one page size
+  local copy="/tmp/flash_decode_page$1.toml"
+  sed -E "s/^page_size = \[[0-9, ]+\]/page_size = $1/" "$SPEC" > "$copy"
+  echo "$copy"
+}
+save() { (cd "$(dirname "$RES")" && tar czf "$OUT/h200-results.tar.gz" "$(basename "$RES")"); }
+case "${1:?step}" in
+  smoke)
+    timeout 200 python -m pytest -q -m gpu -p no:cacheprovider tests/ -k "triton or flashinfer or fa3 or sampler" \
+      2>&1 | tail -n 25 | tee "$OUT/gpu-tests.txt"
+    for b in sampler_methods triton_decode_smoke flashinfer_smoke; do
+      [ -f "benchmarks/$b.py" ] || continue
+      echo "== $b"
+      timeout 170 python "benchmarks/$b.py" 2>&1 | tail -n 60 | tee "$OUT/$b.md"
+    done
+    ;;
+  grid)
+    spec=$(page_spec "${2:?page}")
+    echo "== submit $spec"
+    timeout 560 tunectl submit "$spec" --results "$RES" --yes 2>&1 | grep -v '^[│┃┏┡└]' | tail -n 12
+    save
+    ;;
+  holdout)
+    page=${2:?page}
+    spec=$(page_spec "$page")
+    run=$(tunectl runs --results "$RES" --json | python -c "
+import json, sys
+runs = [r for r in json.load(sys.stdin) if r['state'] == 'finished' and r['name'] == 'h200-flash-decode']
+print(sorted(runs, key=lambda r: r['created_at'])[-1]['run_id'])")
+    tunectl export bundle --results "$RES" --run "$run" --name "h200-decode-p$page" --version 1 \
+      --out "$RES/bundles" 2>&1 | tail -n 3
+    timeout 480 tunectl validate "$RES/bundles/h200-decode-p$page/1" --spec "$spec" --holdout 24 --seed 0 \
+      --results "$RES" 2>&1 | grep -v '^[│┃┏┡└]' | tail -n 40 | tee "$OUT/holdout-p$page.txt"
+    save
+    ;;
+  tables)
+    python benchmarks/h200_report.py --results "$RES" --out "$OUT/h200.md"
+    save
+    ;;
+esac
