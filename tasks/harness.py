@@ -9,6 +9,7 @@ the median: robust to the odd preempted sample that a mean and standard deviatio
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 import statistics
 import time
@@ -47,7 +48,9 @@ def summarise(samples_us: Sequence[float], seconds: float = 0.0) -> Stats:
     s = sorted(samples_us)
     median = quantile(s, 0.5)
     p20, p80 = quantile(s, 0.2), quantile(s, 0.8)
-    noise = (p80 - p20) / (2 * median) if median > 0 else 0.0
+    # A median at or under zero (a difference method's call lost in the flush's jitter) has no
+    # relative noise: infinite, so sampling goes on to its caps rather than stopping on it.
+    noise = (p80 - p20) / (2 * median) if median > 0 else math.inf
     return Stats(median, p20, p80, statistics.fmean(s), s[0], s[-1], len(s), noise, seconds)
 
 

@@ -2,8 +2,9 @@
 
 ``read_state(device)`` takes one reading (None on CPU, or where NVML is missing or refuses);
 ``record_fields(before, after)`` turns the readings taken around a measurement into the Record's
-``sm_clock_mhz``, ``temperature_c``, ``power_w`` and ``throttled``. Clock and power are read after
-the samples, while the GPU is still at its working clock; temperature is the higher of the two.
+``sm_clock_mhz``, ``temperature_c``, ``power_w``, ``throttled`` and ``throttle_reasons`` (the reasons'
+bit mask). Clock and power are read after the samples, while the GPU is still at its working clock;
+temperature is the higher of the two.
 A measurement is flagged throttled when a slowdown reason (power cap, thermal, power brake, hardware
 slowdown) was active at either reading, or the driver's power or thermal violation counters grew
 in between.
@@ -69,7 +70,14 @@ def record_fields(before: GpuState | None, after: GpuState | None) -> dict[str, 
         "temperature_c": max(temps) if temps else None,
         "power_w": last.power_w,
         "throttled": is_throttled(before, after),
+        "throttle_reasons": _reasons_seen(before, after),
     }
+
+
+def _reasons_seen(before: GpuState | None, after: GpuState | None) -> int | None:
+    """NVML's clock event reasons active at either reading (a bit mask), None if neither was read."""
+    reasons = [s.throttle_reasons for s in (before, after) if s is not None and s.throttle_reasons is not None]
+    return None if not reasons else reasons[0] | reasons[-1]
 
 
 def is_throttled(before: GpuState | None, after: GpuState | None) -> bool | None:

@@ -17,11 +17,12 @@ from collections.abc import Callable
 from typing import Any
 
 from tasks.base import InvalidConfig, TuningTask
+from tasks.drift import DriftGuard, probe_sampler
 from tasks.env import env_json, environment
 from tasks.harness import Sampler, interleave, measure, quantile, scaled
 from tasks.nvml import read_state, record_fields
 from tasks.registry import get_task
-from tasks.timing import make_sampler, stack_sampler
+from tasks.timing import make_sampler, stack_sampler, timing_of
 from tunectl.keys import key_text
 from tunectl.plan import WorkItem, member_id
 from tunectl.record import Record
@@ -41,8 +42,11 @@ class CudaContextPoisoned(RuntimeError):
 class ItemRunner:
     """Evaluates work items on one device. One per worker process."""
 
-    def __init__(self, device: str = "cpu") -> None:
+    def __init__(self, device: str = "cpu", *, probe: Callable[[str], Sampler] = probe_sampler) -> None:
+        """``probe`` makes the drift guard's probe sampler for a device (``tasks.drift``)."""
         self.device = device
+        self._make_probe = probe
+        self._guard: DriftGuard | None = None
         self._tasks: dict[str, TuningTask] = {}
         self._point: tuple[Any, ...] | None = None
         self._inputs: Any = None
@@ -72,6 +76,7 @@ class ItemRunner:
             static_key=key_text(item.static),
             shape_key=key_text(item.shape),
             measure_mode=mode,
+            timing=timing_of(self.device, settings.l2, settings.timing),
             l2=settings.l2,
             phase=item.phase,
             rung=item.rung,
@@ -130,10 +135,21 @@ class ItemRunner:
         failed, checked = self._check(task, static, fn, prepare_s)
         if failed:
             return checked
-        sampler = make_sampler(fn, self.device, mode, settings.l2)
+        sampler = make_sampler(fn, self.device, mode, settings.l2, settings.timing)
         before = read_state(self.device)
-        stats = measure(sampler, settings)
+        guard = self._drift_guard(settings.drift)
+        if guard is None:
+            stats, drift_fields = measure(sampler, settings), {}
+        else:
+            guarded = guard.measure(item.point, lambda: measure(sampler, settings))
+            stats, drift_fields = guarded.stats, guarded.fields()
         gpu_state = record_fields(before, read_state(self.device))
+        if stats.median_us <= 0:
+            raise RuntimeError(
+                f"not measurable: the call took no measurable time beside the cache flush (median "
+                f"{stats.median_us:.3g} us by the difference method); time it with measure.timing = "
+                "'replay' or at a larger shape"
+            )
         return {
             **checked,
             "status": "ok",
@@ -146,7 +162,18 @@ class ItemRunner:
             "num_samples": stats.num_samples,
             "rel_noise": stats.rel_noise,
             **gpu_state,
+            **drift_fields,
         }
+
+    def _drift_guard(self, action: str) -> DriftGuard | None:
+        """The worker's drift guard acting as ``measure.drift`` asks (None for ``off``); its probe is
+        built on first use and kept for the worker's life."""
+        if action == "off":
+            return None
+        if self._guard is None:
+            self._guard = DriftGuard(self._make_probe(self.device), action=action)
+        self._guard.action = action
+        return self._guard
 
     def _load_point(self, task: TuningTask, item: WorkItem) -> None:
         """Build the point's inputs and reference, unless the last item was at the same point."""
@@ -193,7 +220,7 @@ class ItemRunner:
             if failed:
                 continue
             if stacks is None:
-                samplers[i] = make_sampler(fn, self.device, mode, settings.l2)
+                samplers[i] = make_sampler(fn, self.device, mode, settings.l2, settings.timing)
             else:
                 calls = [fn] + [task.prepare(static, shape, dict(arm), inputs) for inputs in stacks[1:]]
                 layers = [calls[j % len(calls)] for j in range(item.layers)]

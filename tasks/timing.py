@@ -1,17 +1,23 @@
-"""Samplers: how one call of a kernel is timed on each kind of device.
+"""Samplers: how one call of a kernel is timed on each kind of device, and by which method.
 
-- CPU: the monotonic clock around a synchronous call.
-- CUDA, ``eager``: events around one call on the current stream, as a framework without graphs runs it.
-  A short spin kernel is queued before the start event, so the GPU is still busy while the CPU
-  launches the call: the sample is the GPU's time for the call, not the host's launch latency.
-- CUDA, ``graph``: the call is captured into a CUDA graph after a warm-up and each sample times one
-  replay with events, as a serving engine runs decode. With a warm L2 a replay holds ``reps`` copies
-  of the call (enough for ~``_GRAPH_TARGET_US``) and a sample is the replay's time over ``reps``;
-  with a cold L2 a replay holds one call. As in eager mode, a spin kernel ahead of the start event
-  keeps the host's launch latency out of the sample.
+- CPU: the monotonic clock around a synchronous call (``replay``: one call per sample; with a cold
+  cache a flush of twice the last-level cache runs first, outside the clock). Nothing fixed per
+  sample worth taking out: the clock costs well under a microsecond.
+- CUDA, cold L2, ``timing = "difference"`` (the default): ``tasks.difference``. A sample is a launch
+  of K x (flush, call) minus a launch of K flushes, over K: one CUDA graph each in ``graph`` mode,
+  eager launches in ``eager`` mode. No fixed cost per sample; the module docstring defines the
+  estimator and its noise.
+- CUDA, cold L2, ``timing = "replay"``: the earlier method, kept for comparison. The L2 is written
+  over (``zero_``) outside the timed region and a sample times one launch of one call (a graph
+  replay, or an eager call) between events. Each sample carries the launch's fixed cost: on an H200
+  a single-call replay reads 2-7 µs above the difference method.
+- CUDA, warm L2 (either ``timing``): ``replay`` of ``reps`` calls per launch (enough for
+  ~``_GRAPH_TARGET_US`` in graph mode; one call eager), a sample the launch's time over ``reps``.
+  The fixed cost is paid once per launch and shared by its calls: a few µs over ~200 µs, about 1 %
+  at most, alike for every config; nothing to take out, and no flush to take out either.
 
-``l2="cold"`` evicts the last-level cache before every sample, outside the timed region (and outside
-any graph), by writing a buffer twice the size of the cache.
+In every mode a spin kernel queued ahead of the start event keeps the host's launch latency out.
+``timing_of`` says which method a measurement used; the runner records it in every row.
 """
 
 from __future__ import annotations
@@ -21,7 +27,17 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from tasks.difference import (
+    cuda_flush,
+    cuda_parts,
+    difference_sampler,
+    gpu_time_us,
+    num_calls_for,
+    repeated,
+    replay_sampler,
+)
 from tasks.harness import Sampler, cpu_sampler
+from tunectl.record import Timing
 
 _DEFAULT_LLC_BYTES = 64 << 20
 # A host's whole last-level cache (hundreds of MB on a server) is shared by every core: between two
@@ -29,23 +45,44 @@ _DEFAULT_LLC_BYTES = 64 << 20
 _CPU_STACK_THRASH_BYTES = 32 << 20
 _GRAPH_TARGET_US = 200.0  # a warm-L2 replay this long keeps launch and event overhead under ~1 %
 _GRAPH_MAX_REPS = 64
-_GRAPH_WARMUP_CALLS = 3
-_SPIN_CYCLES = 500_000  # ~0.25 ms at H200 clocks: longer than a compiled call's host overhead
 
 
-def make_sampler(fn: Callable[[], Any], device: str, mode: str, l2: str) -> Sampler:
-    """A sampler for ``fn`` on ``device``; ``mode`` is eager or graph (graph needs CUDA)."""
+def timing_of(device: str, l2: str, timing: str) -> Timing:
+    """The method a measurement on ``device`` uses: ``difference`` only for a cold L2 on a GPU."""
+    if device.startswith("cuda") and l2 == "cold" and timing == Timing.DIFFERENCE:
+        return Timing.DIFFERENCE
+    return Timing.REPLAY
+
+
+def make_sampler(
+    fn: Callable[[], Any], device: str, mode: str, l2: str, timing: str = Timing.REPLAY
+) -> Sampler:
+    """A sampler for ``fn`` on ``device``; ``mode`` is eager or graph (graph needs CUDA); ``timing``
+    as the spec's ``measure.timing`` (``timing_of`` says where it applies)."""
     if mode not in ("eager", "graph"):
         raise ValueError(f"unknown measure mode {mode!r}; expected eager or graph")
     if device.startswith("cuda"):
-        if mode == "graph":
-            return _graph_sampler(fn, device, l2)
-        return _event_sampler(fn, device, l2)
+        return _cuda_sampler(fn, device, mode, l2, timing_of(device, l2, timing))
     if mode == "graph":
         raise ValueError("CUDA-graph replay needs a CUDA device")
     if l2 == "cold":
         return _with_flush(cpu_sampler(fn), _cpu_flush())
     return cpu_sampler(fn)
+
+
+def _cuda_sampler(fn: Callable[[], Any], device: str, mode: str, l2: str, timing: Timing) -> Sampler:
+    parts = cuda_parts(device, mode)
+    if timing is Timing.DIFFERENCE:
+        flush = cuda_flush(device)
+        k = num_calls_for(gpu_time_us(repeated(fn, flush, 1)))
+        sample = difference_sampler(fn, flush, num_calls=k, timer=parts.timer, capture=parts.capture)
+    else:
+        flush = cuda_flush(device, "write") if l2 == "cold" else None  # the replay method's own flush
+        reps = 1 if l2 == "cold" or mode == "eager" else _reps_for(gpu_time_us(fn))
+        sample = replay_sampler(fn, flush, num_calls=reps, timer=parts.timer, capture=parts.capture)
+    if mode == "eager":
+        parts.timer.cover(sample.launches[0])  # type: ignore[attr-defined]
+    return sample
 
 
 def stack_sampler(
@@ -58,7 +95,7 @@ def stack_sampler(
     each call is timed on its own, between thrashes, and a sample is the sum: nothing to take out."""
     if not device.startswith("cuda"):
         return _cpu_stack_sampler(layers if with_calls else [], _cpu_flush(_CPU_STACK_THRASH_BYTES))
-    flush = _cuda_flush(device)
+    flush = cuda_flush(device, "write")
 
     def stack() -> None:
         for layer in layers:
@@ -69,8 +106,9 @@ def stack_sampler(
         for _ in layers:
             flush()
 
-    # "cold": one stack per graph replay, and the cache evicted before each sample as well.
-    return make_sampler(stack if with_calls else thrash_only, device, mode, "cold")
+    # "cold": one stack per graph replay, and the cache evicted before each sample as well. The
+    # runner takes the thrash-only stack's time out of each round: a difference already.
+    return make_sampler(stack if with_calls else thrash_only, device, mode, "cold", Timing.REPLAY)
 
 
 def _cpu_stack_sampler(layers: Sequence[Callable[[], Any]], flush: Callable[[], None]) -> Sampler:
@@ -110,77 +148,6 @@ def _llc_bytes() -> int:
         return int(os.sysconf("SC_LEVEL3_CACHE_SIZE")) or _DEFAULT_LLC_BYTES
     except (ValueError, OSError):
         return _DEFAULT_LLC_BYTES
-
-
-def _cuda_flush(device: str) -> Callable[[], None]:
-    import torch
-
-    l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size
-    buf = torch.empty(2 * l2_bytes, dtype=torch.int8, device=device)
-
-    def flush() -> None:
-        buf.zero_()
-
-    return flush
-
-
-def _event_sampler(launch: Callable[[], Any], device: str, l2: str, calls_per_launch: int = 1) -> Sampler:
-    """Times one ``launch`` with CUDA events: cache flushed first (cold), a spin kernel queued ahead of
-    the start event so the host's launch latency stays out; the time per call."""
-    import torch
-
-    start = torch.cuda.Event(enable_timing=True)
-    end = torch.cuda.Event(enable_timing=True)
-    flush = _cuda_flush(device) if l2 == "cold" else None
-
-    def sample() -> float:
-        if flush is not None:
-            flush()
-        torch.cuda._sleep(_SPIN_CYCLES)  # keeps the GPU busy while the host launches
-        start.record()
-        launch()
-        end.record()
-        end.synchronize()
-        return float(start.elapsed_time(end)) * 1e3 / calls_per_launch
-
-    return sample
-
-
-def _graph_sampler(fn: Callable[[], Any], device: str, l2: str) -> Sampler:
-    """Capture ``fn`` into a CUDA graph and time replays (see module doc)."""
-    import torch
-
-    with torch.cuda.device(device):
-        side = torch.cuda.Stream()
-        # Warm up on a side stream, as capture requires: lazy workspaces and handles get made here.
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(_GRAPH_WARMUP_CALLS):
-                fn()
-        torch.cuda.current_stream().wait_stream(side)
-        reps = 1 if l2 == "cold" else _reps_for(_eager_estimate_us(fn))
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for _ in range(reps):
-                fn()
-        torch.cuda.synchronize()
-    sample = _event_sampler(graph.replay, device, l2, reps)
-    sample.graph = graph  # type: ignore[attr-defined]  # the graph lives as long as its sampler
-    sample.reps = reps  # type: ignore[attr-defined]
-    return sample
-
-
-def _eager_estimate_us(fn: Callable[[], Any]) -> float:
-    import torch
-
-    start = torch.cuda.Event(enable_timing=True)
-    end = torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(3):
-        fn()
-    end.record()
-    end.synchronize()
-    return float(start.elapsed_time(end)) * 1e3 / 3
 
 
 def _reps_for(estimate_us: float) -> int:

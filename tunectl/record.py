@@ -65,12 +65,32 @@ class TimingMethod(StrEnum):
     GRAPH = "graph"
 
 
+class Timing(StrEnum):
+    """How a sample was turned into a time per call (``tasks.timing``; the spec's ``measure.timing``).
+
+    replay: a sample times one launch on its own between events (a graph replay, an eager call, or
+    on a CPU one call by the clock), the cache flushed before it outside the timed region; with a
+    cold L2 on a GPU the launch holds one call and the sample carries the launch's fixed cost
+    (a few microseconds). Rows written before rows said how they were timed read as replay.
+    difference: a launch of K x (flush, call) minus a launch of the K flushes alone, over K, the two
+    interleaved; no fixed cost per sample. Only rows of one method are compared (``tunectl.select``).
+    """
+
+    REPLAY = "replay"
+    DIFFERENCE = "difference"
+
+
 STATUSES = tuple(Status)
 FAILED = tuple(s for s in Status if s is not Status.OK)
 PHASES = tuple(Phase)
 #: Records that measured configs one call at a time (``validate`` records time whole stacks).
 SELECTED_PHASES = (Phase.MEASURE, Phase.SCREEN, Phase.FINAL, Phase.IMPORT)
-_ENUMS: dict[str, type[StrEnum]] = {"status": Status, "phase": Phase, "measure_mode": TimingMethod}
+_ENUMS: dict[str, type[StrEnum]] = {
+    "status": Status,
+    "phase": Phase,
+    "measure_mode": TimingMethod,
+    "timing": Timing,
+}
 
 
 @dataclass(frozen=True)
@@ -96,6 +116,7 @@ class Record:
     compile_ms: float | None = None
     bytes_moved: int | None = None
     measure_mode: TimingMethod = TimingMethod.NONE
+    timing: Timing = Timing.REPLAY
     phase: Phase = Phase.MEASURE
     group_id: str = ""  # the comparison (final, validate) the record is one arm of
     rung: int | None = None
@@ -109,6 +130,14 @@ class Record:
     temperature_c: float | None = None
     power_w: float | None = None
     throttled: bool | None = None
+    throttle_reasons: int | None = None  # NVML's clock event reasons seen around the measurement
+    # The drift guard (tasks.drift): the probe kernel's median right after this measurement, its
+    # ratio to the probe at the start of the point on this worker, whether that moved beyond noise
+    # (after ``remeasured`` more measurements of this config), None where no probe was timed.
+    probe_us: float | None = None
+    reference_ratio: float | None = None
+    drift: bool | None = None
+    remeasured: int | None = None
     device_name: str = ""
     device_kind: str = ""
     host: str = ""
@@ -153,7 +182,8 @@ class Record:
         """A record from a stored row (a Parquet row as a dict); rows written by older versions read too.
 
         Missing or null text fields read as empty, a missing phase as ``measure`` (rows from before
-        phases were full measurements), timestamps as seconds since the epoch.
+        phases were full measurements), a missing timing as ``replay`` (the one method before rows
+        named theirs), timestamps as seconds since the epoch.
         """
         values: dict[str, Any] = {}
         for f in fields(cls):
@@ -162,8 +192,8 @@ class Record:
             value = row[f.name]
             if f.name in _TIMESTAMPS:
                 value = value.timestamp() if isinstance(value, dt.datetime) else float(value or 0.0)
-            elif value is None and f.type in ("str", "Phase", "TimingMethod"):
-                value = "measure" if f.name == "phase" else ""
+            elif value is None and f.type in ("str", "Phase", "TimingMethod", "Timing"):
+                value = _NULL_READS_AS.get(f.name, "")
             values[f.name] = value
         if not values.get("phase"):
             values["phase"] = Phase.MEASURE
@@ -175,6 +205,7 @@ class Record:
 
 
 Point = tuple[str, str, str, str]  # (task, device name, static key text, shape key text)
+_NULL_READS_AS = {"phase": str(Phase.MEASURE), "timing": str(Timing.REPLAY)}
 RECORD_FIELDS = tuple(f.name for f in fields(Record))
 _TIMESTAMPS = ("started_at", "finished_at")
 

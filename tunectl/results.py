@@ -54,6 +54,10 @@ def _schema() -> Any:
     types = {
         "is_default": pa.bool_(),
         "throttled": pa.bool_(),
+        "drift": pa.bool_(),
+        "remeasured": pa.int64(),
+        "throttle_reasons": pa.int64(),
+        "reference_ratio": pa.float64(),
         "num_samples": pa.int64(),
         "bytes_moved": pa.int64(),
         "rung": pa.int64(),

@@ -16,6 +16,11 @@ default's by more than the noise of both (``median * (1 + noise) < default media
 median among those wins, ties in canonical order. Where a config was measured several times, the
 latest measurement at the highest fidelity counts (a full measurement over a screening look).
 
+Rows timed by different methods (``Record.timing``: a single-launch replay reads a few microseconds
+above the difference method) are never compared: per point, only rows of the method of its latest
+row count (``one_timing``), so a point measured again by a newer method is decided by those rows
+alone, and rows of the older method there are set aside rather than mixed in.
+
 Each winner says why it won: its speedup, the interval, and what it rests on.
 
 ``select_winners`` is a pure function of its records: the order they come in changes nothing, and
@@ -32,7 +37,7 @@ from typing import Any
 from tunectl.keys import Key, value_order
 from tunectl.record import SELECTED_PHASES, Phase, Point, Record, Status, latest
 
-__all__ = ["SELECTED_PHASES", "Selectable", "Winner", "latest_comparisons", "select_winners"]
+__all__ = ["SELECTED_PHASES", "Selectable", "Winner", "latest_comparisons", "one_timing", "select_winners"]
 
 
 @dataclass(frozen=True)
@@ -98,7 +103,7 @@ def select_winners(
 
     Pure: the same records in any order give the same winners, ordered by point in value order.
     """
-    records = list(records)
+    records = one_timing(records)
     finals = latest_comparisons(records, Phase.FINAL)
     singles: dict[Point, list[Record]] = {}
     for record in records:
@@ -120,6 +125,15 @@ def select_winners(
 
 
 Choice = tuple[Record, Record | None, dict[str, Any]]  # (winner, default, statistics fields)
+
+
+def one_timing(records: Iterable[Record]) -> list[Record]:
+    """``records`` less the selected-phase rows timed by another method than their point's latest
+    selected-phase row (the last finished; on a tie, the later run and item). Other phases pass."""
+    records = list(records)
+    selected = [r for r in records if r.phase in SELECTED_PHASES]
+    method = {at: r.timing for at, r in latest(selected, key=lambda r: r.point, rank=_order).items()}
+    return [r for r in records if r.phase not in SELECTED_PHASES or r.timing is method[r.point]]
 
 
 def _winner(choice: Choice, group: Sequence[Record]) -> Winner:

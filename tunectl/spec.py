@@ -64,6 +64,10 @@ class MeasureSpec:
     max_seconds: float = 2.0
     l2: str = "warm"  # warm | cold
     mode: str = "auto"  # auto (the task's serving mode) | eager | graph
+    #: how a cold-L2 sample on a GPU is timed (tasks.timing): difference | replay
+    timing: str = "difference"
+    #: the drift guard (tasks.drift): remeasure (flag and measure again) | flag | off
+    drift: str = "remeasure"
     deadline_seconds: float = 300.0
 
 
@@ -84,6 +88,8 @@ class SearchSpec:
 
 
 STRATEGIES = ("grid", "halving")
+TIMINGS = ("difference", "replay")
+DRIFT_ACTIONS = ("remeasure", "flag", "off")
 #: strategies earlier versions ran; runs made with them still read (``parse_spec(..., stored=True)``)
 RETIRED_STRATEGIES = ("model",)
 
@@ -185,6 +191,8 @@ class _Validator:
         measure = self.dataclass_table(MeasureSpec, raw.get("measure", {}), "measure")
         self.choice("measure.l2", measure.l2, ("warm", "cold"))
         self.choice("measure.mode", measure.mode, ("auto", "eager", "graph"))
+        self.choice("measure.timing", measure.timing, TIMINGS)
+        self.choice("measure.drift", measure.drift, DRIFT_ACTIONS)
         if measure.max_samples < measure.min_samples:
             raise self.fail("measure.max_samples", "need min_samples <= max_samples")
         resources = self.dataclass_table(ResourceSpec, raw.get("resources", {}), "resources")

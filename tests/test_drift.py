@@ -1,0 +1,91 @@
+"""The drift guard on a fake device whose clock slows by 20 % part way through a point.
+
+The fake stands in for the device's timing only; the guard, the harness and the thresholds are real.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from tasks.drift import DriftGuard, Guarded, moved
+from tasks.harness import measure, summarise
+from tunectl.spec import MeasureSpec
+
+SETTINGS = MeasureSpec(warmup=0, min_samples=10, max_samples=50, noise_target=0.01, max_seconds=10.0)
+PROBE_US, CALL_US = 200.0, 40.0
+
+
+class SlowingDevice:
+    """Every kernel takes ``factor`` x its cost while the device clock is inside the slow window."""
+
+    def __init__(self) -> None:
+        self.now_us = 0.0
+        self.slow_from = self.slow_until = float("inf")
+
+    def kernel(self, cost_us: float) -> Callable[[], float]:
+        def sample() -> float:
+            us = cost_us * (1.2 if self.slow_from <= self.now_us < self.slow_until else 1.0)
+            self.now_us += us
+            return us
+
+        return sample
+
+    def slow_for(self, duration_us: float) -> None:
+        """From now on, for ``duration_us`` of device time (``inf``: for good)."""
+        self.slow_from, self.slow_until = self.now_us, self.now_us + duration_us
+
+
+def point_measurements(guard: DriftGuard, device: SlowingDevice, point: str, num_items: int) -> list[Guarded]:
+    call = device.kernel(CALL_US)
+    return [guard.measure(point, lambda: measure(call, SETTINGS)) for _ in range(num_items)]
+
+
+def test_a_shift_beyond_noise_is_one_that_leaves_both_bands_by_more_than_3_percent() -> None:
+    base = summarise([100.0, 99.5, 100.5] * 4)
+    assert moved(base, summarise([120.0, 119.5, 120.5] * 4))
+    assert not moved(base, summarise([102.0, 101.5, 102.5] * 4))  # outside the bands, but under 3 %
+    noisy = summarise([90.0, 100.0, 110.0] * 4)  # 6.7 % relative noise: a shift must pass 20 %
+    assert not moved(noisy, summarise([103.5, 115.0, 126.5] * 4))
+
+
+def test_the_guard_catches_an_injected_slowdown_and_the_remeasure_corrects_it() -> None:
+    device = SlowingDevice()
+    guard = DriftGuard(device.kernel(PROBE_US), action="remeasure", settings=SETTINGS)
+    before = point_measurements(guard, device, "p", 2)
+    # Slow through the next measurement and the probe after it (10 samples each, 20 % longer), then not.
+    device.slow_for(10 * 1.2 * (CALL_US + PROBE_US) + 1)
+    [hit] = point_measurements(guard, device, "p", 1)
+    after = point_measurements(guard, device, "p", 2)
+    assert [g.remeasured for g in before] == [0, 0] and not any(g.drift for g in before)
+    assert hit.remeasured == 1 and not hit.drift
+    assert hit.stats.median_us == pytest.approx(CALL_US) and hit.reference_ratio == pytest.approx(1.0)
+    assert [g.stats.median_us for g in after] == pytest.approx([CALL_US, CALL_US])
+
+
+def test_a_lasting_shift_is_flagged_remeasured_at_most_twice_then_flagged_alone() -> None:
+    device = SlowingDevice()
+    guard = DriftGuard(device.kernel(PROBE_US), action="remeasure", settings=SETTINGS)
+    point_measurements(guard, device, "p", 1)
+    device.slow_for(float("inf"))
+    first, later = point_measurements(guard, device, "p", 2)
+    assert (first.drift, first.remeasured, later.drift, later.remeasured) == (True, 2, True, 0)
+    assert first.reference_ratio == pytest.approx(1.2) and first.probe_us == pytest.approx(1.2 * PROBE_US)
+    [next_point] = point_measurements(guard, device, "q", 1)  # a new point takes a new reference
+    assert not next_point.drift and next_point.reference_ratio == pytest.approx(1.0)
+
+
+def test_flag_only_keeps_the_first_measurement_and_says_it_drifted() -> None:
+    device = SlowingDevice()
+    guard = DriftGuard(device.kernel(PROBE_US), action="flag", settings=SETTINGS)
+    point_measurements(guard, device, "p", 1)
+    device.slow_for(float("inf"))
+    [flagged] = point_measurements(guard, device, "p", 1)
+    assert flagged.drift and flagged.remeasured == 0
+    assert flagged.stats.median_us == pytest.approx(1.2 * CALL_US)
+
+
+def test_an_unknown_action_is_refused() -> None:
+    with pytest.raises(ValueError, match="drift action"):
+        DriftGuard(lambda: 1.0, action="ignore")

@@ -1,0 +1,109 @@
+"""Timing methods on a fake device: the difference method recovers a call's time, replay reads it high.
+
+The fake stands in for the GPU and its clock only: each kernel advances the device clock by its
+cost, and each timed launch pays a fixed overhead once. The samplers, the harness and the
+statistics are the real ones.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tasks.difference import MAX_CALLS, difference_sampler, num_calls_for, replay_sampler
+from tasks.harness import measure
+from tasks.timing import make_sampler, timing_of
+from tunectl.record import Timing
+from tunectl.spec import MeasureSpec
+
+SETTINGS = MeasureSpec(warmup=1, min_samples=20, max_samples=400, noise_target=0.002, max_seconds=10.0)
+
+
+class FakeGpu:
+    """A device clock: a call costs ``call_us``, a flush ``flush_us``; a timed launch pays ``overhead_us``
+    (drawn from ``jitter_us`` either side) once, as events and a graph launch do."""
+
+    def __init__(self, *, call_us: float, flush_us: float, overhead_us: float, jitter_us: float = 0.0) -> None:
+        self.call_us, self.flush_us = call_us, flush_us
+        self.overhead_us, self.jitter_us = overhead_us, jitter_us
+        self.now_us = 0.0
+        self.slowdown = 1.0  # every kernel takes this many times its cost
+        self.rng = random.Random(7)
+
+    def call(self) -> None:
+        self.now_us += self.call_us * self.slowdown
+
+    def flush(self) -> None:
+        self.now_us += self.flush_us * self.slowdown
+
+    def timer(self, launch: Callable[[], Any]) -> float:
+        start = self.now_us
+        self.now_us += self.overhead_us + self.rng.uniform(-self.jitter_us, self.jitter_us)
+        launch()
+        return self.now_us - start
+
+    @staticmethod
+    def capture(fn: Callable[[], Any]) -> Callable[[], Any]:
+        """One launch of ``fn`` (a graph on the device)."""
+        return fn
+
+
+def test_difference_recovers_the_call_time_that_replay_reads_high_by_the_launch_overhead() -> None:
+    gpu = FakeGpu(call_us=12.0, flush_us=30.0, overhead_us=5.0, jitter_us=1.0)
+    k = num_calls_for(gpu.call_us + gpu.flush_us)
+    difference = difference_sampler(gpu.call, gpu.flush, num_calls=k, timer=gpu.timer, capture=gpu.capture)
+    replay = replay_sampler(gpu.call, gpu.flush, timer=gpu.timer, capture=gpu.capture)
+    new, old = measure(difference, SETTINGS), measure(replay, SETTINGS)
+    assert k == 35  # 1500 µs of (flush, call) pairs of 42 µs
+    assert new.median_us == pytest.approx(12.0, abs=0.1)
+    assert old.median_us == pytest.approx(12.0 + 5.0, abs=0.5)
+    # The overhead's jitter is paid once per launch of k calls: the difference is far quieter per call.
+    assert new.p80_us - new.p20_us < (old.p80_us - old.p20_us) / 10
+
+
+def test_the_two_launches_alternate_so_an_order_effect_cancels() -> None:
+    gpu = FakeGpu(call_us=10.0, flush_us=20.0, overhead_us=4.0)
+    order: list[str] = []
+
+    def timer(launch: Callable[[], Any]) -> float:
+        before = gpu.now_us
+        gpu.timer(launch)
+        order.append("calls" if gpu.now_us - before > 4.0 + 2 * 20.0 else "flushes")
+        return gpu.now_us - before
+
+    sample = difference_sampler(gpu.call, gpu.flush, num_calls=2, timer=timer, capture=gpu.capture)
+    values = [sample() for _ in range(4)]
+    assert order == ["calls", "flushes", "flushes", "calls", "calls", "flushes", "flushes", "calls"]
+    assert values == [10.0] * 4
+
+
+def test_a_call_lost_in_the_flush_jitter_gives_raw_differences_around_zero() -> None:
+    gpu = FakeGpu(call_us=0.0, flush_us=30.0, overhead_us=5.0, jitter_us=2.0)
+    sample = difference_sampler(gpu.call, gpu.flush, num_calls=1, timer=gpu.timer, capture=gpu.capture)
+    values = [sample() for _ in range(200)]
+    assert min(values) < 0 < max(values)  # never clamped: the band stays the differences' own
+    stats = measure(sample, MeasureSpec(min_samples=10, max_samples=50, noise_target=0.01))
+    assert stats.num_samples == 50  # a median near zero has no relative noise to stop on
+
+
+def test_k_fills_the_target_launch_time_within_its_bounds() -> None:
+    assert num_calls_for(10.0) == MAX_CALLS  # 150 would fit; K stops at 64
+    assert num_calls_for(100.0) == 15
+    assert num_calls_for(2000.0) == 1
+    assert num_calls_for(0.0) == MAX_CALLS
+
+
+def test_the_difference_method_applies_to_a_cold_l2_on_a_gpu_only() -> None:
+    assert timing_of("cuda:0", "cold", "difference") is Timing.DIFFERENCE
+    assert timing_of("cuda:0", "cold", "replay") is Timing.REPLAY
+    assert timing_of("cuda:0", "warm", "difference") is Timing.REPLAY  # no flush to take out
+    assert timing_of("cpu", "cold", "difference") is Timing.REPLAY  # the clock has no launch cost
+
+
+def test_a_cpu_sampler_with_a_cold_cache_times_the_call_alone() -> None:
+    calls: list[int] = []
+    sample = make_sampler(lambda: calls.append(1), "cpu", "eager", "cold", "difference")
+    assert sample() >= 0 and calls == [1]
