@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tunectl.export import prepare_bundle, winners_in
-from tunectl.record import Phase, Status, TimingMethod
+from tunectl.record import Phase, Status, Timing, TimingMethod
 from tunectl.results import read_results
 from tunectl.runs import load_run, run_facts, summarise_runs
 from tunectl.runtime import load_bundle
@@ -31,6 +31,8 @@ def test_v1_rows_read_as_typed_records(results: Path) -> None:
     assert {r.status for r in records} == {Status.OK, Status.WRONG_RESULT}
     ok = [r for r in records if r.ok]
     assert {r.measure_mode for r in ok} == {TimingMethod.GRAPH}
+    assert {r.timing for r in records} == {Timing.REPLAY}  # the one method before rows named theirs
+    assert all(r.probe_us is None and r.drift is None and r.remeasured is None for r in records)
     assert all(dict(r.shape)["kv_len"] == 1024 and dict(r.static)["window"] == (-1, -1) for r in ok)
     assert all(isinstance(r.finished_at, float) and r.finished_at > 1.7e9 for r in records)
 

@@ -24,13 +24,20 @@ def _state(reasons: int | None = 0, violation_ns: int | None = 0, temp: float = 
 def test_a_measurement_without_slowdown_is_not_flagged() -> None:
     idle = 0x1  # a reason bit that is not a slowdown
     fields = nvml.record_fields(_state(temp=41.0), _state(reasons=idle, temp=45.0))
-    assert fields == {"sm_clock_mhz": 1980.0, "temperature_c": 45.0, "power_w": 400.0, "throttled": False}
+    assert fields == {
+        "sm_clock_mhz": 1980.0,
+        "temperature_c": 45.0,
+        "power_w": 400.0,
+        "throttled": False,
+        "throttle_reasons": idle,
+    }
 
 
 @pytest.mark.parametrize("reason", [0x4, 0x8, 0x20, 0x40, 0x80])
 def test_a_slowdown_reason_at_either_end_flags_the_measurement(reason: int) -> None:
     assert nvml.record_fields(_state(reasons=reason), _state())["throttled"] is True
     assert nvml.record_fields(_state(), _state(reasons=reason))["throttled"] is True
+    assert nvml.record_fields(_state(reasons=reason), _state(reasons=0x1))["throttle_reasons"] == reason | 0x1
 
 
 def test_violation_time_that_grew_during_the_samples_flags_the_measurement() -> None:

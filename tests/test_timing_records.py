@@ -1,0 +1,116 @@
+"""How each row was timed, and what its drift guard saw: recorded, persisted, and respected by selection."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tasks.drift import PROBE_SETTINGS
+from tasks.harness import Sampler
+from tasks.runner import ItemRunner
+from tunectl.errors import SpecError
+from tunectl.keys import key_text, make_key
+from tunectl.plan import WorkItem
+from tunectl.record import Record, Status, Timing
+from tunectl.results import ResultsWriter, read_results
+from tunectl.select import select_winners
+from tunectl.spec import MeasureSpec, parse_spec
+
+FAST = MeasureSpec(warmup=0, min_samples=3, max_samples=6, max_seconds=0.05)
+SHAPE = make_key({"n": 4})
+
+
+def _record(config: str, median: float, *, timing: Timing, finished: float, default: bool = False) -> Record:
+    return Record(
+        run_id=f"r{int(finished)}", item_id=f"{config}-{timing}", task="t", static_key='{"d":1}',
+        shape_key='{"batch":1}', config_key=config, is_default=default, status=Status.OK,
+        median_us=median, p20_us=median, p80_us=median, rel_noise=0.01, num_samples=10,
+        device_name="H200", timing=timing, finished_at=finished,
+    )  # fmt: skip
+
+
+def test_selection_compares_only_rows_of_the_method_of_the_points_latest_row() -> None:
+    # Replay reads ~5 µs high: its 14 µs config against the difference method's 15 µs default is no
+    # comparison. Measured again by the difference method (the default only, so far), the point is
+    # decided by those rows alone.
+    old = [
+        _record('{"c":"a"}', 14.0, timing=Timing.REPLAY, finished=1.0),
+        _record('{"c":"d"}', 20.0, timing=Timing.REPLAY, finished=1.0, default=True),
+    ]
+    new = [_record('{"c":"d"}', 15.0, timing=Timing.DIFFERENCE, finished=2.0, default=True)]
+    [winner] = select_winners(old + new)
+    assert winner.is_default and winner.median_us == 15.0 and winner.num_configs == 1
+    # Where replay rows are the latest, they alone decide, and their own default is the baseline.
+    later = [dataclasses.replace(r, finished_at=3.0) for r in old]
+    [winner] = select_winners(new + later)
+    assert dict(winner.config) == {"c": "a"} and winner.default_median_us == 20.0
+
+
+def test_the_timing_method_and_drift_fields_survive_parquet(tmp_path: Path) -> None:
+    record = dataclasses.replace(
+        _record('{"c":"a"}', 9.5, timing=Timing.DIFFERENCE, finished=5.0),
+        probe_us=201.5, reference_ratio=1.21, drift=True, remeasured=2, throttle_reasons=0x4,
+    )  # fmt: skip
+    writer = ResultsWriter(tmp_path)
+    writer.append(record)
+    writer.close()
+    [back] = read_results(tmp_path)
+    assert back.timing is Timing.DIFFERENCE and back.to_row()["timing"] == "difference"
+    assert (back.probe_us, back.reference_ratio, back.drift, back.remeasured) == (201.5, 1.21, True, 2)
+    assert back.throttle_reasons == 0x4
+
+
+def test_a_row_without_a_timing_reads_as_replay() -> None:
+    row = _record('{"c":"a"}', 9.5, timing=Timing.DIFFERENCE, finished=5.0).to_row()
+    assert Record.from_row({**row, "timing": None}).timing is Timing.REPLAY
+    assert Record.from_row({k: v for k, v in row.items() if k != "timing"}).timing is Timing.REPLAY
+    with pytest.raises(ValueError, match="timing 'bogus'"):
+        Record.from_row({**row, "timing": "bogus"})
+
+
+def _shifting_probe(slow_calls: range) -> Callable[[str], Sampler]:
+    """A probe whose device reads 20 % slow during the given calls (fake timing, real guard)."""
+    calls = 0
+
+    def make(device: str) -> Sampler:
+        def sample() -> float:
+            nonlocal calls
+            calls += 1
+            return 120.0 if calls in slow_calls else 100.0
+
+        return sample
+
+    return make
+
+
+def _measure_item(runner: ItemRunner, settings: MeasureSpec) -> Record:
+    config = make_key({"fault": "none", "run_ms": 1})
+    item = WorkItem(key_text(config), "fault_injection", (), SHAPE, config, is_default=False)
+    record = runner.run("r", item, settings)
+    assert isinstance(record, Record) and record.ok, record
+    return record
+
+
+def test_a_worker_measures_again_when_its_probe_moved_and_records_what_it_saw() -> None:
+    per_probe = PROBE_SETTINGS.warmup + PROBE_SETTINGS.min_samples  # steady samples stop at the minimum
+    # The reference probe is steady; the probe after the first measurement reads 20 % slow.
+    runner = ItemRunner("cpu", probe=_shifting_probe(range(per_probe + 1, 2 * per_probe + 1)))
+    record = _measure_item(runner, FAST)
+    assert record.timing is Timing.REPLAY  # a CPU clock: nothing fixed per sample to take out
+    assert (record.remeasured, record.drift, record.probe_us, record.reference_ratio) == (1, False, 100.0, 1.0)
+
+
+def test_a_worker_without_the_guard_times_no_probe() -> None:
+    runner = ItemRunner("cpu", probe=_shifting_probe(range(0)))
+    record = _measure_item(runner, dataclasses.replace(FAST, drift="off"))
+    assert (record.probe_us, record.reference_ratio, record.drift, record.remeasured) == (None,) * 4
+
+
+@pytest.mark.parametrize(("key", "value"), [("timing", "events"), ("drift", "ignore")])
+def test_a_spec_names_a_bad_timing_or_drift_choice(key: str, value: str) -> None:
+    text = f'task = "fault_injection"\n[shapes.n]\nvalues = [4]\n[configs]\nfault = ["none"]\n[measure]\n{key} = "{value}"\n'
+    with pytest.raises(SpecError, match=f"measure.{key}"):
+        parse_spec(text)
