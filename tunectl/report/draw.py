@@ -5,7 +5,8 @@
 - noise heatmaps: relative noise on a log scale clipped at the 95th percentile (at least 5 %), so one
   wild measurement does not wash out the rest; a clipped cell still shows its own number;
 - validation: each shape's speedup with its 95 % interval, coloured by verdict;
-- imported logs: per shape, every choice's time over Inductor's pick (its fastest), on a log scale.
+- imported logs: per shape, every choice's time over Inductor's pick (its fastest), on a log scale;
+- drift: each worker's probe over its life (``tunectl.report.drift``).
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from tunectl.report.drift import draw_drift
 from tunectl.report.gather import ImportedPanel, ReportData, ValidationPanel
 from tunectl.report.grids import Grid, label
 
-PLOT_FILE = re.compile(r"(speedup|noise|validation|bundle|imported)-\d+\.png")
+PLOT_FILE = re.compile(r"(speedup|noise|validation|bundle|imported|drift)-\d+\.png")
 _DPI = 100
 _MAX_WIDTH_IN = 12.5  # the page's column is 1300 px wide
 _FAILED: dict[str, Any] = {"facecolor": "#d0d0d0", "edgecolor": "#666666", "hatch": "//", "lw": 0}
@@ -243,4 +245,7 @@ def draw(data: ReportData, out: Path) -> tuple[Path, ...]:
     for imported in data.imported:
         draw_imported(imported, out / imported.plot)
         plots.append(out / imported.plot)
+    if data.drift is not None:
+        draw_drift(data.drift, out / data.drift.plot)
+        plots.append(out / data.drift.plot)
     return tuple(plots)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from tunectl import stats
 from tunectl.keys import Key, from_json, key_from_text, value_order
 from tunectl.record import Phase, Record
+from tunectl.report.drift import DriftPanel, drift_panel
 from tunectl.report.grids import Cell, Grid, Group, Point, label, noise_grid, short_labels, speedup_grids
 from tunectl.select import Winner, latest_comparisons, select_winners
 
@@ -139,6 +140,7 @@ class ReportData:
     validation: tuple[ValidationPanel, ...]
     imported: tuple[ImportedPanel, ...]
     bundle: BundleSection | None
+    drift: DriftPanel | None = None  # each worker's drift-guard probe over its life
 
     @property
     def grids(self) -> tuple[Grid, ...]:
@@ -343,6 +345,7 @@ def gather(rows: Sequence[Row], bundle: Bundle | None = None) -> ReportData:
         validation=validation_panels(rows),
         imported=imported_panels(imported),
         bundle=section,
+        drift=drift_panel(measured),
     )
 
 

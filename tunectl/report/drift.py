@@ -1,0 +1,116 @@
+"""The drift section of the report: each worker's probe (``tasks.drift``) over its life, as plain data.
+
+Every guarded measurement row carries the probe's median taken right after it (``probe_us``); one
+worker's rows in time order are that worker's life: a probe that climbs is a device that slowed
+(a power cap, a clock, a neighbour). Per worker the report draws the probe over its first reading
+against minutes since the run's first probe, marks the rows whose guard saw a shift, and tabulates
+the range with the SM clocks and throttling read beside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+Row = Mapping[str, Any]
+PLOT = "drift-001.png"
+
+
+@dataclass(frozen=True)
+class ProbeReading:
+    at_s: float  # seconds since the first probe in the report
+    probe_us: float
+    drift: bool  # the guard saw the probe move beyond noise at the row's kept measurement
+    remeasured: int
+    sm_clock_mhz: float | None
+    throttled: bool | None
+
+
+@dataclass(frozen=True)
+class WorkerDrift:
+    worker: str  # host:pid
+    device: str
+    readings: tuple[ProbeReading, ...]  # in time order
+
+    @property
+    def first_us(self) -> float:
+        return self.readings[0].probe_us
+
+    @property
+    def range_us(self) -> tuple[float, float]:
+        values = [r.probe_us for r in self.readings]
+        return min(values), max(values)
+
+    @property
+    def largest_shift(self) -> float:
+        """The reading furthest from the first, as a ratio to it (1.0: never moved)."""
+        return max((r.probe_us / self.first_us for r in self.readings), key=lambda x: abs(x - 1.0))
+
+    @property
+    def num_drift(self) -> int:
+        return sum(r.drift for r in self.readings)
+
+    @property
+    def num_remeasured(self) -> int:
+        return sum(r.remeasured for r in self.readings)
+
+    @property
+    def clock_range(self) -> tuple[float, float] | None:
+        clocks = [r.sm_clock_mhz for r in self.readings if r.sm_clock_mhz is not None]
+        return (min(clocks), max(clocks)) if clocks else None
+
+    @property
+    def num_throttled(self) -> int:
+        return sum(bool(r.throttled) for r in self.readings)
+
+
+@dataclass(frozen=True)
+class DriftPanel:
+    workers: tuple[WorkerDrift, ...]
+    plot: str
+
+
+def drift_panel(rows: Iterable[Row]) -> DriftPanel | None:
+    """Per worker, its guarded rows' probe readings in time order; None where no row timed a probe."""
+    probed = [r for r in rows if r.get("probe_us") is not None and r.get("worker")]
+    if not probed:
+        return None
+    start = min(float(r["finished_at"]) for r in probed)
+    by_worker: dict[tuple[str, str], list[ProbeReading]] = {}
+    for row in sorted(probed, key=lambda r: float(r["finished_at"])):
+        reading = ProbeReading(
+            at_s=float(row["finished_at"]) - start,
+            probe_us=float(row["probe_us"]),
+            drift=bool(row.get("drift")),
+            remeasured=int(row.get("remeasured") or 0),
+            sm_clock_mhz=row.get("sm_clock_mhz"),
+            throttled=row.get("throttled"),
+        )
+        by_worker.setdefault((str(row["worker"]), str(row.get("device_name") or "")), []).append(reading)
+    workers = tuple(
+        WorkerDrift(worker, device, tuple(readings)) for (worker, device), readings in sorted(by_worker.items())
+    )
+    return DriftPanel(workers, PLOT)
+
+
+def draw_drift(panel: DriftPanel, path: Any) -> None:
+    """One line per worker: its probe over its first reading against minutes; shifts marked ×."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(9.0, 3.6), layout="constrained")
+    ax = fig.add_subplot()
+    for worker in panel.workers:
+        x = [r.at_s / 60 for r in worker.readings]
+        y = [r.probe_us / worker.first_us for r in worker.readings]
+        (line,) = ax.plot(x, y, marker=".", ms=3, lw=1, label=f"{worker.worker} ({worker.device or 'cpu'})")
+        flagged = [(xi, yi) for xi, yi, r in zip(x, y, worker.readings, strict=True) if r.drift or r.remeasured]
+        if flagged:
+            ax.scatter(*zip(*flagged, strict=True), marker="x", s=40, color=line.get_color(), zorder=3)
+    ax.axhline(1.0, color="grey", lw=1)
+    ax.set_xlabel("minutes since the first probe")
+    ax.set_ylabel("probe time over the worker's first (×)")
+    ax.legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.suptitle("drift guard: each worker's probe over its life (× where a shift was seen)", x=0.01,
+                 ha="left", fontsize=9)  # fmt: skip
+    fig.savefig(path, dpi=100)
