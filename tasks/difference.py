@@ -119,6 +119,20 @@ def replay_sampler(
     return sample
 
 
+def cuda_difference_sampler(
+    fn: Callable[[], Any], device: str, mode: str, *, flush_kind: FlushKind = FLUSH
+) -> Sampler:
+    """The difference method for ``fn`` on a CUDA device: graphs (``graph``) or eager launches
+    (``eager``), K chosen from a first eager estimate of one (flush, call) pair."""
+    parts = cuda_parts(device, mode)
+    flush = cuda_flush(device, flush_kind)
+    k = num_calls_for(gpu_time_us(repeated(fn, flush, 1)))
+    sample = difference_sampler(fn, flush, num_calls=k, timer=parts.timer, capture=parts.capture)
+    if mode == "eager":
+        parts.timer.cover(sample.launches[0])  # type: ignore[attr-defined]
+    return sample
+
+
 @dataclass
 class CudaParts:
     """The real timer and capture on one CUDA device (``cuda_parts``)."""

@@ -103,15 +103,13 @@ class DriftGuard:
             self._reference = self._time_probe()
         reference = self._reference
         retries = 0 if self.action == "flag" or self._lasting else MAX_REMEASURES
-        for attempt in range(retries + 1):
-            stats = measure_once()
-            probe = self._time_probe()
-            shifted = moved(reference, probe)
-            if not shifted:
-                break
+        stats, probe, remeasured = measure_once(), self._time_probe(), 0
+        while moved(reference, probe) and remeasured < retries:
+            stats, probe, remeasured = measure_once(), self._time_probe(), remeasured + 1
+        shifted = moved(reference, probe)
         if shifted and retries:
             self._lasting = True
-        return Guarded(stats, probe.median_us, probe.median_us / reference.median_us, shifted, attempt)
+        return Guarded(stats, probe.median_us, probe.median_us / reference.median_us, shifted, remeasured)
 
     def _time_probe(self) -> Stats:
         return measure(self.probe, self.settings)

@@ -76,7 +76,8 @@ def record_fields(before: GpuState | None, after: GpuState | None) -> dict[str, 
 
 def _reasons_seen(before: GpuState | None, after: GpuState | None) -> int | None:
     """NVML's clock event reasons active at either reading (a bit mask), None if neither was read."""
-    reasons = [s.throttle_reasons for s in (before, after) if s is not None and s.throttle_reasons is not None]
+    readings = (before, after)
+    reasons = [s.throttle_reasons for s in readings if s is not None and s.throttle_reasons is not None]
     return None if not reasons else reasons[0] | reasons[-1]
 
 

@@ -27,15 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tasks.difference import (
-    cuda_flush,
-    cuda_parts,
-    difference_sampler,
-    gpu_time_us,
-    num_calls_for,
-    repeated,
-    replay_sampler,
-)
+from tasks.difference import cuda_difference_sampler, cuda_flush, cuda_parts, gpu_time_us, replay_sampler
 from tasks.harness import Sampler, cpu_sampler
 from tunectl.record import Timing
 
@@ -71,15 +63,12 @@ def make_sampler(
 
 
 def _cuda_sampler(fn: Callable[[], Any], device: str, mode: str, l2: str, timing: Timing) -> Sampler:
-    parts = cuda_parts(device, mode)
     if timing is Timing.DIFFERENCE:
-        flush = cuda_flush(device)
-        k = num_calls_for(gpu_time_us(repeated(fn, flush, 1)))
-        sample = difference_sampler(fn, flush, num_calls=k, timer=parts.timer, capture=parts.capture)
-    else:
-        flush = cuda_flush(device, "write") if l2 == "cold" else None  # the replay method's own flush
-        reps = 1 if l2 == "cold" or mode == "eager" else _reps_for(gpu_time_us(fn))
-        sample = replay_sampler(fn, flush, num_calls=reps, timer=parts.timer, capture=parts.capture)
+        return cuda_difference_sampler(fn, device, mode)
+    parts = cuda_parts(device, mode)
+    flush = cuda_flush(device, "write") if l2 == "cold" else None  # the replay method's own flush
+    reps = 1 if l2 == "cold" or mode == "eager" else _reps_for(gpu_time_us(fn))
+    sample = replay_sampler(fn, flush, num_calls=reps, timer=parts.timer, capture=parts.capture)
     if mode == "eager":
         parts.timer.cover(sample.launches[0])  # type: ignore[attr-defined]
     return sample

@@ -26,7 +26,9 @@ class FakeGpu:
     """A device clock: a call costs ``call_us``, a flush ``flush_us``; a timed launch pays ``overhead_us``
     (drawn from ``jitter_us`` either side) once, as events and a graph launch do."""
 
-    def __init__(self, *, call_us: float, flush_us: float, overhead_us: float, jitter_us: float = 0.0) -> None:
+    def __init__(
+        self, *, call_us: float, flush_us: float, overhead_us: float, jitter_us: float = 0.0
+    ) -> None:
         self.call_us, self.flush_us = call_us, flush_us
         self.overhead_us, self.jitter_us = overhead_us, jitter_us
         self.now_us = 0.0

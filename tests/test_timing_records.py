@@ -100,7 +100,8 @@ def test_a_worker_measures_again_when_its_probe_moved_and_records_what_it_saw() 
     runner = ItemRunner("cpu", probe=_shifting_probe(range(per_probe + 1, 2 * per_probe + 1)))
     record = _measure_item(runner, FAST)
     assert record.timing is Timing.REPLAY  # a CPU clock: nothing fixed per sample to take out
-    assert (record.remeasured, record.drift, record.probe_us, record.reference_ratio) == (1, False, 100.0, 1.0)
+    assert (record.remeasured, record.drift) == (1, False)
+    assert (record.probe_us, record.reference_ratio) == (100.0, 1.0)
 
 
 def test_a_worker_without_the_guard_times_no_probe() -> None:
@@ -111,6 +112,9 @@ def test_a_worker_without_the_guard_times_no_probe() -> None:
 
 @pytest.mark.parametrize(("key", "value"), [("timing", "events"), ("drift", "ignore")])
 def test_a_spec_names_a_bad_timing_or_drift_choice(key: str, value: str) -> None:
-    text = f'task = "fault_injection"\n[shapes.n]\nvalues = [4]\n[configs]\nfault = ["none"]\n[measure]\n{key} = "{value}"\n'
+    text = "\n".join(
+        ['task = "fault_injection"', "[shapes.n]", "values = [4]", "[configs]", 'fault = ["none"]',
+         "[measure]", f'{key} = "{value}"']
+    )  # fmt: skip
     with pytest.raises(SpecError, match=f"measure.{key}"):
         parse_spec(text)

@@ -88,9 +88,8 @@ def drift_panel(rows: Iterable[Row]) -> DriftPanel | None:
             throttled=row.get("throttled"),
         )
         by_worker.setdefault((str(row["worker"]), str(row.get("device_name") or "")), []).append(reading)
-    workers = tuple(
-        WorkerDrift(worker, device, tuple(readings)) for (worker, device), readings in sorted(by_worker.items())
-    )
+    ordered = sorted(by_worker.items())
+    workers = tuple(WorkerDrift(worker, device, tuple(readings)) for (worker, device), readings in ordered)
     return DriftPanel(workers, PLOT)
 
 
@@ -104,9 +103,11 @@ def draw_drift(panel: DriftPanel, path: Any) -> None:
         x = [r.at_s / 60 for r in worker.readings]
         y = [r.probe_us / worker.first_us for r in worker.readings]
         (line,) = ax.plot(x, y, marker=".", ms=3, lw=1, label=f"{worker.worker} ({worker.device or 'cpu'})")
-        flagged = [(xi, yi) for xi, yi, r in zip(x, y, worker.readings, strict=True) if r.drift or r.remeasured]
+        seen = zip(x, y, worker.readings, strict=True)
+        flagged = [(xi, yi) for xi, yi, r in seen if r.drift or r.remeasured]
         if flagged:
-            ax.scatter(*zip(*flagged, strict=True), marker="x", s=40, color=line.get_color(), zorder=3)
+            xs, ys = zip(*flagged, strict=True)
+            ax.scatter(xs, ys, marker="x", s=40, color=line.get_color(), zorder=3)
     ax.axhline(1.0, color="grey", lw=1)
     ax.set_xlabel("minutes since the first probe")
     ax.set_ylabel("probe time over the worker's first (×)")

@@ -1,0 +1,94 @@
+"""The difference method on a real GPU, cross-checked against Triton's ``do_bench`` and the replay method.
+
+Kernels of about 10 µs to 2 ms on an H200: copies of three sizes and a bf16 matrix product. The
+tolerance, stated once: two readings of one kernel agree when they differ by at most 1 µs or 3 %
+(the larger). Checked:
+
+- the difference method (graph and eager) against an independent difference taken with Triton's
+  ``do_bench`` as the timer: do_bench(K x (flush, call)) - do_bench(K x flush), over K;
+- the replay method never reads below the difference method beyond that tolerance (it carries a
+  fixed cost per sample; it cannot lack one), nor does plain ``do_bench`` (an eager call between
+  events per sample).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from tasks.difference import cuda_flush, num_calls_for, repeated
+from tasks.harness import measure
+from tasks.timing import make_sampler
+from tunectl.spec import MeasureSpec
+
+torch = pytest.importorskip("torch")
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+SETTINGS = MeasureSpec(warmup=3, min_samples=20, max_samples=500, noise_target=0.005, max_seconds=1.0)
+DEVICE = "cuda:0"
+
+
+def _agree(a_us: float, b_us: float) -> bool:
+    return abs(a_us - b_us) <= max(1.0, 0.03 * max(a_us, b_us))
+
+
+def _not_below(high_us: float, low_us: float) -> bool:
+    return high_us >= low_us - max(1.0, 0.03 * low_us)
+
+
+def _copy(num_bytes: int) -> Callable[[], Any]:
+    src = torch.ones(num_bytes, dtype=torch.uint8, device=DEVICE)
+    dst = torch.empty_like(src)
+    return lambda: dst.copy_(src)
+
+
+def _matmul(n: int) -> Callable[[], Any]:
+    a = torch.randn(n, n, dtype=torch.bfloat16, device=DEVICE)
+    out = torch.empty_like(a)
+    return lambda: torch.matmul(a, a, out=out)
+
+
+KERNELS = {
+    "copy 16 MiB (~10 us)": lambda: _copy(16 << 20),
+    "copy 256 MiB (~120 us)": lambda: _copy(256 << 20),
+    "copy 4 GiB (~2 ms)": lambda: _copy(4 << 30),
+    "matmul bf16 4096 (~150 us)": lambda: _matmul(4096),
+}
+
+
+def _do_bench_difference(fn: Callable[[], Any]) -> float:
+    """The difference method with Triton's do_bench as the timer (its median, in µs)."""
+    from triton.testing import do_bench
+
+    flush = cuda_flush(DEVICE)
+    k = num_calls_for(do_bench(repeated(fn, flush, 1), return_mode="median") * 1e3)
+    calls = do_bench(repeated(fn, flush, k), warmup=25, rep=200, return_mode="median")
+    flushes = do_bench(repeated(flush, None, k), warmup=25, rep=200, return_mode="median")
+    return (calls - flushes) * 1e3 / k
+
+
+@pytest.mark.parametrize("name", list(KERNELS))
+def test_the_difference_method_agrees_with_do_bench_and_replay_reads_no_lower(name: str) -> None:
+    pytest.importorskip("triton")
+    from triton.testing import do_bench
+
+    fn = KERNELS[name]()
+    fn()
+    torch.cuda.synchronize()
+    graph = measure(make_sampler(fn, DEVICE, "graph", "cold", "difference"), SETTINGS).median_us
+    eager = measure(make_sampler(fn, DEVICE, "eager", "cold", "difference"), SETTINGS).median_us
+    replay = measure(make_sampler(fn, DEVICE, "graph", "cold", "replay"), SETTINGS).median_us
+    reference = _do_bench_difference(fn)
+    plain = do_bench(fn, warmup=25, rep=200, return_mode="median") * 1e3
+    print(
+        f"{name}: difference graph {graph:.2f} eager {eager:.2f} | do_bench difference {reference:.2f}"
+        f" | replay {replay:.2f} | do_bench {plain:.2f} us"
+    )
+    assert _agree(graph, reference), (graph, reference)
+    assert _agree(eager, reference), (eager, reference)
+    assert _not_below(replay, graph), (replay, graph)
+    assert _not_below(plain, graph), (plain, graph)
