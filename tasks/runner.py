@@ -32,7 +32,15 @@ from tunectl.stats import paired_speedup
 _MESSAGE_CHARS = 2000
 _STACK_MEMORY_SHARE = 0.3  # of the free device memory, for a stack's extra input sets
 _CPU_STACK_BYTES = 1 << 30
+_NOT_MEASURABLE = (
+    "not measurable: the call took no measurable time beside the cache flush by the difference "
+    "method; time it with measure.timing = 'replay', or at a larger shape"
+)
 _NO_BASELINE = {"status": "error", "message": "not compared: the default failed at this point"}
+
+
+class NotMeasurable(RuntimeError):
+    """A difference-method median at or under zero: the call is lost in the flush's jitter."""
 
 
 class CudaContextPoisoned(RuntimeError):
@@ -111,6 +119,8 @@ class ItemRunner:
             return evaluate()
         except InvalidConfig as exc:
             return [{"status": "invalid", "message": clip(str(exc))}] * n
+        except NotMeasurable as exc:  # the numbers are fine, the method cannot resolve them: no trace
+            return [{"status": "error", "message": str(exc)}] * n
         except Exception as exc:
             self._check_context()
             return [{"status": "error", "message": failure_message(exc)}] * n
@@ -145,11 +155,7 @@ class ItemRunner:
             stats, drift_fields = guarded.stats, guarded.fields()
         gpu_state = record_fields(before, read_state(self.device))
         if stats.median_us <= 0:
-            raise RuntimeError(
-                f"not measurable: the call took no measurable time beside the cache flush (median "
-                f"{stats.median_us:.3g} us by the difference method); time it with measure.timing = "
-                "'replay' or at a larger shape"
-            )
+            raise NotMeasurable(f"{_NOT_MEASURABLE} (median {stats.median_us:.3g} us)")
         return {
             **checked,
             "status": "ok",
@@ -308,6 +314,8 @@ def _round_times(rounds: list[list[list[float]]], layers: int) -> list[list[floa
     of ``rounds`` is the thrash-only stack, whose time is taken out of each arm's in the same round."""
     medians = [[statistics.median(samples) for samples in arm] for arm in rounds]
     if not layers:
+        if min(min(arm) for arm in medians) <= 0:
+            raise NotMeasurable(_NOT_MEASURABLE)
         return medians
     thrash = medians[-1]  # 0 where the stack timed its calls alone (CPU)
     net = [[(t - z) / layers for t, z in zip(arm, thrash, strict=True)] for arm in medians[:-1]]

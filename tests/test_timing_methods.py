@@ -109,3 +109,11 @@ def test_a_cpu_sampler_with_a_cold_cache_times_the_call_alone() -> None:
     calls: list[int] = []
     sample = make_sampler(lambda: calls.append(1), "cpu", "eager", "cold", "difference")
     assert sample() >= 0 and calls == [1]
+
+
+def test_finals_whose_difference_median_is_not_above_zero_are_not_measurable() -> None:
+    from tasks.runner import NotMeasurable, _round_times
+
+    assert _round_times([[[10.0, 11.0]], [[9.0]]], 0) == [[10.5], [9.0]]
+    with pytest.raises(NotMeasurable, match="timing = 'replay'"):
+        _round_times([[[10.0]], [[-0.2, 0.1, -0.1]]], 0)

@@ -116,5 +116,5 @@ def test_a_spec_names_a_bad_timing_or_drift_choice(key: str, value: str) -> None
         ['task = "fault_injection"', "[shapes.n]", "values = [4]", "[configs]", 'fault = ["none"]',
          "[measure]", f'{key} = "{value}"']
     )  # fmt: skip
-    with pytest.raises(SpecError, match=f"measure.{key}"):
+    with pytest.raises(SpecError, match=rf"measure\.{key}"):
         parse_spec(text)
