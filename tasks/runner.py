@@ -8,6 +8,7 @@ outcome becomes a ``Record`` with a status.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import statistics
@@ -29,6 +30,7 @@ from tunectl.record import Record
 from tunectl.spec import MeasureSpec
 from tunectl.stats import paired_speedup
 
+log = logging.getLogger("tunectl.worker")
 _MESSAGE_CHARS = 2000
 _STACK_MEMORY_SHARE = 0.3  # of the free device memory, for a stack's extra input sets
 _CPU_STACK_BYTES = 1 << 30
@@ -55,6 +57,7 @@ class ItemRunner:
         self.device = device
         self._make_probe = probe
         self._guard: DriftGuard | None = None
+        self._probe_failed = False
         self._tasks: dict[str, TuningTask] = {}
         self._point: tuple[Any, ...] | None = None
         self._inputs: Any = None
@@ -174,10 +177,15 @@ class ItemRunner:
     def _drift_guard(self, action: str) -> DriftGuard | None:
         """The worker's drift guard acting as ``measure.drift`` asks (None for ``off``); its probe is
         built on first use and kept for the worker's life."""
-        if action == "off":
+        if action == "off" or self._probe_failed:
             return None
         if self._guard is None:
-            self._guard = DriftGuard(self._make_probe(self.device), action=action)
+            try:
+                self._guard = DriftGuard(self._make_probe(self.device), action=action)
+            except Exception as exc:  # no probe (memory, a missing op): measure unguarded, not fail
+                self._probe_failed = True
+                log.warning("drift guard off on %s: its probe could not be built (%s)", self.device, exc)
+                return None
         self._guard.action = action
         return self._guard
 

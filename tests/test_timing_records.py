@@ -118,3 +118,12 @@ def test_a_spec_names_a_bad_timing_or_drift_choice(key: str, value: str) -> None
     )  # fmt: skip
     with pytest.raises(SpecError, match=rf"measure\.{key}"):
         parse_spec(text)
+
+
+def test_a_probe_that_cannot_be_built_leaves_the_measurement_unguarded() -> None:
+    def no_probe(device: str) -> Sampler:
+        raise RuntimeError("out of memory")
+
+    runner = ItemRunner("cpu", probe=no_probe)
+    first, second = _measure_item(runner, FAST), _measure_item(runner, FAST)
+    assert first.probe_us is None and second.probe_us is None  # ok rows, tried once, not per item
