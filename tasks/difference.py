@@ -16,13 +16,15 @@ small fraction), from 1 to ``MAX_CALLS``.
 The harness (``tasks.harness``) takes the samples as they come: their median, p20-p80 band and
 relative noise are those of the paired differences, and it samples until that noise reaches the
 spec's target. The noise of one difference is that of two launches (about sqrt(2) x the jitter of
-one launch of K flushes, over K), so it falls as 1/K: a 10 us call with K = 32 sees about a tenth of
-the launch jitter a single-call replay does. Samples are never clamped: clamping would bias the
-band. For a call much shorter than the flush's jitter a difference can be negative; a measurement
-whose median is not above zero cannot tell the call from the flush, and the runner records it as an
-error that says so (never as a time that could win).
+one launch of K flushes, over K), so it falls as 1/K: with K = 32 a call's sample carries about a
+twentieth of the launch jitter a single-call replay's does. Samples are never clamped: clamping
+would bias the band. For a call much shorter than the flush's jitter a difference can be negative;
+a measurement whose median is not above zero cannot tell the call from the flush, and the runner
+records it as an error that says so (never as a time that could win).
 
-The flush is a module constant, ``FLUSH``, chosen by measurement (``benchmarks/sampler_methods.py``):
+The flush is a module constant, ``FLUSH``, one line to flip; ``benchmarks/sampler_methods.py``
+times both on a GPU, and ``read`` is the default for the reason below until a measurement says
+otherwise:
 
 - ``read``: a reduction over a buffer twice the L2 into a preallocated output. It leaves no dirty
   lines, so the call after it pays nothing for the flush, and the flush after a call pays to write
