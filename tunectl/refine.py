@@ -59,9 +59,10 @@ def candidates(
     winners: Mapping[Key, Winner | None], known: Iterable[Key], dims: Sequence[ShapeDim]
 ) -> list[Key]:
     """Midpoints between neighbouring shapes (along one of ``dims`` at a time, the others fixed) whose
-    winners disagree, not already ``known``, in a fixed order (by dimension, then by value)."""
+    winners disagree, not already ``known``, in a fixed order: where the winners differ first (a
+    budget goes to breakpoints before it goes to a changing advantage), then by dimension and value."""
     known = set(known)
-    out: dict[Key, None] = {}
+    out: dict[Key, int] = {}
     for dim in dims:
         lines: dict[Key, list[tuple[int, Key]]] = {}
         for shape in winners:
@@ -76,8 +77,8 @@ def candidates(
                     continue
                 shape = make_key({**dict(rest), dim.name: mid})
                 if shape not in known:
-                    out[shape] = None
-    return list(out)
+                    out[shape] = min(out.get(shape, 1), 0 if wa.config != wb.config else 1)
+    return sorted(out, key=lambda shape: out[shape])  # stable: dimension and value order within a class
 
 
 def point_winner(point: Point, selectable: Callable[[Key, Key], bool], margin: float) -> Winner | None:
