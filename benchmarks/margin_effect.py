@@ -38,7 +38,9 @@ def compare(root: Path, margin: float) -> list[str]:
         changed = [k for k in before if before[k].config != after[k].config]
         num_entries += len(before)
         num_changed += len(changed)
-        lines.append(f"{info.run_id} ({info.name}, {info.task}): {len(changed)} of {len(before)} entries change")
+        lines.append(
+            f"{info.run_id} ({info.name}, {info.task}): {len(changed)} of {len(before)} entries change"
+        )
         for k in changed:
             b, a = before[k], after[k]
             changes.append(

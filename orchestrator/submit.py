@@ -38,10 +38,10 @@ from tunectl.errors import UserError
 from tunectl.keys import Key
 from tunectl.plan import Plan, WorkItem, check_size, plan
 from tunectl.record import Record
+from tunectl.refine import refined
 from tunectl.registry import get_task
 from tunectl.results import ResultsWriter, read_results
 from tunectl.runs import RunInfo, driver_alive, load_run, new_run_id, run_exists, run_log_path, save_run
-from tunectl.refine import refined
 from tunectl.search import Search
 from tunectl.spec import MeasureSpec, ResourceSpec, Spec, load_spec, parse_spec
 

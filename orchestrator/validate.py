@@ -16,9 +16,9 @@ from typing import Any
 from orchestrator.submit import Progress, RunOptions, new_run, run
 from tunectl.bundle import MANIFEST, publish, publish_local
 from tunectl.errors import TunectlError, UserError
+from tunectl.export import ALL_RESULTS, ExportResult, PreparedBundle, Scope, prepare_bundle
 from tunectl.holdout import Holdout, draw_shapes, plan_holdout, read_holdout
 from tunectl.keys import Key, make_key
-from tunectl.export import ALL_RESULTS, ExportResult, PreparedBundle, Scope, prepare_bundle
 from tunectl.registry import get_task
 from tunectl.results import read_results
 from tunectl.runs import load_run
@@ -112,7 +112,9 @@ def validate_holdout(
         raise UserError(f"--margin must be at least 0 and below 1, not {margin}")
     spec = spec if isinstance(spec, Spec) else load_spec(spec)
     if not spec.ranges():
-        raise UserError(f"{spec.path}: --holdout draws shapes inside ranges; declare range = [lo, hi] in [shapes]")
+        raise UserError(
+            f"{spec.path}: --holdout draws shapes inside ranges; declare range = [lo, hi] in [shapes]"
+        )
     loaded = bundle if isinstance(bundle, Bundle) else read_bundle(bundle)
     tuned = tuned_shapes(loaded, spec.task)
     shapes = draw_shapes(spec, num_shapes, seed, tuned)

@@ -72,4 +72,8 @@ class CostModel(Task):
 def cost_ms(config: Params, shape: Params) -> float:
     """What one call of ``config`` costs at ``shape``, in milliseconds."""
     terms = {term: float(config.get(term, 0.0)) for term in _TERMS}
-    return terms["fixed_ms"] + terms["per_batch_ms"] * shape["batch"] + terms["per_kv_ms"] * shape["kv_len"] / 1024
+    return (
+        terms["fixed_ms"]
+        + terms["per_batch_ms"] * shape["batch"]
+        + terms["per_kv_ms"] * shape["kv_len"] / 1024
+    )

@@ -61,7 +61,7 @@ def test_refined_points_are_entries_and_lookup_uses_them(tmp_path: Path) -> None
     points = bundle.task_info("cost_model")["shape_params"]["batch"]["points"]
     assert len(points) > 3 and {1, 8, 64} <= set(points)
     static = {"capacity": 1000000}
-    # Batch 12: the starting grid's ceil bucket (64) would pick the default; the per-batch config is 1.7x faster.
+    # Batch 12: the starting grid's ceil bucket (64) would pick the default; per-batch is 1.7x faster.
     assert bundle.lookup("cost_model", **static, batch=12, kv_len=1000) == PER_BATCH
     assert bundle.lookup("cost_model", **static, batch=40, kv_len=1000) == DEFAULT
 
@@ -79,7 +79,9 @@ def test_cells_refined_at_another_kv_length_are_served_by_the_nearest_tuned_poin
             assert bundle.lookup("cost_model", **static, batch=batch, kv_len=kv) is not None, (batch, kv)
     filled = [e for e in bundle.entries("cost_model") if e["served_by"]]
     assert filled and all("served by the nearest tuned point" in e["reason"] for e in filled)
-    assert len(list(bundle.entries("cost_model"))) == len(info["batch"]["points"]) * len(info["kv_len"]["points"])
+    assert len(list(bundle.entries("cost_model"))) == len(info["batch"]["points"]) * len(
+        info["kv_len"]["points"]
+    )
 
 
 def test_without_filling_the_regions_that_answer_none_are_listed_and_strict_refuses(tmp_path: Path) -> None:
@@ -112,16 +114,22 @@ def test_range_ends_the_policy_cannot_reach_are_listed() -> None:
 
 
 def test_nearest_is_by_log_distance_ties_in_value_order() -> None:
-    shapes = [make_key({"batch": 16, "kv": 1024}), make_key({"batch": 64, "kv": 1024}), make_key({"batch": 32, "kv": 8192})]
+    shapes = [
+        make_key({"batch": 16, "kv": 1024}),
+        make_key({"batch": 64, "kv": 1024}),
+        make_key({"batch": 32, "kv": 8192}),
+    ]
     assert nearest(make_key({"batch": 24, "kv": 1024}), shapes) == shapes[0]
     assert nearest(make_key({"batch": 32, "kv": 1024}), shapes[:2]) == shapes[0]
 
 
 def test_the_margin_keeps_the_default_unless_the_whole_interval_clears_it() -> None:
     def final(config: dict[str, float], lo: float, hi: float, default: bool) -> Record:
-        return Record("r", f"i{lo}{default}", "cost_model", '{"capacity":1}', '{"batch":1}',
-                      json.dumps(config, sort_keys=True, separators=(",", ":")), default, "ok", median_us=1.0,
-                      phase="final", group_id="g", rounds=8, speedup=(lo + hi) / 2, speedup_lo=lo, speedup_hi=hi)  # fmt: skip
+        config_key = json.dumps(config, sort_keys=True, separators=(",", ":"))
+        speedup = {"speedup": (lo + hi) / 2, "speedup_lo": lo, "speedup_hi": hi}
+        static, shape = '{"capacity":1}', '{"batch":1}'
+        return Record("r", f"i{lo}{default}", "cost_model", static, shape, config_key, default, "ok",
+                      median_us=1.0, phase="final", group_id="g", rounds=8, **speedup)  # fmt: skip
 
     near = [final(DEFAULT, 1.0, 1.0, True), final(PER_BATCH, 1.002, 1.005, False)]
     [kept] = select_winners(near)
@@ -135,7 +143,9 @@ def test_the_margin_keeps_the_default_unless_the_whole_interval_clears_it() -> N
 
 def test_margin_comes_from_the_spec_and_export_option_overrides_it(tmp_path: Path) -> None:
     text = SPEC.replace("per_batch_ms = 0.05", "per_batch_ms = 0.0485") + "[select]\nmargin = 0.05\n"
-    write_run(tmp_path / "res", text)  # at batch 1 the per-batch config is 20x faster; near batch 20 only a bit
+    write_run(
+        tmp_path / "res", text
+    )  # at batch 1 the per-batch config is 20x faster; near batch 20 only a bit
     code, output = export(tmp_path / "res", tmp_path / "b")
     assert code == 0, output
     loose = load_bundle(tmp_path / "b" / "r" / "1")

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from tests.test_refine import _spec
 from tunectl.cli import app
-from tunectl.holdout import Holdout, HeldOut, draw_shapes, read_holdout
+from tunectl.holdout import HeldOut, Holdout, draw_shapes, read_holdout
 from tunectl.keys import key_text, make_key
 from tunectl.record import Record
 from tunectl.results import read_results
@@ -43,7 +43,8 @@ def _arms(shape: dict[str, int], speedups: dict[str, float]) -> list[Record]:
     for i, (name, s) in enumerate(speedups.items()):
         out.append(Record("h", f"{shape}{name}", "cost_model", '{"capacity":1}', key_text(make_key(shape)),
                           json.dumps({"c": name}), i == 0, "ok", median_us=100 / s, phase="holdout",
-                          group_id=str(shape), rounds=8, speedup=s, speedup_lo=s * 0.99, speedup_hi=s * 1.01))  # fmt: skip
+                          group_id=str(shape), rounds=8, speedup=s, speedup_lo=s * 0.99,
+                          speedup_hi=s * 1.01))  # fmt: skip
     return out
 
 
@@ -55,14 +56,18 @@ def test_pick_over_oracle_per_shape_and_the_five_percent_rule() -> None:
         picks[('{"capacity":1}', key_text(make_key(shape)))] = make_key({"c": "a"})
     held = read_holdout(records, picks, margin=0.02)
     assert len(held.shapes) == 20 and held.quantile(0.5) == 1.0
-    assert held.ratios[-1] == pytest.approx(1.1) and [h.shape for h in held.losers] == [make_key({"batch": 20, "kv_len": 1024})]
+    assert held.ratios[-1] == pytest.approx(1.1) and [h.shape for h in held.losers] == [
+        make_key({"batch": 20, "kv_len": 1024})
+    ]
     assert not held.failed  # 1 of 20 is 5 %, not more
     assert Holdout(held.shapes[-2:], 0.02).failed  # 1 of 2 is
     assert held.geomean == pytest.approx(1.1 ** (1 / 20))
 
 
 def test_a_failed_comparison_is_reported_not_counted() -> None:
-    held = HeldOut(make_key({"capacity": 1}), make_key({"batch": 3}), make_key({"c": "a"}), None, None, "error")
+    held = HeldOut(
+        make_key({"capacity": 1}), make_key({"batch": 3}), make_key({"c": "a"}), None, None, "error"
+    )
     assert not Holdout((held,)).failed and Holdout((held,)).ratios == []
 
 
@@ -73,7 +78,9 @@ def test_refine_export_and_validate_on_held_out_shapes(ray_two_gpus: None, tmp_p
     out = runner.invoke(app, ["submit", str(spec), "--results", str(results)])
     assert out.exit_code == 0, out.output
     tuned = {r.shape_key for r in read_results(results)}
-    assert len(tuned) > 5  # 5 starting points the task can run (64 x 8192 is over capacity), then refined ones
+    assert (
+        len(tuned) > 5
+    )  # 5 starting points the task can run (64 x 8192 is over capacity), then refined ones
     out = runner.invoke(app, ["export", "bundle", "--results", str(results), "--name", "r", "--version", "1",
                               "--out", str(store), "--strict"])  # fmt: skip
     assert out.exit_code == 0, out.output
@@ -82,7 +89,9 @@ def test_refine_export_and_validate_on_held_out_shapes(ray_two_gpus: None, tmp_p
     assert out.exit_code in (0, 1), out.output  # 1 only if the pick lost at more than 5 % of shapes
     assert "pick / oracle over" in out.output and "geomean" in out.output
     held = [r for r in read_results(results) if r.phase == "holdout"]
-    assert len({r.run_id for r in held}) == 1 and held[0].run_id not in {r.run_id for r in read_results(results) if r.phase != "holdout"}
+    assert len({r.run_id for r in held}) == 1 and held[0].run_id not in {
+        r.run_id for r in read_results(results) if r.phase != "holdout"
+    }
     assert len({r.shape_key for r in held}) <= 3 and not {r.shape_key for r in held} & tuned
     assert len(held) == len({r.item_id for r in held})  # one row per arm
     assert all(r.status == "ok" for r in held)

@@ -105,15 +105,19 @@ def test_midpoints_are_integers_rounded_to_the_step() -> None:
 
 
 def _winner(config: dict[str, float], batch: int, speedup: float, *, default: bool = False) -> Winner:
-    return Winner("cost_model", "cpu", make_key({"capacity": 1}), make_key({"batch": batch}), make_key(config),
-                  default, 1.0, 1.0, 1.0, 0.01, 10, 1.0, "r", 2, 0, speedup, speedup * 0.99, speedup * 1.01)  # fmt: skip
+    static, shape = make_key({"capacity": 1}), make_key({"batch": batch})
+    return Winner("cost_model", "cpu", static, shape, make_key(config), default, 1.0, 1.0, 1.0, 0.01, 10,
+                  1.0, "r", 2, 0, speedup, speedup * 0.99, speedup * 1.01)  # fmt: skip
 
 
 def test_a_midpoint_is_planned_where_winners_differ_or_the_advantage_moves_beyond_noise() -> None:
     dims = _spec().shapes
     batch = [d for d in dims if d.name == "batch"]
     a, b = {"per_batch_ms": 0.05}, {"fixed_ms": 1.0}
-    differ = {make_key({"batch": 8}): _winner(a, 8, 2.5), make_key({"batch": 64}): _winner(b, 64, 1.0, default=True)}
+    differ = {
+        make_key({"batch": 8}): _winner(a, 8, 2.5),
+        make_key({"batch": 64}): _winner(b, 64, 1.0, default=True),
+    }
     assert candidates(differ, differ, batch) == [make_key({"batch": 36})]
     same = {make_key({"batch": 8}): _winner(a, 8, 1.50), make_key({"batch": 16}): _winner(a, 16, 1.51)}
     assert candidates(same, same, batch) == []  # overlapping intervals: they agree
@@ -175,8 +179,8 @@ def test_a_refined_point_the_task_cannot_run_is_not_planned() -> None:
 @pytest.mark.parametrize(
     ("table", "message"),
     [
-        ('range = [64, 1]\nvalues = [1]', "shapes.batch.range: lo must be below hi"),
-        ('range = [1, 64]\nvalues = [128]', "shapes.batch.values: every value must lie in the range [1, 64]"),
+        ("range = [64, 1]\nvalues = [1]", "shapes.batch.range: lo must be below hi"),
+        ("range = [1, 64]\nvalues = [128]", "shapes.batch.values: every value must lie in the range [1, 64]"),
         ('range = [1, 64]\nbucket = "pow2"', "shapes.batch.bucket: a range needs a bucket"),
         ('range = "1-64"', "shapes.batch.range: must be [lo, hi], two positive integers"),
         ('range = [1, 64]\nstep = 0\nbucket = "ceil"', "shapes.batch.step: must be a positive integer"),
@@ -196,5 +200,5 @@ def test_a_range_without_values_starts_at_its_ends_and_the_powers_of_two_between
 
 
 def test_a_refine_budget_of_points_must_be_whole() -> None:
-    with pytest.raises(SpecError, match="search.refine_budget"):
+    with pytest.raises(SpecError, match=r"search\.refine_budget"):
         _spec("[search]\nrefine_budget = 2.5\n")

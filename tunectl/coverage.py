@@ -67,7 +67,7 @@ def cover(
     for task in sorted({w.task for w in winners}):
         mine = [w for w in winners if w.task == task]
         dims = [name for name, _ in mine[0].shape]
-        points = {d: sorted({dict(w.shape)[d] for w in mine}) for d in dims}
+        points = {d: sorted({sizes(w.shape)[d] for w in mine}) for d in dims}
         holes += _range_ends(task, points, policies.get(task, {}), ranges.get(task, {}))
         for static in sorted({w.static for w in mine}, key=value_order):
             tuned = {w.shape: w for w in mine if w.static == static}
@@ -84,18 +84,30 @@ def cover(
     return Coverage(tuple(out), tuple(holes))
 
 
+def sizes(shape: Key) -> dict[str, int]:
+    """A shape key's sizes (a shape that reaches selection holds integers only)."""
+    out = {}
+    for name, value in shape:
+        assert isinstance(value, int), f"{name}={value!r} is not a size"
+        out[name] = value
+    return out
+
+
 def nearest(cell: Key, shapes: Sequence[Key]) -> Key:
     """The shape closest to ``cell`` (summed distance in log2 of each dimension; ties by value order)."""
-    here = dict(cell)
+    here = sizes(cell)
 
     def distance(shape: Key) -> float:
-        return sum(abs(math.log2(v) - math.log2(here[d])) for d, v in shape)
+        return sum(abs(math.log2(v) - math.log2(here[d])) for d, v in sizes(shape).items())
 
     return min(shapes, key=lambda s: (distance(s), value_order(s)))
 
 
 def _range_ends(
-    task: str, points: Mapping[str, list[int]], policies: Mapping[str, str], ranges: Mapping[str, tuple[int, int]]
+    task: str,
+    points: Mapping[str, list[int]],
+    policies: Mapping[str, str],
+    ranges: Mapping[str, tuple[int, int]],
 ) -> list[Hole]:
     """The parts of each declared range its bucket policy maps to no tuned value."""
     holes = []
@@ -105,7 +117,11 @@ def _range_ends(
         policy, pts = policies[dim], points[dim]
         bucket = make_bucketer(policy, pts)
         if bucket(lo) is None and lo < pts[0]:
-            holes.append(Hole(task, None, f"{dim} {lo}-{pts[0] - 1}", f"below the smallest tuned {dim} ({policy})"))
+            holes.append(
+                Hole(task, None, f"{dim} {lo}-{pts[0] - 1}", f"below the smallest tuned {dim} ({policy})")
+            )
         if bucket(hi) is None and hi > pts[-1]:
-            holes.append(Hole(task, None, f"{dim} {pts[-1] + 1}-{hi}", f"above the largest tuned {dim} ({policy})"))
+            holes.append(
+                Hole(task, None, f"{dim} {pts[-1] + 1}-{hi}", f"above the largest tuned {dim} ({policy})")
+            )
     return holes

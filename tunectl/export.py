@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from tunectl.bundle import TaskTable, build_files, check_name, publish
-from tunectl.errors import UserError
 from tunectl.coverage import Hole, cover
+from tunectl.errors import UserError
 from tunectl.keys import Key, key_json, value_order
 from tunectl.plan import RunFacts, selectable_in
 from tunectl.record import SELECTED_PHASES, Record
@@ -86,7 +86,8 @@ def margin_of(facts: Mapping[str, RunFacts], margin: float | None = None) -> flo
     margins = sorted({DEFAULT_MARGIN if f.margin is None else f.margin for f in facts.values()})
     if len(margins) > 1:
         raise UserError(
-            f"the runs were planned with different [select] margins ({', '.join(map(str, margins))}); give --margin"
+            f"the runs were planned with different [select] margins ({', '.join(map(str, margins))}); "
+            "give --margin"
         )
     return margins[0] if margins else DEFAULT_MARGIN
 

@@ -105,7 +105,9 @@ class RunFacts:
             config_params=tuple(raw.get("config_params", ())),
             buckets=tuple(sorted(dict(raw.get("buckets", {})).items())),
             unselectable=frozenset((str(s), str(c)) for s, c in raw.get("unselectable", ())),
-            ranges=tuple((str(d), int(lo), int(hi)) for d, (lo, hi) in sorted(dict(raw.get("ranges", {})).items())),
+            ranges=tuple(
+                (str(d), int(lo), int(hi)) for d, (lo, hi) in sorted(dict(raw.get("ranges", {})).items())
+            ),
             margin=None if raw.get("margin") is None else float(raw["margin"]),
         )
 

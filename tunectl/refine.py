@@ -19,9 +19,11 @@ search asks only for their missing items: one row per item, whatever stopped the
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
+from tunectl.coverage import sizes
 from tunectl.keys import Key, key_text, make_key, value_order
 from tunectl.plan import Plan, WorkItem
 from tunectl.record import Record
@@ -67,10 +69,10 @@ def candidates(
         lines: dict[Key, list[tuple[int, Key]]] = {}
         for shape in winners:
             rest = make_key({n: v for n, v in shape if n != dim.name})
-            lines.setdefault(rest, []).append((dict(shape)[dim.name], shape))
+            lines.setdefault(rest, []).append((sizes(shape)[dim.name], shape))
         for rest in sorted(lines, key=value_order):
             line = sorted(lines[rest], key=lambda t: t[0])
-            for (lo, a), (hi, b) in zip(line, line[1:], strict=False):
+            for (lo, a), (hi, b) in itertools.pairwise(line):
                 wa, wb = winners[a], winners[b]
                 mid = midpoint(lo, hi, dim.step)
                 if wa is None or wb is None or mid is None or not disagree(wa, wb):
@@ -84,7 +86,9 @@ def candidates(
 def point_winner(point: Point, selectable: Callable[[Key, Key], bool], margin: float) -> Winner | None:
     """The winner ``tunectl.select`` gives at ``point`` from its records, or None (nothing ran ok)."""
     winners = select_winners(
-        point.records.values(), selectable=lambda _task, static, config: selectable(static, config), margin=margin
+        point.records.values(),
+        selectable=lambda _task, static, config: selectable(static, config),
+        margin=margin,
     )
     return winners[0] if winners else None
 
@@ -92,7 +96,9 @@ def point_winner(point: Point, selectable: Callable[[Key, Key], bool], margin: f
 class Refined:
     """A run's work: ``search``'s items, then the refined points' as each level is planned."""
 
-    def __init__(self, search: Search, plan: Plan, check_point: CheckPoint, *, margin: float | None = None) -> None:
+    def __init__(
+        self, search: Search, plan: Plan, check_point: CheckPoint, *, margin: float | None = None
+    ) -> None:
         self.search = search
         self.dims = [d for d in plan.spec.shapes if d.range is not None]
         self.margin = DEFAULT_MARGIN if margin is None else margin
@@ -105,12 +111,15 @@ class Refined:
             self.configs.setdefault(static, search.points[(static, shape)].configs)
         budget = plan.spec.search.refine_budget
         self.limit = {
-            s: int(budget) if budget >= 1 else math.ceil(budget * len(shapes)) for s, shapes in self.shapes.items()
+            s: int(budget) if budget >= 1 else math.ceil(budget * len(shapes))
+            for s, shapes in self.shapes.items()
         }
         self.refused: dict[Key, dict[Key, str]] = {s: {} for s in self.shapes}
         self.extra: dict[Key, list[Key]] = {s: [] for s in self.shapes}  # refined shapes, refused ones too
         self._settled: set[Key] = set()  # static keys refinement is done with
-        self._waiting: dict[tuple[str, str], list[Record]] = {}  # a resume's records of points not yet planned
+        self._waiting: dict[
+            tuple[str, str], list[Record]
+        ] = {}  # a resume's records of points not yet planned
 
     def start(self, records: Iterable[Record] = ()) -> list[WorkItem]:
         records = list(records)

@@ -69,7 +69,8 @@ class Winner:
         """Why this config is the entry, in a line."""
         if self.served_by is None:
             return self._reason
-        return f"served by the nearest tuned point {key_text(self.served_by)} ({self.served_why} here); there: {self._reason}"
+        source = key_text(self.served_by)
+        return f"served by the nearest tuned point {source} ({self.served_why} here); there: {self._reason}"
 
     @property
     def _reason(self) -> str:

@@ -300,7 +300,9 @@ class _Validator:
     def shapes(self, value: object, allowed: tuple[str, ...]) -> tuple[ShapeDim, ...]:
         table = self.table(value, "shapes")
         self.names(table, allowed, "shapes", required=True)
-        return tuple(self.shape_dim(name, self.table(table[name], f"shapes.{name}")) for name in sorted(table))
+        return tuple(
+            self.shape_dim(name, self.table(table[name], f"shapes.{name}")) for name in sorted(table)
+        )
 
     def shape_dim(self, name: str, dim: dict[str, Any]) -> ShapeDim:
         fld = f"shapes.{name}"
@@ -324,7 +326,8 @@ class _Validator:
         self.choice(f"{fld}.bucket", bucket, POLICIES)
         if span and bucket not in RANGE_POLICIES:
             raise self.fail(
-                f"{fld}.bucket", f"a range needs a bucket that maps every value in it: {', '.join(RANGE_POLICIES)}"
+                f"{fld}.bucket",
+                f"a range needs a bucket that maps every value in it: {', '.join(RANGE_POLICIES)}",
             )
         if bucket == "pow2" and not all(is_pow2(v) for v in values):
             raise self.fail(f"{fld}.values", "bucket 'pow2' needs every value to be a power of two")

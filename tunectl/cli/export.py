@@ -57,7 +57,10 @@ def export_bundle_cmd(
         ),
     ] = True,
     strict: Annotated[
-        bool, typer.Option("--strict", help="Publish nothing (exit 2) if any region inside the ranges answers None.")
+        bool,
+        typer.Option(
+            "--strict", help="Publish nothing (exit 2) if any region inside the ranges answers None."
+        ),
     ] = False,
 ) -> None:
     """Pick the winners from RESULTS and publish them as an immutable, checksummed bundle. Every region
@@ -75,11 +78,14 @@ def export_bundle_cmd(
     from tunectl.export import Choices, Scope, export_bundle
 
     with library_errors():
-        res = export_bundle(results, name, version, out, Scope(run, task, device), Choices(margin, fill, strict))
+        res = export_bundle(
+            results, name, version, out, Scope(run, task, device), Choices(margin, fill, strict)
+        )
     filled = sum(w.served_by is not None for w in res.winners)
     typer.echo(
         f"published {name}/{version} at {res.location}: {len(res.winners)} entries "
-        f"from {len(res.source_runs)} run(s)" + (f", {filled} served by the nearest tuned point" if filled else "")
+        f"from {len(res.source_runs)} run(s)"
+        + (f", {filled} served by the nearest tuned point" if filled else "")
     )
     for hole in res.holes:
         typer.echo(hole.line())

@@ -101,6 +101,10 @@ def holdout_table(holdout: Any, title: str) -> Table:
         if h.loses(holdout.margin):
             ratio = f"[red]{ratio}[/]"
         oracle = "-" if h.oracle is None else ("(pick)" if h.oracle == h.pick else compact(h.oracle))
-        table.add_row(compact(h.shape), compact(h.static), compact(h.pick), oracle, ratio if h.ratio else h.status)
-    table.caption = "pick / oracle: the pick's time over the fastest config's (1.000: the pick was the fastest)"
+        table.add_row(
+            compact(h.shape), compact(h.static), compact(h.pick), oracle, ratio if h.ratio else h.status
+        )
+    table.caption = (
+        "pick / oracle: the pick's time over the fastest config's (1.000: the pick was the fastest)"
+    )
     return table

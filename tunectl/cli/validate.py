@@ -37,7 +37,9 @@ def validate_cmd(
             "bundle's pick against the default and every selectable config at each (single calls)."
         ),
     ] = None,
-    seed: Annotated[int, typer.Option(help="With --holdout: the draw's seed (the same seed, the same shapes).")] = 0,
+    seed: Annotated[
+        int, typer.Option(help="With --holdout: the draw's seed (the same seed, the same shapes).")
+    ] = 0,
     margin: Annotated[
         float, typer.Option(help="With --holdout: the pick loses where it is slower than the best by more.")
     ] = 0.02,
@@ -114,7 +116,9 @@ def print_holdout(console: Console, run: Any) -> None:
         return
     stats = f"median {held.quantile(0.5):.3f}, p95 {held.quantile(0.95):.3f}, worst {held.ratios[-1]:.3f}"
     console.print(f"pick / oracle over {len(held.ratios)} shape(s): {stats}, geomean {held.geomean:.3f}")
-    losing = f"the pick loses by more than {held.margin:.0%} at {len(held.losers)} of {len(held.ratios)} shape(s)"
+    losing = (
+        f"the pick loses by more than {held.margin:.0%} at {len(held.losers)} of {len(held.ratios)} shape(s)"
+    )
     console.print(f"[red]{losing}[/]" if held.failed else losing)
 
 
