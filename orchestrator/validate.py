@@ -16,7 +16,15 @@ from typing import Any
 from orchestrator.submit import Progress, RunOptions, new_run, run
 from tunectl.bundle import MANIFEST, publish, publish_local
 from tunectl.errors import TunectlError, UserError
-from tunectl.export import ALL_RESULTS, ExportResult, PreparedBundle, Scope, prepare_bundle
+from tunectl.export import (
+    ALL_RESULTS,
+    DEFAULT_CHOICES,
+    Choices,
+    ExportResult,
+    PreparedBundle,
+    Scope,
+    prepare_bundle,
+)
 from tunectl.holdout import Holdout, draw_shapes, plan_holdout, read_holdout
 from tunectl.keys import Key, make_key
 from tunectl.registry import get_task
@@ -149,6 +157,7 @@ def export_validated(
     specs: Sequence[Spec | str | Path] = (),
     layers: int = DEFAULT_LAYERS,
     rounds: int = DEFAULT_ROUNDS,
+    choices: Choices = DEFAULT_CHOICES,
     **options: Any,
 ) -> tuple[ExportResult, list[ValidationRun]]:
     """Build the bundle, validate it (on ``specs``, default the specs of its source runs), and publish it
@@ -156,7 +165,11 @@ def export_validated(
     store = open_store(out)
     if _exists(store, name, version):
         raise UserError(f"bundle {name}/{version} already exists in {out}; versions are immutable")
-    prepared = prepare_bundle(results, name, version, scope)
+    prepared = prepare_bundle(results, name, version, scope, choices)
+    if choices.strict and prepared.holes:
+        raise UserError(
+            f"not published: {len(prepared.holes)} region(s) would answer None: {prepared.holes[0].line()}"
+        )
     with tempfile.TemporaryDirectory(prefix="tunectl-validate-") as tmp:
         candidate = read_bundle(publish_local(Path(tmp) / "bundles", name, version, prepared.files))
     runs = [
@@ -171,7 +184,7 @@ def export_validated(
             f"{where}{' ...' if len(losers) > 5 else ''}"
         )
     location = publish(store, name, version, prepared.files)
-    return ExportResult(location, prepared.winners, prepared.source_runs), runs
+    return ExportResult(location, prepared.winners, prepared.source_runs, prepared.holes), runs
 
 
 def _source_specs(results: str | Path, prepared: PreparedBundle) -> list[Spec]:

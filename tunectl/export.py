@@ -170,9 +170,12 @@ class Choices:
     strict: bool = False
 
 
+DEFAULT_CHOICES = Choices()
+
+
 def export_bundle(
     results: str | Path, name: str, version: str, out: str | Path, scope: Scope = ALL_RESULTS,
-    choices: Choices = Choices(),
+    choices: Choices = DEFAULT_CHOICES,
 ) -> ExportResult:  # fmt: skip
     """Select winners from ``results`` and publish them as bundle ``name/version`` in store ``out``.
 
@@ -203,7 +206,11 @@ class PreparedBundle:
 
 
 def prepare_bundle(
-    results: str | Path, name: str, version: str, scope: Scope = ALL_RESULTS, choices: Choices = Choices()
+    results: str | Path,
+    name: str,
+    version: str,
+    scope: Scope = ALL_RESULTS,
+    choices: Choices = DEFAULT_CHOICES,
 ) -> PreparedBundle:
     """The files of bundle ``name/version``: the winners selected from ``results``, every grid cell
     without a result of its own filled from its nearest tuned point (``choices.fill``)."""

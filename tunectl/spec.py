@@ -12,6 +12,11 @@ num_q_heads = 16
 values = [1, 4, 16]
 bucket = "pow2"                     # exact | floor | ceil | nearest | pow2
 
+[shapes.kv_len]                     # or a span serving meets, refined where winners change
+range = [1024, 32768]               # values: the starting grid (default: the ends, powers of two between)
+step = 512                          # refined values are multiples of this
+bucket = "ceil"                     # a range needs floor, ceil or nearest
+
 [configs]                           # one grid; or [[configs]] for a union of grids
 num_splits = [1, 2, 4]
 
@@ -25,6 +30,10 @@ accelerator_type = "H200"
 [search]                            # all optional (tunectl.search)
 strategy = "halving"                # grid | halving
 finalists = 3
+refine_budget = 16                  # extra points per static key where a range is declared (tunectl.refine)
+
+[select]                            # all optional
+margin = 0.02                       # a win must clear 1 + margin (tunectl.select)
 ```
 Every error names the file and the field and is raised as ``SpecError``.
 """

@@ -73,7 +73,8 @@ def export_bundle_cmd(
         tunectl export bundle --name decode --version 3 --margin 0.02 --strict
     """
     if validate:
-        _export_validated(name, version, out, results, run, task, device, spec or [], layers, rounds, address)
+        _export_validated(name, version, out, results, run, task, device, spec or [], layers, rounds, address,
+                          (margin, fill, strict))  # fmt: skip
         return
     from tunectl.export import Choices, Scope, export_bundle
 
@@ -94,13 +95,14 @@ def export_bundle_cmd(
 def _export_validated(
     name: str, version: str, out: str, results: Path, run: list[str] | None, task: str | None,
     device: str | None, specs: list[Path], layers: int, rounds: int, address: str | None,
+    choices: tuple[float | None, bool, bool],
 ) -> None:  # fmt: skip
     from rich.console import Console
 
     from orchestrator.validate import export_validated
     from tunectl.cli.submit import RunBar, connect_trapping_cancel, run_events
     from tunectl.cli.validate import print_validation
-    from tunectl.export import Scope
+    from tunectl.export import Choices, Scope
 
     console = Console()
     bar = RunBar(console)
@@ -108,7 +110,7 @@ def _export_validated(
         with library_errors(), run_events(console):
             res, runs = export_validated(
                 results, name, version, out, Scope(run, task, device), specs=specs,
-                layers=layers, rounds=rounds, progress=bar, address=address,
+                layers=layers, rounds=rounds, choices=Choices(*choices), progress=bar, address=address,
                 connect_fn=connect_trapping_cancel,
             )  # fmt: skip
     finally:
@@ -118,6 +120,8 @@ def _export_validated(
         f"validated and published {name}/{version} at {res.location}: {len(res.winners)} entries "
         f"from {len(res.source_runs)} run(s)"
     )
+    for hole in res.holes:
+        typer.echo(hole.line())
 
 
 def _report(what: str, res: Any) -> None:
