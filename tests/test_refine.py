@@ -176,6 +176,12 @@ def test_a_refined_point_the_task_cannot_run_is_not_planned() -> None:
     assert [dict(s)["batch"] for per in work.refused.values() for s in per] == [36]
 
 
+def test_refinement_closes_in_on_the_largest_point_that_can_run() -> None:
+    spec = _spec("", SPEC.replace("capacity = 1000000", "capacity = 40960"))  # batch 40 x 1024 fits, 64 not
+    records = drive(work_of(spec))
+    assert 64 not in batches(records) and max(batches(records)) >= 36
+
+
 @pytest.mark.parametrize(
     ("table", "message"),
     [

@@ -58,29 +58,37 @@ def disagree(a: Winner, b: Winner) -> bool:
 
 
 def candidates(
-    winners: Mapping[Key, Winner | None], known: Iterable[Key], dims: Sequence[ShapeDim]
+    winners: Mapping[Key, Winner | None],
+    known: Iterable[Key],
+    dims: Sequence[ShapeDim],
+    infeasible: Iterable[Key] = (),
 ) -> list[Key]:
-    """Midpoints between neighbouring shapes (along one of ``dims`` at a time, the others fixed) whose
-    winners disagree, not already ``known``, in a fixed order: where the winners differ first (a
-    budget goes to breakpoints before it goes to a changing advantage), then by dimension and value."""
+    """Midpoints between neighbouring shapes (along one of ``dims`` at a time, the others fixed) that
+    disagree, not already ``known``, in a fixed order (by dimension, then value).
+
+    Breakpoints come first: where the winners differ, or a point has a winner and its neighbour
+    cannot run (``infeasible``: the midpoint closes in on the largest point that can). Only where
+    no breakpoint is left, midpoints where one winner's advantage moved beyond the noise."""
     known = set(known)
-    out: dict[Key, int] = {}
+    blocked = set(infeasible)
+    urgent: dict[Key, None] = {}
+    moved: dict[Key, None] = {}
     for dim in dims:
         lines: dict[Key, list[tuple[int, Key]]] = {}
-        for shape in winners:
+        for shape in [*winners, *blocked]:
             rest = make_key({n: v for n, v in shape if n != dim.name})
             lines.setdefault(rest, []).append((sizes(shape)[dim.name], shape))
         for rest in sorted(lines, key=value_order):
-            line = sorted(lines[rest], key=lambda t: t[0])
-            for (lo, a), (hi, b) in itertools.pairwise(line):
-                wa, wb = winners[a], winners[b]
+            for (lo, a), (hi, b) in itertools.pairwise(sorted(lines[rest], key=lambda t: t[0])):
                 mid = midpoint(lo, hi, dim.step)
-                if wa is None or wb is None or mid is None or not disagree(wa, wb):
+                if mid is None or (shape := make_key({**dict(rest), dim.name: mid})) in known:
                     continue
-                shape = make_key({**dict(rest), dim.name: mid})
-                if shape not in known:
-                    out[shape] = min(out.get(shape, 1), 0 if wa.config != wb.config else 1)
-    return sorted(out, key=lambda shape: out[shape])  # stable: dimension and value order within a class
+                wa, wb = winners.get(a), winners.get(b)
+                if (a in blocked) != (b in blocked) and (wa or wb) is not None:
+                    urgent[shape] = None
+                elif wa is not None and wb is not None and disagree(wa, wb):
+                    (urgent if wa.config != wb.config else moved)[shape] = None
+    return list(urgent) or list(moved)
 
 
 def point_winner(point: Point, selectable: Callable[[Key, Key], bool], margin: float) -> Winner | None:
@@ -114,7 +122,11 @@ class Refined:
             s: int(budget) if budget >= 1 else math.ceil(budget * len(shapes))
             for s, shapes in self.shapes.items()
         }
-        self.refused: dict[Key, dict[Key, str]] = {s: {} for s in self.shapes}
+        # Points the task cannot run: the starting grid's it skipped at plan time, then refined ones.
+        self.refused: dict[Key, dict[Key, str]] = {
+            s: {h: "skipped when planned" for h in plan.spec.shape_grid() if (s, h) not in search.points}
+            for s in self.shapes
+        }
         self.extra: dict[Key, list[Key]] = {s: [] for s in self.shapes}  # refined shapes, refused ones too
         self._settled: set[Key] = set()  # static keys refinement is done with
         self._waiting: dict[
@@ -159,7 +171,8 @@ class Refined:
         if left <= 0 or not self.dims:
             return []
         winners = {p.shape: point_winner(p, self._selectable, self.margin) for p in points}
-        level = candidates(winners, [*winners, *self.refused[static]], self.dims)[:left]
+        refused = self.refused[static]
+        level = candidates(winners, [*winners, *refused], self.dims, infeasible=refused)[:left]
         self.extra[static] += level
         return level
 
