@@ -95,3 +95,11 @@ def test_refine_export_and_validate_on_held_out_shapes(ray_two_gpus: None, tmp_p
     assert len({r.shape_key for r in held}) <= 3 and not {r.shape_key for r in held} & tuned
     assert len(held) == len({r.item_id for r in held})  # one row per arm
     assert all(r.status == "ok" for r in held)
+
+
+def test_holdout_on_a_spec_without_ranges_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    spec = ROOT / "configs" / "quickstart.toml"
+    args = ["validate", str(tmp_path / "none"), "--spec", str(spec), "--holdout", "3"]
+    out = CliRunner().invoke(app, [*args, "--results", str(tmp_path / "res")])
+    assert out.exit_code == 2 and "declare range = [lo, hi]" in out.output and "Traceback" not in out.output
+    assert not (tmp_path / "res").exists()
