@@ -35,8 +35,10 @@ from orchestrator.cluster import (
 )  # fmt: skip
 from orchestrator.dispatch import DispatchOptions, Lane, dispatch
 from tunectl.errors import UserError
+from tunectl.keys import Key
 from tunectl.plan import Plan, WorkItem, check_size, plan
 from tunectl.record import Record
+from tunectl.refine import refined
 from tunectl.registry import get_task
 from tunectl.results import ResultsWriter, read_results
 from tunectl.runs import RunInfo, driver_alive, load_run, new_run_id, run_exists, run_log_path, save_run
@@ -182,12 +184,16 @@ def submit(
     spec, previous = _spec_for(spec, resume, results)  # validate before touching anything
     if previous is None and confirm_above is not None:
         check_size(spec, confirm_above)
-    work = plan(spec, get_task(spec.task))  # UserError, saying why, if it plans nothing
+    task = get_task(spec.task)
+    work = plan(spec, task)  # UserError, saying why, if it plans nothing
     info = previous or new_run(spec, results=results, num_planned=len(work.items), run_id=run_id)
     info = dataclasses.replace(info, facts=info.facts or work.facts)
 
     def search(pool: str | None) -> Work:
-        return Search(work, spec.search, pool)
+        def check(static: Key, shape: Key) -> str | None:
+            return task.check_point(dict(static), dict(shape))
+
+        return refined(Search(work, spec.search, pool), work, check)
 
     out = run(
         search, spec.resources, spec.measure, results=results, info=info, resumed=previous is not None,

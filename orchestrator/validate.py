@@ -16,12 +16,22 @@ from typing import Any
 from orchestrator.submit import Progress, RunOptions, new_run, run
 from tunectl.bundle import MANIFEST, publish, publish_local
 from tunectl.errors import TunectlError, UserError
-from tunectl.export import ALL_RESULTS, ExportResult, PreparedBundle, Scope, prepare_bundle
+from tunectl.export import (
+    ALL_RESULTS,
+    DEFAULT_CHOICES,
+    Choices,
+    ExportResult,
+    PreparedBundle,
+    Scope,
+    prepare_bundle,
+)
+from tunectl.holdout import Holdout, draw_shapes, plan_holdout, read_holdout
+from tunectl.keys import Key, make_key
 from tunectl.registry import get_task
 from tunectl.results import read_results
 from tunectl.runs import load_run
 from tunectl.runtime import Bundle
-from tunectl.spec import Spec, load_spec, parse_spec
+from tunectl.spec import DEFAULT_MARGIN, Spec, load_spec, parse_spec
 from tunectl.stores import open_store, read_bundle
 from tunectl.validate import (
     DEFAULT_LAYERS,
@@ -79,6 +89,64 @@ def validate(
     return ValidationRun(out.run_id, spec.path, read_validation(records), tuple(skipped))
 
 
+@dataclass(frozen=True)
+class HoldoutRun:
+    run_id: str | None  # None when there was nothing to measure
+    spec: str
+    holdout: Holdout
+    skipped: tuple[Skipped, ...]
+
+
+def validate_holdout(
+    bundle: str | Path | Bundle,
+    spec: Spec | str | Path,
+    results: str | Path = "tunectl-results",
+    *,
+    num_shapes: int,
+    seed: int = 0,
+    rounds: int = DEFAULT_ROUNDS,
+    margin: float = DEFAULT_MARGIN,
+    progress: Progress | None = None,
+    **options: Any,
+) -> HoldoutRun:
+    """Measure ``bundle``'s picks at ``num_shapes`` shapes drawn inside ``spec``'s ranges and not tuned,
+    against the default and every selectable config there (``tunectl.holdout``), as a run of its own.
+
+    ``options``: ``orchestrator.submit.RunOptions`` fields (address, num_gpus, connect_fn, ...).
+    """
+    if num_shapes < 1 or rounds < 2:
+        raise UserError("--holdout must be at least 1 and --rounds at least 2")
+    if not 0.0 <= margin < 1.0:
+        raise UserError(f"--margin must be at least 0 and below 1, not {margin}")
+    spec = spec if isinstance(spec, Spec) else load_spec(spec)
+    if not spec.ranges():
+        raise UserError(
+            f"{spec.path}: --holdout draws shapes inside ranges; declare range = [lo, hi] in [shapes]"
+        )
+    loaded = bundle if isinstance(bundle, Bundle) else read_bundle(bundle)
+    tuned = tuned_shapes(loaded, spec.task)
+    shapes = draw_shapes(spec, num_shapes, seed, tuned)
+    task = get_task(spec.task)
+    items, picks, skipped = plan_holdout(spec, loaded, shapes, rounds=rounds, task=task)
+    if not items:
+        return HoldoutRun(None, spec.path, Holdout((), margin), tuple(skipped))
+    results = Path(results)
+    info = new_run(spec, results=results, num_planned=sum(len(i.arms) for i in items), kind="holdout")
+    out = run(
+        lambda pool: FixedItems(items, pool), spec.resources, spec.measure, results=results, info=info,
+        progress=progress, options=RunOptions(**options),
+    )  # fmt: skip
+    records = read_results(results, run_ids=[out.run_id])
+    return HoldoutRun(out.run_id, spec.path, read_holdout(records, picks, margin), tuple(skipped))
+
+
+def tuned_shapes(bundle: Bundle, task: str) -> set[Key]:
+    """The shapes ``bundle`` holds a measured entry for (not one served from a neighbour)."""
+    if task not in bundle.tasks:
+        return set()
+    return {make_key(e["shape"]) for e in bundle.entries(task) if not e.get("served_by")}
+
+
 def export_validated(
     results: str | Path,
     name: str,
@@ -89,6 +157,7 @@ def export_validated(
     specs: Sequence[Spec | str | Path] = (),
     layers: int = DEFAULT_LAYERS,
     rounds: int = DEFAULT_ROUNDS,
+    choices: Choices = DEFAULT_CHOICES,
     **options: Any,
 ) -> tuple[ExportResult, list[ValidationRun]]:
     """Build the bundle, validate it (on ``specs``, default the specs of its source runs), and publish it
@@ -96,7 +165,11 @@ def export_validated(
     store = open_store(out)
     if _exists(store, name, version):
         raise UserError(f"bundle {name}/{version} already exists in {out}; versions are immutable")
-    prepared = prepare_bundle(results, name, version, scope)
+    prepared = prepare_bundle(results, name, version, scope, choices)
+    if choices.strict and prepared.holes:
+        raise UserError(
+            f"not published: {len(prepared.holes)} region(s) would answer None: {prepared.holes[0].line()}"
+        )
     with tempfile.TemporaryDirectory(prefix="tunectl-validate-") as tmp:
         candidate = read_bundle(publish_local(Path(tmp) / "bundles", name, version, prepared.files))
     runs = [
@@ -111,7 +184,7 @@ def export_validated(
             f"{where}{' ...' if len(losers) > 5 else ''}"
         )
     location = publish(store, name, version, prepared.files)
-    return ExportResult(location, prepared.winners, prepared.source_runs), runs
+    return ExportResult(location, prepared.winners, prepared.source_runs, prepared.holes), runs
 
 
 def _source_specs(results: str | Path, prepared: PreparedBundle) -> list[Spec]:

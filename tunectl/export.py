@@ -8,19 +8,22 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tunectl.bundle import TaskTable, build_files, check_name, publish
+from tunectl.coverage import Hole, cover
 from tunectl.errors import UserError
-from tunectl.keys import key_json
+from tunectl.keys import Key, key_json, value_order
 from tunectl.plan import RunFacts, selectable_in
 from tunectl.record import SELECTED_PHASES, Record
 from tunectl.results import read_results
 from tunectl.runs import load_run, run_exists, run_facts
 from tunectl.select import Winner, select_winners
+from tunectl.spec import DEFAULT_MARGIN
 from tunectl.stores import open_store
 
 log = logging.getLogger("tunectl.export")
@@ -33,6 +36,7 @@ class ExportResult:
     location: str  # the published version: a directory, or a URI in object storage
     winners: tuple[Winner, ...]
     source_runs: tuple[str, ...]
+    holes: tuple[Hole, ...] = ()  # regions inside the declared ranges where lookup answers None
 
     @property
     def path(self) -> Path:
@@ -59,6 +63,7 @@ def entry_of(winner: Winner) -> dict[str, Any]:
         "rounds": winner.rounds,
         "reason": winner.reason,
         "run_id": winner.run_id,
+        "served_by": key_json(winner.served_by) if winner.served_by is not None else None,
     }
 
 
@@ -72,9 +77,27 @@ def facts_of(results: str | Path, run_ids: Iterable[str]) -> dict[str, RunFacts]
     return out
 
 
-def select_from(records: Sequence[Record], facts: Mapping[str, RunFacts]) -> list[Winner]:
-    """The winners among ``records``; a config its run's task measured for reference only never wins."""
-    return select_winners(records, selectable=selectable_in(facts.values()))
+def margin_of(facts: Mapping[str, RunFacts], margin: float | None = None) -> float:
+    """``margin`` if given; else the ``[select] margin`` the runs were planned with (they must agree)."""
+    if margin is not None:
+        if not 0.0 <= margin < 1.0:
+            raise UserError(f"--margin must be at least 0 and below 1, not {margin}")
+        return margin
+    margins = sorted({DEFAULT_MARGIN if f.margin is None else f.margin for f in facts.values()})
+    if len(margins) > 1:
+        raise UserError(
+            f"the runs were planned with different [select] margins ({', '.join(map(str, margins))}); "
+            "give --margin"
+        )
+    return margins[0] if margins else DEFAULT_MARGIN
+
+
+def select_from(
+    records: Sequence[Record], facts: Mapping[str, RunFacts], *, margin: float | None = None
+) -> list[Winner]:
+    """The winners among ``records``; a config its run's task measured for reference only never wins;
+    a config wins only by more than the margin (``margin_of``)."""
+    return select_winners(records, selectable=selectable_in(facts.values()), margin=margin_of(facts, margin))
 
 
 def winners_in(
@@ -137,17 +160,37 @@ class Scope:
 ALL_RESULTS = Scope()
 
 
+@dataclass(frozen=True)
+class Choices:
+    """How winners become entries: the margin (None: the runs' own), filling cells that have no
+    result of their own from the nearest tuned point, and refusing a bundle that leaves holes."""
+
+    margin: float | None = None
+    fill: bool = True
+    strict: bool = False
+
+
+DEFAULT_CHOICES = Choices()
+
+
 def export_bundle(
-    results: str | Path, name: str, version: str, out: str | Path, scope: Scope = ALL_RESULTS
-) -> ExportResult:
+    results: str | Path, name: str, version: str, out: str | Path, scope: Scope = ALL_RESULTS,
+    choices: Choices = DEFAULT_CHOICES,
+) -> ExportResult:  # fmt: skip
     """Select winners from ``results`` and publish them as bundle ``name/version`` in store ``out``.
 
     ``out`` is a local directory or a store URI (``s3://bucket/prefix``, see ``tunectl.stores``).
+    With ``choices.strict``, a bundle where some region inside the declared ranges answers None is
+    not published (``UserError`` naming the regions).
     """
     store = open_store(out)
-    prepared = prepare_bundle(results, name, version, scope)
+    prepared = prepare_bundle(results, name, version, scope, choices)
+    if choices.strict and prepared.holes:
+        lines = "; ".join(h.line() for h in prepared.holes[:5])
+        more = f" (and {len(prepared.holes) - 5} more)" if len(prepared.holes) > 5 else ""
+        raise UserError(f"not published: {len(prepared.holes)} region(s) would answer None: {lines}{more}")
     location = publish(store, name, version, prepared.files)
-    return ExportResult(location, prepared.winners, prepared.source_runs)
+    return ExportResult(location, prepared.winners, prepared.source_runs, prepared.holes)
 
 
 @dataclass(frozen=True)
@@ -159,26 +202,56 @@ class PreparedBundle:
     files: Mapping[str, bytes]
     winners: tuple[Winner, ...]
     source_runs: tuple[str, ...]
+    holes: tuple[Hole, ...] = ()
 
 
 def prepare_bundle(
-    results: str | Path, name: str, version: str, scope: Scope = ALL_RESULTS
+    results: str | Path,
+    name: str,
+    version: str,
+    scope: Scope = ALL_RESULTS,
+    choices: Choices = DEFAULT_CHOICES,
 ) -> PreparedBundle:
-    """The files of bundle ``name/version``: the winners selected from ``results``."""
+    """The files of bundle ``name/version``: the winners selected from ``results``, every grid cell
+    without a result of its own filled from its nearest tuned point (``choices.fill``)."""
     check_name("name", name)
     check_name("version", version)
     records = _exported(results, scope)
     source_runs = tuple(sorted({r.run_id for r in records}))
     facts = facts_of(results, source_runs)
-    winners = select_from(records, facts)
-    if not winners:
+    selected = select_from(records, facts, margin=choices.margin)
+    if not selected:
         raise UserError("no configuration finished with status ok; nothing to export")
+    coverage = cover(
+        selected, policies={t: _policies(facts, t) for t in {w.task for w in selected}},
+        ranges={f.task: {d: (lo, hi) for d, lo, hi in f.ranges} for f in facts.values()},
+        unmeasured=_failed_points(records, selected), fill=choices.fill,
+    )  # fmt: skip
+    winners = sorted(coverage.winners, key=lambda w: (w.task, value_order(w.static), value_order(w.shape)))
     tables = [
         _table(task_name, [w for w in winners if w.task == task_name], facts)
         for task_name in sorted({w.task for w in winners})
     ]
     files = build_files(name, version, tables, source_runs, _environment(records))
-    return PreparedBundle(name, version, files, tuple(winners), source_runs)
+    return PreparedBundle(name, version, files, tuple(winners), source_runs, coverage.holes)
+
+
+def _policies(facts: Mapping[str, RunFacts], task: str) -> dict[str, str]:
+    return {dim: spec["policy"] for dim, spec in _bucketing(facts, task).items()}
+
+
+def _failed_points(records: Sequence[Record], winners: Sequence[Winner]) -> dict[tuple[str, Key, Key], str]:
+    """Why each measured point without a winner has none: its configs' statuses."""
+    won = {(w.task, w.static, w.shape) for w in winners}
+    statuses: dict[tuple[str, Key, Key], Counter[str]] = {}
+    for r in records:
+        at = (r.task, r.static, r.shape)
+        if at not in won:
+            statuses.setdefault(at, Counter())[str(r.status)] += 1
+    return {
+        at: "no config ran ok (" + ", ".join(f"{n} {s}" for s, n in sorted(c.items())) + ")"
+        for at, c in statuses.items()
+    }
 
 
 def _exported(results: str | Path, scope: Scope) -> list[Record]:

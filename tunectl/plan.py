@@ -67,7 +67,9 @@ class RunFacts:
     """What the decisions need from a run's task, written into the run when it is planned.
 
     ``unselectable``: (static key text, config key text) pairs measured for reference only, which
-    may never win (``TuningTask.selectable``). ``buckets``: each shape dimension's bucket policy.
+    may never win (``TuningTask.selectable``). ``buckets``: each shape dimension's bucket policy;
+    ``ranges``: the span (lo, hi) of each dimension that declares one; ``margin``: the spec's
+    ``[select] margin`` (None: a run planned before specs had one).
     """
 
     task: str
@@ -76,6 +78,8 @@ class RunFacts:
     config_params: tuple[str, ...] = ()
     buckets: tuple[tuple[str, str], ...] = ()
     unselectable: frozenset[tuple[str, str]] = field(default_factory=frozenset)
+    ranges: tuple[tuple[str, int, int], ...] = ()
+    margin: float | None = None
 
     def selectable(self, static: Key, config: Key) -> bool:
         return (key_text(static), key_text(config)) not in self.unselectable
@@ -88,6 +92,8 @@ class RunFacts:
             "config_params": list(self.config_params),
             "buckets": dict(self.buckets),
             "unselectable": sorted(map(list, self.unselectable)),
+            "ranges": {dim: [lo, hi] for dim, lo, hi in self.ranges},
+            "margin": self.margin,
         }
 
     @classmethod
@@ -99,6 +105,10 @@ class RunFacts:
             config_params=tuple(raw.get("config_params", ())),
             buckets=tuple(sorted(dict(raw.get("buckets", {})).items())),
             unselectable=frozenset((str(s), str(c)) for s, c in raw.get("unselectable", ())),
+            ranges=tuple(
+                (str(d), int(lo), int(hi)) for d, (lo, hi) in sorted(dict(raw.get("ranges", {})).items())
+            ),
+            margin=None if raw.get("margin") is None else float(raw["margin"]),
         )
 
 
@@ -176,6 +186,7 @@ def plan(spec: Spec, task: PlannedTask | None = None) -> Plan:
     facts = RunFacts(
         spec.task, tuple(task.static_params), tuple(task.shape_params), tuple(task.config_params),
         tuple((d.name, d.bucket) for d in spec.shapes), frozenset(unselectable),
+        tuple((dim, lo, hi) for dim, (lo, hi) in sorted(spec.ranges().items())), spec.select.margin,
     )  # fmt: skip
     return Plan(spec, tuple(items), tuple(skipped), facts)
 

@@ -46,8 +46,9 @@ class Phase(StrEnum):
     config (a successive-halving rung below the top). final: finalists of one point timed in
     interleaved rounds against the default on one device (``speedup*`` is the paired ratio with its
     95 % interval). validate: a bundle's config against the default, each run as an L-layer stack
-    (``layers``) with a cache-thrashing kernel between layers. import: taken from another tuner's
-    log, not measured by tunectl.
+    (``layers``) with a cache-thrashing kernel between layers. holdout: at a shape that was not
+    tuned, the default, a bundle's pick and the other configs in interleaved rounds (single calls).
+    import: taken from another tuner's log, not measured by tunectl.
     """
 
     MEASURE = "measure"
@@ -55,6 +56,7 @@ class Phase(StrEnum):
     FINAL = "final"
     VALIDATE = "validate"
     IMPORT = "import"
+    HOLDOUT = "holdout"
 
 
 class TimingMethod(StrEnum):

@@ -194,6 +194,24 @@ class Search:
             total += self.strategy.num_records(n) + (1 + min(finalists, n - 1) if finalists else 0)
         return max(total, sum(len(p.records) for p in self.points.values()))
 
+    def add_point(self, static: Key, shape: Key, configs: tuple[Key, ...]) -> Point:
+        """A point planned after the run began (refinement), its ``configs`` the default first."""
+        point = self.points.setdefault((static, shape), Point(static, shape, configs))
+        self._by_text[(key_text(static), key_text(shape))] = point
+        return point
+
+    def finished(self, point: Point) -> bool:
+        """Whether every item the point needs (its finals too) has its records."""
+        return all(self._done(point, item) for item in self._needs(point))
+
+    def take(self, record: Record) -> Point | None:
+        """Take in one record; its point, if the search has it."""
+        return self._take(record)
+
+    def issue(self, point: Point) -> list[WorkItem]:
+        """The point's items not yet handed out."""
+        return self._issue(point)
+
     def _take(self, record: Record) -> Point | None:
         point = self._by_text.get((record.static_key, record.shape_key))
         if point is not None:

@@ -6,13 +6,16 @@ a kernel run on a re-paged cache; ``selectable``).
 
 Where the point had finals (its best configs timed against the default in interleaved rounds on one
 device, ``phase == "final"``), the latest finals decide: a non-default config wins only when the
-whole 95 % interval of its paired speedup lies above ``1 + margin``. Among those, every config
+whole 95 % interval of its paired speedup lies above ``1 + margin``, the practical-equivalence
+margin (default 2 %, ``[select] margin`` or ``export bundle --margin``): a gain smaller than that
+does not hold from one GPU of a model to the next, so the default keeps its place. Among those, every config
 within ``tie`` of the best speedup is a near-tie, and the first of them in canonical order (by
 option name, then value) wins, so two runs on the same GPU, or two ranks of one server, choose the
 same config even when noise reorders near-ties. Otherwise the default keeps its place.
 
 Without finals, single measurements decide: a non-default config wins only when its median beats the
-default's by more than the noise of both (``median * (1 + noise) < default median``); the lowest
+default's by more than the noise of both and the margin (``median * (1 + noise + margin) < default
+median``); the lowest
 median among those wins, ties in canonical order. Where a config was measured several times, the
 latest measurement at the highest fidelity counts (a full measurement over a screening look).
 
@@ -34,8 +37,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tunectl.keys import Key, value_order
+from tunectl.keys import Key, key_text, value_order
 from tunectl.record import SELECTED_PHASES, Phase, Point, Record, Status, latest
+from tunectl.spec import DEFAULT_MARGIN
 
 __all__ = ["SELECTED_PHASES", "Selectable", "Winner", "latest_comparisons", "one_timing", "select_winners"]
 
@@ -62,10 +66,19 @@ class Winner:
     speedup_hi: float | None = None
     basis: str = "measure"  # final: interleaved rounds against the default; measure: single timings
     rounds: int | None = None
+    served_by: Key | None = None  # a filled entry: the tuned point whose winner serves this shape
+    served_why: str = ""  # why this shape has no result of its own
 
     @property
     def reason(self) -> str:
         """Why this config is the entry, in a line."""
+        if self.served_by is None:
+            return self._reason
+        source = key_text(self.served_by)
+        return f"served by the nearest tuned point {source} ({self.served_why} here); there: {self._reason}"
+
+    @property
+    def _reason(self) -> str:
         if self.speedup is None:
             return "fastest; the default failed here"
         interval = f"[{self.speedup_lo:.3f}, {self.speedup_hi:.3f}]"
@@ -96,7 +109,7 @@ def select_winners(
     records: Iterable[Record],
     *,
     selectable: Selectable = every_config,
-    margin: float = 0.0,
+    margin: float = DEFAULT_MARGIN,
     tie: float = 0.02,
 ) -> list[Winner]:
     """One winner per (task, device, static, shape) that has at least one ok, selectable measurement.
@@ -118,7 +131,7 @@ def select_winners(
             return r.ok and selectable(r.task, r.static, r.config)
 
         choice = _from_finals(final, eligible, margin, tie) if final else None
-        choice = choice or _from_singles(group, eligible)
+        choice = choice or _from_singles(group, eligible, margin)
         if choice is not None:
             winners.append(_winner(choice, group or final))
     return sorted(winners, key=lambda w: (w.task, w.device_name, value_order(w.static), value_order(w.shape)))
@@ -218,14 +231,14 @@ def _median(record: Record) -> float:
     return record.median_us if record.median_us is not None else float("inf")
 
 
-def _from_singles(group: list[Record], eligible: Callable[[Record], bool]) -> Choice | None:
+def _from_singles(group: list[Record], eligible: Callable[[Record], bool], margin: float) -> Choice | None:
     ok = sorted((r for r in group if eligible(r)), key=lambda r: (_median(r), r.config_key))
     if not ok:
         return None
     default = next((r for r in ok if r.is_default), None)
     if default is None:
         return ok[0], None, {}
-    best = next((r for r in ok if not r.is_default and _beats(r, default)), default)
+    best = next((r for r in ok if not r.is_default and _beats(r, default, margin)), default)
     d, b = _times(default), _times(best)
     fields = {"speedup": d[1] / b[1], "speedup_lo": d[0] / b[2], "speedup_hi": d[2] / b[0]}
     return best, default, fields
@@ -237,6 +250,6 @@ def _times(record: Record) -> tuple[float, float, float]:
     return (record.p20_us or median, median, record.p80_us or median)
 
 
-def _beats(record: Record, default: Record) -> bool:
-    margin = max(record.rel_noise or 0.0, default.rel_noise or 0.0)
-    return _median(record) * (1.0 + margin) < _median(default)
+def _beats(record: Record, default: Record, margin: float) -> bool:
+    noise = max(record.rel_noise or 0.0, default.rel_noise or 0.0)
+    return _median(record) * (1.0 + noise + margin) < _median(default)

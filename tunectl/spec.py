@@ -12,6 +12,11 @@ num_q_heads = 16
 values = [1, 4, 16]
 bucket = "pow2"                     # exact | floor | ceil | nearest | pow2
 
+[shapes.kv_len]                     # or a span serving meets, refined where winners change
+range = [1024, 32768]               # values: the starting grid (default: the ends, powers of two between)
+step = 512                          # refined values are multiples of this
+bucket = "ceil"                     # a range needs floor, ceil or nearest
+
 [configs]                           # one grid; or [[configs]] for a union of grids
 num_splits = [1, 2, 4]
 
@@ -25,6 +30,10 @@ accelerator_type = "H200"
 [search]                            # all optional (tunectl.search)
 strategy = "halving"                # grid | halving
 finalists = 3
+refine_budget = 16                  # extra points per static key where a range is declared (tunectl.refine)
+
+[select]                            # all optional
+margin = 0.02                       # a win must clear 1 + margin (tunectl.select)
 ```
 Every error names the file and the field and is raised as ``SpecError``.
 """
@@ -43,14 +52,24 @@ from tunectl.keys import InvalidKeyError, Key, Value, make_key, normalise_value,
 from tunectl.params import Rule
 from tunectl.registry import PlannedTask, get_task, task_names
 
-_TOP_LEVEL = {"name", "description", "task", "static", "shapes", "configs", "measure", "resources", "search"}
+_TOP_LEVEL = {
+    "name", "description", "task", "static", "shapes", "configs", "measure", "resources", "search", "select",
+}  # fmt: skip
+#: bucket policies that map every value between two tuned points to one of them (what a range needs)
+RANGE_POLICIES = ("floor", "ceil", "nearest")
 
 
 @dataclass(frozen=True)
 class ShapeDim:
+    """One dynamic dimension: the points tuned first, how lookup buckets, and, for a dimension that
+    declares ``range = [lo, hi]``, the span serving meets (refinement adds points inside it, at
+    multiples of ``step``)."""
+
     name: str
     values: tuple[int, ...]
     bucket: str = "exact"
+    range: tuple[int, int] | None = None
+    step: int = 1
 
 
 @dataclass(frozen=True)
@@ -81,6 +100,8 @@ class SearchSpec:
     tie: float = 0.02  # a config this close to the default (or faster) may reach the finals
     eta: int = 3  # halving: keep 1/eta of the configs per rung, give each eta times more time
     min_budget: float = 0.1  # halving: the first rung's share of the spec's measurement time
+    # refinement: extra points per static key (>= 1), or a share of the starting points (< 1); 0: off
+    refine_budget: float = 16.0
 
     def rung_budget(self, rung: int) -> float:
         """Halving: a look's share of a full measurement at ``rung``."""
@@ -108,7 +129,19 @@ TABLE_RULES: dict[str, Rule] = {
     "search.tie": Rule.number(0, 1),
     "search.eta": Rule.integer(2),
     "search.min_budget": Rule.number(0, 1, low_open=True),
+    "search.refine_budget": Rule.number(0),
+    "select.margin": Rule.number(0, 1),
 }
+
+#: a config other than the default wins only when its whole interval clears 1 + this
+DEFAULT_MARGIN = 0.02
+
+
+@dataclass(frozen=True)
+class SelectSpec:
+    """How winners are chosen from the results (``tunectl.select``)."""
+
+    margin: float = DEFAULT_MARGIN  # practical equivalence: a speedup under 1 + margin does not count
 
 
 @dataclass(frozen=True)
@@ -130,6 +163,7 @@ class Spec:
     resources: ResourceSpec = field(default_factory=ResourceSpec)
     search: SearchSpec = field(default_factory=SearchSpec)
     text: str = ""
+    select: SelectSpec = field(default_factory=SelectSpec)
 
     def static_grid(self) -> list[Key]:
         return [make_key(p) for p in product(dict(self.static))]
@@ -139,6 +173,10 @@ class Spec:
 
     def buckets(self) -> dict[str, dict[str, Any]]:
         return {d.name: {"policy": d.bucket, "points": list(d.values)} for d in self.shapes}
+
+    def ranges(self) -> dict[str, tuple[int, int]]:
+        """The declared span of each dimension that has one."""
+        return {d.name: d.range for d in self.shapes if d.range is not None}
 
 
 def load_spec(path: str | Path) -> Spec:
@@ -165,6 +203,11 @@ def parse_spec(text: str, path: str = "<spec>", default_name: str = "spec", *, s
         raw = {k: v for k, v in raw.items() if k != "search"}
     # A stored spec was checked by the version that ran it: rules added since must not hide its results.
     return _Validator(path, check_values=not stored).spec(raw, text, default_name)
+
+
+def starting_points(lo: int, hi: int) -> list[int]:
+    """A range's starting grid when it gives no ``values``: its ends and the powers of two between."""
+    return sorted({lo, hi, *(1 << e for e in range(hi.bit_length()) if lo < 1 << e < hi)})
 
 
 class _Validator:
@@ -197,7 +240,11 @@ class _Validator:
             raise self.fail("measure.max_samples", "need min_samples <= max_samples")
         resources = self.dataclass_table(ResourceSpec, raw.get("resources", {}), "resources")
         search = self.search(raw.get("search", {}))
-        return Spec(self.path, name, task.name, static, shapes, configs, measure, resources, search, text)
+        if search.refine_budget >= 1 and not float(search.refine_budget).is_integer():
+            raise self.fail("search.refine_budget", "a number of points (>= 1) must be whole; a share is < 1")
+        select = self.dataclass_table(SelectSpec, raw.get("select", {}), "select")
+        return Spec(self.path, name, task.name, static, shapes, configs, measure, resources, search, text,
+                    select)  # fmt: skip
 
     def search(self, value: object) -> SearchSpec:
         if isinstance(value, dict) and value.get("strategy") in RETIRED_STRATEGIES:
@@ -270,26 +317,47 @@ class _Validator:
     def shapes(self, value: object, allowed: tuple[str, ...]) -> tuple[ShapeDim, ...]:
         table = self.table(value, "shapes")
         self.names(table, allowed, "shapes", required=True)
-        dims = []
-        for name in sorted(table):
-            fld = f"shapes.{name}"
-            dim = self.table(table[name], fld)
-            extra = sorted(set(dim) - {"values", "bucket"})
-            if extra:
-                raise self.fail(f"{fld}.{extra[0]}", "unknown key; expected values, bucket")
-            values = dim.get("values")
-            if not isinstance(values, list) or not values:
-                raise self.fail(f"{fld}.values", "must be a non-empty list of positive integers")
-            if any(type(v) is not int or v < 1 for v in values):
-                raise self.fail(f"{fld}.values", "must be a non-empty list of positive integers")
-            if len(set(values)) != len(values):
-                raise self.fail(f"{fld}.values", "values repeat")
-            bucket = dim.get("bucket", "exact")
-            self.choice(f"{fld}.bucket", bucket, POLICIES)
-            if bucket == "pow2" and not all(is_pow2(v) for v in values):
-                raise self.fail(f"{fld}.values", "bucket 'pow2' needs every value to be a power of two")
-            dims.append(ShapeDim(name, tuple(sorted(values)), bucket))
-        return tuple(dims)
+        return tuple(
+            self.shape_dim(name, self.table(table[name], f"shapes.{name}")) for name in sorted(table)
+        )
+
+    def shape_dim(self, name: str, dim: dict[str, Any]) -> ShapeDim:
+        fld = f"shapes.{name}"
+        extra = sorted(set(dim) - {"values", "bucket", "range", "step"})
+        if extra:
+            raise self.fail(f"{fld}.{extra[0]}", "unknown key; expected values, bucket, range, step")
+        span = self.span(dim.get("range"), f"{fld}.range")
+        step = dim.get("step", 1)
+        if type(step) is not int or step < 1:
+            raise self.fail(f"{fld}.step", "must be a positive integer")
+        values = dim.get("values", starting_points(*span) if span else None)
+        if not isinstance(values, list) or not values:
+            raise self.fail(f"{fld}.values", "must be a non-empty list of positive integers")
+        if any(type(v) is not int or v < 1 for v in values):
+            raise self.fail(f"{fld}.values", "must be a non-empty list of positive integers")
+        if len(set(values)) != len(values):
+            raise self.fail(f"{fld}.values", "values repeat")
+        if span and not all(span[0] <= v <= span[1] for v in values):
+            raise self.fail(f"{fld}.values", f"every value must lie in the range [{span[0]}, {span[1]}]")
+        bucket = dim.get("bucket", "exact")
+        self.choice(f"{fld}.bucket", bucket, POLICIES)
+        if span and bucket not in RANGE_POLICIES:
+            raise self.fail(
+                f"{fld}.bucket",
+                f"a range needs a bucket that maps every value in it: {', '.join(RANGE_POLICIES)}",
+            )
+        if bucket == "pow2" and not all(is_pow2(v) for v in values):
+            raise self.fail(f"{fld}.values", "bucket 'pow2' needs every value to be a power of two")
+        return ShapeDim(name, tuple(sorted(values)), bucket, span, step)
+
+    def span(self, value: object, fld: str) -> tuple[int, int] | None:
+        if value is None:
+            return None
+        if not isinstance(value, list) or len(value) != 2 or any(type(v) is not int or v < 1 for v in value):
+            raise self.fail(fld, "must be [lo, hi], two positive integers")
+        if value[0] >= value[1]:
+            raise self.fail(fld, f"lo must be below hi, not [{value[0]}, {value[1]}]")
+        return (value[0], value[1])
 
     def configs(self, value: object, allowed: tuple[str, ...], rules: Mapping[str, Rule]) -> tuple[Key, ...]:
         grids = value if isinstance(value, list) else [self.table(value, "configs")]

@@ -42,37 +42,67 @@ def export_bundle_cmd(
     layers: LayersOption = DEFAULT_LAYERS,
     rounds: RoundsOption = DEFAULT_ROUNDS,
     address: AddressOption = None,
+    margin: Annotated[
+        float | None,
+        typer.Option(
+            help="A config other than the default wins only if its whole speedup interval clears 1 + "
+            "MARGIN. Default: the runs' [select] margin (0.02 unless the spec says otherwise)."
+        ),
+    ] = None,
+    fill: Annotated[
+        bool,
+        typer.Option(
+            help="Serve each bucket cell that has no result of its own (not run, or refined elsewhere) "
+            "from the nearest tuned point; --no-fill leaves it answering None."
+        ),
+    ] = True,
+    strict: Annotated[
+        bool,
+        typer.Option(
+            "--strict", help="Publish nothing (exit 2) if any region inside the ranges answers None."
+        ),
+    ] = False,
 ) -> None:
-    """Pick the winners from RESULTS and publish them as an immutable, checksummed bundle.
+    """Pick the winners from RESULTS and publish them as an immutable, checksummed bundle. Every region
+    inside the declared ranges that lookup would answer None in is listed, one line each.
 
     Example:
     \b
         tunectl export bundle --name quickstart --version 1 --out bundles
         tunectl export bundle --name quickstart --version 2 --validate
+        tunectl export bundle --name decode --version 3 --margin 0.02 --strict
     """
     if validate:
-        _export_validated(name, version, out, results, run, task, device, spec or [], layers, rounds, address)
+        _export_validated(name, version, out, results, run, task, device, spec or [], layers, rounds, address,
+                          (margin, fill, strict))  # fmt: skip
         return
-    from tunectl.export import Scope, export_bundle
+    from tunectl.export import Choices, Scope, export_bundle
 
     with library_errors():
-        res = export_bundle(results, name, version, out, Scope(run, task, device))
+        res = export_bundle(
+            results, name, version, out, Scope(run, task, device), Choices(margin, fill, strict)
+        )
+    filled = sum(w.served_by is not None for w in res.winners)
     typer.echo(
         f"published {name}/{version} at {res.location}: {len(res.winners)} entries "
         f"from {len(res.source_runs)} run(s)"
+        + (f", {filled} served by the nearest tuned point" if filled else "")
     )
+    for hole in res.holes:
+        typer.echo(hole.line())
 
 
 def _export_validated(
     name: str, version: str, out: str, results: Path, run: list[str] | None, task: str | None,
     device: str | None, specs: list[Path], layers: int, rounds: int, address: str | None,
+    choices: tuple[float | None, bool, bool],
 ) -> None:  # fmt: skip
     from rich.console import Console
 
     from orchestrator.validate import export_validated
     from tunectl.cli.submit import RunBar, connect_trapping_cancel, run_events
     from tunectl.cli.validate import print_validation
-    from tunectl.export import Scope
+    from tunectl.export import Choices, Scope
 
     console = Console()
     bar = RunBar(console)
@@ -80,7 +110,7 @@ def _export_validated(
         with library_errors(), run_events(console):
             res, runs = export_validated(
                 results, name, version, out, Scope(run, task, device), specs=specs,
-                layers=layers, rounds=rounds, progress=bar, address=address,
+                layers=layers, rounds=rounds, choices=Choices(*choices), progress=bar, address=address,
                 connect_fn=connect_trapping_cancel,
             )  # fmt: skip
     finally:
@@ -90,6 +120,8 @@ def _export_validated(
         f"validated and published {name}/{version} at {res.location}: {len(res.winners)} entries "
         f"from {len(res.source_runs)} run(s)"
     )
+    for hole in res.holes:
+        typer.echo(hole.line())
 
 
 def _report(what: str, res: Any) -> None:

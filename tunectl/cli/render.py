@@ -88,3 +88,23 @@ def validation_table(validation: Any, title: str) -> Table:
         notes.append(f"geometric mean: {g.estimate:.3f}x, 95% CI {g.lo:.3f}-{g.hi:.3f}")
     table.caption = "\n".join(notes)
     return table
+
+
+def holdout_table(holdout: Any, title: str) -> Table:
+    """Per held-out shape: the bundle's pick, the fastest config there, and pick / oracle."""
+    table = Table(title=title, title_justify="left")
+    for col in ("shape", "static", "pick", "oracle"):
+        table.add_column(col, overflow="fold", min_width=8)
+    table.add_column("pick / oracle", justify="right", no_wrap=True)
+    for h in holdout.shapes:
+        ratio = "-" if h.ratio is None else f"{h.ratio:.3f}"
+        if h.loses(holdout.margin):
+            ratio = f"[red]{ratio}[/]"
+        oracle = "-" if h.oracle is None else ("(pick)" if h.oracle == h.pick else compact(h.oracle))
+        table.add_row(
+            compact(h.shape), compact(h.static), compact(h.pick), oracle, ratio if h.ratio else h.status
+        )
+    table.caption = (
+        "pick / oracle: the pick's time over the fastest config's (1.000: the pick was the fastest)"
+    )
+    return table

@@ -321,6 +321,11 @@ def _print_dry_run(spec: Path, results: Path) -> None:
         + (f"; {len(skipped):,} point(s) skipped ({skipped[0][2]}{', ...' if len(skipped) > 1 else ''})"
            if skipped else "")
     )  # fmt: skip
+    spec_ = planned.count.spec
+    budget = spec_.search.refine_budget
+    if spec_.ranges() and budget > 0:
+        extra = f"{budget:.0f}" if budget >= 1 else f"{budget:.0%} of the starting"
+        console.print(f"then refinement: up to {extra} point(s) per static key where neighbours disagree")
     if planned.seconds is None:
         console.print(f"no earlier run of {planned.count.spec.task} in {results}: no time estimate")
     else:

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 
 from tunectl.cli._common import DEFAULT_RESULTS, ResultsOption, fail, library_errors
-from tunectl.cli.render import compact, validation_table
+from tunectl.cli.render import compact, holdout_table, validation_table
 from tunectl.cli.submit import RunBar, connect_trapping_cancel, run_events
 from tunectl.validate import DEFAULT_LAYERS, DEFAULT_ROUNDS
 
@@ -30,15 +30,35 @@ def validate_cmd(
     results: ResultsOption = DEFAULT_RESULTS,
     address: AddressOption = None,
     num_gpus: Annotated[int | None, typer.Option(help="Local instance only: GPUs to offer Ray.")] = None,
+    holdout: Annotated[
+        int | None,
+        typer.Option(
+            help="Instead: draw this many shapes inside SPEC's ranges that were not tuned, and time the "
+            "bundle's pick against the default and every selectable config at each (single calls)."
+        ),
+    ] = None,
+    seed: Annotated[
+        int, typer.Option(help="With --holdout: the draw's seed (the same seed, the same shapes).")
+    ] = 0,
+    margin: Annotated[
+        float, typer.Option(help="With --holdout: the pick loses where it is slower than the best by more.")
+    ] = 0.02,
 ) -> None:
     """Run every point of SPEC as a stack of layers with BUNDLE's config and with the default,
     interleaved; report per-point and geometric-mean speedup with 95 % intervals. Exits 1 when the
-    bundle is slower than the defaults beyond noise at any point.
+    bundle is slower than the defaults beyond noise at any point. With --holdout N: pick / oracle at
+    N untuned shapes (median, p95, worst, geometric mean); exits 1 when the pick loses by more than
+    the margin at more than 5 % of them.
 
     Example:
     \b
         tunectl validate bundles/quickstart/1 --spec configs/quickstart.toml --layers 36
+        tunectl validate bundles/refine/1 --spec configs/refine_example.toml --holdout 24 --seed 1
     """
+    if holdout is not None:
+        _holdout(bundle, spec, results, holdout, seed=seed, margin=margin, rounds=rounds, address=address,
+                 num_gpus=num_gpus)  # fmt: skip
+        return
     from orchestrator.validate import validate
 
     console = Console()
@@ -58,6 +78,48 @@ def validate_cmd(
     print_validation(console, [run])
     if run.validation.losers:
         raise typer.Exit(1)
+
+
+def _holdout(
+    bundle: str, spec: Path, results: Path, num_shapes: int, *, seed: int, margin: float, rounds: int,
+    address: str | None, num_gpus: int | None,
+) -> None:  # fmt: skip
+    from orchestrator.validate import validate_holdout
+
+    console = Console()
+    bar = RunBar(console)
+    try:
+        with library_errors(), run_events(console):
+            run = validate_holdout(
+                bundle, spec, results, num_shapes=num_shapes, seed=seed, rounds=rounds, margin=margin,
+                progress=bar, address=address, num_gpus=num_gpus, connect_fn=connect_trapping_cancel,
+            )  # fmt: skip
+    except KeyboardInterrupt as exc:
+        run_id = getattr(exc, "run_id", None)
+        stopped = f"holdout run {run_id} stopped" if run_id else "stopped before the run started"
+        raise fail(f"{stopped}; what was measured is kept in {results}; validate again", 130) from None
+    finally:
+        bar.stop()
+    print_holdout(console, run)
+    if run.holdout.failed:
+        raise typer.Exit(1)
+
+
+def print_holdout(console: Console, run: Any) -> None:
+    held = run.holdout
+    title = f"held-out shapes of {run.spec}" + (f" (run {run.run_id})" if run.run_id else "")
+    console.print(holdout_table(held, title))
+    for why, n in sorted(Counter(s.why for s in run.skipped).items()):
+        console.print(f"not measured: {n} shape(s): {why}")
+    if not held.ratios:
+        console.print("no held-out shape was measured")
+        return
+    stats = f"median {held.quantile(0.5):.3f}, p95 {held.quantile(0.95):.3f}, worst {held.ratios[-1]:.3f}"
+    console.print(f"pick / oracle over {len(held.ratios)} shape(s): {stats}, geomean {held.geomean:.3f}")
+    losing = (
+        f"the pick loses by more than {held.margin:.0%} at {len(held.losers)} of {len(held.ratios)} shape(s)"
+    )
+    console.print(f"[red]{losing}[/]" if held.failed else losing)
 
 
 def print_validation(console: Console, runs: Sequence[Any]) -> None:

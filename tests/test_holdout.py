@@ -1,0 +1,105 @@
+"""Held-out validation: shapes drawn inside the ranges, pick / oracle per shape, the 5 % rule, and the
+whole path on a local Ray instance (submit with refinement -> export -> validate --holdout)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.test_refine import _spec
+from tunectl.cli import app
+from tunectl.holdout import HeldOut, Holdout, draw_shapes, read_holdout
+from tunectl.keys import key_text, make_key
+from tunectl.record import Record
+from tunectl.results import read_results
+
+ROOT = Path(__file__).resolve().parents[1]
+RANGED_KV = '[shapes.kv_len]\nrange = [1024, 8192]\nvalues = [1024]\nstep = 512\nbucket = "ceil"'
+
+
+def _ranged() -> object:
+    from tests.test_refine import SPEC
+
+    return _spec("", SPEC.replace('[shapes.kv_len]\nvalues = [1024]\nbucket = "ceil"', RANGED_KV))
+
+
+def test_held_out_shapes_lie_inside_the_ranges_on_the_step_and_were_not_tuned() -> None:
+    spec = _ranged()
+    tuned = [make_key({"batch": b, "kv_len": 1024}) for b in (1, 8, 64)]
+    shapes = draw_shapes(spec, 30, seed=7, tuned=tuned)
+    assert len(shapes) == len(set(shapes)) == 30 and not set(shapes) & set(tuned)
+    for shape in map(dict, shapes):
+        assert 1 <= shape["batch"] <= 64 and 1024 <= shape["kv_len"] <= 8192 and shape["kv_len"] % 512 == 0
+    assert draw_shapes(spec, 30, seed=7, tuned=tuned) == shapes
+    assert draw_shapes(spec, 30, seed=8, tuned=tuned) != shapes
+
+
+def _arms(shape: dict[str, int], speedups: dict[str, float]) -> list[Record]:
+    """A holdout comparison's records; ``speedups`` by config name, the first the default."""
+    out = []
+    for i, (name, s) in enumerate(speedups.items()):
+        out.append(Record("h", f"{shape}{name}", "cost_model", '{"capacity":1}', key_text(make_key(shape)),
+                          json.dumps({"c": name}), i == 0, "ok", median_us=100 / s, phase="holdout",
+                          group_id=str(shape), rounds=8, speedup=s, speedup_lo=s * 0.99,
+                          speedup_hi=s * 1.01))  # fmt: skip
+    return out
+
+
+def test_pick_over_oracle_per_shape_and_the_five_percent_rule() -> None:
+    records, picks = [], {}
+    for batch in range(1, 21):  # the pick is the best at 19 shapes, 10 % slower than the best at one
+        shape = {"batch": batch, "kv_len": 1024}
+        records += _arms(shape, {"d": 1.0, "a": 1.5, "b": 1.65 if batch == 20 else 1.2})
+        picks[('{"capacity":1}', key_text(make_key(shape)))] = make_key({"c": "a"})
+    held = read_holdout(records, picks, margin=0.02)
+    assert len(held.shapes) == 20 and held.quantile(0.5) == 1.0
+    assert held.ratios[-1] == pytest.approx(1.1) and [h.shape for h in held.losers] == [
+        make_key({"batch": 20, "kv_len": 1024})
+    ]
+    assert not held.failed  # 1 of 20 is 5 %, not more
+    assert Holdout(held.shapes[-2:], 0.02).failed  # 1 of 2 is
+    assert held.geomean == pytest.approx(1.1 ** (1 / 20))
+
+
+def test_a_failed_comparison_is_reported_not_counted() -> None:
+    held = HeldOut(
+        make_key({"capacity": 1}), make_key({"batch": 3}), make_key({"c": "a"}), None, None, "error"
+    )
+    assert not Holdout((held,)).failed and Holdout((held,)).ratios == []
+
+
+@pytest.mark.slow
+def test_refine_export_and_validate_on_held_out_shapes(ray_two_gpus: None, tmp_path: Path) -> None:
+    runner = CliRunner()
+    spec, results, store = ROOT / "configs" / "refine_example.toml", tmp_path / "res", tmp_path / "b"
+    out = runner.invoke(app, ["submit", str(spec), "--results", str(results)])
+    assert out.exit_code == 0, out.output
+    tuned = {r.shape_key for r in read_results(results)}
+    assert (
+        len(tuned) > 5
+    )  # 5 starting points the task can run (64 x 8192 is over capacity), then refined ones
+    out = runner.invoke(app, ["export", "bundle", "--results", str(results), "--name", "r", "--version", "1",
+                              "--out", str(store), "--strict"])  # fmt: skip
+    assert out.exit_code == 0, out.output
+    args = ["validate", str(store / "r" / "1"), "--spec", str(spec), "--holdout", "3", "--seed", "1"]
+    out = runner.invoke(app, [*args, "--results", str(results), "--rounds", "3"])
+    assert out.exit_code in (0, 1), out.output  # 1 only if the pick lost at more than 5 % of shapes
+    assert "pick / oracle over" in out.output and "geomean" in out.output
+    held = [r for r in read_results(results) if r.phase == "holdout"]
+    assert len({r.run_id for r in held}) == 1 and held[0].run_id not in {
+        r.run_id for r in read_results(results) if r.phase != "holdout"
+    }
+    assert len({r.shape_key for r in held}) <= 3 and not {r.shape_key for r in held} & tuned
+    assert len(held) == len({r.item_id for r in held})  # one row per arm
+    assert all(r.status == "ok" for r in held)
+
+
+def test_holdout_on_a_spec_without_ranges_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    spec = ROOT / "configs" / "quickstart.toml"
+    args = ["validate", str(tmp_path / "none"), "--spec", str(spec), "--holdout", "3"]
+    out = CliRunner().invoke(app, [*args, "--results", str(tmp_path / "res")])
+    assert out.exit_code == 2 and "declare range = [lo, hi]" in out.output and "Traceback" not in out.output
+    assert not (tmp_path / "res").exists()

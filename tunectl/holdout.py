@@ -1,0 +1,153 @@
+"""Held-out validation: how a bundle's picks do at shapes nobody tuned.
+
+``N`` shapes are drawn inside the spec's declared ranges (log-uniform, rounded to each dimension's
+``step``; a dimension without a range takes one of its values), leaving out shapes the bundle was
+tuned at. At each, for each static key, one item times the default, the bundle's pick and every
+selectable config of the spec in interleaved rounds on one device (``WorkItem`` phase ``holdout``,
+single calls as serving makes them). The fastest of them is the oracle; pick / oracle is the pick's
+time over the oracle's (1.0: the pick was the best there). The bundle fails the check when the pick
+is slower than the oracle by more than the margin at more than 5 % of the shapes.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from tunectl.keys import Key, key_text, make_key, value_order
+from tunectl.plan import WorkItem, comparison, configs_of, full_config
+from tunectl.record import Phase, Record
+from tunectl.registry import PlannedTask
+from tunectl.select import latest_comparisons
+from tunectl.spec import DEFAULT_MARGIN, ShapeDim, Spec
+from tunectl.validate import Skipped
+
+#: the share of held-out shapes the pick may lose at (beyond the margin) before the check fails
+MAX_LOSING_SHARE = 0.05
+Picks = dict[tuple[str, str], Key]  # (static key text, shape key text) -> the config serving would run
+
+
+def draw_shapes(spec: Spec, num_shapes: int, seed: int, tuned: Iterable[Key] = ()) -> list[Key]:
+    """Up to ``num_shapes`` distinct shapes inside the spec's ranges, none of them ``tuned``; the same
+    ``seed`` draws the same shapes. Fewer where the ranges hold fewer untuned shapes."""
+    if not spec.ranges():
+        raise ValueError("held-out shapes need a dimension that declares a range")
+    rng = random.Random(seed)
+    seen = set(tuned)
+    shapes: list[Key] = []
+    for _ in range(num_shapes * 100):
+        if len(shapes) == num_shapes:
+            break
+        shape = make_key({d.name: _draw(rng, d) for d in spec.shapes})
+        if shape not in seen:
+            seen.add(shape)
+            shapes.append(shape)
+    return shapes
+
+
+def _draw(rng: random.Random, dim: ShapeDim) -> int:
+    if dim.range is None:
+        return rng.choice(dim.values)
+    lo, hi = dim.range
+    value = round(math.exp(rng.uniform(math.log(lo), math.log(hi))))
+    value = round(value / dim.step) * dim.step
+    return min(hi, max(lo, value, dim.step if dim.step <= hi else lo))
+
+
+def plan_holdout(
+    spec: Spec, bundle: object, shapes: Iterable[Key], *, rounds: int, task: PlannedTask
+) -> tuple[list[WorkItem], Picks, list[Skipped]]:
+    """One comparison item per (static key, shape): the default, the bundle's pick (the default where
+    the bundle has no entry: that is what serving runs) and every selectable config of the spec."""
+    items: list[WorkItem] = []
+    picks: Picks = {}
+    skipped: list[Skipped] = []
+    shapes = list(shapes)
+    for static in spec.static_grid():
+        default, configs = configs_of(task, static, spec.configs)
+        selectable = [c for c in configs if task.selectable(dict(static), dict(c))]
+        for shape in shapes:
+            why = task.check_point(dict(static), dict(shape))
+            if why is not None:
+                skipped.append(Skipped(static, shape, why))
+                continue
+            found = bundle.lookup(spec.task, **dict(static), **dict(shape))  # type: ignore[attr-defined]
+            pick = full_config(task, found) if found is not None else default
+            arms = tuple(dict.fromkeys([default, pick, *selectable]))
+            items.append(comparison(spec.task, static, shape, arms, Phase.HOLDOUT, rounds))
+            picks[(key_text(static), key_text(shape))] = pick
+    return items, picks, skipped
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """One held-out (static key, shape): the pick, the fastest config there, and pick / oracle."""
+
+    static: Key
+    shape: Key
+    pick: Key
+    oracle: Key | None
+    ratio: float | None  # the pick's time over the oracle's; None where the comparison failed
+    status: str = "ok"
+
+    def loses(self, margin: float) -> bool:
+        return self.ratio is not None and self.ratio > 1.0 + margin
+
+
+@dataclass(frozen=True)
+class Holdout:
+    shapes: tuple[HeldOut, ...]
+    margin: float = DEFAULT_MARGIN
+
+    @property
+    def ratios(self) -> list[float]:
+        return sorted(s.ratio for s in self.shapes if s.ratio is not None)
+
+    def quantile(self, q: float) -> float | None:
+        """The ``q`` quantile of pick / oracle (nearest rank)."""
+        ratios = self.ratios
+        return ratios[min(len(ratios) - 1, math.ceil(q * len(ratios)) - 1)] if ratios else None
+
+    @property
+    def geomean(self) -> float | None:
+        ratios = self.ratios
+        return statistics.geometric_mean(ratios) if ratios else None
+
+    @property
+    def losers(self) -> list[HeldOut]:
+        return [s for s in self.shapes if s.loses(self.margin)]
+
+    @property
+    def failed(self) -> bool:
+        """The pick loses beyond the margin at more than ``MAX_LOSING_SHARE`` of the measured shapes."""
+        measured = len(self.ratios)
+        return measured > 0 and len(self.losers) > MAX_LOSING_SHARE * measured
+
+
+def read_holdout(records: Iterable[Record], picks: Mapping[tuple[str, str], Key], margin: float) -> Holdout:
+    """The verdict per held-out point from a holdout run's records."""
+    found = latest_comparisons(records, Phase.HOLDOUT)
+    out = []
+    for arms in found.values():
+        pick = picks.get((arms[0].static_key, arms[0].shape_key))
+        if pick is not None:
+            out.append(_held_out(arms, pick))
+    return Holdout(tuple(sorted(out, key=lambda h: (value_order(h.static), value_order(h.shape)))), margin)
+
+
+def _held_out(arms: list[Record], pick: Key) -> HeldOut:
+    static, shape = arms[0].static, arms[0].shape
+    default = next((r for r in arms if r.is_default), None)
+    mine = next((r for r in arms if r.config == pick), None)
+    if default is None or mine is None or not default.ok or not mine.ok:
+        failed = next((r for r in (default, mine) if r is not None and not r.ok), None)
+        return HeldOut(static, shape, pick, None, None, str(failed.status) if failed else "missing")
+
+    def speedup(r: Record) -> float:
+        return 1.0 if r.is_default else (r.speedup or 0.0)
+
+    best = max((r for r in arms if r.ok), key=lambda r: (speedup(r), r.is_default))
+    return HeldOut(static, shape, pick, best.config, speedup(best) / speedup(mine))

@@ -1,0 +1,199 @@
+"""Refinement: more shape points where neighbouring tuned points disagree.
+
+A spec dimension that declares ``range = [lo, hi]`` is tuned at its starting ``values`` first. Once
+every point of a static key is finished (its finals too), refinement looks along one refined
+dimension at a time, the others fixed, at each pair of neighbouring points: where their winners
+differ, or where one config wins at both but its speedup intervals over the default do not overlap
+(the advantage changed by more than the noise), it plans the midpoint, rounded to the dimension's
+``step`` (batch 24 between 16 and 32; kv 3072 between 2048 and 4096 with ``step = 512``). The new
+points are measured like the starting ones (by the spec's strategy, grid or halving, and finals),
+and the next level is planned once they finish, until neighbours agree, no midpoint is left, or
+``[search] refine_budget`` extra points of that static key were planned.
+
+It is a layer over ``tunectl.search.Search``, not a strategy of its own: a strategy decides how one
+point's configs are measured, refinement decides which points exist, so it composes with grid and
+halving alike. Every decision is a function of records already written (each level is planned from
+finished points only, in a fixed order), so a resumed run plans the same extra points, and the
+search asks only for their missing items: one row per item, whatever stopped the run.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+from tunectl.coverage import sizes
+from tunectl.keys import Key, key_text, make_key, value_order
+from tunectl.plan import Plan, WorkItem
+from tunectl.record import Record
+from tunectl.search import Point, Search
+from tunectl.select import Winner, select_winners
+from tunectl.spec import DEFAULT_MARGIN, ShapeDim
+
+CheckPoint = Callable[[Key, Key], "str | None"]  # (static, shape) -> why the task cannot run it, or None
+
+
+def midpoint(lo: int, hi: int, step: int = 1) -> int | None:
+    """The multiple of ``step`` nearest the middle of ``lo`` and ``hi``, if it lies strictly between."""
+    mid = ((lo + hi) // 2 + step // 2) // step * step
+    return mid if lo < mid < hi else None
+
+
+def advantage(winner: Winner) -> tuple[float, float]:
+    """The winner's speedup interval over the default; (1, 1) where the default itself won."""
+    if winner.is_default or winner.speedup is None:
+        return (1.0, 1.0)
+    lo = winner.speedup_lo if winner.speedup_lo is not None else winner.speedup
+    hi = winner.speedup_hi if winner.speedup_hi is not None else winner.speedup
+    return (lo, hi)
+
+
+def disagree(a: Winner, b: Winner) -> bool:
+    """Different winners, or one winner whose advantage changed by more than the noise."""
+    if a.config != b.config:
+        return True
+    (a_lo, a_hi), (b_lo, b_hi) = advantage(a), advantage(b)
+    return a_hi < b_lo or b_hi < a_lo
+
+
+def candidates(
+    winners: Mapping[Key, Winner | None],
+    known: Iterable[Key],
+    dims: Sequence[ShapeDim],
+    infeasible: Iterable[Key] = (),
+) -> list[Key]:
+    """Midpoints between neighbouring shapes (along one of ``dims`` at a time, the others fixed) that
+    disagree, not already ``known``, in a fixed order (by dimension, then value).
+
+    Breakpoints come first: where the winners differ, or a point has a winner and its neighbour
+    cannot run (``infeasible``: the midpoint closes in on the largest point that can). Only where
+    no breakpoint is left, midpoints where one winner's advantage moved beyond the noise."""
+    known = set(known)
+    blocked = set(infeasible)
+    urgent: dict[Key, None] = {}
+    moved: dict[Key, None] = {}
+    for dim in dims:
+        lines: dict[Key, list[tuple[int, Key]]] = {}
+        for shape in [*winners, *blocked]:
+            rest = make_key({n: v for n, v in shape if n != dim.name})
+            lines.setdefault(rest, []).append((sizes(shape)[dim.name], shape))
+        for rest in sorted(lines, key=value_order):
+            for (lo, a), (hi, b) in itertools.pairwise(sorted(lines[rest], key=lambda t: t[0])):
+                mid = midpoint(lo, hi, dim.step)
+                if mid is None or (shape := make_key({**dict(rest), dim.name: mid})) in known:
+                    continue
+                wa, wb = winners.get(a), winners.get(b)
+                if (a in blocked) != (b in blocked) and (wa or wb) is not None:
+                    urgent[shape] = None
+                elif wa is not None and wb is not None and disagree(wa, wb):
+                    (urgent if wa.config != wb.config else moved)[shape] = None
+    return list(urgent) or list(moved)
+
+
+def point_winner(point: Point, selectable: Callable[[Key, Key], bool], margin: float) -> Winner | None:
+    """The winner ``tunectl.select`` gives at ``point`` from its records, or None (nothing ran ok)."""
+    winners = select_winners(
+        point.records.values(),
+        selectable=lambda _task, static, config: selectable(static, config),
+        margin=margin,
+    )
+    return winners[0] if winners else None
+
+
+class Refined:
+    """A run's work: ``search``'s items, then the refined points' as each level is planned."""
+
+    def __init__(
+        self, search: Search, plan: Plan, check_point: CheckPoint, *, margin: float | None = None
+    ) -> None:
+        self.search = search
+        self.dims = [d for d in plan.spec.shapes if d.range is not None]
+        self.margin = DEFAULT_MARGIN if margin is None else margin
+        self._selectable = plan.facts.selectable
+        self._check = check_point
+        self.shapes: dict[Key, list[Key]] = {}  # static key -> its points' shapes, starting ones first
+        self.configs: dict[Key, tuple[Key, ...]] = {}
+        for static, shape in search.points:
+            self.shapes.setdefault(static, []).append(shape)
+            self.configs.setdefault(static, search.points[(static, shape)].configs)
+        budget = plan.spec.search.refine_budget
+        self.limit = {
+            s: int(budget) if budget >= 1 else math.ceil(budget * len(shapes))
+            for s, shapes in self.shapes.items()
+        }
+        # Points the task cannot run: the starting grid's it skipped at plan time, then refined ones.
+        self.refused: dict[Key, dict[Key, str]] = {
+            s: {h: "skipped when planned" for h in plan.spec.shape_grid() if (s, h) not in search.points}
+            for s in self.shapes
+        }
+        self.extra: dict[Key, list[Key]] = {s: [] for s in self.shapes}  # refined shapes, refused ones too
+        self._settled: set[Key] = set()  # static keys refinement is done with
+        self._waiting: dict[
+            tuple[str, str], list[Record]
+        ] = {}  # a resume's records of points not yet planned
+
+    def start(self, records: Iterable[Record] = ()) -> list[WorkItem]:
+        records = list(records)
+        items = self.search.start(records)
+        for record in records:
+            if self.search.take(record) is None:  # a refined point's: planned again below
+                self._waiting.setdefault((record.static_key, record.shape_key), []).append(record)
+        return items + self._grow()
+
+    def follow_up(self, records: Sequence[Record]) -> list[WorkItem]:
+        return self.search.follow_up(records) + self._grow()
+
+    def estimate(self) -> int:
+        return self.search.estimate()
+
+    def _grow(self) -> list[WorkItem]:
+        """Plan every level whose points have all finished; the new points' items not yet in."""
+        items: list[WorkItem] = []
+        grew = True
+        while grew:
+            grew = False
+            for static in sorted(set(self.shapes) - self._settled, key=value_order):
+                points = [self.search.points[(static, shape)] for shape in self.shapes[static]]
+                if not all(self.search.finished(p) for p in points):
+                    continue
+                level = self._level(static, points)
+                if not level:
+                    self._settled.add(static)
+                for shape in level:
+                    grew = True
+                    items += self._add(static, shape)
+        return items
+
+    def _level(self, static: Key, points: list[Point]) -> list[Key]:
+        """The next level's shapes at ``static``, within what is left of its budget."""
+        left = self.limit[static] - len(self.extra[static])
+        if left <= 0 or not self.dims:
+            return []
+        winners = {p.shape: point_winner(p, self._selectable, self.margin) for p in points}
+        refused = self.refused[static]
+        level = candidates(winners, [*winners, *refused], self.dims, infeasible=refused)[:left]
+        self.extra[static] += level
+        return level
+
+    def _add(self, static: Key, shape: Key) -> list[WorkItem]:
+        try:
+            why = self._check(static, shape)
+        except Exception as exc:  # a task's check that cannot take the value: the point is not run
+            why = f"the task cannot check this point ({type(exc).__name__}: {exc})"
+        if why is not None:
+            self.refused[static][shape] = why
+            return []
+        point = self.search.add_point(static, shape, self.configs[static])
+        self.shapes[static].append(shape)
+        for record in self._waiting.pop((key_text(static), key_text(shape)), []):
+            self.search.take(record)
+        return self.search.issue(point)
+
+
+def refined(search: Search, plan: Plan, check_point: CheckPoint) -> Search | Refined:
+    """``search`` with refinement over it where the spec declares a range and a budget; else as is."""
+    spec = plan.spec
+    if not spec.ranges() or spec.search.refine_budget <= 0:
+        return search
+    return Refined(search, plan, check_point, margin=spec.select.margin)
