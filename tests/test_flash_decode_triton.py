@@ -152,3 +152,77 @@ def test_the_kernel_matches_the_reference_in_the_triton_interpreter() -> None:
     # f32 rounding differs from the reference by ~1e-7; a wrong mask or merge is off by ~1e-1
     assert max(c["max_abs_err"] for c in results[:-1] if c["static"].get("dtype") is None) < 1e-5
     assert results[-1]["status"] == "invalid" and "bfloat16" in results[-1]["message"]
+
+
+def _compile_for_sm90(kernel: object, types: dict[str, str], consts: dict, options: dict) -> object:
+    """Compile a kernel to an sm_90 cubin without a GPU, its arguments specialised as a launch would
+    (pointers and strides divisible by 16; the split count and table stride not specialised)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = list(kernel.arg_names)  # type: ignore[attr-defined]
+    signature = {n: types.get(n, "i32") for n in names} | {n: "constexpr" for n in consts}
+    aligned = [n for n in names if signature[n].startswith("*") or n.startswith("stride_o")]
+    aligned += [n for n in names if n.startswith(("stride_q", "stride_k", "stride_v"))]
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    source = ASTSource(kernel, signature, consts, attrs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def _spilled_bytes(compiled: object, folder: Path) -> int:
+    """Bytes of stack (registers spilled to local memory) the cubin's kernel uses, by cuobjdump."""
+    import re
+
+    import triton
+
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    cubin = folder / "kernel.cubin"
+    cubin.write_bytes(compiled.asm["cubin"])  # type: ignore[attr-defined]
+    usage = subprocess.run([str(cuobjdump), "-res-usage", str(cubin)], capture_output=True, text=True).stdout
+    return int(re.search(r"STACK:(\d+)", usage).group(1))  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {"BLOCK_N": 64, "SINGLE": False, "PAGE_SIZE": 16},
+        {"BLOCK_N": 32, "SINGLE": True, "PAGE_SIZE": 128},
+        {"BLOCK_N": 128, "SINGLE": False, "PAGE_SIZE": 1, "num_warps": 8},
+        {"BLOCK_N": 64, "SINGLE": False, "PAGE_SIZE": 16, "num_stages": 3},
+        {"BLOCK_N": 64, "SINGLE": True, "HAS_SINKS": True, "SOFTCAP": True, "WINDOW_LEFT": 1023, "Q_LEN": 2},
+    ],
+)
+def test_the_kernels_compile_for_hopper_without_spilling(
+    variant: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The interpreter does not compile; this does, for the H200 grid's static key (bf16, GQA 4, head
+    dim 128), through ptxas, and checks that the KV loads are pipelined and nothing spills."""
+    pytest.importorskip("triton")
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("the kernels are interpreted in this process")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    from tasks import _triton_decode as td
+
+    variant = dict(variant)
+    options = {"num_warps": variant.pop("num_warps", 4), "num_stages": variant.pop("num_stages", 2)}
+    q_len = variant.get("Q_LEN", 1)
+    consts = dict(Q_LEN=q_len, GROUP=4, NUM_Q_HEADS=32, HEAD_BLOCKS=-(-4 * q_len // 16), HEAD_DIM=128,
+                  BLOCK_D=128, BLOCK_H=16, CAUSAL=True, WINDOW_LEFT=-1, WINDOW_RIGHT=-1, SOFTCAP=False,
+                  HAS_SINKS=False, PRECISION="tf32") | variant  # fmt: skip
+    types = dict(Q="*bf16", K="*bf16", V="*bf16", Out="*bf16", Table="*i32", SeqUsed="*i32",
+                 MidO="*fp32", MidLse="*fp32", sm_scale="fp32", softcap="fp32")  # fmt: skip
+    if consts["HAS_SINKS"]:
+        types["Sinks"] = "*fp32"
+    else:
+        consts["Sinks"] = None
+    split = _compile_for_sm90(td._split_stage, types, consts, options)
+    merge = _compile_for_sm90(
+        td._merge_stage,
+        dict(MidO="*fp32", MidLse="*fp32", Sinks="*fp32", Out="*bf16"),
+        dict(Q_LEN=q_len, NUM_Q_HEADS=32, HEAD_DIM=128, BLOCK_D=128, HAS_SINKS=True),
+        {"num_warps": 4},
+    )
+    assert "async_copy" in split.asm["ttgir"], "the KV loads are not pipelined"  # type: ignore[attr-defined]
+    assert _spilled_bytes(split, tmp_path) == 0
+    assert _spilled_bytes(merge, tmp_path) == 0
