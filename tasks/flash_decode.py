@@ -23,7 +23,10 @@ gpt-oss). Backends and their options (``BACKEND_OPTIONS``):
   the timed call (SDPA has no paged path); ``sdpa_backend`` (flash, efficient, cudnn, math; absent =
   torch's own dispatch) and ``sdpa_gqa`` (native ``enable_gqa``, or ``expand`` K/V to every head);
 - ``flex``: compiled FlexAttention over the page pool itself, with a block mask made from the page
-  table (one block per page) and Flex's kernel options.
+  table (one block per page) and Flex's kernel options;
+- ``triton``: this project's split-KV paged decode kernel in Triton (``tasks._triton_decode``), any page
+  size, GQA rows grouped per KV head; ``num_kv_splits`` (0 = a heuristic), ``BLOCK_N``, ``BLOCK_H``,
+  ``num_warps``, ``num_stages`` (``tasks._adapters_triton``).
 
 ``default_config`` is flash-attn-4 exactly as its signature leaves it (``num_splits=1``, ``pack_gqa``
 chosen by the library): the newest flash-attn, which runs at every page size. ``BACKEND_DEFAULTS``
@@ -37,7 +40,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
-from tasks import _flex
+from tasks import _adapters_triton, _flex
 from tasks._masks import visible
 from tasks.base import DTYPE_TOLERANCE, InvalidConfig, Params, Task
 from tasks.compile import key_of, warm_up_libraries
@@ -50,6 +53,7 @@ BACKEND_OPTIONS: dict[str, tuple[str, ...]] = {
     "sgl": ("pack_gqa", "num_splits"),
     "sdpa": ("sdpa_backend", "sdpa_gqa"),
     "flex": ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "SPLIT_KV", "USE_TMA", "BACKEND"),
+    "triton": _adapters_triton.OPTIONS,
 }
 #: each backend called as its library leaves it (fa2: kv_page_size is what lets it run at all).
 BACKEND_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -59,6 +63,7 @@ BACKEND_DEFAULTS: dict[str, dict[str, Any]] = {
     "sgl": {"backend": "sgl"},
     "sdpa": {"backend": "sdpa"},
     "flex": {"backend": "flex"},
+    "triton": {"backend": "triton"},  # its heuristic split count (tasks._adapters_triton.DEFAULTS)
 }
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 _MAX_KV_BYTES = 8 << 30  # K and V together; larger points are skipped, not half-built
@@ -97,6 +102,8 @@ class FlashDecode(Task):
         "sdpa_backend": Rule.one_of("flash", "efficient", "cudnn", "math"),
         "sdpa_gqa": Rule.one_of("native", "expand"),
         **_flex.KERNEL_OPTION_RULES,
+        "num_kv_splits": Rule.integer(0, _adapters_triton.MAX_SPLITS),
+        "BLOCK_H": Rule.integer(1, 64),
     }
 
     def __init__(self, compile_flex_on_cpu: bool = True) -> None:
@@ -121,12 +128,14 @@ class FlashDecode(Task):
             return key_of(static, shape, config)
         if backend == "flex":
             return key_of(static, shape, config)
+        if backend == "triton":
+            return _triton_compile_key(static, shape, config)
         return None
 
     def build_shape(self, static: Params, shape: Params, config: Params) -> dict[str, Any]:
         """flash-attn-4's kernel does not depend on batch or length: build it at the smallest point
         (little memory, a call of a few µs); Flex compiles for the item's own shape."""
-        if config.get("backend") == "fa4" and config.get("num_splits", 1) == 1:
+        if (config.get("backend") == "fa4" and config.get("num_splits", 1) == 1) or _triton_any_shape(config):
             return {**shape, "batch": 1, "kv_len": max(shape["q_len"], static["page_size"])}
         return dict(shape)
 
@@ -135,7 +144,7 @@ class FlashDecode(Task):
         if device.startswith("cuda"):
             warm_up_libraries(
                 ("flash_attn.cute", "flash_attn", "flash_attn_interface", "torch._inductor.compile_fx",
-                 "torch.nn.attention.flex_attention")
+                 "torch.nn.attention.flex_attention", "tasks._triton_decode")
             )  # fmt: skip
 
     def check_point(self, static: Params, shape: Params) -> str | None:
@@ -214,6 +223,8 @@ class FlashDecode(Task):
 
             compiled = device.startswith("cuda") or self.compile_flex_on_cpu
             return flex_decode(static, config, inputs, (self.name, static, shape), compiled)
+        if backend == "triton":
+            return _adapters_triton.prepare(static, config, inputs)
         from tasks import _adapters_flash
 
         return _adapters_flash.prepare(backend, static, config, inputs)
@@ -230,6 +241,20 @@ class FlashDecode(Task):
         qo = 2 * shape["batch"] * shape["q_len"] * static["num_q_heads"] * static["head_dim"] * itemsize
         table = 4 * shape["batch"] * math.ceil(visible / static["page_size"])
         return kv + qo + table
+
+
+def _triton_any_shape(config: Params) -> bool:
+    """A triton config with a fixed split count builds one kernel for every batch and length."""
+    splits = config.get("num_kv_splits", _adapters_triton.DEFAULTS["num_kv_splits"])
+    return config.get("backend") == "triton" and splits != 0
+
+
+def _triton_compile_key(static: Params, shape: Params, config: Params) -> str:
+    """Triton compiles per static key, q_len and options; the heuristic split count (0) decides per
+    shape whether the merge pass runs, so it is built per shape."""
+    if _triton_any_shape(config):
+        return key_of(static, {"q_len": shape["q_len"]}, config)
+    return key_of(static, shape, config)
 
 
 def _capacity(kv_len: int, page_size: int) -> int:

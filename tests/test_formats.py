@@ -250,6 +250,8 @@ def test_every_decode_backend_option_reaches_the_call() -> None:
         "SPLIT_KV": 8,
         "USE_TMA": True,
         "BACKEND": "TRITON",
+        "num_kv_splits": 16,
+        "BLOCK_H": 16,
     }
     for backend, options in BACKEND_OPTIONS.items():
         call = adapters.flash_decode({"backend": backend, **{o: samples[o] for o in options}})

@@ -16,7 +16,9 @@ backend added later) is treated as a miss and logged, never raised.
   ``fa2`` -> ``flash_attn.flash_attn_with_kvcache(num_splits)``; ``fa3``, ``sgl`` ->
   ``flash_attn_with_kvcache(num_splits, pack_gqa)`` of flash-attn 3 / sgl-kernel; ``sdpa`` ->
   ``scaled_dot_product_attention(enable_gqa)`` under ``requires["sdpa_backend"]``; ``flex`` ->
-  ``flex_attention(kernel_options)``;
+  ``flex_attention(kernel_options)``; ``triton`` -> the options of ``tasks._triton_decode`` as the
+  config names them (``num_kv_splits``, ``BLOCK_N``, ``BLOCK_H``, ``num_warps``, ``num_stages``; an
+  option left out takes ``tasks._adapters_triton.DEFAULTS``);
 - ``flex_prefill``: ``flex_attention(kernel_options=...)`` (no argument: Inductor's own choice);
 - ``decode_attention``: ``split_kv_decode(inputs, num_splits, gather, gqa)``.
 
@@ -58,7 +60,8 @@ FLEX_CALL_OPTIONS = (
     "WRITE_DQ",
 )
 
-DECODE_BACKENDS = ("fa4", "fa2", "fa3", "sgl", "sdpa", "flex")
+DECODE_BACKENDS = ("fa4", "fa2", "fa3", "sgl", "sdpa", "flex", "triton")
+TRITON_DECODE_OPTIONS = ("num_kv_splits", "BLOCK_N", "BLOCK_H", "num_warps", "num_stages")
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,8 @@ def flash_decode(config: Mapping[str, Any] | None) -> Call:
         return Call("sdpa", {"enable_gqa": gqa == "native"}, True, requires)
     if backend == "flex":
         return _flex_call(config, "flex")
+    if backend == "triton":
+        return Call("triton", {k: config[k] for k in TRITON_DECODE_OPTIONS if k in config}, True)
     log.warning("tunectl: flash_decode config %r names an unknown backend; using the default call", config)
     return _default_decode()
 
