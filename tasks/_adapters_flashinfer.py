@@ -60,7 +60,7 @@ def check(static: Params, config: Params, *, q_len: int, has_sinks: bool) -> Non
         raise InvalidConfig(f"disable_split_kv must be true or false, not {disable!r}")
     if not tensor_cores and (split is not None or disable):
         option = "fixed_split_size" if split is not None else "disable_split_kv"
-        raise InvalidConfig(f"{option} applies to flashinfer's tensor-core path only (use_tensor_cores = true)")
+        raise InvalidConfig(f"{option} applies to flashinfer's tensor-core path only (use_tensor_cores)")
     if split is not None and disable:
         raise InvalidConfig("fixed_split_size and disable_split_kv exclude each other")
     if config.get("kv_layout", "NHD") not in LAYOUTS:
@@ -146,8 +146,8 @@ def workspace(inputs: dict[str, Any]) -> Any:
     if ("flashinfer", "workspace") not in derived:
         import torch
 
-        q = inputs["q"]
-        derived[("flashinfer", "workspace")] = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=q.device)
+        device = inputs["q"].device
+        derived[("flashinfer", "workspace")] = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
     return derived[("flashinfer", "workspace")]
 
 

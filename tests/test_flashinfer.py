@@ -140,7 +140,8 @@ def test_the_hnd_layout_is_a_relaid_copy_made_once_per_point() -> None:
     assert fi.kv_cache(inputs, "NHD") == (inputs["k_cache"], inputs["v_cache"])
     k, v = fi.kv_cache(inputs, "HND")
     assert k.shape == (inputs["k_cache"].shape[0], 2, 16, 16)  # [pages, kv heads, page size, dim]
-    assert torch.equal(k.transpose(1, 2), inputs["k_cache"]) and torch.equal(v.transpose(1, 2), inputs["v_cache"])
+    assert torch.equal(k.transpose(1, 2), inputs["k_cache"])
+    assert torch.equal(v.transpose(1, 2), inputs["v_cache"])
     assert k.is_contiguous() and fi.kv_cache(inputs, "HND")[0] is k
 
 
@@ -179,7 +180,8 @@ def test_configs_flashinfer_cannot_run_as_asked_are_invalid_in_one_line(
     static, shape = {**STATIC, **static}, {**SHAPE, **shape}
     task = FlashDecode()
     with pytest.raises(InvalidConfig, match=why) as err:
-        task.prepare(static, shape, {"backend": "flashinfer", **config}, task.build_inputs(static, shape, "cpu"))
+        inputs = task.build_inputs(static, shape, "cpu")
+        task.prepare(static, shape, {"backend": "flashinfer", **config}, inputs)
     assert "\n" not in str(err.value)
 
 

@@ -60,7 +60,8 @@ def test_the_spec_plans_lightllms_candidates_on_its_kv_steps() -> None:
         (("backend", "fa3"), ("num_splits", 32)),
     }
     assert all(dict(i.shape)["kv_len"] % 512 == 0 and dict(i.shape)["q_len"] == 1 for i in items)
-    assert {d.name: d.bucket for d in spec.shapes} == {"batch": "nearest", "kv_len": "nearest", "q_len": "exact"}
+    buckets = {d.name: d.bucket for d in spec.shapes}
+    assert buckets == {"batch": "nearest", "kv_len": "nearest", "q_len": "exact"}
     assert dict(items[0].static)["page_size"] == 128
 
 
