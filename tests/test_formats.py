@@ -250,6 +250,10 @@ def test_every_decode_backend_option_reaches_the_call() -> None:
         "SPLIT_KV": 8,
         "USE_TMA": True,
         "BACKEND": "TRITON",
+        "use_tensor_cores": True,
+        "fixed_split_size": 16,
+        "disable_split_kv": True,
+        "kv_layout": "HND",
     }
     for backend, options in BACKEND_OPTIONS.items():
         call = adapters.flash_decode({"backend": backend, **{o: samples[o] for o in options}})

@@ -16,7 +16,9 @@ backend added later) is treated as a miss and logged, never raised.
   ``fa2`` -> ``flash_attn.flash_attn_with_kvcache(num_splits)``; ``fa3``, ``sgl`` ->
   ``flash_attn_with_kvcache(num_splits, pack_gqa)`` of flash-attn 3 / sgl-kernel; ``sdpa`` ->
   ``scaled_dot_product_attention(enable_gqa)`` under ``requires["sdpa_backend"]``; ``flex`` ->
-  ``flex_attention(kernel_options)``;
+  ``flex_attention(kernel_options)``; ``flashinfer`` -> ``BatchDecodeWithPagedKVCacheWrapper.plan(
+  fixed_split_size, disable_split_kv)`` on a wrapper made with ``requires["use_tensor_cores"]`` and
+  ``requires["kv_layout"]``;
 - ``flex_prefill``: ``flex_attention(kernel_options=...)`` (no argument: Inductor's own choice);
 - ``decode_attention``: ``split_kv_decode(inputs, num_splits, gather, gqa)``.
 
@@ -58,7 +60,7 @@ FLEX_CALL_OPTIONS = (
     "WRITE_DQ",
 )
 
-DECODE_BACKENDS = ("fa4", "fa2", "fa3", "sgl", "sdpa", "flex")
+DECODE_BACKENDS = ("fa4", "fa2", "fa3", "sgl", "sdpa", "flex", "flashinfer")
 
 
 @dataclass(frozen=True)
@@ -118,8 +120,25 @@ def flash_decode(config: Mapping[str, Any] | None) -> Call:
         return Call("sdpa", {"enable_gqa": gqa == "native"}, True, requires)
     if backend == "flex":
         return _flex_call(config, "flex")
+    if backend == "flashinfer":
+        return _flashinfer_call(config)
     log.warning("tunectl: flash_decode config %r names an unknown backend; using the default call", config)
     return _default_decode()
+
+
+def _flashinfer_call(config: Mapping[str, Any]) -> Call:
+    """``plan()``'s split options as kwargs; what the wrapper is made with (its path, the cache layout)
+    as ``requires``, since serving makes a wrapper once and plans it every step."""
+    kwargs: dict[str, Any] = {}
+    if config.get("fixed_split_size") is not None:
+        kwargs["fixed_split_size"] = int(config["fixed_split_size"])
+    if config.get("disable_split_kv"):
+        kwargs["disable_split_kv"] = True
+    requires = {
+        "use_tensor_cores": bool(config.get("use_tensor_cores", False)),
+        "kv_layout": config.get("kv_layout", "NHD"),
+    }
+    return Call("flashinfer", kwargs, True, requires)
 
 
 def flex_prefill(config: Mapping[str, Any] | None) -> Call:
