@@ -8,8 +8,9 @@ kernel compiled per static shape depends on the shape too; libraries shipped pre
 A *build* compiles an item's kernel into the kernel libraries' on-disk caches, so that a measuring
 worker on the same node (or, with a shared cache location, anywhere) only loads it. Every library
 is pointed at one cache root per run (``cache_env``): Inductor's FX-graph and autograd caches and
-the Triton cache under it, flash-attn-4's persistent CuTe DSL cache, and a folder for tasks of our
-own (``TUNECTL_COMPILE_CACHE``).
+the Triton cache under it, flash-attn-4's persistent CuTe DSL cache, FlashInfer's JIT workspace
+(``FLASHINFER_WORKSPACE_BASE``: its built modules land in ``<root>/flashinfer/.cache/flashinfer``),
+and a folder for tasks of our own (``TUNECTL_COMPILE_CACHE``).
 
 What a task declares for this (``tasks.base.Task`` gives the defaults: nothing to build ahead):
 
@@ -49,6 +50,8 @@ def cache_env(root: str | Path) -> dict[str, str]:
         "TRITON_CACHE_DIR": str(root / "triton"),
         "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED": "1",
         "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": str(root / "flash_attn_cute"),
+        # read once, when flashinfer is imported: a process must have it before that import
+        "FLASHINFER_WORKSPACE_BASE": str(root / "flashinfer"),
     }
 
 

@@ -27,6 +27,10 @@ gpt-oss). Backends and their options (``BACKEND_OPTIONS``):
 - ``triton``: this project's split-KV paged decode kernel in Triton (``tasks._triton_decode``), any page
   size, GQA rows grouped per KV head; ``num_kv_splits`` (0 = a heuristic), ``BLOCK_N``, ``BLOCK_H``,
   ``num_warps``, ``num_stages`` (``tasks._adapters_triton``).
+- ``flashinfer``: FlashInfer's ``BatchDecodeWithPagedKVCacheWrapper``, planned once and run under CUDA
+  graphs as serving runs it (tasks._adapters_flashinfer); ``use_tensor_cores``, ``fixed_split_size``
+  (pages) and ``disable_split_kv`` (tensor-core path only), ``kv_layout`` (``HND`` runs on a re-laid
+  copy of the cache, so like fa2's ``kv_page_size`` it is measured for reference, never chosen).
 
 ``default_config`` is flash-attn-4 exactly as its signature leaves it (``num_splits=1``, ``pack_gqa``
 chosen by the library): the newest flash-attn, which runs at every page size. ``BACKEND_DEFAULTS``
@@ -54,6 +58,7 @@ BACKEND_OPTIONS: dict[str, tuple[str, ...]] = {
     "sdpa": ("sdpa_backend", "sdpa_gqa"),
     "flex": ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "SPLIT_KV", "USE_TMA", "BACKEND"),
     "triton": _adapters_triton.OPTIONS,
+    "flashinfer": ("use_tensor_cores", "fixed_split_size", "disable_split_kv", "kv_layout"),
 }
 #: each backend called as its library leaves it (fa2: kv_page_size is what lets it run at all).
 BACKEND_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -64,6 +69,7 @@ BACKEND_DEFAULTS: dict[str, dict[str, Any]] = {
     "sdpa": {"backend": "sdpa"},
     "flex": {"backend": "flex"},
     "triton": {"backend": "triton"},  # its heuristic split count (tasks._adapters_triton.DEFAULTS)
+    "flashinfer": {"backend": "flashinfer"},
 }
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 _MAX_KV_BYTES = 8 << 30  # K and V together; larger points are skipped, not half-built
@@ -104,6 +110,10 @@ class FlashDecode(Task):
         **_flex.KERNEL_OPTION_RULES,
         "num_kv_splits": Rule.integer(0, _adapters_triton.MAX_SPLITS),
         "BLOCK_H": Rule.integer(1, 64),
+        "use_tensor_cores": Rule.one_of(True, False),
+        "fixed_split_size": Rule.integer(1, 1 << 20),
+        "disable_split_kv": Rule.one_of(True, False),
+        "kv_layout": Rule.one_of("NHD", "HND"),
     }
 
     def __init__(self, compile_flex_on_cpu: bool = True) -> None:
@@ -114,14 +124,21 @@ class FlashDecode(Task):
         return dict(BACKEND_DEFAULTS["fa4"])
 
     def selectable(self, static: Params, config: Params) -> bool:
-        """A config that runs on a re-paged copy of the cache is a reference, not a choice for this key."""
+        """A config that runs on a re-paged or re-laid copy of the cache is a reference, not a choice for
+        this key: a server would have to keep its cache in that other form."""
+        if config.get("kv_layout", "NHD") != "NHD":
+            return False
         return config.get("kv_page_size", static["page_size"]) == static["page_size"]
 
     def compile_key(self, static: Params, shape: Params, config: Params) -> str | None:
         """flash-attn-4 JIT-compiles per static key and config (batch and lengths are dynamic to it,
-        except where its split heuristic chooses); FlexAttention compiles per static shape; flash-attn
-        2/3, sgl-kernel and SDPA ship built."""
+        except where its split heuristic chooses); FlexAttention compiles per static shape; FlashInfer
+        JIT-builds one module per static key and path (tensor cores or not: its other options are plan
+        arguments); flash-attn 2/3, sgl-kernel and SDPA ship built."""
         backend = config.get("backend")
+        if backend == "flashinfer":
+            path = {"backend": backend, "use_tensor_cores": bool(config.get("use_tensor_cores", False))}
+            return key_of(static, {"q_len": shape["q_len"]}, path)
         if backend == "fa4" and config.get("num_splits", 1) == 1:
             return key_of(static, {"q_len": shape["q_len"]}, config)
         if backend == "fa4":  # its split heuristic (num_splits 0) picks a kernel per shape
@@ -133,9 +150,14 @@ class FlashDecode(Task):
         return None
 
     def build_shape(self, static: Params, shape: Params, config: Params) -> dict[str, Any]:
-        """flash-attn-4's kernel does not depend on batch or length: build it at the smallest point
-        (little memory, a call of a few µs); Flex compiles for the item's own shape."""
-        if (config.get("backend") == "fa4" and config.get("num_splits", 1) == 1) or _triton_any_shape(config):
+        """flash-attn-4's, FlashInfer's and a fixed-split Triton kernel do not depend on batch or
+        length: build them at the smallest point (little memory, a call of a few µs); Flex compiles
+        for the item's own shape."""
+        if (
+            (config.get("backend") == "fa4" and config.get("num_splits", 1) == 1)
+            or config.get("backend") == "flashinfer"
+            or _triton_any_shape(config)
+        ):
             return {**shape, "batch": 1, "kv_len": max(shape["q_len"], static["page_size"])}
         return dict(shape)
 
@@ -144,7 +166,7 @@ class FlashDecode(Task):
         if device.startswith("cuda"):
             warm_up_libraries(
                 ("flash_attn.cute", "flash_attn", "flash_attn_interface", "torch._inductor.compile_fx",
-                 "torch.nn.attention.flex_attention", "tasks._triton_decode")
+                 "torch.nn.attention.flex_attention", "tasks._triton_decode", "flashinfer")
             )  # fmt: skip
 
     def check_point(self, static: Params, shape: Params) -> str | None:
@@ -225,6 +247,10 @@ class FlashDecode(Task):
             return flex_decode(static, config, inputs, (self.name, static, shape), compiled)
         if backend == "triton":
             return _adapters_triton.prepare(static, config, inputs)
+        if backend == "flashinfer":
+            from tasks import _adapters_flashinfer
+
+            return _adapters_flashinfer.prepare(static, config, inputs)
         from tasks import _adapters_flash
 
         return _adapters_flash.prepare(backend, static, config, inputs)

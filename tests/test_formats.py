@@ -252,6 +252,10 @@ def test_every_decode_backend_option_reaches_the_call() -> None:
         "BACKEND": "TRITON",
         "num_kv_splits": 16,
         "BLOCK_H": 16,
+        "use_tensor_cores": True,
+        "fixed_split_size": 16,
+        "disable_split_kv": True,
+        "kv_layout": "HND",
     }
     for backend, options in BACKEND_OPTIONS.items():
         call = adapters.flash_decode({"backend": backend, **{o: samples[o] for o in options}})

@@ -1,6 +1,7 @@
 """Every decode backend and the Flex prefill on a real GPU, through the runner (``gpu`` marker).
 
-Small points, so the whole file runs in about a minute (most of it flash-attn-4 and Inductor compiles).
+Small points, so the whole file runs in about a minute (most of it flash-attn-4 and Inductor compiles),
+plus FlashInfer's two JIT builds where its cache is still empty.
 Each case goes the way a tuning run does: inputs, reference check, graph or eager timing, NVML state.
 """
 
@@ -56,11 +57,17 @@ DECODE_CASES: list[tuple[dict[str, Any], tuple[str, ...]]] = [
     ({"backend": "flex"}, ("ok",)),
     ({"backend": "flex", "num_warps": 4, "num_stages": 2}, ("ok",)),
     ({"backend": "flex", "SPLIT_KV": 8}, ("ok",)),
-    ({"backend": "fa3"}, ("error",)),  # not installable on the H200 image: import fails, recorded
     ({"backend": "triton"}, ("ok",)),
     ({"backend": "triton", "num_kv_splits": 1, "BLOCK_N": 64, "BLOCK_H": 16}, ("ok",)),
     ({"backend": "triton", "num_kv_splits": 16, "BLOCK_N": 32, "BLOCK_H": 4, "num_stages": 3}, ("ok",)),
     ({"backend": "triton", "num_kv_splits": 64, "BLOCK_N": 64, "num_warps": 8}, ("ok",)),
+    # flash-attn 3 built for SM90 (hdim 128, bf16) on the path; without it the failed import is recorded
+    ({"backend": "fa3"}, ("ok",)),
+    ({"backend": "fa3", "num_splits": 16}, ("ok",)),
+    ({"backend": "flashinfer"}, ("ok",)),
+    ({"backend": "flashinfer", "use_tensor_cores": True}, ("ok",)),
+    ({"backend": "flashinfer", "use_tensor_cores": True, "fixed_split_size": 8}, ("ok",)),
+    ({"backend": "flashinfer", "fixed_split_size": 8}, ("invalid",)),  # tensor-core path only
 ]
 
 

@@ -19,6 +19,9 @@ backend added later) is treated as a miss and logged, never raised.
   ``flex_attention(kernel_options)``; ``triton`` -> the options of ``tasks._triton_decode`` as the
   config names them (``num_kv_splits``, ``BLOCK_N``, ``BLOCK_H``, ``num_warps``, ``num_stages``; an
   option left out takes ``tasks._adapters_triton.DEFAULTS``);
+  ``flex_attention(kernel_options)``; ``flashinfer`` -> ``BatchDecodeWithPagedKVCacheWrapper.plan(
+  fixed_split_size, disable_split_kv)`` on a wrapper made with ``requires["use_tensor_cores"]`` and
+  ``requires["kv_layout"]``;
 - ``flex_prefill``: ``flex_attention(kernel_options=...)`` (no argument: Inductor's own choice);
 - ``decode_attention``: ``split_kv_decode(inputs, num_splits, gather, gqa)``.
 
@@ -60,7 +63,7 @@ FLEX_CALL_OPTIONS = (
     "WRITE_DQ",
 )
 
-DECODE_BACKENDS = ("fa4", "fa2", "fa3", "sgl", "sdpa", "flex", "triton")
+DECODE_BACKENDS = ("fa4", "fa2", "fa3", "sgl", "sdpa", "flex", "triton", "flashinfer")
 TRITON_DECODE_OPTIONS = ("num_kv_splits", "BLOCK_N", "BLOCK_H", "num_warps", "num_stages")
 
 
@@ -123,8 +126,25 @@ def flash_decode(config: Mapping[str, Any] | None) -> Call:
         return _flex_call(config, "flex")
     if backend == "triton":
         return Call("triton", {k: config[k] for k in TRITON_DECODE_OPTIONS if k in config}, True)
+    if backend == "flashinfer":
+        return _flashinfer_call(config)
     log.warning("tunectl: flash_decode config %r names an unknown backend; using the default call", config)
     return _default_decode()
+
+
+def _flashinfer_call(config: Mapping[str, Any]) -> Call:
+    """``plan()``'s split options as kwargs; what the wrapper is made with (its path, the cache layout)
+    as ``requires``, since serving makes a wrapper once and plans it every step."""
+    kwargs: dict[str, Any] = {}
+    if config.get("fixed_split_size") is not None:
+        kwargs["fixed_split_size"] = int(config["fixed_split_size"])
+    if config.get("disable_split_kv"):
+        kwargs["disable_split_kv"] = True
+    requires = {
+        "use_tensor_cores": bool(config.get("use_tensor_cores", False)),
+        "kv_layout": config.get("kv_layout", "NHD"),
+    }
+    return Call("flashinfer", kwargs, True, requires)
 
 
 def flex_prefill(config: Mapping[str, Any] | None) -> Call:

@@ -1,0 +1,95 @@
+"""configs/lightllm/flash_decode.toml, LightLLM's FA3 decode tuner as a spec: it plans LightLLM's
+candidate set on LightLLM's keys, and its winners export to files LightLLM's loader finds by its rules."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from typer.testing import CliRunner
+
+from tests.test_formats import ENV, lightllm_lookup
+from tunectl.bundle import TaskTable, build_files, publish_local
+from tunectl.cli import app
+from tunectl.plan import plan
+from tunectl.runtime import load_bundle
+from tunectl.spec import load_spec
+
+SPEC = Path(__file__).resolve().parents[1] / "configs" / "lightllm" / "flash_decode.toml"
+LIGHTLLM_STATIC_KEY = {  # LightLLM's static key for bf16, 32/8 heads, d128, page 128, causal
+    "qd": "torch.bfloat16",
+    "kd": "torch.bfloat16",
+    "vd": "torch.bfloat16",
+    "qh": 32,
+    "kh": 8,
+    "hd": 128,
+    "vh": 128,
+    "pb": 128,
+    "c": 1,
+    "wl": -1,
+    "wr": -1,
+    "sc": 0,
+    "sk": 0,
+    "has_k_descale": False,
+    "has_v_descale": False,
+    "sgl": "0.3.21",
+}
+
+
+def run_key(batch: int, kv_len: int) -> int:
+    """LightLLM's packed run key at page 128: batch | max_q_len (1) | pages per sequence."""
+    return batch * 10**13 + 1 * 10**7 + -(-kv_len // 128)
+
+
+def synthetic_winner(batch: int, kv_len: int) -> dict[str, Any]:
+    """A made-up winner per point (fewer splits as the batch grows), flash-attn-4 at the largest batch."""
+    if batch >= 256:
+        return {"backend": "fa4"}
+    num_splits = 32 if batch * kv_len <= 32768 else 16 if batch * kv_len <= 262144 else 0
+    return {"backend": "fa3", "num_splits": num_splits}
+
+
+def test_the_spec_plans_lightllms_candidates_on_its_kv_steps() -> None:
+    spec = load_spec(SPEC)
+    items = plan(spec).items
+    configs = {tuple(sorted(dict(i.config).items())) for i in items}
+    assert configs == {
+        (("backend", "fa4"),),  # tunectl's baseline for the task, measured beside LightLLM's set
+        (("backend", "fa3"),),
+        (("backend", "fa3"), ("num_splits", 16)),
+        (("backend", "fa3"), ("num_splits", 32)),
+    }
+    assert all(dict(i.shape)["kv_len"] % 512 == 0 and dict(i.shape)["q_len"] == 1 for i in items)
+    buckets = {d.name: d.bucket for d in spec.shapes}
+    assert buckets == {"batch": "nearest", "kv_len": "nearest", "q_len": "exact"}
+    assert dict(items[0].static)["page_size"] == 128
+
+
+def test_its_winners_export_to_files_lightllms_loader_reads(tmp_path: Path) -> None:
+    spec = load_spec(SPEC)
+    points = sorted({(dict(i.shape)["batch"], dict(i.shape)["kv_len"]) for i in plan(spec).items})
+    static = dict(plan(spec).items[0].static)
+    entries = tuple(
+        {"static": static, "shape": {"batch": b, "kv_len": kv, "q_len": 1}, "config": synthetic_winner(b, kv),
+         "median_us": 50.0, "default_median_us": 60.0, "speedup": 1.2}
+        for b, kv in points
+    )  # fmt: skip
+    table = TaskTable("flash_decode", tuple(static), spec.buckets(), entries)
+    store = publish_local(tmp_path / "store", "lightllm-fa3", "1", build_files("lightllm-fa3", "1", [table],
+                                                                             ["r1"], ENV))  # fmt: skip
+    out = tmp_path / "autotune_kernel_configs"
+    res = CliRunner().invoke(app, ["export", "lightllm", str(store), "--backend", "fa3", "--out", str(out)])
+    num_fa3 = sum(1 for b, _ in points if b < 256)
+    assert res.exit_code == 0 and f"wrote {num_fa3} run keys in 1 file(s)" in res.output, res.output
+    assert "winner is backend fa4" in res.output, "points another backend won are left out, and said so"
+    for b, kv in points:
+        if b < 256:
+            got = lightllm_lookup(out, "NVIDIA H200", "3.6.0", LIGHTLLM_STATIC_KEY, run_key(b, kv))
+            assert got == {"num_splits": synthetic_winner(b, kv)["num_splits"]}, (b, kv)
+    # Off the grid, LightLLM's nearest run key and tunectl's nearest buckets pick the same entry.
+    bundle = load_bundle(store, env_policy="off")
+    for b, kv in [(4, 1800), (16, 7000), (2, 30000)]:
+        config = bundle.lookup("flash_decode", **static, batch=b, kv_len=kv, q_len=1)
+        assert config is not None and config["backend"] == "fa3"
+        got = lightllm_lookup(out, "NVIDIA H200", "3.6.0", LIGHTLLM_STATIC_KEY, run_key(b, kv))
+        assert got == {"num_splits": config["num_splits"]}, (b, kv)
