@@ -4,6 +4,7 @@
 # (run from the project root there, after stage.sh's bootstrap with flashinfer-python==0.7.2.post1 and
 # nvidia-cudnn-frontend staged). Results accumulate in $RES; each step leaves its output in $OUT.
 #   bash benchmarks/h200_backends.sh smoke       # GPU tests of the backends, the samplers side by side
+#   bash benchmarks/h200_backends.sh drift       # the drift guard against an induced load
 #   bash benchmarks/h200_backends.sh grid 16     # the decode grid at one page size (16, then 128)
 #   bash benchmarks/h200_backends.sh holdout 128 # export, then random untuned shapes measured
 #   bash benchmarks/h200_backends.sh tables      # h200.md and lightllm.md from everything in $RES
@@ -23,13 +24,12 @@ page_spec() {  # the decode spec at one page size
 save() { (cd "$(dirname "$RES")" && tar czf "$OUT/h200-results.tar.gz" "$(basename "$RES")"); }
 case "${1:?step}" in
   smoke)
-    timeout 200 python -m pytest -q -m gpu -p no:cacheprovider tests/ -k "triton or flashinfer or fa3 or sampler" \
-      2>&1 | tail -n 25 | tee "$OUT/gpu-tests.txt"
-    for b in sampler_methods triton_decode_smoke flashinfer_smoke; do
-      [ -f "benchmarks/$b.py" ] || continue
-      echo "== $b"
-      timeout 170 python "benchmarks/$b.py" 2>&1 | tail -n 60 | tee "$OUT/$b.md"
-    done
+    timeout 300 python -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_kernels.py \
+      tests/test_gpu_sampler_methods.py tests/test_gpu_harness.py 2>&1 | tail -n 25 | tee "$OUT/gpu-tests.txt"
+    timeout 200 python benchmarks/sampler_methods.py 2>&1 | tail -n 60 | tee "$OUT/sampler_methods.md"
+    ;;
+  drift)
+    timeout 280 python benchmarks/drift_demo.py --out /tmp/drift-demo 2>&1 | tail -n 50 | tee "$OUT/drift_demo.md"
     ;;
   grid)
     spec=$(page_spec "${2:?page}")
