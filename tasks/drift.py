@@ -138,9 +138,11 @@ def probe_kernel(device: str) -> Callable[[], Any]:
 
 
 def probe_sampler(device: str) -> Sampler:
-    """The probe's sampler: graph replay with a warm L2 on a GPU (the probe streams its copy from memory
-    whatever the cache holds), the clock on a CPU; the same method at every check of a worker's life."""
+    """The probe's sampler: eager calls between events with a warm L2 on a GPU (the probe streams its
+    copy from memory whatever the cache holds), the clock on a CPU; the same method at every check of
+    a worker's life. Not a CUDA graph: a graph of the probe's matrix product, captured beside the
+    measured kernels' graphs, left the next kernel of the worker reading freed memory on an H200
+    (an illegal address), and a ~200 µs probe pays nothing measurable for its launch."""
     from tasks.timing import make_sampler
 
-    mode = "graph" if device.startswith("cuda") else "eager"
-    return make_sampler(probe_kernel(device), device, mode, "warm")
+    return make_sampler(probe_kernel(device), device, "eager", "warm")
