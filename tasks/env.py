@@ -10,7 +10,10 @@ from typing import Any
 
 from tunectl.files import canonical_json
 
-_PACKAGES = ("torch", "triton", "flash-attn", "flash-attn-4", "sgl-kernel", "nvidia-cutlass-dsl", "tunectl")
+_PACKAGES = (
+    "torch", "triton", "flash-attn", "flash-attn-4", "flash-attn-3", "sgl-kernel", "nvidia-cutlass-dsl",
+    "flashinfer-python", "nvidia-cudnn-frontend", "tunectl",
+)  # fmt: skip
 
 
 def _version(package: str) -> str | None:
