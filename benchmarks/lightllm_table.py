@@ -66,19 +66,25 @@ def run_key(shape: Shape, page_size: int) -> int:
 
 
 def times_by_shape(records: Iterable[Record]) -> dict[Shape, tuple[Times, dict[Config, Mapping[str, Any]]]]:
+    """Each config's time at each shape: its fullest single measurement (a successive-halving screen
+    only where the config was not measured in full; a final's arm only where nothing else was)."""
     out: dict[Shape, tuple[Times, dict[Config, Mapping[str, Any]]]] = defaultdict(lambda: ({}, {}))
+    rank: dict[tuple[Shape, Config], tuple[int, int]] = {}
     for r in records:
-        if not r.ok or r.median_us is None or r.phase.value not in ("measure", "final", "holdout"):
+        if not r.ok or r.median_us is None or r.phase.value not in _FIDELITY:
             continue
         s = key_dict(r.shape)
         shape = Shape(r.static_key, int(s["batch"]), int(s["kv_len"]), int(s.get("q_len", 1)))
         times, configs = out[shape]
-        config = key_dict(r.config)
-        # a final's arm is re-timed in rounds: keep the single measurement where both exist
-        if r.config_key not in times or r.phase.value == "measure":
+        fidelity = (_FIDELITY[r.phase.value], r.num_samples or 0)
+        if fidelity > rank.get((shape, r.config_key), (-1, -1)):
+            rank[(shape, r.config_key)] = fidelity
             times[r.config_key] = r.median_us
-            configs[r.config_key] = config
+            configs[r.config_key] = key_dict(r.config)
     return dict(out)
+
+
+_FIDELITY = {"final": 0, "screen": 1, "holdout": 2, "measure": 2}
 
 
 def fastest(
