@@ -38,6 +38,10 @@ from tunectl.record import Record
 from tunectl.spec import MeasureSpec
 
 MAX_PROBE_FAILURES = 3
+# A worker Ray is restarting answers "temporarily unavailable" until its new process is up, which on a
+# GPU host (torch, CUDA, the kernel libraries imported at start) takes tens of seconds: it is waited
+# for this long before it counts as lost.
+RESTART_WAIT_S = 300.0
 LIMBO_TIMEOUT_S = 120.0  # how long a dead worker's items wait for its replacement to say what killed it
 log = logging.getLogger("tunectl.run")
 
@@ -99,6 +103,7 @@ class _Slot:
     head_since: float = 0.0  # when the oldest call started running (approximately)
     killed_item: str | None = None  # set when we killed the worker at this item's deadline
     probe_failures: int = 0
+    failing_since: float | None = None  # when its probes started failing (None: answering)
     incarnation: str = ""  # the worker process the calls are meant for (a new one ignores them)
     limbo: list[tuple[WorkItem, WorkItem | None]] = field(default_factory=list)  # judged on restart
     limbo_since: float = 0.0
@@ -199,12 +204,21 @@ class _Dispatcher:
         try:
             info = ray.get(ref)
         except _WORKER_LOST as exc:
+            now = time.monotonic()
             slot.probe_failures += 1
             slot.failure = first_line(exc)
+            slot.failing_since = slot.failing_since or now
+            restarting = isinstance(exc, rex.ActorUnavailableError)
             # Ask again soon (a restart in progress answers late), then ever less often: Ray may yet
             # restart it elsewhere (a node replaced, a placement group rescheduled).
-            slot.probe_at = time.monotonic() + min(0.5 * 2.0 ** (slot.probe_failures - 1), 30.0)
-            if slot.probe_failures == MAX_PROBE_FAILURES:
+            wait = min(0.5 * 2.0 ** (slot.probe_failures - 1), 5.0 if restarting else 30.0)
+            slot.probe_at = now + wait
+            gave_up = (
+                now - slot.failing_since > RESTART_WAIT_S
+                if restarting
+                else slot.probe_failures >= MAX_PROBE_FAILURES
+            )
+            if gave_up and slot.state != "lost":
                 slot.state = "lost"
                 self.stats.num_lost_workers += 1
                 log.warning("worker %s is lost: %s", slot.name, slot.failure)
@@ -213,6 +227,7 @@ class _Dispatcher:
         if slot.state == "lost":
             self.stats.num_lost_workers -= 1
         slot.state, slot.node_id, slot.probe_failures = "ready", info["node_id"], 0
+        slot.failing_since = None
         slot.incarnation = info["incarnation"]
         log.info(
             "worker %s ready: pid %s on %s (node %s, %s)",
