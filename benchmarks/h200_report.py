@@ -85,6 +85,11 @@ Caveats:
   (`use_cuda_graph=True`, buffers sized for the batch) a fixed split larger than the plan's buffers
   is refused ("PrefillSplitQOKVIndptr ... new batch size") at these shapes.
 - SDPA has no paged path: its time includes gathering the pages into contiguous K/V on every call.
+- At page 128, 1 x 32768, FlashInfer's tensor-core path read 41.5 µs in its single measurements (two
+  halving rungs, tight) but 28.7 µs in the finals (p20 24.6, 7 % noise), below the copy roof; the
+  winner is the same either way (flash-attn 3's best read 43 µs), but that final's time is suspect.
+  Not understood yet; FlashInfer launches its kernels with programmatic dependent launch on SM90,
+  which lets a kernel start before the one ahead of it (here the L2 flush) has finished.
 - Flex runs over the page pool in place (one block per page); at 2^21 pooled tokens (64 x 32768,
   256 x 8192) Inductor's flex-decoding Triton kernel fails to compile (`compile_error`).
 - flash-attn-4 4.0.0b36 has no split-KV on SM90: `num_splits=0` (its heuristic) is rejected
