@@ -1,7 +1,7 @@
 """A quick look at the Triton split-KV decode kernel on a GPU: a handful of configs at three long-context
 points, page 16 and 128, timed as a tuning run times them.
 
-bf16, 32 query / 8 KV heads, head dim 128, one query token (configs/h200/flash_decode_splitkv.toml's
+bf16, 32 query / 8 KV heads, head dim 128, one query token (configs/h200/flash_decode.toml's
 static key). Each config is prepared through the ``flash_decode`` task, its output checked against the
 task's reference (max abs error shown), then timed with the project's sampler as the H200 specs time
 it: CUDA graphs, cold L2, the difference method (K x (flush, call) minus K flushes), adaptive sampling
