@@ -298,6 +298,10 @@ def _measure(
         DispatchOptions(resources.prefetch, ahead, stall_timeout_s=options.stall_timeout_s),
         follow_up=lambda lane, records: works[lane].follow_up(records), builds=builds,
     )  # fmt: skip
+    # Work that plans more as it goes (refinement) knows its size only now.
+    info = dataclasses.replace(
+        info, num_planned=max(info.num_planned, sum(w.estimate() for w in works.values()))
+    )
     if builds is not None:
         _note_builds(info, builds)
     log.info("run %s finished: %d record(s), %d worker failure(s), %d item(s) requeued",

@@ -78,9 +78,10 @@ def test_refine_export_and_validate_on_held_out_shapes(ray_two_gpus: None, tmp_p
     out = runner.invoke(app, ["submit", str(spec), "--results", str(results)])
     assert out.exit_code == 0, out.output
     tuned = {r.shape_key for r in read_results(results)}
-    assert (
-        len(tuned) > 5
-    )  # 5 starting points the task can run (64 x 8192 is over capacity), then refined ones
+    # 5 starting points the task can run (64 x 8192 is over capacity), then refined ones
+    assert len(tuned) > 5
+    [run] = json.loads(runner.invoke(app, ["runs", "--results", str(results), "--json"]).output)
+    assert run["num_planned"] >= run["num_done"] == len(read_results(results))  # refined items counted too
     out = runner.invoke(app, ["export", "bundle", "--results", str(results), "--name", "r", "--version", "1",
                               "--out", str(store), "--strict"])  # fmt: skip
     assert out.exit_code == 0, out.output

@@ -54,7 +54,9 @@ def _draw(rng: random.Random, dim: ShapeDim) -> int:
     lo, hi = dim.range
     value = round(math.exp(rng.uniform(math.log(lo), math.log(hi))))
     value = round(value / dim.step) * dim.step
-    return min(hi, max(lo, value, dim.step if dim.step <= hi else lo))
+    if value < lo:  # rounded below the range: the next multiple of the step up
+        value += math.ceil((lo - value) / dim.step) * dim.step
+    return min(hi, value)
 
 
 def plan_holdout(

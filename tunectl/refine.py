@@ -123,15 +123,14 @@ class Refined:
             for s, shapes in self.shapes.items()
         }
         # Points the task cannot run: the starting grid's it skipped at plan time, then refined ones.
+        grid = plan.spec.shape_grid()
         self.refused: dict[Key, dict[Key, str]] = {
-            s: {h: "skipped when planned" for h in plan.spec.shape_grid() if (s, h) not in search.points}
-            for s in self.shapes
+            s: {h: "skipped when planned" for h in grid if (s, h) not in search.points} for s in self.shapes
         }
         self.extra: dict[Key, list[Key]] = {s: [] for s in self.shapes}  # refined shapes, refused ones too
         self._settled: set[Key] = set()  # static keys refinement is done with
-        self._waiting: dict[
-            tuple[str, str], list[Record]
-        ] = {}  # a resume's records of points not yet planned
+        # A resumed run's records of refined points, until their level is planned again.
+        self._waiting: dict[tuple[str, str], list[Record]] = {}
 
     def start(self, records: Iterable[Record] = ()) -> list[WorkItem]:
         records = list(records)
