@@ -356,8 +356,28 @@ def before_section(results: Path, before: str, after: list[Winner]) -> list[str]
         ratios["now"].append(base_now / w.median_us)
     if not ratios["now"]:
         return []
+    table = [
+        "| page | batch x kv_len | earlier winner | its time now, µs | winner now | µs | speedup |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for w in after:
+        point = (key_text(w.static), key_text(w.shape))
+        if point not in old:
+            continue
+        then = _ok_median(now_points[point].get(key_text(old[point].config)))
+        shape, page = key_dict(w.shape), key_dict(w.static)["page_size"]
+        table.append(
+            f"| {page} | {shape['batch']} x {shape['kv_len']} | {describe(key_dict(old[point].config))} | "
+            f"{f'{then:.1f}' if then else '—'} | {describe(key_dict(w.config))} | {w.median_us:.1f} | "
+            f"{_ratio(then, w.median_us)} |"
+        )
     return [
         "### Before and after the new backends",
+        "",
+        "Per point, the config run "
+        f"{before} chose, timed again in this run (same method), against this run's winner:",
+        "",
+        *table,
         "",
         f"At the {len(ratios['now'])} points run {before} also measured (flash-attn-4, flash-attn 2, SDPA "
         "and Flex configs, replay timing), the winner was "
