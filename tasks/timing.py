@@ -9,8 +9,8 @@
   estimator and its noise.
 - CUDA, cold L2, ``timing = "replay"``: the earlier method, kept for comparison. The L2 is written
   over (``zero_``) outside the timed region and a sample times one launch of one call (a graph
-  replay, or an eager call) between events. Each sample carries the launch's fixed cost: an
-  independent check on an H200 read single-call replays 4-6 µs above the difference method.
+  replay, or an eager call) between events. Each sample carries the launch's fixed cost: on an
+  H200, 2-4 µs above the difference method for 10-40 µs kernels (benchmarks/results/timing.md).
 - CUDA, warm L2 (either ``timing``): ``replay`` of ``reps`` calls per launch (enough for
   ~``_GRAPH_TARGET_US`` in graph mode; one call eager), a sample the launch's time over ``reps``.
   The fixed cost is paid once per launch and shared by its calls: a few µs over ~200 µs, about 1 %

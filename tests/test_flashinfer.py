@@ -204,7 +204,8 @@ def test_a_spec_with_a_bad_flashinfer_option_is_refused_in_one_line_naming_the_f
 
     text = (ROOT / "configs" / "h200" / "flash_decode.toml").read_text()
     bad = tmp_path / "bad.toml"
-    bad.write_text(text + '\n[[configs]]\nbackend = "flashinfer"\nuse_tensor_cores = true\nfixed_split_size = "auto"\n')
+    extra = '[[configs]]\nbackend = "flashinfer"\nuse_tensor_cores = true\nfixed_split_size = "auto"\n'
+    bad.write_text(f"{text}\n{extra}")
     out = CliRunner().invoke(app, ["submit", str(bad), "--dry-run", "--results", str(tmp_path / "r")])
     assert out.exit_code == 2, out.output
     assert re.fullmatch(r"error: \S+bad.toml: configs\[\d+\]\.fixed_split_size: must be an integer >= 1 "
