@@ -27,6 +27,8 @@ from tunectl.export import (
 )
 from tunectl.holdout import Holdout, draw_shapes, plan_holdout, read_holdout
 from tunectl.keys import Key, make_key
+from tunectl.plan import WorkItem
+from tunectl.record import Record
 from tunectl.registry import get_task
 from tunectl.results import read_results
 from tunectl.runs import load_run
@@ -79,14 +81,26 @@ def validate(
     items, skipped = plan_validation(spec, loaded, layers=layers, rounds=rounds, task=get_task(spec.task))
     if not items:
         return ValidationRun(None, spec.path, Validation((), layers, rounds), tuple(skipped))
-    results = Path(results)
-    info = new_run(spec, results=results, num_planned=len(items), kind="validate")
+    run_id, records = _run_fixed(spec, items, Path(results), "validate", len(items), progress, options)
+    return ValidationRun(run_id, spec.path, read_validation(records), tuple(skipped))
+
+
+def _run_fixed(
+    spec: Spec,
+    items: Sequence[WorkItem],
+    results: Path,
+    kind: str,
+    num_planned: int,
+    progress: Progress | None,
+    options: Any,
+) -> tuple[str, list[Record]]:
+    """Run ``items`` as they are, as a run of ``kind``: its id and its records."""
+    info = new_run(spec, results=results, num_planned=num_planned, kind=kind)
     out = run(
         lambda pool: FixedItems(items, pool), spec.resources, spec.measure, results=results, info=info,
         progress=progress, options=RunOptions(**options),
     )  # fmt: skip
-    records = read_results(results, run_ids=[out.run_id])
-    return ValidationRun(out.run_id, spec.path, read_validation(records), tuple(skipped))
+    return out.run_id, read_results(results, run_ids=[out.run_id])
 
 
 @dataclass(frozen=True)
@@ -130,14 +144,9 @@ def validate_holdout(
     items, picks, skipped = plan_holdout(spec, loaded, shapes, rounds=rounds, task=task)
     if not items:
         return HoldoutRun(None, spec.path, Holdout((), margin), tuple(skipped))
-    results = Path(results)
-    info = new_run(spec, results=results, num_planned=sum(len(i.arms) for i in items), kind="holdout")
-    out = run(
-        lambda pool: FixedItems(items, pool), spec.resources, spec.measure, results=results, info=info,
-        progress=progress, options=RunOptions(**options),
-    )  # fmt: skip
-    records = read_results(results, run_ids=[out.run_id])
-    return HoldoutRun(out.run_id, spec.path, read_holdout(records, picks, margin), tuple(skipped))
+    planned = sum(len(i.arms) for i in items)
+    run_id, records = _run_fixed(spec, items, Path(results), "holdout", planned, progress, options)
+    return HoldoutRun(run_id, spec.path, read_holdout(records, picks, margin), tuple(skipped))
 
 
 def tuned_shapes(bundle: Bundle, task: str) -> set[Key]:

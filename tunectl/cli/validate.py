@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -19,6 +19,7 @@ LayersOption = Annotated[
     int, typer.Option(help="Layers per stack: calls in a row, a cache-thrashing kernel between each two.")
 ]
 RoundsOption = Annotated[int, typer.Option(help="Interleaved rounds of bundle against default.")]
+R = TypeVar("R")
 AddressOption = Annotated[str | None, typer.Option(help="Ray cluster to join. Default: a local instance.")]
 
 
@@ -62,19 +63,10 @@ def validate_cmd(
     from orchestrator.validate import validate
 
     console = Console()
-    bar = RunBar(console)
-    try:
-        with library_errors(), run_events(console):
-            run = validate(
-                bundle, spec, results, layers=layers, rounds=rounds, progress=bar,
-                address=address, num_gpus=num_gpus, connect_fn=connect_trapping_cancel,
-            )  # fmt: skip
-    except KeyboardInterrupt as exc:
-        run_id = getattr(exc, "run_id", None)
-        stopped = f"validation run {run_id} stopped" if run_id else "stopped before the run started"
-        raise fail(f"{stopped}; what was measured is kept in {results}; validate again", 130) from None
-    finally:
-        bar.stop()
+    run = _measured(console, "validation", results, lambda bar: validate(
+        bundle, spec, results, layers=layers, rounds=rounds, progress=bar,
+        address=address, num_gpus=num_gpus, connect_fn=connect_trapping_cancel,
+    ))  # fmt: skip
     print_validation(console, [run])
     if run.validation.losers:
         raise typer.Exit(1)
@@ -87,22 +79,27 @@ def _holdout(
     from orchestrator.validate import validate_holdout
 
     console = Console()
-    bar = RunBar(console)
-    try:
-        with library_errors(), run_events(console):
-            run = validate_holdout(
-                bundle, spec, results, num_shapes=num_shapes, seed=seed, rounds=rounds, margin=margin,
-                progress=bar, address=address, num_gpus=num_gpus, connect_fn=connect_trapping_cancel,
-            )  # fmt: skip
-    except KeyboardInterrupt as exc:
-        run_id = getattr(exc, "run_id", None)
-        stopped = f"holdout run {run_id} stopped" if run_id else "stopped before the run started"
-        raise fail(f"{stopped}; what was measured is kept in {results}; validate again", 130) from None
-    finally:
-        bar.stop()
+    run = _measured(console, "holdout", results, lambda bar: validate_holdout(
+        bundle, spec, results, num_shapes=num_shapes, seed=seed, rounds=rounds, margin=margin,
+        progress=bar, address=address, num_gpus=num_gpus, connect_fn=connect_trapping_cancel,
+    ))  # fmt: skip
     print_holdout(console, run)
     if run.holdout.failed:
         raise typer.Exit(1)
+
+
+def _measured(console: Console, what: str, results: Path, measure: Callable[[RunBar], R]) -> R:
+    """``measure(bar)`` with a progress bar and library errors as one line; Ctrl-C says what is kept."""
+    bar = RunBar(console)
+    try:
+        with library_errors(), run_events(console):
+            return measure(bar)
+    except KeyboardInterrupt as exc:
+        run_id = getattr(exc, "run_id", None)
+        stopped = f"{what} run {run_id} stopped" if run_id else "stopped before the run started"
+        raise fail(f"{stopped}; what was measured is kept in {results}; validate again", 130) from None
+    finally:
+        bar.stop()
 
 
 def print_holdout(console: Console, run: Any) -> None:
