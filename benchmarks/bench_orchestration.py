@@ -134,7 +134,7 @@ def bench_overhead(args: argparse.Namespace, tmp: Path) -> None:
 # The library call `tunectl submit` makes, with a progress hook that samples the driver's memory.
 _SAMPLER = """
 import json, sys
-from orchestrator.submit import submit
+from tunectl.orchestrator.submit import submit
 
 def rss():
     return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS")) / 1024

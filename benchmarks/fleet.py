@@ -100,9 +100,9 @@ def run_figures(results: Path, warmup: int) -> dict[str, Any]:
 
 def kernel_of(row: dict[str, Any]) -> str | None:
     """The compile key of a row's config (its first arm's, for a comparison's row)."""
-    from tasks.compile import compile_key
-    from tasks.registry import get_task
     from tunectl.keys import key_dict, key_from_text
+    from tunectl.tasks.compile import compile_key
+    from tunectl.tasks.registry import get_task
 
     parts = [key_dict(key_from_text(row[k])) for k in ("static_key", "shape_key", "config_key")]
     return compile_key(get_task(row["task"]), *parts)
@@ -215,8 +215,8 @@ _COMPILE_LOAD = """
 import sys, tempfile, os
 os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="ind-")
 os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="tri-")
-from tasks.compile import build
-from tasks.registry import get_task
+from tunectl.tasks.compile import build
+from tunectl.tasks.registry import get_task
 from tunectl.plan import plan
 from tunectl.spec import load_spec
 items = plan(load_spec(sys.argv[1])).items[int(sys.argv[2])::int(sys.argv[3])]

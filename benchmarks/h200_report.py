@@ -3,7 +3,7 @@
     PYTHONPATH=. python benchmarks/h200_report.py --results RESULTS_DIR [--out benchmarks/results/h200.md]
 
 Winners are the ones ``tunectl export bundle`` publishes (tunectl.select). For flash_decode every
-backend's untuned call is in the spec (tasks.flash_decode.BACKEND_DEFAULTS), so each winner is
+backend's untuned call is in the spec (tunectl.tasks.flash_decode.BACKEND_DEFAULTS), so each winner is
 compared with each backend's default; achieved bandwidth is the task's bytes_moved over the median,
 against the ~4.3 TB/s device-to-device copy roof measured on the same machine.
 """
@@ -18,12 +18,12 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from tasks.flash_decode import BACKEND_DEFAULTS
-from tasks.flex_prefill import flops
 from tunectl.export import winners_in
 from tunectl.keys import key_dict, key_from_text, key_text, make_key
 from tunectl.results import read_results
 from tunectl.select import Winner
+from tunectl.tasks.flash_decode import BACKEND_DEFAULTS
+from tunectl.tasks.flex_prefill import flops
 
 ROOF_TBPS = 4.3
 DECODE_BACKENDS = ("fa4", "fa3", "flashinfer", "triton", "sdpa", "flex")  # run on the cache's own pages
@@ -51,7 +51,7 @@ softcap=0.0, window=None, batch=4, kv_len=30000, q_len=1)` gives the entry tuned
 NOTES = """\
 How it was measured:
 - decode, pages 16 and 128 (runs of 2026-12-01): each config is captured into CUDA graphs and timed
-  by the difference method (`measure.timing = "difference"`, tasks/difference.py): one graph of
+  by the difference method (`measure.timing = "difference"`, tunectl/tasks/difference.py): one graph of
   K x (L2 flush, call) against one graph of the K flushes alone, replayed in alternating order, a
   sample being the difference over K; the flush reads a buffer twice the L2. No per-sample launch or
   event cost is left in a sample (the replay method, one call per replay, read 2-7 µs high: see

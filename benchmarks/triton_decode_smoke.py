@@ -5,7 +5,7 @@ bf16, 32 query / 8 KV heads, head dim 128, one query token (configs/h200/flash_d
 static key). Each config is prepared through the ``flash_decode`` task, its output checked against the
 task's reference (max abs error shown), then timed with the project's sampler as the H200 specs time
 it: CUDA graphs, cold L2, the difference method (K x (flush, call) minus K flushes), adaptive sampling
-(``tasks.timing.make_sampler``, ``tasks.harness.measure``).
+(``tunectl.tasks.timing.make_sampler``, ``tunectl.tasks.harness.measure``).
 Achieved bandwidth is the task's ``bytes_moved`` over the median; % roof is against ``--roof-tbps``.
 About a minute on an H200, most of it Triton compiles.
 
@@ -22,13 +22,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tasks import _adapters_triton
-from tasks.base import InvalidConfig
-from tasks.flash_decode import FlashDecode
-from tasks.harness import measure
-from tasks.timing import make_sampler
 from tunectl.record import Timing
 from tunectl.spec import MeasureSpec
+from tunectl.tasks import _adapters_triton
+from tunectl.tasks.base import InvalidConfig
+from tunectl.tasks.flash_decode import FlashDecode
+from tunectl.tasks.harness import measure
+from tunectl.tasks.timing import make_sampler
 
 STATIC = {
     "causal": True,

@@ -9,13 +9,21 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.builds import CLAIMABLE, READY, SHARED, WAIT, BuildBook, CompileOptions, compile_keys
-from orchestrator.workqueue import WorkQueue
-from tasks.compile import compile_key
-from tasks.flash_decode import FlashDecode
-from tasks.flex_prefill import FlexPrefill
 from tunectl.keys import make_key
+from tunectl.orchestrator.builds import (
+    CLAIMABLE,
+    READY,
+    SHARED,
+    WAIT,
+    BuildBook,
+    CompileOptions,
+    compile_keys,
+)
+from tunectl.orchestrator.workqueue import WorkQueue
 from tunectl.plan import WorkItem
+from tunectl.tasks.compile import compile_key
+from tunectl.tasks.flash_decode import FlashDecode
+from tunectl.tasks.flex_prefill import FlexPrefill
 
 DECODE_STATIC = dict(
     dtype="bfloat16", num_q_heads=32, num_kv_heads=8, head_dim=128, page_size=128, causal=True,
@@ -170,7 +178,7 @@ def test_a_compile_process_builds_a_default_that_sets_no_option(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An empty config (FlexAttention's default: no kernel options) builds like any other."""
-    from orchestrator.builder import Builder
+    from tunectl.orchestrator.builder import Builder
 
     monkeypatch.setenv("TUNECTL_COMPILE_CACHE", str(tmp_path))
     monkeypatch.setattr(
@@ -229,8 +237,8 @@ def builds_logged(cache: Path) -> Counter[str]:
 def test_each_kernel_is_compiled_once_per_node_and_workers_only_load_it(
     tmp_path: Path, ray_two_gpus: None
 ) -> None:
-    from orchestrator.submit import submit
     from tests.test_faults import assert_one_row_per_item, planned_ids, write_spec
+    from tunectl.orchestrator.submit import submit
 
     configs = '[[configs]]\nfault = "none"\ncompile_ms = 400\nvariant = [0, 1, 2]\n'
     spec = write_spec(tmp_path, configs, n=(4, 8, 16, 32))  # 4 points x (3 + default) = 16 items
@@ -252,8 +260,8 @@ def test_each_kernel_is_compiled_once_per_node_and_workers_only_load_it(
 def test_a_compiler_that_fails_dies_or_hangs_never_takes_down_a_gpu_worker(
     tmp_path: Path, ray_two_gpus: None
 ) -> None:
-    from orchestrator.submit import submit
     from tests.test_faults import assert_one_row_per_item, planned_ids, write_spec
+    from tunectl.orchestrator.submit import submit
 
     configs = """
     [[configs]]

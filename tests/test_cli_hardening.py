@@ -152,7 +152,7 @@ def test_an_unreachable_address_fails_fast_with_one_line(
 ) -> None:
     import socket
 
-    from orchestrator import cluster
+    from tunectl.orchestrator import cluster
 
     def no_answer(address: tuple[str, int], timeout: float) -> socket.socket:
         raise TimeoutError  # what a host that drops packets gives once the timeout passes

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.cluster import connect
 from tunectl.errors import UserError
+from tunectl.orchestrator.cluster import connect
 
 
 def test_num_gpus_applies_to_a_local_instance_only(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,7 +13,6 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from tasks.cost_model import CostModel
 from tests.test_refine import SPEC, _spec, _winner, drive, work_of
 from tunectl.cli import app
 from tunectl.coverage import cover, nearest
@@ -24,6 +23,7 @@ from tunectl.results import ResultsWriter
 from tunectl.runs import RunInfo, save_run
 from tunectl.runtime import load_bundle
 from tunectl.select import select_winners
+from tunectl.tasks.cost_model import CostModel
 
 PER_BATCH = {"fixed_ms": 0.0, "per_batch_ms": 0.05, "per_kv_ms": 0.0}
 DEFAULT = {"fixed_ms": 1.0, "per_batch_ms": 0.0, "per_kv_ms": 0.0}

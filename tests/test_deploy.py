@@ -97,7 +97,7 @@ def test_the_tuning_image_copies_every_package_and_runs_tunectl() -> None:
     copied = {
         src for op, args in instructions if op == "COPY" for src in shlex.split(args)[:-1] if src[0] != "-"
     }
-    for package in ("tunectl", "orchestrator", "tasks", "configs", "pyproject.toml"):
+    for package in ("tunectl", "configs", "pyproject.toml"):
         assert package in copied and (ROOT / package).exists(), package
     (cmd,) = [json.loads(args) for op, args in instructions if op == "CMD"]
     check_tunectl_command(shlex.join(cmd))

@@ -9,9 +9,9 @@ from collections.abc import Callable
 
 import pytest
 
-from tasks.drift import DriftGuard, Guarded, moved
-from tasks.harness import measure, summarise
 from tunectl.spec import MeasureSpec
+from tunectl.tasks.drift import DriftGuard, Guarded, moved
+from tunectl.tasks.harness import measure, summarise
 
 SETTINGS = MeasureSpec(warmup=0, min_samples=10, max_samples=50, noise_target=0.01, max_seconds=10.0)
 PROBE_US, CALL_US = 200.0, 40.0

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.submit import submit
+from tunectl.orchestrator.submit import submit
 from tunectl.plan import plan
 from tunectl.record import Record
 from tunectl.results import read_results

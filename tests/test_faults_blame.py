@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from orchestrator.blame import Blame
-from orchestrator.workqueue import WorkQueue
 from tunectl.keys import make_key
+from tunectl.orchestrator.blame import Blame
+from tunectl.orchestrator.workqueue import WorkQueue
 from tunectl.plan import WorkItem
 
 

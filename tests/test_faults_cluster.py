@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.submit import submit
 from tests.test_faults import assert_one_row_per_item, planned_ids, write_spec
+from tunectl.orchestrator.submit import submit
 from tunectl.runs import run_log_path
 
 pytestmark = pytest.mark.slow

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.base import InvalidConfig
-from tasks.flash_decode import BACKEND_DEFAULTS, BACKEND_OPTIONS, FlashDecode, visible
-from tasks.registry import get_task
 from tunectl.keys import make_key
 from tunectl.plan import item_id
 from tunectl.spec import MeasureSpec
+from tunectl.tasks.base import InvalidConfig
+from tunectl.tasks.flash_decode import BACKEND_DEFAULTS, BACKEND_OPTIONS, FlashDecode, visible
+from tunectl.tasks.registry import get_task
 
 torch = pytest.importorskip("torch")
 # CPU tests run Flex eagerly (tasks compile it everywhere else); torch warns about that on each call.
@@ -82,7 +82,7 @@ def test_sinks_add_one_logit_per_head_to_the_softmax_denominator() -> None:
 
 
 def test_the_block_mask_lists_exactly_the_pages_each_sequence_sees() -> None:
-    from tasks._adapters_torch import paged_block_mask
+    from tunectl.tasks._adapters_torch import paged_block_mask
 
     for variant in VARIANTS.values():
         for q_len in (1, 5):
@@ -187,8 +187,8 @@ def test_bytes_moved_counts_the_kv_a_window_lets_the_kernel_read() -> None:
 
 
 def test_the_runner_records_sdpa_as_ok_and_flash_attn_on_cpu_as_invalid() -> None:
-    from tasks.runner import ItemRunner
     from tunectl.plan import WorkItem
+    from tunectl.tasks.runner import ItemRunner
 
     runner = ItemRunner("cpu")
     runner._tasks["flash_decode"] = _task()

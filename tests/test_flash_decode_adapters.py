@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from tasks import _adapters_flash
-from tasks.base import InvalidConfig
+from tunectl.tasks import _adapters_flash
+from tunectl.tasks.base import InvalidConfig
 
 torch = pytest.importorskip("torch")
 
@@ -93,7 +93,7 @@ SHAPE = {"batch": 2, "kv_len": 300, "q_len": 1}
 
 
 def _inputs(static: dict[str, Any]) -> dict[str, Any]:
-    from tasks.flash_decode import FlashDecode
+    from tunectl.tasks.flash_decode import FlashDecode
 
     return FlashDecode().build_inputs(static, SHAPE, "cpu")
 

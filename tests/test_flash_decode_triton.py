@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from tasks import _adapters_triton as at
-from tasks.base import InvalidConfig
-from tasks.compile import compile_key
-from tasks.flash_decode import BACKEND_DEFAULTS, BACKEND_OPTIONS, FlashDecode
 from tunectl import adapters
+from tunectl.tasks import _adapters_triton as at
+from tunectl.tasks.base import InvalidConfig
+from tunectl.tasks.compile import compile_key
+from tunectl.tasks.flash_decode import BACKEND_DEFAULTS, BACKEND_OPTIONS, FlashDecode
 
 STATIC = {
     "causal": True,
@@ -202,7 +202,7 @@ def test_the_kernels_compile_for_hopper_without_spilling(
     if os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("the kernels are interpreted in this process")
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
-    from tasks import _triton_decode as td
+    from tunectl.tasks import _triton_decode as td
 
     variant = dict(variant)
     options = {"num_warps": variant.pop("num_warps", 4), "num_stages": variant.pop("num_stages", 2)}

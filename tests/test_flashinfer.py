@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from tasks import _adapters_flashinfer as fi
-from tasks.base import InvalidConfig
-from tasks.compile import cache_env
-from tasks.flash_decode import BACKEND_DEFAULTS, FlashDecode
+from tunectl.tasks import _adapters_flashinfer as fi
+from tunectl.tasks.base import InvalidConfig
+from tunectl.tasks.compile import cache_env
+from tunectl.tasks.flash_decode import BACKEND_DEFAULTS, FlashDecode
 
 torch = pytest.importorskip("torch")
 ROOT = Path(__file__).resolve().parents[1]
@@ -249,10 +249,10 @@ def test_flashinfers_jit_workspace_is_under_the_runs_compile_cache(tmp_path: Pat
 
 
 def test_the_runner_records_flashinfer_on_a_cpu_as_invalid_not_as_an_error() -> None:
-    from tasks.runner import ItemRunner
     from tunectl.keys import make_key
     from tunectl.plan import WorkItem, item_id
     from tunectl.spec import MeasureSpec
+    from tunectl.tasks.runner import ItemRunner
 
     keys = make_key(STATIC), make_key(SHAPE), make_key({"backend": "flashinfer"})
     item = WorkItem(item_id("flash_decode", *keys), "flash_decode", *keys, False)
@@ -292,8 +292,8 @@ GPU_CONFIGS = [
 def test_flashinfer_matches_the_reference_eagerly_and_replayed_in_a_cuda_graph(
     config: dict[str, Any], variant: dict[str, Any]
 ) -> None:
-    from tasks.base import DTYPE_TOLERANCE
-    from tasks.timing import make_sampler
+    from tunectl.tasks.base import DTYPE_TOLERANCE
+    from tunectl.tasks.timing import make_sampler
 
     static, shape = {**GPU_STATIC, **variant}, {"batch": 4, "kv_len": 2000, "q_len": 1}
     task = FlashDecode()

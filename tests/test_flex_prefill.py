@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.base import InvalidConfig
-from tasks.flex_prefill import FlexPrefill, attended_pairs, document_ids, make_mask_mod
-from tasks.registry import get_task
+from tunectl.tasks.base import InvalidConfig
+from tunectl.tasks.flex_prefill import FlexPrefill, attended_pairs, document_ids, make_mask_mod
+from tunectl.tasks.registry import get_task
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")

@@ -234,7 +234,7 @@ def test_export_commands_write_the_formats(bundle: Bundle, tmp_path: Path) -> No
 
 
 def test_every_decode_backend_option_reaches_the_call() -> None:
-    from tasks.flash_decode import BACKEND_DEFAULTS, BACKEND_OPTIONS
+    from tunectl.tasks.flash_decode import BACKEND_DEFAULTS, BACKEND_OPTIONS
 
     assert set(BACKEND_OPTIONS) == set(adapters.DECODE_BACKENDS)
     samples = {
@@ -273,7 +273,7 @@ def test_every_decode_backend_option_reaches_the_call() -> None:
 
 
 def test_a_miss_or_an_unknown_backend_gives_the_untuned_call(caplog: pytest.LogCaptureFixture) -> None:
-    from tasks.decode_attention import DecodeAttention
+    from tunectl.tasks.decode_attention import DecodeAttention
 
     assert adapters.flash_decode(None) == adapters.Call("fa4", {"num_splits": 1, "pack_gqa": None}, False)
     with caplog.at_level(logging.WARNING):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tasks import nvml, timing
-from tasks.nvml import GpuState
+from tunectl.tasks import nvml, timing
+from tunectl.tasks.nvml import GpuState
 
 torch = pytest.importorskip("torch")
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from tasks.difference import cuda_flush, num_calls_for, repeated
-from tasks.harness import measure
-from tasks.timing import make_sampler
 from tunectl.spec import MeasureSpec
+from tunectl.tasks.difference import cuda_flush, num_calls_for, repeated
+from tunectl.tasks.harness import measure
+from tunectl.tasks.timing import make_sampler
 
 torch = pytest.importorskip("torch")
 pytestmark = [

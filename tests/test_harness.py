@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tasks.harness import interleave, measure, scaled
 from tunectl.spec import MeasureSpec
+from tunectl.tasks.harness import interleave, measure, scaled
 
 
 class Clock:

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from orchestrator.jobs import dashboard_address
 from tunectl.cli import app
+from tunectl.orchestrator.jobs import dashboard_address
 from tunectl.runs import RunInfo, save_run
 
 

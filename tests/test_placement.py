@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.submit import submit
 from tests.test_faults import assert_one_row_per_item, planned_ids, write_spec
 from tunectl.errors import UserError
+from tunectl.orchestrator.submit import submit
 from tunectl.record import Record
 from tunectl.runs import load_run, run_log_path
 

@@ -1,6 +1,6 @@
 """Refinement, driven by a simulated device: each item gets a record with the config's true time.
 
-The cost model task (tasks/cost_model.py) says what each config costs at each shape, so where the
+The cost model task (tunectl/tasks/cost_model.py) says what each config costs at each shape, so where the
 winner changes is known: the per-batch config beats the default below batch 20. These tests play
 the dispatcher, as tests/test_search.py does: take the items the work asks for, answer each with the
 record a device would give (its true time, 1 % noise), and feed them back.
@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from tasks.cost_model import CostModel, cost_ms
 from tunectl.errors import SpecError
 from tunectl.keys import Key, key_text, make_key
 from tunectl.plan import WorkItem, plan
@@ -23,6 +22,7 @@ from tunectl.refine import Refined, candidates, midpoint, refined
 from tunectl.search import Search
 from tunectl.select import Winner
 from tunectl.spec import parse_spec
+from tunectl.tasks.cost_model import CostModel, cost_ms
 
 SPEC = """
 name = "r"

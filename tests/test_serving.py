@@ -80,8 +80,7 @@ def test_the_base_install_is_the_runtime_and_the_standard_library(tmp_path: Path
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, src / name)
-    for name in ("tunectl", "tasks"):
-        shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "tunectl", src / "tunectl", ignore=shutil.ignore_patterns("__pycache__"))
     target = tmp_path / "site"
     subprocess.run(
         [
@@ -105,6 +104,8 @@ def test_the_base_install_is_the_runtime_and_the_standard_library(tmp_path: Path
     )
     base = [r for r in meta.get_all("Requires-Dist") or [] if "extra ==" not in r]
     assert base == [], f"the base install pulls in {base}"
+    importable = sorted(p.stem for p in target.iterdir() if (p / "__init__.py").exists() or p.suffix == ".py")
+    assert importable == ["tunectl"], f"top-level packages beside tunectl in a serving image: {importable}"
     code = f"""
 import json, sys
 sys.path.insert(0, {str(target)!r})

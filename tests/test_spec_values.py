@@ -13,12 +13,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from tasks.registry import get_task, task_names
 from tunectl.cli import app
 from tunectl.errors import SpecError, UserError
 from tunectl.params import Rule
 from tunectl.plan import count_plan, plan
 from tunectl.spec import TABLE_RULES, parse_spec
+from tunectl.tasks.registry import get_task, task_names
 
 from .conftest import TINY_SPEC
 
@@ -101,7 +101,7 @@ def test_a_bad_spec_on_the_command_line_is_one_line_exit_2_and_writes_nothing(tm
 def test_every_shipped_task_declares_a_rule_for_every_parameter() -> None:
     for name in task_names():
         task = get_task(name)
-        rules = task.param_rules  # tasks.base.Task's default: none
+        rules = task.param_rules  # tunectl.tasks.base.Task's default: none
         assert set(rules) == {*task.static_params, *task.config_params}, name
 
 

@@ -128,7 +128,7 @@ def test_submit_export_publish_promote_and_load_by_channel(
     ray_two_gpus: None, tiny_spec: Path, tmp_path: Path, s3: S3
 ) -> None:
     """The whole path: tune on Ray, export to S3, promote, and serve from the channel."""
-    from orchestrator.submit import submit
+    from tunectl.orchestrator.submit import submit
 
     results, store = tmp_path / "results", s3.uri("fleet")
     done = submit(str(tiny_spec), results)

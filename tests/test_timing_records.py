@@ -8,9 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from tasks.drift import PROBE_SETTINGS
-from tasks.harness import Sampler
-from tasks.runner import ItemRunner
 from tunectl.errors import SpecError
 from tunectl.keys import key_text, make_key
 from tunectl.plan import WorkItem
@@ -18,6 +15,9 @@ from tunectl.record import Record, Status, Timing
 from tunectl.results import ResultsWriter, read_results
 from tunectl.select import select_winners
 from tunectl.spec import MeasureSpec, parse_spec
+from tunectl.tasks.drift import PROBE_SETTINGS
+from tunectl.tasks.harness import Sampler
+from tunectl.tasks.runner import ItemRunner
 
 FAST = MeasureSpec(warmup=0, min_samples=3, max_samples=6, max_seconds=0.05)
 SHAPE = make_key({"n": 4})

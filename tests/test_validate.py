@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from tasks.runner import ItemRunner
 from tunectl.bundle import TaskTable, build_files, publish_local
 from tunectl.cli import app
 from tunectl.keys import key_text, make_key
@@ -22,6 +21,7 @@ from tunectl.record import Record
 from tunectl.results import ResultsWriter, read_results
 from tunectl.runs import RunInfo, save_run
 from tunectl.spec import MeasureSpec, parse_spec
+from tunectl.tasks.runner import ItemRunner
 from tunectl.validate import plan_validation, read_validation
 
 FAST = MeasureSpec(warmup=0, min_samples=3, max_samples=6, max_seconds=0.05)

@@ -50,8 +50,8 @@ CASES: list[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = [
 def run_case(static: dict[str, Any], shape: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
     import torch
 
-    from tasks.base import InvalidConfig
-    from tasks.flash_decode import FlashDecode
+    from tunectl.tasks.base import InvalidConfig
+    from tunectl.tasks.flash_decode import FlashDecode
 
     task = FlashDecode(compile_flex_on_cpu=False)
     inputs = task.build_inputs(static, shape, "cpu")

@@ -16,9 +16,9 @@ backend added later) is treated as a miss and logged, never raised.
   ``fa2`` -> ``flash_attn.flash_attn_with_kvcache(num_splits)``; ``fa3``, ``sgl`` ->
   ``flash_attn_with_kvcache(num_splits, pack_gqa)`` of flash-attn 3 / sgl-kernel; ``sdpa`` ->
   ``scaled_dot_product_attention(enable_gqa)`` under ``requires["sdpa_backend"]``; ``flex`` ->
-  ``flex_attention(kernel_options)``; ``triton`` -> the options of ``tasks._triton_decode`` as the
+  ``flex_attention(kernel_options)``; ``triton`` -> the options of ``tunectl.tasks._triton_decode`` as the
   config names them (``num_kv_splits``, ``BLOCK_N``, ``BLOCK_H``, ``num_warps``, ``num_stages``; an
-  option left out takes ``tasks._adapters_triton.DEFAULTS``);
+  option left out takes ``tunectl.tasks._adapters_triton.DEFAULTS``);
   ``flex_attention(kernel_options)``; ``flashinfer`` -> ``BatchDecodeWithPagedKVCacheWrapper.plan(
   fixed_split_size, disable_split_kv)`` on a wrapper made with ``requires["use_tensor_cores"]`` and
   ``requires["kv_layout"]``;

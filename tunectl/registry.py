@@ -24,7 +24,7 @@ Params = Mapping[str, Any]
 
 
 class PlannedTask(Protocol):
-    """What planning and spec validation ask of a task (``tasks.base.Task`` gives the defaults)."""
+    """What planning and spec validation ask of a task (``tunectl.tasks.base.Task`` gives the defaults)."""
 
     name: str
     static_params: tuple[str, ...]

@@ -9,7 +9,7 @@ is bad or was tuned elsewhere stops the server before it takes traffic (exit 3);
 server logs why and decodes with the kernel's defaults: a bad bundle never takes serving down.
 
 Each step serves one batch of decode requests with the CPU split-KV paged decode kernel
-(``tasks.decode_attention``): it looks the shape up (no I/O: the tables are in memory), turns the
+(``tunectl.tasks.decode_attention``): it looks the shape up (no I/O: the tables are in memory), turns the
 entry into the kernel's arguments with ``tunectl.adapters``, and runs the kernel.
 """
 
@@ -75,7 +75,7 @@ def requests(num_steps: int, start_kv_len: int) -> list[tuple[int, int]]:
 
 def serve(bundle: Bundle, num_steps: int, start_kv_len: int) -> dict[str, int]:
     """Run the decode loop; returns how many steps ran tuned and how many on defaults."""
-    from tasks.decode_attention import DecodeAttention, split_kv_decode
+    from tunectl.tasks.decode_attention import DecodeAttention, split_kv_decode
 
     task = DecodeAttention()
     counts = {"tuned": 0, "default": 0}

@@ -99,10 +99,10 @@ def _export_validated(
 ) -> None:  # fmt: skip
     from rich.console import Console
 
-    from orchestrator.validate import export_validated
     from tunectl.cli.submit import RunBar, connect_trapping_cancel, run_events
     from tunectl.cli.validate import print_validation
     from tunectl.export import Choices, Scope
+    from tunectl.orchestrator.validate import export_validated
 
     console = Console()
     bar = RunBar(console)

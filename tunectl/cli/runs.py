@@ -92,7 +92,7 @@ def logs_cmd(
     from tunectl.runs import load_run, run_log_path
 
     if address:
-        from orchestrator.jobs import follow_job_logs, job_logs
+        from tunectl.orchestrator.jobs import follow_job_logs, job_logs
 
         with library_errors():
             if follow:
@@ -117,7 +117,7 @@ def cancel_cmd(run: RunArg, results: ResultsOption = DEFAULT_RESULTS, address: A
         tunectl cancel r20261129-221300-3fa2c1
     """
     if address:
-        from orchestrator.jobs import cancel_job
+        from tunectl.orchestrator.jobs import cancel_job
 
         with library_errors():
             status = cancel_job(address, run)

@@ -86,14 +86,14 @@ class _ConsoleLog(logging.Handler):
 
 
 def _cancelled(signum: int, frame: Any) -> None:
-    from orchestrator.submit import RunCancelled
+    from tunectl.orchestrator.submit import RunCancelled
 
     raise RunCancelled()
 
 
 def connect_trapping_cancel(*args: Any, **kwargs: Any) -> bool:
     """Join or start Ray, then take SIGTERM back (``ray.init`` installs a handler that just exits)."""
-    from orchestrator.cluster import connect
+    from tunectl.orchestrator.cluster import connect
 
     owns_ray = connect(*args, **kwargs)
     signal.signal(signal.SIGTERM, _cancelled)
@@ -229,8 +229,8 @@ def submit(
         extra = [*compile_args, *(["--yes"] if yes else [])]
         _submit_job(spec, address, results, resume, compile_ahead, follow, extra)
         return
-    from orchestrator.builds import CompileOptions
-    from orchestrator.submit import submit as run_submit
+    from tunectl.orchestrator.builds import CompileOptions
+    from tunectl.orchestrator.submit import submit as run_submit
     from tunectl.spec import load_spec
 
     console = Console()
@@ -360,7 +360,7 @@ def _submit_job(
     follow: bool,
     extra_args: list[str],
 ) -> None:
-    from orchestrator.jobs import follow_job_logs, submit_job
+    from tunectl.orchestrator.jobs import follow_job_logs, submit_job
 
     with library_errors():
         ref = submit_job(

@@ -60,7 +60,7 @@ def validate_cmd(
         _holdout(bundle, spec, results, holdout, seed=seed, margin=margin, rounds=rounds, address=address,
                  num_gpus=num_gpus)  # fmt: skip
         return
-    from orchestrator.validate import validate
+    from tunectl.orchestrator.validate import validate
 
     console = Console()
     run = _measured(console, "validation", results, lambda bar: validate(
@@ -76,7 +76,7 @@ def _holdout(
     bundle: str, spec: Path, results: Path, num_shapes: int, *, seed: int, margin: float, rounds: int,
     address: str | None, num_gpus: int | None,
 ) -> None:  # fmt: skip
-    from orchestrator.validate import validate_holdout
+    from tunectl.orchestrator.validate import validate_holdout
 
     console = Console()
     run = _measured(console, "holdout", results, lambda bar: validate_holdout(

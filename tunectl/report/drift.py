@@ -1,4 +1,5 @@
-"""The drift section of the report: each worker's probe (``tasks.drift``) over its life, as plain data.
+"""The drift section of the report: each worker's probe (``tunectl.tasks.drift``) over its life, as
+plain data.
 
 Every guarded measurement row carries the probe's median taken right after it (``probe_us``); one
 worker's rows in time order are that worker's life: a probe that climbs is a device that slowed

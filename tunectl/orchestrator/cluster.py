@@ -1,0 +1,322 @@
+"""Joining or starting a Ray cluster, and placing one worker per device on it.
+
+GPUs are reserved through placement groups, one per accelerator type: one bundle of one GPU per
+worker, packed. A GPU-less cluster gets one worker per node, owning the node's cores. A cluster
+with several accelerator types gets one *pool* of workers per type; each pool measures the whole
+plan, since what wins on one GPU model says little about another.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from tunectl.errors import UserError
+
+#: Pool names for devices of no declared accelerator type.
+UNTYPED_GPU = "GPU"
+CPU_POOL = "cpu"
+_ACCEL_PREFIX = "accelerator_type:"
+CONNECT_TIMEOUT_S = float(os.environ.get("TUNECTL_CONNECT_TIMEOUT_S", "10"))
+_AUTH_HINT = (
+    "; if the cluster uses token authentication, set RAY_AUTH_MODE=token and give its token in "
+    "RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token (`ray get-auth-token` on the head prints it)"
+)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """What was placed, in numbers."""
+
+    kind: str  # "gpu" or "cpu"
+    num_workers: int
+    num_nodes: int
+    pools: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class WorkerSetup:
+    """How every worker (and compile process) of a run starts: its environment (the compile caches),
+    the tasks whose libraries it loads before its first item, and whether it compiles ahead itself."""
+
+    env: tuple[tuple[str, str], ...] = ()
+    warm_up: tuple[str, ...] = ()
+    compile_ahead: bool = False
+
+    def runtime_env(self, **extra: str) -> dict[str, Any]:
+        return {"env_vars": {**dict(self.env), **extra}}
+
+
+@dataclass
+class Pool:
+    """The workers on one kind of device (an accelerator type, or CPUs) and the group holding them."""
+
+    name: str
+    workers: list[Any] = field(default_factory=list)
+    placement_group: Any = None
+    node_ids: set[str] = field(default_factory=set)
+
+
+def connect(
+    address: str | None, num_gpus: int | None = None, num_cpus: int | None = None, *,
+    connect_timeout_s: float = CONNECT_TIMEOUT_S,
+) -> bool:  # fmt: skip
+    """Join ``address`` (or ``RAY_ADDRESS``), else start a local instance. True if this call connected.
+
+    Without an address this never joins some other Ray instance that happens to run on the machine.
+    An address whose host does not answer within ``connect_timeout_s`` is a ``UserError`` (Ray itself
+    would wait minutes).
+    """
+    if ray.is_initialized():
+        return False
+    os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+    joining = bool(address) or bool(os.environ.get("RAY_ADDRESS"))
+    kwargs: dict[str, Any] = {"logging_level": logging.ERROR, "log_to_driver": True}
+    if joining:
+        if num_gpus is not None or num_cpus is not None:
+            raise UserError("--num-gpus applies to a local instance only, not when joining a cluster")
+        if address:
+            kwargs["address"] = address
+        check_reachable(address or os.environ.get("RAY_ADDRESS", ""), connect_timeout_s)
+    else:
+        kwargs.update(address="local", include_dashboard=False)
+        if num_gpus is not None:
+            kwargs["num_gpus"] = num_gpus
+        if num_cpus is not None:
+            kwargs["num_cpus"] = num_cpus
+    try:
+        _init_with_retries(kwargs)
+    except (ConnectionError, ValueError, RuntimeError, TimeoutError) as exc:
+        target = address or os.environ.get("RAY_ADDRESS") or "a local Ray instance"
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        detail = " ".join(lines)[:300] or type(exc).__name__
+        hint = _AUTH_HINT if joining and os.environ.get("RAY_AUTH_MODE", "").lower() != "token" else ""
+        raise UserError(f"cannot connect to {target}: {detail}{hint}") from None
+    return True
+
+
+def check_reachable(address: str, timeout_s: float = 10.0) -> None:
+    """Open (and close) a TCP connection to ``address``'s host and port; a ``UserError`` if none comes.
+
+    ``auto``, ``local`` and addresses without a port are left to Ray (they name no one host to try).
+    """
+    target = address.split("://", 1)[-1].split("/", 1)[0]
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except TimeoutError:
+        raise UserError(
+            f"cannot connect to {address}: no answer from {host}:{port} within {timeout_s:g} s; "
+            "check that the cluster is up and the address is right"
+        ) from None
+    except OSError as exc:
+        raise UserError(f"cannot connect to {address}: {host}:{port}: {exc.strerror or exc}") from None
+
+
+def _init_with_retries(kwargs: dict[str, Any], attempts: int = 3, backoff_s: float = 2.0) -> None:
+    """``ray.init``, retried where a Ray client server failed to start its session in time.
+
+    A busy head starts a server process per client session; when that start outlasts Ray's own
+    wait, the client sees "Initialization failure from server" although a second try succeeds.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            ray.init(**kwargs)
+            return
+        except ConnectionError as exc:
+            transient = str(kwargs.get("address", "")).startswith(
+                "ray://"
+            ) and "Initialization failure" in str(exc)
+            if not transient or attempt == attempts:
+                raise
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+            time.sleep(backoff_s * attempt)
+
+
+def gpu_inventory() -> dict[str, tuple[int, int]]:
+    """Accelerator type -> (number of GPUs, number of nodes), over the alive nodes."""
+    inventory: dict[str, tuple[int, int]] = {}
+    for node in ray.nodes():
+        resources = node.get("Resources", {})
+        gpus = int(resources.get("GPU", 0))
+        if not node.get("Alive") or gpus < 1:
+            continue
+        types = sorted(r[len(_ACCEL_PREFIX) :] for r in resources if r.startswith(_ACCEL_PREFIX))
+        name = types[0] if types else UNTYPED_GPU
+        count, nodes = inventory.get(name, (0, 0))
+        inventory[name] = (count + gpus, nodes + 1)
+    return inventory
+
+
+def choose_pools(accelerator_type: str | None, num_gpus: int | None) -> list[str]:
+    """The pools a new run plans for: the spec's accelerator type, else every type the cluster has."""
+    inventory = gpu_inventory()
+    if accelerator_type is not None:
+        if accelerator_type not in inventory:
+            have = ", ".join(sorted(inventory)) or "none"
+            raise UserError(f"no node offers accelerator type {accelerator_type!r}; the cluster has {have}")
+        return [accelerator_type]
+    if inventory:
+        return sorted(inventory)
+    if num_gpus:
+        raise UserError(f"the spec asks for {num_gpus} GPU(s) but the cluster has none")
+    return [CPU_POOL]
+
+
+def start_pools(
+    names: Sequence[str],
+    num_gpus: int | None = None,
+    setup: WorkerSetup = WorkerSetup(),
+    timeout_s: float = 120.0,
+    label: str = "tunectl",
+) -> tuple[list[Pool], Placement]:
+    """Start the workers of each named pool. ``num_gpus`` caps the workers of each pool."""
+    inventory = gpu_inventory()
+    pools: list[Pool] = []
+    try:
+        for name in names:
+            if name == CPU_POOL:
+                pools.append(_cpu_pool(setup))
+                continue
+            if name not in inventory:
+                have = ", ".join(sorted(inventory)) or "none"
+                raise UserError(f"the run is planned for {name} GPUs but the cluster has {have} now")
+            count = inventory[name][0] if num_gpus is None else min(num_gpus, inventory[name][0])
+            pools.append(_gpu_pool(name, count, setup, timeout_s, label))
+    except BaseException:
+        stop_pools(pools)
+        raise
+    kind = "cpu" if list(names) == [CPU_POOL] else "gpu"
+    nodes = set().union(*(p.node_ids for p in pools))
+    return pools, Placement(kind, sum(len(p.workers) for p in pools), len(nodes), tuple(names))
+
+
+def _gpu_pool(name: str, count: int, setup: WorkerSetup, timeout_s: float, label: str) -> Pool:
+    from ray.util.placement_group import placement_group, placement_group_table
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    from tunectl.orchestrator.worker import TuneWorker
+
+    extra = {} if name == UNTYPED_GPU else {f"{_ACCEL_PREFIX}{name}": 0.001}
+    pg = placement_group([{"GPU": 1, **extra}] * count, strategy="PACK", name=f"{label}-{name}")
+    pool = Pool(name, placement_group=pg)
+    if not pg.wait(timeout_seconds=timeout_s):
+        stop_pools([pool])
+        raise UserError(
+            f"could not reserve {count} {name} GPU(s) within {timeout_s:.0f} s (other jobs may hold them); "
+            "set [resources] num_gpus in the spec to use fewer"
+        )
+    for index in range(count):
+        strategy = PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index)
+        pool.workers.append(
+            _actor(TuneWorker)
+            .options(
+                num_gpus=1,
+                num_cpus=0,
+                resources=extra,
+                scheduling_strategy=strategy,
+                runtime_env=setup.runtime_env(),
+            )
+            .remote(1, setup.compile_ahead, setup.warm_up)
+        )
+    pool.node_ids = set(placement_group_table(pg).get("bundles_to_node_id", {}).values())
+    return pool
+
+
+def _cpu_pool(setup: WorkerSetup) -> Pool:
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from tunectl.orchestrator.worker import TuneWorker
+
+    pool = Pool(CPU_POOL)
+    for node in ray.nodes():
+        cpus = int(node.get("Resources", {}).get("CPU", 0))
+        if not node.get("Alive") or cpus < 1:
+            continue
+        strategy = NodeAffinitySchedulingStrategy(node_id=node["NodeID"], soft=False)
+        pool.workers.append(
+            _actor(TuneWorker)
+            .options(num_cpus=cpus, scheduling_strategy=strategy, runtime_env=setup.runtime_env())
+            .remote(cpus, setup.compile_ahead, setup.warm_up)
+        )
+        pool.node_ids.add(node["NodeID"])
+    if not pool.workers:
+        raise UserError("the cluster has no node with a CPU or GPU to run a worker on")
+    return pool
+
+
+def start_builders(
+    node_ids: Sequence[str], per_node: int | None, setup: WorkerSetup
+) -> list[tuple[Any, str]]:
+    """Compile processes on each node, as (actor, node id); ``per_node`` None: half the node's cores
+    not matched to a GPU, at most 4 per GPU (each holds a CUDA context and a point's inputs), at
+    least 1.
+
+    They see the node's GPUs (Ray hides them from actors that reserve none): a compile for a GPU needs
+    the device. They reserve no CPU in Ray's accounting, since the GPU workers reserve none either.
+    """
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from tunectl.orchestrator.builder import Builder
+
+    resources = {n["NodeID"]: n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")}
+    builders = []
+    for node in node_ids:
+        have = resources.get(node, {})
+        spare = int(have.get("CPU", 1)) - int(have.get("GPU", 0))
+        count = (
+            per_node if per_node is not None else max(1, min(4 * max(1, int(have.get("GPU", 0))), spare // 2))
+        )
+        # One compile process is one compiler: Inductor's own pool of compile subprocesses in each
+        # would multiply the processes (and the memory) by the node's cores.
+        env = setup.runtime_env(
+            RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES="1", TORCHINDUCTOR_COMPILE_THREADS="1"
+        )
+        strategy = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
+        for index in range(count):
+            actor = (
+                _actor(Builder)
+                .options(num_cpus=0, scheduling_strategy=strategy, runtime_env=env)
+                .remote(index)
+            )
+            builders.append((actor, node))
+    return builders
+
+
+def stop_builders(builders: Sequence[tuple[Any, str]]) -> None:
+    for actor, _ in builders:
+        with contextlib.suppress(Exception):  # already gone
+            ray.kill(actor, no_restart=True)
+
+
+def _actor(cls: type) -> Any:
+    """A ``@ray.remote`` class as what it is at run time (type checkers see the plain class)."""
+    return cls
+
+
+def stop_pools(pools: Sequence[Pool]) -> None:
+    """Kill every worker for good and give the reserved GPUs back. Never raises."""
+    from ray.util.placement_group import remove_placement_group
+
+    workers = [w for pool in pools for w in pool.workers]
+    with contextlib.suppress(Exception):  # best effort: let idle workers tidy up their journals
+        closing = [w.close.remote() for w in workers]
+        ray.wait(closing, num_returns=len(closing), timeout=2.0)
+    for pool in pools:
+        for worker in pool.workers:
+            with contextlib.suppress(Exception):  # already gone: nothing to stop
+                ray.kill(worker, no_restart=True)
+        if pool.placement_group is not None:
+            with contextlib.suppress(Exception):  # already removed, or the cluster is gone
+                remove_placement_group(pool.placement_group)

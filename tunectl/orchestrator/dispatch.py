@@ -1,0 +1,489 @@
+"""Dynamic dispatch of work items to workers, in completion order, surviving worker and node faults.
+
+Work is split into *lanes*, one per pool of workers (an accelerator type); a lane's items go only to
+its own workers. Each worker has at most ``prefetch`` calls in flight and gets new work as its
+results come back (``ray.wait``), so a fast GPU never waits on a slow one. A worker stays on one
+(static, shape) point while the point has items, so it builds the point's inputs once. A worker gets
+work only once it has answered a first call: startup (importing torch, a CUDA context) does not count
+against an item's deadline.
+
+With ``compile_ahead``, each call also names the item this worker gets next (held back for it), so
+the worker can prepare (compile) that item while it times the current one.
+
+Faults: a worker process that dies has its unanswered items judged once Ray has restarted it
+(``tunectl.orchestrator.blame``): the item that killed it is retried once, alone, then recorded as ``crash``;
+the others go back to the queue. All items of a worker whose node died go back to the queue. An item
+running past the deadline gets its worker killed (Ray restarts it) and is recorded as ``timeout``.
+Every item gets exactly one record.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray import exceptions as rex
+
+from tunectl.errors import TunectlError
+from tunectl.orchestrator.blame import Blame, Verdict, death_detail, first_line
+from tunectl.orchestrator.builds import BuildScheduler
+from tunectl.orchestrator.workqueue import WorkQueue, describe, failure_records
+from tunectl.plan import WorkItem
+from tunectl.record import Record
+from tunectl.spec import MeasureSpec
+
+MAX_PROBE_FAILURES = 3
+# A worker Ray is restarting answers "temporarily unavailable" until its new process is up, which on a
+# GPU host (torch, CUDA, the kernel libraries imported at start) takes tens of seconds: it is waited
+# for this long before it counts as lost.
+RESTART_WAIT_S = 300.0
+LIMBO_TIMEOUT_S = 120.0  # how long a dead worker's items wait for its replacement to say what killed it
+log = logging.getLogger("tunectl.run")
+
+# Errors that mean the worker process (or its node) is gone, not that the item misbehaved in Python.
+_WORKER_LOST = (
+    rex.RayActorError, rex.WorkerCrashedError, rex.NodeDiedError, rex.OutOfMemoryError,
+    rex.ObjectLostError, rex.ActorUnschedulableError, rex.LocalRayletDiedError,
+)  # fmt: skip
+
+
+class OrchestrationError(TunectlError):
+    """The run cannot go on (no worker left to run its items); what was measured is kept."""
+
+
+@dataclass(frozen=True)
+class Lane:
+    """Workers of one pool and the items only they may run."""
+
+    name: str
+    workers: tuple[Any, ...]
+    items: tuple[WorkItem, ...]
+
+
+@dataclass(frozen=True)
+class DispatchOptions:
+    prefetch: int = 2  # calls in flight per worker
+    compile_ahead: bool = False
+    poll_s: float = 0.25  # how often deadlines are checked while nothing completes
+    stall_timeout_s: float = 900.0  # work left but no worker able to take it for this long: give up
+
+
+@dataclass
+class DispatchStats:
+    num_records: int = 0
+    num_worker_failures: int = 0
+    num_requeued: int = 0
+    num_lost_workers: int = 0
+    statuses: Counter[str] = field(default_factory=Counter)
+
+
+@dataclass
+class _Call:
+    ref: Any
+    item: WorkItem
+    lookahead: WorkItem | None
+
+
+@dataclass
+class _Slot:
+    worker: Any
+    lane: str
+    name: str
+    state: str = "starting"  # starting (waiting for its first answer) | ready | lost
+    probe: Any = None
+    node_id: str = ""
+    calls: deque[_Call] = field(default_factory=deque)
+    reserved: WorkItem | None = None  # the next item, announced to the worker as its lookahead
+    point: Any = None
+    head_since: float = 0.0  # when the oldest call started running (approximately)
+    killed_item: str | None = None  # set when we killed the worker at this item's deadline
+    probe_failures: int = 0
+    failing_since: float | None = None  # when its probes started failing (None: answering)
+    incarnation: str = ""  # the worker process the calls are meant for (a new one ignores them)
+    limbo: list[tuple[WorkItem, WorkItem | None]] = field(default_factory=list)  # judged on restart
+    limbo_since: float = 0.0
+    probe_at: float = 0.0  # when to ask a worker that did not answer again (0: not scheduled)
+    failure: str = ""  # why it last did not answer
+    death: str = ""  # what Ray said when the worker died
+
+
+#: Told each finished item's records (with its lane), it answers the items the lane runs next.
+FollowUp = Callable[[str, list[Record]], Iterable[WorkItem]]
+
+
+def dispatch(
+    lanes: Sequence[Lane], run_id: str, settings: MeasureSpec, on_records: Callable[[list[Record]], None],
+    options: DispatchOptions = DispatchOptions(), follow_up: FollowUp | None = None,
+    builds: BuildScheduler | None = None,
+) -> DispatchStats:  # fmt: skip
+    """Run every item of every lane; call ``on_records`` once per item with all its records (one, or
+    one per arm of a comparison: they are written as a unit), in completion order; every record is
+    passed exactly once. ``follow_up`` adds items as results come in (a search
+    choosing what to measure next); the run ends when no lane has work left. ``builds``: compile
+    processes that build kernels ahead (``tunectl.orchestrator.builds``); workers prefer what they built."""
+    return _Dispatcher(lanes, run_id, settings, on_records, options, follow_up, builds).run()
+
+
+class _Dispatcher:
+    def __init__(
+        self, lanes: Sequence[Lane], run_id: str, settings: MeasureSpec,
+        on_records: Callable[[list[Record]], None], options: DispatchOptions, follow_up: FollowUp | None,
+        builds: BuildScheduler | None = None,
+    ) -> None:  # fmt: skip
+        self.run_id, self.settings, self.on_records, self.options = run_id, settings, on_records, options
+        self.follow_up = follow_up
+        self.builds = builds
+        self.queues = {lane.name: WorkQueue(lane.items) for lane in lanes}
+        if builds is not None:
+            builds.book.add(item for lane in lanes for item in lane.items)
+        self.slots = [
+            _Slot(w, lane.name, f"{lane.name}#{i}") for lane in lanes for i, w in enumerate(lane.workers)
+        ]
+        self.owner: dict[Any, _Slot] = {}  # every pending ref (calls and probes) -> its slot
+        self.blame = Blame()
+        self.recorded: set[str] = set()
+        self.stats = DispatchStats()
+        self.idle_since: dict[str, float] = {}
+        for slot in self.slots:
+            self._probe(slot)
+
+    def run(self) -> DispatchStats:
+        next_check = time.monotonic() + self.options.poll_s
+        while self._work_left():
+            refs = list(self.owner) + (self.builds.refs() if self.builds else [])
+            if not refs:  # every worker is down and not yet asked again
+                time.sleep(self.options.poll_s)
+                ready: list[Any] = []
+            else:
+                ready, _ = ray.wait(refs, num_returns=1, timeout=self.options.poll_s)
+            if ready and len(refs) > 1:  # under load, take everything that is done in one go
+                rest = [r for r in refs if r != ready[0]]
+                ready += ray.wait(rest, num_returns=len(rest), timeout=0)[0]
+            for ref in ready:
+                if self.builds is not None and self.builds.owns(ref):
+                    self.builds.on_ready(ref)
+                    for slot in self.slots:  # a worker may have been waiting for that kernel
+                        self._fill(slot)
+                else:
+                    self._on_ready(ref)
+            now = time.monotonic()
+            if now >= next_check:
+                if self.builds is not None:
+                    self.builds.check(now)
+                self._check_deadlines(now)
+                self._check_limbo(now)
+                for slot in self.slots:
+                    if slot.probe_at and now >= slot.probe_at and slot.probe is None:
+                        self._probe(slot)
+                self._check_stalls(now)
+                next_check = now + self.options.poll_s
+        return self.stats
+
+    def _work_left(self) -> bool:
+        if any(len(q) for q in self.queues.values()):
+            return True
+        return any(s.calls or s.reserved or s.limbo for s in self.slots)
+
+    # -- workers coming up -------------------------------------------------------------------------
+
+    def _probe(self, slot: _Slot) -> None:
+        """Ask the worker where it runs; it gets work once it answers (a lost one stays lost until then)."""
+        if slot.state != "lost":
+            slot.state = "starting"
+        slot.probe_at = 0.0
+        slot.probe = slot.worker.describe.remote()
+        self.owner[slot.probe] = slot
+
+    def _on_probe(self, slot: _Slot, ref: Any) -> None:
+        slot.probe = None
+        try:
+            info = ray.get(ref)
+        except _WORKER_LOST as exc:
+            now = time.monotonic()
+            slot.probe_failures += 1
+            slot.failure = first_line(exc)
+            slot.failing_since = slot.failing_since or now
+            restarting = isinstance(exc, rex.ActorUnavailableError)
+            # Ask again soon (a restart in progress answers late), then ever less often: Ray may yet
+            # restart it elsewhere (a node replaced, a placement group rescheduled).
+            wait = min(0.5 * 2.0 ** (slot.probe_failures - 1), 5.0 if restarting else 30.0)
+            slot.probe_at = now + wait
+            gave_up = (
+                now - slot.failing_since > RESTART_WAIT_S
+                if restarting
+                else slot.probe_failures >= MAX_PROBE_FAILURES
+            )
+            if gave_up and slot.state != "lost":
+                slot.state = "lost"
+                self.stats.num_lost_workers += 1
+                log.warning("worker %s is lost: %s", slot.name, slot.failure)
+                self._judge(slot, None)  # it cannot say what killed it: its items go to the others
+            return
+        if slot.state == "lost":
+            self.stats.num_lost_workers -= 1
+        slot.state, slot.node_id, slot.probe_failures = "ready", info["node_id"], 0
+        slot.failing_since = None
+        slot.incarnation = info["incarnation"]
+        log.info(
+            "worker %s ready: pid %s on %s (node %s, %s)",
+            slot.name, info["pid"], info["host"], info["node_id"][:12], info["device"],
+        )  # fmt: skip
+        self._judge(slot, info.get("last_words"))
+        self._fill(slot)
+
+    # -- results -----------------------------------------------------------------------------------
+
+    def _on_ready(self, ref: Any) -> None:
+        slot = self.owner.pop(ref, None)
+        if slot is None:
+            return
+        if ref == slot.probe:  # refs compare by id (in client mode they are rebuilt per call)
+            self._on_probe(slot, ref)
+            return
+        call = next((c for c in slot.calls if c.ref == ref), None)
+        if call is None:
+            return  # a call already settled as part of a worker failure
+        try:
+            records = ray.get(ref)
+        except _WORKER_LOST as exc:
+            self._worker_failed(slot, exc)
+            return
+        except rex.RayError as exc:  # the worker survived but its call failed outside the task's code
+            records = failure_records(
+                self.run_id, call.item, "error", f"worker call failed: {first_line(exc)}"
+            )
+        if records is None:  # a new process of this worker refused a call meant for the old one
+            self._worker_failed(slot, RuntimeError("the worker process was replaced"))
+            return
+        if call is slot.calls[0]:
+            slot.head_since = time.monotonic()
+        slot.calls.remove(call)
+        self._settled(call.item)
+        self._emit(slot.lane, records)
+        if slot.killed_item is None:
+            self._fill(slot)
+        elif not slot.calls:
+            # The item finished just as its deadline kill went out; the worker restarts all the same.
+            slot.killed_item = None
+            self._probe(slot)
+
+    def _emit(self, lane: str, result: Record | list[Record]) -> None:
+        records = result if isinstance(result, list) else [result]
+        fresh = [r for r in records if r.item_id not in self.recorded]
+        if len(fresh) < len(records):
+            log.warning("dropped a second result for item %s", records[0].item_id)  # never expected
+        for record in fresh:
+            self.recorded.add(record.item_id)
+            self.stats.num_records += 1
+            self.stats.statuses[record.status] += 1
+        if fresh:
+            self.on_records(fresh)
+        if self.follow_up is not None and fresh:
+            queue = self.queues[lane]
+            new = list(self.follow_up(lane, fresh))
+            for item in new:
+                queue.push(item)
+            if self.builds is not None and new:
+                self.builds.book.add(new)
+                self.builds.pump()
+            self._fill_lane(lane)
+
+    # -- handing out work --------------------------------------------------------------------------
+
+    def _fill(self, slot: _Slot) -> None:
+        if slot.state != "ready" or slot.killed_item is not None:
+            return
+        queue = self.queues[slot.lane]
+        while len(slot.calls) < self.options.prefetch:
+            item, slot.reserved = slot.reserved, None
+            if item is None:
+                busy = {s.point for s in self.slots if s is not slot and s.lane == slot.lane}
+                item = queue.pop(slot.point, busy, self._rank_on(slot))
+            if item is None:
+                return
+            if self._settle_unbuildable(slot, item):
+                continue
+            lookahead = None
+            if self.options.compile_ahead and not self.blame.is_suspect(item):
+                lookahead = slot.reserved = queue.pop_same_point(item.point)
+            if not slot.calls:
+                slot.head_since = time.monotonic()
+            slot.point = item.point
+            ref = slot.worker.run.remote(self.run_id, item, self.settings, lookahead, slot.incarnation)
+            slot.calls.append(_Call(ref, item, lookahead))
+            self.owner[ref] = slot
+
+    def _rank_on(self, slot: _Slot) -> Callable[[WorkItem], int] | None:
+        """How ``slot``'s worker gets each item's kernels (``BuildBook.rank``); None: no builds."""
+        builds = self.builds
+        if builds is None:
+            return None
+        scope = builds.scope_of(slot.node_id)
+        return lambda item: builds.rank(item, scope)
+
+    def _settle_unbuildable(self, slot: _Slot, item: WorkItem) -> bool:
+        """True for an item whose kernel failed to build: it is recorded from the build's answer and
+        never sent to a GPU. Any other item is noted as taken (and as claimed by this worker where no
+        compile process is left to build its kernel)."""
+        if self.builds is None:
+            return False
+        scope, book = self.builds.scope_of(slot.node_id), self.builds.book
+        book.taken(item)
+        failed = book.failure(item, scope)
+        if failed is None:
+            book.claim(item, scope)
+            return False
+        self._emit(slot.lane, failure_records(self.run_id, item, *failed))
+        return True
+
+    def _fill_lane(self, lane: str) -> None:
+        for slot in self.slots:
+            if slot.lane == lane:
+                self._fill(slot)
+
+    # -- faults ------------------------------------------------------------------------------------
+
+    def _worker_failed(self, slot: _Slot, exc: BaseException) -> None:
+        """The worker's process (or node) is gone: settle its calls, then wait for it to come back."""
+        self.stats.num_worker_failures += 1
+        log.info("worker %s failed (%s): %s", slot.name, type(exc).__name__, first_line(exc))
+        self._probe(slot)  # first: no work goes to this worker until its new process answers
+        calls = list(slot.calls)
+        slot.calls.clear()
+        for call in calls:
+            self.owner.pop(call.ref, None)
+        calls = self._settle_finished(slot.lane, calls)
+        unanswered = [(c.item, c.lookahead) for c in calls] + (
+            [(slot.reserved, None)] if slot.reserved else []
+        )
+        slot.reserved, slot.point = None, None
+        killed, slot.killed_item = slot.killed_item, None
+        if killed is not None and calls and calls[0].item.item_id == killed:
+            unanswered.pop(0)
+            self._settled(calls[0].item)
+            message = (
+                f"ran past the per-item deadline of {self.settings.deadline_seconds:g} s; worker restarted"
+            )
+            self._emit(slot.lane, failure_records(self.run_id, calls[0].item, "timeout", message))
+        if killed is not None or self._node_dead(slot.node_id):
+            if killed is None:
+                log.warning("worker %s lost with its node %s; its %d item(s) go back to the queue",
+                            slot.name, slot.node_id[:12], len(unanswered))  # fmt: skip
+            self._requeue(slot.lane, Verdict(innocent=[item for item, _ in unanswered]))
+        else:
+            slot.limbo, slot.death = unanswered, death_detail(exc)  # judged once the worker is back
+            slot.limbo_since = time.monotonic()
+
+    def _settle_finished(self, lane: str, calls: list[_Call]) -> list[_Call]:
+        """Record the calls whose results arrived before the worker died; return the others."""
+        while calls:
+            ready, _ = ray.wait([calls[0].ref], num_returns=1, timeout=0)
+            if not ready:
+                break
+            try:
+                records = ray.get(calls[0].ref)
+            except _WORKER_LOST:
+                break
+            except rex.RayError as exc:
+                records = failure_records(
+                    self.run_id, calls[0].item, "error", f"worker call failed: {first_line(exc)}"
+                )
+            if records is None:
+                break  # refused by the process that replaced the dead one: it never ran
+            self._settled(calls[0].item)
+            self._emit(lane, records)
+            calls.pop(0)
+        return calls
+
+    def _judge(self, slot: _Slot, last_words: dict[str, Any] | None) -> None:
+        """Decide the fate of a dead worker's unanswered items, from what its process wrote down."""
+        if not slot.limbo:
+            return
+        verdict = self.blame.judge(slot.limbo, last_words)
+        slot.limbo = []
+        for item in verdict.crashed:
+            self._settled(item)
+            message = (
+                f"the worker process died while running it {self.blame.deaths[item.item_id]} times "
+                f"(it was retried alone); Ray: {slot.death}"
+            )
+            self._emit(slot.lane, failure_records(self.run_id, item, "crash", message))
+            log.warning("worker %s died running %s again: recorded as crash", slot.name, describe(item))
+        for item in verdict.retry:
+            log.warning("worker %s died running %s; it runs again, alone", slot.name, describe(item))
+        if not verdict.crashed and not verdict.retry:
+            why = "between items" if verdict.known else "without a word on what killed it"
+            log.warning("worker %s died %s; its %d item(s) go back to the queue",
+                        slot.name, why, len(verdict.innocent))  # fmt: skip
+        self._requeue(slot.lane, verdict)
+
+    def _settled(self, item: WorkItem) -> None:
+        if self.builds is not None:
+            self.builds.book.settled(item)
+
+    def _requeue(self, lane: str, verdict: Verdict) -> None:
+        queue = self.queues[lane]
+        if self.builds is not None:
+            for item in [*verdict.innocent, *verdict.retry]:
+                self.builds.book.returned(item)
+        for item in reversed(verdict.innocent):
+            queue.push_front(item)
+        for item in verdict.retry:
+            queue.push_retry(item)
+        self.stats.num_requeued += len(verdict.innocent) + len(verdict.retry)
+        self._fill_lane(lane)
+
+    def _node_dead(self, node_id: str) -> bool:
+        if not node_id:
+            return False
+        for node in ray.nodes():
+            if node.get("NodeID") == node_id:
+                return not node.get("Alive", False)
+        return True
+
+    def _check_deadlines(self, now: float) -> None:
+        deadline_s = self.settings.deadline_seconds
+        for slot in self.slots:
+            running = slot.calls and slot.state == "ready" and slot.killed_item is None
+            if running and now - slot.head_since > deadline_s:
+                slot.killed_item = slot.calls[0].item.item_id
+                log.warning("%s on worker %s ran past its %g s deadline; killing the worker",
+                            describe(slot.calls[0].item), slot.name, deadline_s)  # fmt: skip
+                ray.kill(slot.worker, no_restart=False)
+
+    def _check_limbo(self, now: float) -> None:
+        """Items of a dead worker that is not coming back (its node is gone, or it takes too long)."""
+        for slot in self.slots:
+            if not slot.limbo or slot.state == "ready":
+                continue
+            if self._node_dead(slot.node_id):
+                log.warning("worker %s lost with its node %s; its %d item(s) go back to the queue",
+                            slot.name, slot.node_id[:12], len(slot.limbo))  # fmt: skip
+                innocent, slot.limbo = [item for item, _ in slot.limbo], []
+                self._requeue(slot.lane, Verdict(innocent=innocent))
+            elif now - slot.limbo_since > LIMBO_TIMEOUT_S:
+                self._judge(slot, None)  # judge on what the driver saw; the worker may come back later
+
+    def _check_stalls(self, now: float) -> None:
+        """A lane with work left and no worker able to take it: wait a while, then give up."""
+        for lane, queue in self.queues.items():
+            slots = [s for s in self.slots if s.lane == lane]
+            if not len(queue) or any(s.state == "ready" or s.calls for s in slots):
+                self.idle_since.pop(lane, None)
+                continue
+            if all(s.state == "lost" for s in slots):
+                raise OrchestrationError(
+                    f"every {lane} worker is lost ({slots[0].failure}) and {len(queue)} item(s) are left; "
+                    "finish the run with `tunectl submit --resume RUN_ID` once the cluster is healthy"
+                )
+            since = self.idle_since.setdefault(lane, now)
+            if now - since > self.options.stall_timeout_s:
+                raise OrchestrationError(
+                    f"no {lane} worker came back for {self.options.stall_timeout_s:.0f} s and {len(queue)} "
+                    "item(s) are left; finish the run with `tunectl submit --resume RUN_ID`"
+                )

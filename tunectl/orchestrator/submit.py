@@ -1,0 +1,417 @@
+"""Runs as library calls that take objects: ``run`` measures any work, ``submit`` a spec's search.
+
+``run(work, resources, measure, results=..., info=...)`` places workers, dispatches the work's items
+and streams records: every record is appended to the results dataset as it arrives (nothing is
+held), and the run's metadata says how far it got, so a run stopped in any way is finished with
+``submit(resume=RUN_ID)``: only the items without a record are measured again. ``submit`` plans a
+spec and runs its search; validation (``tunectl.orchestrator.validate``) builds its own work and calls
+``run`` the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from tunectl.errors import UserError
+from tunectl.keys import Key
+from tunectl.orchestrator.builds import SHARED, BuildBook, BuildScheduler, CompileOptions, KeyFn, key_function
+from tunectl.orchestrator.cluster import (
+    CPU_POOL,
+    Placement,
+    Pool,
+    WorkerSetup,
+    choose_pools,
+    connect,
+    start_builders,
+    start_pools,
+    stop_builders,
+    stop_pools,
+)  # fmt: skip
+from tunectl.orchestrator.dispatch import DispatchOptions, Lane, dispatch
+from tunectl.plan import Plan, WorkItem, check_size, plan
+from tunectl.record import Record
+from tunectl.refine import refined
+from tunectl.registry import get_task
+from tunectl.results import ResultsWriter, read_results
+from tunectl.runs import RunInfo, driver_alive, load_run, new_run_id, run_exists, run_log_path, save_run
+from tunectl.search import Search
+from tunectl.spec import MeasureSpec, ResourceSpec, Spec, load_spec, parse_spec
+
+log = logging.getLogger("tunectl.run")
+
+
+class RunCancelled(KeyboardInterrupt):
+    """The run was asked to stop (SIGTERM: ``tunectl cancel``, or a Ray job being stopped)."""
+
+
+class RunStopped(KeyboardInterrupt):
+    """A run stopped by Ctrl-C or a cancel once it existed: says which run, to resume it by id."""
+
+    def __init__(self, run_id: str, state: str) -> None:
+        self.run_id, self.state = run_id, state
+        super().__init__(f"run {run_id} {state}")
+
+
+@dataclass
+class SubmitResult:
+    run_id: str
+    placement: Placement | None
+    num_skipped_done: int  # records a resume found already there
+    statuses: Counter[str] = field(default_factory=Counter)
+    seconds: float = 0.0
+    plan: Plan | None = None  # the spec's plan (a run of other work has none)
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How a run reaches its cluster and paces itself; nothing here changes what it measures.
+
+    ``compile_ahead``: prepare the next item in a background thread while timing the current one. Off
+    unless asked for: a preparation that launches device work or holds the interpreter lock while
+    a kernel is timed skews that time (seen on the H200: single timed calls stretched up to 1000x).
+    """
+
+    address: str | None = None
+    num_gpus: int | None = None
+    num_cpus: int | None = None
+    connect_fn: Callable[..., bool] = connect
+    compile_ahead: bool | None = None
+    stall_timeout_s: float = 900.0
+    #: compile processes that build kernels ahead into shared on-disk caches (``tunectl.orchestrator.builds``)
+    compile_options: CompileOptions | None = None
+
+
+class Progress(Protocol):
+    """What a caller hears while a run goes: the total once known, then each record."""
+
+    def start(self, run_id: str, total: int, placement: Placement) -> None: ...
+
+    def record(self, record: Record) -> None: ...
+
+    def compiles(self, built: int, total: int, building: int) -> None: ...
+
+
+class Work(Protocol):
+    """What a pool runs: its first items, then more as records arrive (``tunectl.search.Search``)."""
+
+    def start(self, records: Iterable[Record] = ()) -> list[WorkItem]: ...
+
+    def follow_up(self, records: Sequence[Record]) -> list[WorkItem]: ...
+
+    def estimate(self) -> int: ...
+
+
+WorkFor = Callable[[str | None], Work]  # a pool's work, given its name when the run has several
+
+
+class _Silent:
+    def start(self, run_id: str, total: int, placement: Placement) -> None:
+        pass
+
+    def record(self, record: Record) -> None:
+        pass
+
+    def compiles(self, built: int, total: int, building: int) -> None:
+        pass
+
+
+def _spec_for(
+    spec: Spec | str | Path | None, resume: str | None, results: Path
+) -> tuple[Spec, RunInfo | None]:
+    if resume is None:
+        if spec is None:
+            raise UserError("give a SPEC file, or --resume RUN_ID")
+        return (spec if isinstance(spec, Spec) else load_spec(spec)), None
+    info = load_run(results, resume)
+    if spec is not None and (spec if isinstance(spec, Spec) else load_spec(spec)).text != info.spec_text:
+        given = spec.path if isinstance(spec, Spec) else spec
+        raise UserError(
+            f"run {resume} was started with another spec ({info.spec_path}); --resume finishes it with "
+            f"its own: leave out {given}, or drop --resume to start a new run"
+        )
+    if info.state == "finished":
+        raise UserError(f"run {resume} already finished; nothing to resume")
+    if info.state == "running" and driver_alive(info):
+        raise UserError(
+            f"run {resume} is still running (pid {info.driver_pid}); stop it first: `tunectl cancel {resume}`"
+        )
+    if info.kind != "tune":
+        raise UserError(f"run {resume} is a {info.kind} run; run it again instead of resuming it")
+    return parse_spec(info.spec_text, info.spec_path, info.name), info
+
+
+def new_run(
+    spec: Spec, *, results: Path, num_planned: int, run_id: str | None = None, kind: str = "tune"
+) -> RunInfo:
+    """The metadata of a new run of ``spec`` (not yet saved); refuses an id ``results`` already has."""
+    if results.exists() and not results.is_dir():
+        raise UserError(f"--results {results} exists and is not a directory")
+    if run_id is not None and run_exists(results, run_id):
+        raise UserError(f"run {run_id} already exists in {results}; finish it with --resume {run_id}")
+    now = time.time()
+    return RunInfo(
+        run_id or new_run_id(), spec.name, spec.task, spec.path, spec.text, "running", num_planned, now, now,
+        kind=kind,
+    )  # fmt: skip
+
+
+def submit(
+    spec: Spec | str | Path | None,
+    results: str | Path = "tunectl-results",
+    *,
+    resume: str | None = None,
+    progress: Progress | None = None,
+    run_id: str | None = None,
+    confirm_above: int | None = None,
+    **options: Any,
+) -> SubmitResult:
+    """Run (or resume) ``spec``'s search (a Spec, or a spec file's path); records land in ``results``.
+
+    ``run_id``: the id for a new run (a job submitted for it chose it); default a fresh one.
+    ``confirm_above``: refuse (``UserError``) a new run planning more items than this, before planning
+    it (the caller asks the user to confirm); None: no limit.
+    ``options``: ``RunOptions`` fields (address, num_gpus, num_cpus, connect_fn, compile_ahead, ...).
+    """
+    results = Path(results)
+    spec, previous = _spec_for(spec, resume, results)  # validate before touching anything
+    if previous is None and confirm_above is not None:
+        check_size(spec, confirm_above)
+    task = get_task(spec.task)
+    work = plan(spec, task)  # UserError, saying why, if it plans nothing
+    info = previous or new_run(spec, results=results, num_planned=len(work.items), run_id=run_id)
+    info = dataclasses.replace(info, facts=info.facts or work.facts)
+
+    def search(pool: str | None) -> Work:
+        def check(static: Key, shape: Key) -> str | None:
+            return task.check_point(dict(static), dict(shape))
+
+        return refined(Search(work, spec.search, pool), work, check)
+
+    out = run(
+        search, spec.resources, spec.measure, results=results, info=info, resumed=previous is not None,
+        progress=progress, options=RunOptions(**options), strategy=spec.search.strategy,
+    )  # fmt: skip
+    out.plan = work
+    return out
+
+
+def run(
+    work: WorkFor,
+    resources: ResourceSpec,
+    measure: MeasureSpec,
+    *,
+    results: str | Path,
+    info: RunInfo,
+    resumed: bool = False,
+    progress: Progress | None = None,
+    options: RunOptions = RunOptions(),
+    strategy: str = "fixed",
+) -> SubmitResult:
+    """Measure ``work`` (each pool's, given its name when the run has several) as run ``info``.
+
+    The run's metadata is saved as it goes; its records are appended to ``results`` as they arrive.
+    ``resumed``: the run has records already; each pool's work starts from them.
+    """
+    results = Path(results)
+    progress = progress or _Silent()
+    started = time.time()
+    info = info.with_driver()
+    owns_ray = options.connect_fn(options.address, num_gpus=options.num_gpus, num_cpus=options.num_cpus)
+    save_run(results, info.with_state("running"))
+    out = SubmitResult(info.run_id, None, 0)
+    writer = ResultsWriter(results)
+    pools: list[Pool] = []
+    builders: list[tuple[Any, str]] = []
+    try:
+        with _event_log(results, info.run_id):
+            info = _measure(
+                work, resources, measure, info=info, results=results, resumed=resumed, out=out, pools=pools,
+                builders=builders, writer=writer, progress=progress, options=options, strategy=strategy,
+            )  # fmt: skip
+            writer.close()
+    except BaseException as exc:
+        writer.close()
+        state = _stopped_state(exc)
+        save_run(results, info.with_state(state, f"{type(exc).__name__}: {exc}"[:500]))
+        if isinstance(exc, KeyboardInterrupt):
+            raise RunStopped(info.run_id, state) from None
+        raise
+    finally:
+        _release(pools, builders, owns_ray)
+    save_run(results, info.with_state("finished"))
+    out.seconds = time.time() - started
+    return out
+
+
+def _measure(
+    work: WorkFor,
+    resources: ResourceSpec,
+    measure: MeasureSpec,
+    *,
+    info: RunInfo,
+    results: Path,
+    resumed: bool,
+    out: SubmitResult,
+    pools: list[Pool],
+    builders: list[tuple[Any, str]],
+    writer: ResultsWriter,
+    progress: Progress,
+    options: RunOptions,
+    strategy: str,
+) -> RunInfo:
+    """Start the pools and compile processes (into ``pools`` and ``builders``, for the caller to stop),
+    dispatch each pool's work until it is done, saying what is coming and what came; return the run's
+    metadata as it now stands."""
+
+    def on_records(records: list[Record]) -> None:
+        writer.append_item(records)  # an item's records (a comparison's arms) reach disk together
+        for record in records:
+            out.statuses[record.status] += 1
+            progress.record(record)
+
+    names = list(info.pools) or choose_pools(resources.accelerator_type, resources.num_gpus)
+    ahead = bool(options.compile_ahead)
+    compile_options = options.compile_options or CompileOptions()
+    setup = _setup(compile_options, info.task, ahead)
+    started, out.placement = start_pools(names, resources.num_gpus, setup, label=f"tunectl-{info.run_id}")
+    pools += started
+    works = {p.name: work(p.name if len(pools) > 1 else None) for p in pools}
+    lanes, info, out.num_skipped_done = _lanes(pools, works, info, results, resumed=resumed)
+    info, builds = _start_builds(lanes, pools, builders, info=info, options=compile_options, setup=setup,
+                                 progress=progress)  # fmt: skip
+    save_run(results, info.with_state("running"))
+    todo = info.num_planned - out.num_skipped_done
+    log.info("run %s: ~%d record(s) to come (%s search) from %d worker(s) in pool(s) %s "
+             "(compile ahead: %s)", info.run_id, todo, strategy, out.placement.num_workers,
+             ", ".join(info.pools), ahead)  # fmt: skip
+    progress.start(info.run_id, todo, out.placement)
+    stats = dispatch(
+        lanes, info.run_id, measure, on_records,
+        DispatchOptions(resources.prefetch, ahead, stall_timeout_s=options.stall_timeout_s),
+        follow_up=lambda lane, records: works[lane].follow_up(records), builds=builds,
+    )  # fmt: skip
+    # Work that plans more as it goes (refinement) knows its size only now.
+    info = dataclasses.replace(
+        info, num_planned=max(info.num_planned, sum(w.estimate() for w in works.values()))
+    )
+    if builds is not None:
+        _note_builds(info, builds)
+    log.info("run %s finished: %d record(s), %d worker failure(s), %d item(s) requeued",
+             info.run_id, stats.num_records, stats.num_worker_failures, stats.num_requeued)  # fmt: skip
+    return info
+
+
+def _start_builds(
+    lanes: list[Lane],
+    pools: list[Pool],
+    builders: list[tuple[Any, str]],
+    *,
+    info: RunInfo,
+    options: CompileOptions,
+    setup: WorkerSetup,
+    progress: Progress,
+) -> tuple[RunInfo, BuildScheduler | None]:
+    """Compile processes (into ``builders``) where the lanes' items have kernels to build ahead; the
+    run's metadata saying so, and the scheduler that hands them builds (None without any)."""
+    key_fn = key_function()
+    if any(key_fn(item) for lane in lanes for item in lane.items):
+        builders += _builders(pools, options, setup)
+    info = dataclasses.replace(info, compile=_compile_meta(options, setup, builders))
+    return info, _scheduler(options, builders, progress, key_fn)
+
+
+def _note_builds(info: RunInfo, builds: BuildScheduler) -> None:
+    """What the compile processes built, in the run's metadata and its log."""
+    built, total, _ = builds.book.counts()
+    info.compile.update(built=built, keys=total, build_seconds=round(builds.book.seconds, 3),
+                        per_kernel_seconds=builds.book.build_seconds)  # fmt: skip
+    log.info("run %s: compile processes built %d of %d kernel(s) in %.1f s of compile time",
+             info.run_id, built, total, builds.book.seconds)  # fmt: skip
+
+
+def _release(pools: list[Pool], builders: list[tuple[Any, str]], owns_ray: bool) -> None:
+    stop_builders(builders)
+    stop_pools(pools)
+    if owns_ray:
+        import ray
+
+        ray.shutdown()
+
+
+def _lanes(
+    pools: list[Pool], works: dict[str, Work], info: RunInfo, results: Path, *, resumed: bool
+) -> tuple[list[Lane], RunInfo, int]:
+    """Each pool's first items (after what a resumed run already has); the run's metadata to match."""
+    records = read_results(results, run_ids=[info.run_id]) if resumed and results.is_dir() else []
+    lanes = [Lane(p.name, tuple(p.workers), tuple(works[p.name].start(records))) for p in pools]
+    planned = sum(w.estimate() for w in works.values())
+    info = dataclasses.replace(info, pools=tuple(p.name for p in pools), num_planned=planned)
+    return lanes, info, len(records)
+
+
+def _setup(compile: CompileOptions, task: str, compile_ahead: bool) -> WorkerSetup:
+    from tunectl.tasks.compile import cache_env
+
+    env = tuple(sorted(cache_env(compile.cache_root()).items()))
+    return WorkerSetup(env=env, warm_up=(task,), compile_ahead=compile_ahead)
+
+
+def _builders(pools: list[Pool], compile: CompileOptions, setup: WorkerSetup) -> list[tuple[Any, str]]:
+    """Compile processes on the nodes of the run's pools: on GPU nodes unless told otherwise; on
+    GPU-less nodes only when asked for (they would take cores from the measurement)."""
+    if compile.workers_per_node == 0:
+        return []
+    if compile.workers_per_node is None and all(p.name == CPU_POOL for p in pools):
+        return []
+    nodes = sorted(set().union(*(p.node_ids for p in pools)))
+    return start_builders(nodes, compile.workers_per_node, setup)
+
+
+def _scheduler(compile: CompileOptions, builders: list[tuple[Any, str]], progress: Progress,
+               key_fn: KeyFn) -> BuildScheduler | None:  # fmt: skip
+    if not builders:
+        return None
+    scopes = [SHARED] if compile.shared else sorted({node for _, node in builders})
+    book = BuildBook(key_fn, scopes)
+    return BuildScheduler(
+        book, builders, compile.timeout_s, on_change=lambda b: progress.compiles(*b.counts())
+    )
+
+
+def _compile_meta(
+    compile: CompileOptions, setup: WorkerSetup, builders: list[tuple[Any, str]]
+) -> dict[str, Any]:
+    return {
+        "cache": compile.cache_root(), "shared": compile.shared, "timeout_s": compile.timeout_s,
+        "compile_processes": len(builders), "env": dict(setup.env),
+    }  # fmt: skip
+
+
+def _stopped_state(exc: BaseException) -> str:
+    if isinstance(exc, RunCancelled):
+        return "cancelled"
+    return "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+
+
+@contextlib.contextmanager
+def _event_log(results: Path, run_id: str) -> Iterator[None]:
+    """Append this run's events to ``_runs/<run>.log`` while it goes (``tunectl logs`` shows them)."""
+    handler = logging.FileHandler(run_log_path(results, run_id), encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    level = log.level
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+        handler.close()

@@ -1,0 +1,121 @@
+"""The worker actor: owns one device (one GPU, or a GPU-less node's cores) and measures items on it.
+
+Before and after each item the worker writes down, in a small journal on its node, what it is
+running and what it is preparing in the background. If the process dies, the process Ray starts in
+its place (same actor, same node) reads the journal and reports it with ``describe`` as its
+predecessor's *last words*, so the driver knows which item killed it (``tunectl.orchestrator.blame``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import socket
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from tunectl.files import canonical_json
+from tunectl.plan import WorkItem
+from tunectl.record import Record
+from tunectl.spec import MeasureSpec
+
+#: exit status of a worker that leaves on purpose because its CUDA context is unusable
+POISONED_EXIT_CODE = 70
+JOURNAL_DIR = "tunectl-workers"
+
+
+def journal_path(actor_id: str) -> Path:
+    return Path(tempfile.gettempdir()) / JOURNAL_DIR / f"{actor_id}.json"
+
+
+@ray.remote(max_restarts=-1, max_task_retries=0)
+class TuneWorker:
+    """One per device. A crash restarts it (Ray); the driver decides what happens to the item.
+
+    ``run`` calls execute one at a time, in the order they were sent; the dispatcher relies on it.
+    """
+
+    def __init__(self, num_threads: int, compile_ahead: bool = False, warm_up: tuple[str, ...] = ()) -> None:
+        from tunectl.orchestrator.pipeline import CompileAheadRunner
+        from tunectl.tasks.registry import get_task
+        from tunectl.tasks.runner import ItemRunner
+
+        self.incarnation = secrets.token_hex(8)  # calls sent to an earlier process are not run by this one
+        self.journal = journal_path(ray.get_runtime_context().get_actor_id() or f"pid-{os.getpid()}")
+        self.last_words = _read_last_words(self.journal)
+        runner_cls = CompileAheadRunner if compile_ahead else ItemRunner
+        self.runner = runner_cls.for_process(bool(ray.get_gpu_ids()), num_threads)
+        self.device = self.runner.device
+        self.compile_ahead = compile_ahead
+        for name in warm_up:  # before the first item: the driver sends work once this answers
+            get_task(name).warm_up(self.device)
+
+    def describe(self) -> dict[str, Any]:
+        """Where this worker runs, and its predecessor's last words (reported once)."""
+        ctx = ray.get_runtime_context()
+        words, self.last_words = self.last_words, None
+        return {
+            "node_id": ctx.get_node_id(), "host": socket.gethostname(), "pid": os.getpid(),
+            "device": self.device, "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+            "accelerator_ids": {k: list(v) for k, v in ctx.get_accelerator_ids().items()},
+            "compile_ahead": self.compile_ahead, "last_words": words, "incarnation": self.incarnation,
+        }  # fmt: skip
+
+    def run(
+        self,
+        run_id: str,
+        item: WorkItem,
+        settings: MeasureSpec,
+        lookahead: WorkItem | None = None,
+        incarnation: str = "",
+    ) -> Record | list[Record] | None:
+        """Measure ``item``. ``lookahead`` is the item this worker gets next, if the dispatcher knows it.
+
+        Returns None, doing nothing, for a call sent to an earlier process of this actor: Ray hands
+        calls it had not yet delivered when a process died to the next one, but the driver has
+        already given those items to other workers.
+        """
+        from tunectl.tasks.runner import CudaContextPoisoned
+
+        if incarnation and incarnation != self.incarnation:
+            return None
+        preparing = self.runner.preparing() if self.compile_ahead else None  # type: ignore[attr-defined]
+        if self.compile_ahead:
+            self.runner.next_item = lookahead  # type: ignore[attr-defined]
+            if lookahead is not None and lookahead.point == item.point:
+                preparing = lookahead.item_id
+        self._note(item.item_id, preparing)
+        try:
+            record = self.runner.run(run_id, item, settings)
+        except CudaContextPoisoned:
+            # Every later call on this context would fail: leave, and let Ray start a fresh process.
+            os._exit(POISONED_EXIT_CODE)
+        self._note(None, self.runner.preparing() if self.compile_ahead else None)  # type: ignore[attr-defined]
+        return record
+
+    def close(self) -> None:
+        """Remove the journal (the run is over; nobody will ask for last words)."""
+        self.journal.unlink(missing_ok=True)
+
+    def _note(self, running: str | None, preparing: str | None) -> None:
+        data = canonical_json({"pid": os.getpid(), "running": running, "preparing": preparing})
+        with contextlib.suppress(OSError):  # without a journal, blame falls back to Ray's order
+            self.journal.parent.mkdir(exist_ok=True)
+            self.journal.write_text(data)
+
+
+def _read_last_words(path: Path) -> dict[str, Any] | None:
+    """What a dead predecessor of this actor was doing, if it wrote it down (then forget it)."""
+    try:
+        words = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    path.unlink(missing_ok=True)
+    if not isinstance(words, dict) or words.get("pid") == os.getpid():
+        return None
+    return {"running": words.get("running"), "preparing": words.get("preparing")}

@@ -1,0 +1,143 @@
+"""A lane's work queue, and the records the orchestrator writes for items no worker could report on."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from tunectl.keys import key_text
+from tunectl.plan import WorkItem
+from tunectl.record import Record, Status
+
+_SCAN_POINTS = 64  # points looked at for one with a built kernel (builds go in queue order)
+_SCAN_ITEMS = 32  # items of a point looked at for one whose kernel is built
+
+
+class WorkQueue:
+    """Items grouped by (static, shape) point, handed out with affinity to a worker's current point.
+
+    Suspects (items that may have killed a worker) wait in a queue of their own and go out first,
+    one per call, never announced as anyone's lookahead.
+    """
+
+    def __init__(self, items: Iterable[WorkItem]) -> None:
+        self.groups: OrderedDict[Any, deque[WorkItem]] = OrderedDict()
+        self.retry: deque[WorkItem] = deque()
+        self.size = 0
+        for item in items:
+            self.groups.setdefault(item.point, deque()).append(item)
+            self.size += 1
+
+    def __len__(self) -> int:
+        return self.size
+
+    def push_front(self, item: WorkItem) -> None:
+        """Back to the head of its point's group: the next worker on that point takes it first."""
+        self.groups.setdefault(item.point, deque()).appendleft(item)
+        self.groups.move_to_end(item.point, last=False)
+        self.size += 1
+
+    def push(self, item: WorkItem) -> None:
+        """A new item, behind those already waiting at its point."""
+        self.groups.setdefault(item.point, deque()).append(item)
+        self.size += 1
+
+    def push_retry(self, item: WorkItem) -> None:
+        self.retry.append(item)
+        self.size += 1
+
+    def pop(self, point: Any, busy: set[Any], rank: Callable[[WorkItem], int] | None = None
+            ) -> WorkItem | None:  # fmt: skip
+        """A retry first; else an item at ``point``; else one at a point no other worker is on.
+
+        ``rank`` (0 ready, 1 claimable, 2 wait: ``tunectl.orchestrator.builds``) says how the asking worker
+        gets an item's kernel. With it: a ready item anywhere first (this worker's point first), else
+        the first claimable one (load balance before affinity: the worker compiles it itself), else
+        None, while every item left waits for a kernel being built.
+        """
+        if self.retry:
+            self.size -= 1
+            return self.retry.popleft()
+        if rank is None:
+            key = point if point in self.groups else next((p for p in self.groups if p not in busy), None)
+            if key is None:
+                key = max(self.groups, key=lambda p: len(self.groups[p]), default=None)
+            return None if key is None else self._take(key, 0)
+        free = itertools.islice((p for p in self.groups if p not in busy and p != point), _SCAN_POINTS)
+        near = [*([point] if point in self.groups else []), *free]
+        found = self._first(near, rank)
+        if found is None and len(near) < len(self.groups):  # only points other workers are on are left
+            found = self._first([max(self.groups, key=lambda p: len(self.groups[p]))], rank)
+        return None if found is None else self._take(*found)
+
+    def _first(self, points: list[Any], rank: Callable[[WorkItem], int]) -> tuple[Any, int] | None:
+        """The first ready item over ``points`` (in order), else the first claimable one."""
+        claimable = None
+        for key in points:
+            best = self._best(key, rank)
+            if best is not None and best[0] == 0:
+                return key, best[1]
+            if best is not None and claimable is None:
+                claimable = key, best[1]
+        return claimable
+
+    def pop_same_point(self, point: Any) -> WorkItem | None:
+        return self._take(point, 0) if point in self.groups else None
+
+    def _take(self, key: Any, index: int) -> WorkItem:
+        group = self.groups[key]
+        item = group[index]
+        del group[index]
+        if not group:
+            del self.groups[key]
+        self.size -= 1
+        return item
+
+    def _best(self, key: Any, rank: Callable[[WorkItem], int]) -> tuple[int, int] | None:
+        """(rank, index) of the best-ranked item among the first few of a point's group; None: all wait."""
+        best = None
+        for i, item in enumerate(itertools.islice(self.groups[key], _SCAN_ITEMS)):
+            r = rank(item)
+            if r == 0:
+                return 0, i
+            if r == 1 and best is None:
+                best = 1, i
+        return best
+
+
+def failure_records(run_id: str, item: WorkItem, status: Status | str, message: str) -> list[Record]:
+    """Records for an item that got no result from a worker (crash, timeout, a failed call): one, or
+    one per arm of a comparison."""
+    now = time.time()
+    configs = item.arms or (item.config,)
+    defaults = [i == 0 for i in range(len(configs))] if item.arms else [item.is_default]
+    return [
+        Record(
+            run_id=run_id,
+            item_id=rid,
+            task=item.task,
+            static_key=key_text(item.static),
+            shape_key=key_text(item.shape),
+            config_key=key_text(config),
+            is_default=is_default,
+            status=Status(status),
+            message=message,
+            phase=item.phase,
+            rung=item.rung,
+            group_id=item.item_id if item.arms else "",
+            rounds=item.rounds or None,
+            layers=item.layers or None,
+            started_at=now,
+            finished_at=now,
+        )
+        for rid, config, is_default in zip(item.record_ids(), configs, defaults, strict=True)
+    ]
+
+
+def describe(item: WorkItem) -> str:
+    """An item as a person reads it in a log: its config at its shape."""
+    text = f"{key_text(item.config)} at {key_text(item.shape)}"
+    return text if len(text) <= 200 else text[:197] + "..."

@@ -1,0 +1,206 @@
+"""Decode adapters built on torch itself: SDPA over gathered pages, and FlexAttention over the page pool.
+
+SDPA has no paged path: the timed call gathers each sequence's pages into ``[batch, heads, kv_len,
+dim]`` and then attends, which is what running SDPA over a paged cache costs.
+
+Flex attends over the pool in place: K and V are viewed as one sequence ``[1, kv_heads, num_pages *
+page_size, dim]`` shared by the whole batch, and a block mask with one KV block per page lists, for
+each sequence, the physical pages it owns (its page-table row). Pages every query sees in full are
+"full" blocks (no mask evaluated); the rest (a partly used last page, window edges) are masked by a
+mask_mod that maps a physical slot back to (sequence, position) through per-page tables. The
+mask_mod alone defines the semantics; the block lists only skip work.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from tunectl.tasks import _flex
+from tunectl.tasks._lazy import lazily
+from tunectl.tasks._masks import visible
+from tunectl.tasks.base import InvalidConfig, Params
+
+SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")
+_FLEX_Q_BLOCK = 128
+
+
+def sdpa_decode(static: Params, config: Params, inputs: dict[str, Any]) -> Callable[[], Any]:
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if inputs["sinks"] is not None or static["softcap"] > 0:
+        raise InvalidConfig("SDPA has no attention sinks and no softcap")
+    backend, gqa = config.get("sdpa_backend"), config.get("sdpa_gqa", "native")
+    if backend is not None and backend not in SDPA_BACKENDS:
+        raise InvalidConfig(f"sdpa_backend must be one of {', '.join(SDPA_BACKENDS)}, not {backend!r}")
+    if gqa not in ("native", "expand"):
+        raise InvalidConfig(f"sdpa_gqa must be native or expand, not {gqa!r}")
+    q, kc, vc, table = inputs["q"], inputs["k_cache"], inputs["v_cache"], inputs["page_table"].long()
+    kv_len, q_len = inputs["kv_len"], inputs["q_len"]
+    group = q.shape[2] // kc.shape[2]
+    mask = _sdpa_mask(static, kv_len, q_len, q.device)
+    qt = q.transpose(1, 2)  # [batch, hq, q_len, d]
+
+    def gather(cache: Any) -> Any:
+        kv = cache[table].flatten(1, 2)[:, :kv_len].transpose(1, 2)  # [batch, hkv, kv_len, d]
+        return kv.repeat_interleave(group, dim=1) if gqa == "expand" and group > 1 else kv
+
+    def attend() -> Any:
+        out = F.scaled_dot_product_attention(
+            qt, gather(kc), gather(vc), attn_mask=mask, enable_gqa=gqa == "native" and group > 1
+        )
+        return out.transpose(1, 2)
+
+    if backend is None:
+        return attend
+    chosen = getattr(
+        SDPBackend,
+        {
+            "flash": "FLASH_ATTENTION",
+            "efficient": "EFFICIENT_ATTENTION",
+            "cudnn": "CUDNN_ATTENTION",
+            "math": "MATH",
+        }[backend],
+    )
+
+    def call() -> Any:
+        with sdpa_kernel([chosen]):
+            return attend()
+
+    def reject(exc: Exception) -> str | None:
+        text = str(exc)
+        if isinstance(exc, RuntimeError) and ("No available kernel" in text or "No viable backend" in text):
+            return f"SDPA {backend} does not take this point: {text[:300]}"
+        return None
+
+    return lazily(lambda: call, reject)
+
+
+def _sdpa_mask(static: Params, kv_len: int, q_len: int, device: Any) -> Any:
+    """None where no key is masked (decode of one token, no window); else what SDPA needs."""
+    left, right = static["window"]
+    if left < 0 and (q_len == 1 or (not static["causal"] and right < 0)):
+        return None
+    if left < 0 and static["causal"]:
+        from torch.nn.attention.bias import causal_lower_right
+
+        return causal_lower_right(q_len, kv_len)
+    return visible(static, kv_len, q_len, device)
+
+
+def flex_decode(
+    static: Params, config: Params, inputs: dict[str, Any], point: object, compiled: bool
+) -> Callable[[], Any]:
+    if inputs["sinks"] is not None:
+        raise InvalidConfig("FlexAttention has no attention sinks")
+    options = _flex.kernel_options(config, tuple(_flex.KERNEL_OPTIONS))
+    page = inputs["k_cache"].shape[1]
+    _flex.check_block_sizes(options, _FLEX_Q_BLOCK, page)
+    kc, vc = inputs["k_cache"], inputs["v_cache"]
+    num_pages, _, hkv, d = kc.shape
+    q = inputs["q"].transpose(1, 2)  # [batch, hq, q_len, d]
+    k = kc.view(1, num_pages * page, hkv, d).transpose(1, 2)  # the pool as one shared sequence
+    v = vc.view(1, num_pages * page, hkv, d).transpose(1, 2)
+
+    def build() -> Callable[[], Any]:
+        derived = inputs["derived"]
+        if "flex" not in derived:  # one block mask per point, shared by every kernel-option set
+            derived["flex"] = (paged_block_mask(static, inputs), _softcap_mod(float(static["softcap"])))
+        block_mask, score_mod = derived["flex"]
+        flex = _flex.flex_for(str(q.device), point, compiled)
+        kwargs: dict[str, Any] = {"block_mask": block_mask, "enable_gqa": q.shape[1] != hkv}
+        if score_mod is not None:
+            kwargs["score_mod"] = score_mod
+        if options:
+            kwargs["kernel_options"] = options
+        return lambda: flex(q, k, v, **kwargs).transpose(1, 2)
+
+    return lazily(build)
+
+
+def _softcap_mod(softcap: float) -> Any:
+    if softcap <= 0:
+        return None
+    import torch
+
+    def softcap_mod(score: Any, b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        return softcap * torch.tanh(score / softcap)
+
+    return softcap_mod
+
+
+def page_ranges(static: Params, kv_len: int, q_len: int, page: int) -> tuple[list[int], list[int]]:
+    """(partial, full) logical page indices: pages some query sees in part, and pages all see in full."""
+    left, right = static["window"]
+    right_eff = 0 if static["causal"] else (right if right >= 0 else kv_len)
+    first_pos, last_pos = kv_len - q_len, kv_len - 1
+    lo_any = max(0, first_pos - left) if left >= 0 else 0  # the lowest key any query sees
+    hi_any = min(kv_len - 1, last_pos + right_eff)
+    lo_all = max(0, last_pos - left) if left >= 0 else 0  # keys every query sees
+    hi_all = min(kv_len - 1, first_pos + right_eff)
+    partial: list[int] = []
+    full: list[int] = []
+    for p in range(lo_any // page, hi_any // page + 1):
+        first, last = p * page, p * page + page - 1
+        (full if lo_all <= first and last <= hi_all else partial).append(p)
+    return partial, full
+
+
+def paged_block_mask(static: Params, inputs: dict[str, Any]) -> Any:
+    """A BlockMask over the page pool: one KV block per page, one row of blocks per sequence."""
+    import torch
+    from torch.nn.attention.flex_attention import BlockMask
+
+    kc, table = inputs["k_cache"], inputs["page_table"]
+    kv_len, q_len = inputs["kv_len"], inputs["q_len"]
+    batch, pages_per_seq = table.shape
+    num_pages, page = kc.shape[0], kc.shape[1]
+    device = kc.device
+    owner = torch.arange(batch, device=device, dtype=torch.int32).repeat_interleave(pages_per_seq)
+    logical = torch.arange(pages_per_seq, device=device, dtype=torch.int32).repeat(batch)
+    page_owner = torch.empty(num_pages, dtype=torch.int32, device=device)
+    page_logical = torch.empty(num_pages, dtype=torch.int32, device=device)
+    flat = table.flatten().long()
+    page_owner[flat], page_logical[flat] = owner, logical
+    partial, full = page_ranges(static, kv_len, q_len, page)
+    left, right = static["window"]
+    causal = bool(static["causal"])
+    offset = kv_len - q_len
+
+    def paged_mask(b: Any, h: Any, q_idx: Any, kv_idx: Any) -> Any:
+        slot = kv_idx // page
+        pos = page_logical[slot] * page + kv_idx % page
+        query_pos = q_idx + offset
+        ok = (page_owner[slot] == b) & (pos < kv_len)
+        if causal:
+            ok = ok & (pos <= query_pos)
+        elif right >= 0:
+            ok = ok & (pos <= query_pos + right)
+        if left >= 0:
+            ok = ok & (pos >= query_pos - left)
+        return ok
+
+    num_q_blocks = math.ceil(q_len / _FLEX_Q_BLOCK)
+
+    def blocks(pages: list[int]) -> tuple[Any, Any]:
+        # BlockMask wants one column per KV block of the pool; those past the count are unused.
+        indices = torch.zeros(batch, 1, num_q_blocks, num_pages, dtype=torch.int32, device=device)
+        if pages:
+            cols = torch.tensor(pages, dtype=torch.long, device=device)
+            indices[..., : len(pages)] = table[:, cols].view(batch, 1, 1, -1)
+        counts = torch.full((batch, 1, num_q_blocks), len(pages), dtype=torch.int32, device=device)
+        return counts, indices
+
+    kv_num, kv_idx = blocks(partial)
+    full_num, full_idx = blocks(full)
+    return BlockMask.from_kv_blocks(
+        kv_num,
+        kv_idx,
+        full_num,
+        full_idx,
+        BLOCK_SIZE=(_FLEX_Q_BLOCK, page),
+        mask_mod=paged_mask,
+        seq_lengths=(q_len, num_pages * page),
+    )

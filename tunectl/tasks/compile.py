@@ -1,0 +1,143 @@
+"""Building kernels ahead, in processes of their own: what a task's build is, and where it lands.
+
+A task says which part of an item decides the kernel it compiles (its *compile key*): flash-attn-4's
+JIT depends on the static parameters and the config but not on batch or length; a FlexAttention
+kernel compiled per static shape depends on the shape too; libraries shipped precompiled (flash-attn
+2 and 3, SDPA) build nothing (no key). Items with one key share one built kernel.
+
+A *build* compiles an item's kernel into the kernel libraries' on-disk caches, so that a measuring
+worker on the same node (or, with a shared cache location, anywhere) only loads it. Every library
+is pointed at one cache root per run (``cache_env``): Inductor's FX-graph and autograd caches and
+the Triton cache under it, flash-attn-4's persistent CuTe DSL cache, FlashInfer's JIT workspace
+(``FLASHINFER_WORKSPACE_BASE``: its built modules land in ``<root>/flashinfer/.cache/flashinfer``),
+and a folder for tasks of our own (``TUNECTL_COMPILE_CACHE``).
+
+What a task declares for this (``tunectl.tasks.base.Task`` gives the defaults: nothing to build ahead):
+
+- ``compile_key(static, shape, config) -> str | None``
+- ``build_shape(static, shape, config) -> shape``: the point its kernel is built at (default: the
+  item's own; a kernel that does not depend on the shape builds at the smallest point of its key)
+- ``warm_up(device) -> None``: the per-process start-up of its libraries (imports), done once when a
+  worker starts rather than inside the first item that needs it
+- optionally ``build(static, shape, config, device) -> None``, found with ``getattr``: its own way to
+  compile into the caches; without it, ``build`` below prepares the item and calls it once, which is
+  what a task whose kernels compile on their first call wants
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from tunectl.files import canonical_json
+from tunectl.tasks.base import TuningTask
+
+#: where a task of our own keeps what it builds (the fault-injection task's stand-in compiler)
+CACHE_ENV = "TUNECTL_COMPILE_CACHE"
+
+
+def cache_env(root: str | Path) -> dict[str, str]:
+    """Environment variables that point every kernel library's on-disk cache under ``root``."""
+    root = Path(root)
+    return {
+        CACHE_ENV: str(root / "tunectl"),
+        "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"),
+        "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
+        "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
+        "TRITON_CACHE_DIR": str(root / "triton"),
+        "FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED": "1",
+        "FLASH_ATTENTION_CUTE_DSL_CACHE_DIR": str(root / "flash_attn_cute"),
+        # read once, when flashinfer is imported: a process must have it before that import
+        "FLASHINFER_WORKSPACE_BASE": str(root / "flashinfer"),
+    }
+
+
+def compile_key(task: TuningTask, static: Mapping[str, Any], shape: Mapping[str, Any],
+                config: Mapping[str, Any]) -> str | None:  # fmt: skip
+    """The task's compile key for one item, with the task's name in it; None: nothing to build."""
+    key = task.compile_key(dict(static), dict(shape), dict(config))
+    return None if key is None else f"{task.name}:{key}"
+
+
+def key_of(*parts: Mapping[str, Any]) -> str:
+    """A canonical text for the parts of an item a compile depends on (a helper for tasks)."""
+    return canonical_json(parts, default=str)
+
+
+InputsFor = Callable[[Mapping[str, Any], Mapping[str, Any]], Any]
+
+
+def build(task: TuningTask, static: Mapping[str, Any], shape: Mapping[str, Any],
+          config: Mapping[str, Any], device: str, inputs_for: InputsFor | None = None) -> float:  # fmt: skip
+    """Compile one item's kernel into the caches; the seconds it took. Raises what the compile raises.
+
+    ``inputs_for(static, shape)``: the point's inputs, from a caller that keeps them across builds.
+    """
+    started = time.perf_counter()
+    own = getattr(task, "build", None)
+    if own is not None:
+        own(dict(static), dict(shape), dict(config), device)
+        return time.perf_counter() - started
+    shape = task.build_shape(dict(static), dict(shape), dict(config))
+    if inputs_for is None:
+        inputs = task.build_inputs(dict(static), shape, device)
+    else:
+        inputs = inputs_for(static, shape)
+    task.prepare(dict(static), shape, dict(config), inputs)()
+    synchronize(device)
+    return time.perf_counter() - started
+
+
+def warm_up_libraries(modules: tuple[str, ...]) -> None:
+    """Import what is installed of ``modules`` (their import is the costly part of a first call)."""
+    import importlib
+
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception:  # not installed, or unusable here: the items that need it will say why
+            continue
+
+
+def build_device(index: int) -> str:
+    """The device a compile process builds on: a CUDA device of its node chosen by ``index``, or the CPU."""
+    try:
+        import torch
+
+        count = torch.cuda.device_count()
+    except Exception:  # no usable CUDA here: builds for the CPU
+        return "cpu"
+    return f"cuda:{index % count}" if count else "cpu"
+
+
+def release(device: str) -> None:
+    """Give the device memory a build cached back (the measuring workers share the device)."""
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.empty_cache()
+
+
+def device_healthy(device: str) -> bool:
+    """False once a kernel has left the CUDA context unusable (every later call would fail)."""
+    try:
+        synchronize(device)
+    except Exception:
+        return False
+    return True
+
+
+def synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize(device)
+
+
+def cache_dir() -> Path | None:
+    """This process's folder for tasks of our own (None outside a run that set one)."""
+    path = os.environ.get(CACHE_ENV)
+    return Path(path) if path else None

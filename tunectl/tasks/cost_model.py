@@ -1,0 +1,79 @@
+"""A task whose cost is a known function of its shape: refinement, coverage and holdout tests use it.
+
+The kernel is an identity on a short float32 vector; each call sleeps what its config says it costs
+at the point, so which config wins where is known in advance. A config is a cost model:
+
+    call ms = fixed_ms + per_batch_ms * batch + per_kv_ms * kv_len / 1024
+
+(each term 0 unless given). The default config is ``fixed_ms = 1``: a kernel of constant cost. A
+config with ``per_batch_ms = 0.05`` and nothing else beats it below batch 20 and loses above, so the
+winner changes between tuned points. ``capacity`` (static) is the largest ``batch * kv_len`` a
+point may have; a point above it is refused, as a KV cache that does not fit is.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar
+
+from tunectl.params import Rule
+from tunectl.tasks.base import Params, Task
+
+_TERMS = ("fixed_ms", "per_batch_ms", "per_kv_ms")
+
+
+class CostModel(Task):
+    name = "cost_model"
+    static_params = ("capacity",)
+    shape_params = ("batch", "kv_len")
+    config_params = _TERMS
+    param_rules: ClassVar[Mapping[str, Rule]] = {
+        "capacity": Rule.integer(1),
+        **{term: Rule.number(0) for term in _TERMS},
+    }
+
+    def default_config(self, static: Params) -> dict[str, Any]:
+        return self.complete_config({"fixed_ms": 1.0})
+
+    def complete_config(self, config: Params) -> dict[str, Any]:
+        return {term: float(config.get(term, 0.0)) for term in _TERMS}
+
+    def check_point(self, static: Params, shape: Params) -> str | None:
+        cells = shape["batch"] * shape["kv_len"]
+        if cells > static["capacity"]:
+            return f"batch x kv_len = {cells} is over the capacity {static['capacity']}"
+        return None
+
+    def build_inputs(self, static: Params, shape: Params, device: str) -> dict[str, Any]:
+        import torch
+
+        return {"x": torch.arange(16, dtype=torch.float32, device=device)}
+
+    def reference(self, static: Params, shape: Params, inputs: dict[str, Any]) -> Any:
+        return inputs["x"].clone()
+
+    def prepare(
+        self, static: Params, shape: Params, config: Params, inputs: dict[str, Any]
+    ) -> Callable[[], Any]:
+        seconds = cost_ms(config, shape) / 1e3
+        x = inputs["x"]
+
+        def call() -> Any:
+            time.sleep(seconds)
+            return x
+
+        return call
+
+    def tolerance(self, static: Params) -> tuple[float, float]:
+        return (0.0, 0.0)
+
+
+def cost_ms(config: Params, shape: Params) -> float:
+    """What one call of ``config`` costs at ``shape``, in milliseconds."""
+    terms = {term: float(config.get(term, 0.0)) for term in _TERMS}
+    return (
+        terms["fixed_ms"]
+        + terms["per_batch_ms"] * shape["batch"]
+        + terms["per_kv_ms"] * shape["kv_len"] / 1024
+    )

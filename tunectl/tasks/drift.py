@@ -1,0 +1,148 @@
+"""The drift guard: notice when the device changes under a point's measurements, and measure again.
+
+A GPU can slow down in the middle of a worker's life (a software power cap pulling the SM clock from
+1980 to 1515 MHz, a neighbour's load): an H200 read one kernel at 1943 µs, then 2277 and 2479 µs
+later in the same process. A config measured once, stopping at ten quiet samples, cannot show it.
+
+The reference is a fixed *probe*: a copy of twice the L2 and a matrix product (on a GPU; a small
+copy and product on a CPU), so a slower memory clock and a slower SM clock both move it. It is one
+kernel for the whole worker life, not the point's default config: it is the same at every point and
+on every worker (a report can set one worker's life beside another's), it runs where a point's
+default fails, and it needs no compiling. The probe is timed (``PROBE_SETTINGS``, a few ms):
+
+- when a worker starts on a point (its first item there, or the first after another point's), which
+  is the point's *reference*; and
+- after every measurement at the point.
+
+The probe *moved* when its two medians lie each outside the other's p20-p80 band and differ by more
+than ``max(MIN_SHIFT, NOISE_FACTOR x the larger relative noise)``: 3 % or three times the noise.
+Then the measurement just made is made again, up to ``MAX_REMEASURES`` times, each followed by
+another probe. A shift that is still there after that is lasting: the row keeps its flag, and the
+rest of the point's items on this worker are flagged without being measured again (measuring them
+again would meet the same device). Every row says what happened: ``probe_us`` (the last probe),
+``reference_ratio`` (that probe over the point's reference), ``drift`` (the probe had moved at the
+measurement the row keeps) and ``remeasured`` (how many times it was measured again).
+
+Comparisons (finals, validation) are not guarded: their arms are timed in interleaved rounds, so a
+shift touches every arm alike and the paired ratios cancel it. The guard lives in the worker because
+records leave it item by item; an item is measured again inside its own call, so every planned item
+still gets exactly one row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+from tunectl.spec import MeasureSpec
+from tunectl.tasks.harness import Sampler, Stats, measure
+
+MIN_SHIFT = 0.03
+NOISE_FACTOR = 3.0
+MAX_REMEASURES = 2
+#: about 10-50 samples of a ~200 µs probe on an H200: a few ms after each measurement
+PROBE_SETTINGS = MeasureSpec(warmup=1, min_samples=10, max_samples=200, noise_target=0.005, max_seconds=0.05)
+_PROBE_COPY_L2S = 2  # the copied buffer, in L2 sizes: it streams from memory, not from the cache
+_PROBE_MATMUL_N = 4096  # bf16: ~140 µs of tensor-core work on an H200
+_CPU_PROBE_BYTES = 8 << 20
+_CPU_PROBE_MATMUL_N = 192
+
+
+def moved(reference: Stats, now: Stats) -> bool:
+    """Whether the probe moved beyond noise between ``reference`` and ``now`` (see module doc)."""
+    if reference.median_us <= 0 or now.median_us <= 0:
+        return False
+    outside = not reference.p20_us <= now.median_us <= reference.p80_us and not (
+        now.p20_us <= reference.median_us <= now.p80_us
+    )
+    limit = max(MIN_SHIFT, NOISE_FACTOR * max(reference.rel_noise, now.rel_noise))
+    return outside and abs(now.median_us / reference.median_us - 1.0) > limit
+
+
+@dataclass(frozen=True)
+class Guarded:
+    """A guarded measurement: the statistics kept, and the fields its record carries."""
+
+    stats: Stats
+    probe_us: float
+    reference_ratio: float
+    drift: bool
+    remeasured: int
+
+    def fields(self) -> dict[str, Any]:
+        return {
+            "probe_us": self.probe_us,
+            "reference_ratio": self.reference_ratio,
+            "drift": self.drift,
+            "remeasured": self.remeasured,
+        }
+
+
+class DriftGuard:
+    """Times the probe around a worker's measurements and measures again what a shift touched.
+
+    ``action``: ``remeasure`` (flag and measure again) or ``flag`` (flag only). One per worker.
+    """
+
+    def __init__(
+        self, probe: Sampler, *, action: str = "remeasure", settings: MeasureSpec = PROBE_SETTINGS
+    ) -> None:
+        if action not in ("remeasure", "flag"):
+            raise ValueError(f"unknown drift action {action!r}; expected remeasure or flag")
+        self.probe, self.action, self.settings = probe, action, settings
+        self._point: Hashable = None
+        self._reference: Stats | None = None
+        self._lasting = False  # a shift at this point outlived the re-measurements
+
+    def measure(self, point: Hashable, measure_once: Callable[[], Stats]) -> Guarded:
+        """``measure_once()`` at ``point``, checked against the point's reference probe (and made again
+        while the probe had moved, within the limits of the module doc)."""
+        if point != self._point or self._reference is None:
+            self._point, self._lasting = point, False
+            self._reference = self._time_probe()
+        reference = self._reference
+        retries = 0 if self.action == "flag" or self._lasting else MAX_REMEASURES
+        stats, probe, remeasured = measure_once(), self._time_probe(), 0
+        while moved(reference, probe) and remeasured < retries:
+            stats, probe, remeasured = measure_once(), self._time_probe(), remeasured + 1
+        shifted = moved(reference, probe)
+        if shifted and retries:
+            self._lasting = True
+        return Guarded(stats, probe.median_us, probe.median_us / reference.median_us, shifted, remeasured)
+
+    def _time_probe(self) -> Stats:
+        return measure(self.probe, self.settings)
+
+
+def probe_kernel(device: str) -> Callable[[], Any]:
+    """The probe: a copy that streams from memory and a matrix product (module doc)."""
+    import torch
+
+    if device.startswith("cuda"):
+        l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size
+        src = torch.ones(_PROBE_COPY_L2S * l2_bytes // 2, dtype=torch.bfloat16, device=device)
+        n = _PROBE_MATMUL_N
+    else:
+        src = torch.ones(_CPU_PROBE_BYTES // 4, dtype=torch.float32)
+        n = _CPU_PROBE_MATMUL_N
+    dst = torch.empty_like(src)
+    a = torch.full((n, n), 0.5, dtype=src.dtype, device=src.device)
+    out = torch.empty_like(a)
+
+    def probe() -> None:
+        dst.copy_(src)
+        torch.matmul(a, a, out=out)
+
+    return probe
+
+
+def probe_sampler(device: str) -> Sampler:
+    """The probe's sampler: eager calls between events with a warm L2 on a GPU (the probe streams its
+    copy from memory whatever the cache holds), the clock on a CPU; the same method at every check of
+    a worker's life. Not a CUDA graph: a graph of the probe's matrix product, captured beside the
+    measured kernels' graphs, left the next kernel of the worker reading freed memory on an H200
+    (an illegal address), and a ~200 µs probe pays nothing measurable for its launch."""
+    from tunectl.tasks.timing import make_sampler
+
+    return make_sampler(probe_kernel(device), device, "eager", "warm")

@@ -1,0 +1,372 @@
+"""Runs one work item in a worker: inputs, correctness check, measurement, record.
+
+Inputs and the reference output are built once per (static, shape) point and kept while
+consecutive items share that point. A config is prepared (compiled) and run once, its output
+checked against the reference, and only then timed. Nothing here raises for a bad config: every
+outcome becomes a ``Record`` with a status.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import statistics
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from tunectl.keys import key_text
+from tunectl.plan import WorkItem, member_id
+from tunectl.record import Record
+from tunectl.spec import MeasureSpec
+from tunectl.stats import paired_speedup
+from tunectl.tasks.base import InvalidConfig, TuningTask
+from tunectl.tasks.drift import DriftGuard, probe_sampler
+from tunectl.tasks.env import env_json, environment
+from tunectl.tasks.harness import Sampler, interleave, measure, quantile, scaled
+from tunectl.tasks.nvml import read_state, record_fields
+from tunectl.tasks.registry import get_task
+from tunectl.tasks.timing import make_sampler, stack_sampler, timing_of
+
+log = logging.getLogger("tunectl.worker")
+_MESSAGE_CHARS = 2000
+_STACK_MEMORY_SHARE = 0.3  # of the free device memory, for a stack's extra input sets
+_CPU_STACK_BYTES = 1 << 30
+_NOT_MEASURABLE = (
+    "not measurable: the call took no measurable time beside the cache flush by the difference "
+    "method; time it with measure.timing = 'replay', or at a larger shape"
+)
+_NO_BASELINE = {"status": "error", "message": "not compared: the default failed at this point"}
+
+
+class NotMeasurable(RuntimeError):
+    """A difference-method median at or under zero: the call is lost in the flush's jitter."""
+
+
+class CudaContextPoisoned(RuntimeError):
+    """A kernel left the CUDA context unusable; the worker process must exit."""
+
+
+class ItemRunner:
+    """Evaluates work items on one device. One per worker process."""
+
+    def __init__(self, device: str = "cpu", *, probe: Callable[[str], Sampler] = probe_sampler) -> None:
+        """``probe`` makes the drift guard's probe sampler for a device (``tunectl.tasks.drift``)."""
+        self.device = device
+        self._make_probe = probe
+        self._guard: DriftGuard | None = None
+        self._probe_failed = False
+        self._tasks: dict[str, TuningTask] = {}
+        self._point: tuple[Any, ...] | None = None
+        self._inputs: Any = None
+        self._reference: Any = None
+
+    @classmethod
+    def for_process(cls, gpu_assigned: bool, num_threads: int) -> ItemRunner:
+        """A runner on this process's GPU if it was given one torch can use, else on ``num_threads`` CPUs."""
+        import torch
+
+        device = "cuda:0" if gpu_assigned and torch.cuda.is_available() else "cpu"
+        if device == "cpu":
+            torch.set_num_threads(max(1, num_threads))
+        return cls(device)
+
+    def run(self, run_id: str, item: WorkItem, settings: MeasureSpec) -> Record | list[Record]:
+        """The item's record; a comparison item (``item.arms``) gives one record per arm."""
+        started = time.time()
+        task = self._task(item.task)
+        static, shape, config = dict(item.static), dict(item.shape), dict(item.config)
+        mode = settings.mode if settings.mode != "auto" else task.serving_mode
+        if not self.device.startswith("cuda"):
+            mode = "eager"
+        base: dict[str, Any] = dict(
+            run_id=run_id,
+            task=item.task,
+            static_key=key_text(item.static),
+            shape_key=key_text(item.shape),
+            measure_mode=mode,
+            timing=timing_of(self.device, settings.l2, settings.timing),
+            l2=settings.l2,
+            phase=item.phase,
+            rung=item.rung,
+            bytes_moved=task.bytes_moved(static, shape) or None,
+            device_name=str(environment(self.device).get("device_name", "")),
+            device_kind=self.device.split(":")[0],
+            host=socket.gethostname(),
+            worker=f"{socket.gethostname()}:{os.getpid()}",
+            env_json=env_json(self.device),
+            started_at=started,
+        )
+        if item.arms:
+            arms = self._guarded(lambda: self._compare(task, item, settings, mode), len(item.arms))
+            base.update(group_id=item.item_id, rounds=item.rounds, layers=item.layers or None)
+            return [
+                Record(**base, item_id=member_id(item.item_id, arm), config_key=key_text(arm),
+                       is_default=i == 0, **fields, finished_at=time.time())
+                for i, (arm, fields) in enumerate(zip(item.arms, arms, strict=True))
+            ]  # fmt: skip
+        settings = scaled(settings, item.budget)
+        [fields] = self._guarded(
+            lambda: [self._evaluate(task, item, static, shape, config, settings, mode)], 1
+        )
+        return Record(
+            **base, item_id=item.item_id, config_key=key_text(item.config), is_default=item.is_default,
+            **fields, finished_at=time.time(),
+        )  # fmt: skip
+
+    def _guarded(self, evaluate: Callable[[], list[dict[str, Any]]], n: int) -> list[dict[str, Any]]:
+        """``evaluate``'s fields; a config that fails is data (a status), never a failure of the run."""
+        try:
+            return evaluate()
+        except InvalidConfig as exc:
+            return [{"status": "invalid", "message": clip(str(exc))}] * n
+        except NotMeasurable as exc:  # the numbers are fine, the method cannot resolve them: no trace
+            return [{"status": "error", "message": str(exc)}] * n
+        except Exception as exc:
+            self._check_context()
+            return [{"status": "error", "message": failure_message(exc)}] * n
+
+    def _task(self, name: str) -> TuningTask:
+        if name not in self._tasks:
+            self._tasks[name] = get_task(name)
+        return self._tasks[name]
+
+    def _evaluate(
+        self,
+        task: TuningTask,
+        item: WorkItem,
+        static: dict[str, Any],
+        shape: dict[str, Any],
+        config: dict[str, Any],
+        settings: MeasureSpec,
+        mode: str,
+    ) -> dict[str, Any]:
+        self._load_point(task, item)
+        fn, prepare_s = self._prepare(task, item, static, shape, config)
+        failed, checked = self._check(task, static, fn, prepare_s)
+        if failed:
+            return checked
+        sampler = make_sampler(fn, self.device, mode, settings.l2, settings.timing)
+        before = read_state(self.device)
+        guard = self._drift_guard(settings.drift)
+        if guard is None:
+            stats, drift_fields = measure(sampler, settings), {}
+        else:
+            guarded = guard.measure((item.task, *item.point), lambda: measure(sampler, settings))
+            stats, drift_fields = guarded.stats, guarded.fields()
+        gpu_state = record_fields(before, read_state(self.device))
+        if stats.median_us <= 0:
+            raise NotMeasurable(f"{_NOT_MEASURABLE} (median {stats.median_us:.3g} us)")
+        return {
+            **checked,
+            "status": "ok",
+            "median_us": stats.median_us,
+            "p20_us": stats.p20_us,
+            "p80_us": stats.p80_us,
+            "mean_us": stats.mean_us,
+            "min_us": stats.min_us,
+            "max_us": stats.max_us,
+            "num_samples": stats.num_samples,
+            "rel_noise": stats.rel_noise,
+            **gpu_state,
+            **drift_fields,
+        }
+
+    def _drift_guard(self, action: str) -> DriftGuard | None:
+        """The worker's drift guard acting as ``measure.drift`` asks (None for ``off``); its probe is
+        built on first use and kept for the worker's life."""
+        if action == "off" or self._probe_failed:
+            return None
+        if self._guard is None:
+            try:
+                self._guard = DriftGuard(self._make_probe(self.device), action=action)
+            except Exception as exc:  # no probe (memory, a missing op): measure unguarded, not fail
+                self._probe_failed = True
+                log.warning("drift guard off on %s: its probe could not be built (%s)", self.device, exc)
+                return None
+        self._guard.action = action
+        return self._guard
+
+    def _load_point(self, task: TuningTask, item: WorkItem) -> None:
+        """Build the point's inputs and reference, unless the last item was at the same point."""
+        point = (item.task, item.static, item.shape)
+        if point != self._point:
+            self._point, self._inputs, self._reference = None, None, None  # free the old point first
+            static, shape = dict(item.static), dict(item.shape)
+            inputs = task.build_inputs(static, shape, self.device)
+            self._reference = task.reference(static, shape, inputs)
+            self._inputs, self._point = inputs, point
+
+    def _check(
+        self, task: TuningTask, static: dict[str, Any], fn: Callable[[], Any], prepare_s: float
+    ) -> tuple[bool, dict[str, Any]]:
+        """Run ``fn`` once against the point's reference: (failed, fields for its record)."""
+        t0 = time.perf_counter()
+        out = fn()
+        self._synchronize()
+        compile_ms = (prepare_s + time.perf_counter() - t0) * 1e3
+        atol, rtol = task.tolerance(static)
+        err, ok = _compare(out, self._reference, atol, rtol)
+        if ok:
+            return False, {"max_abs_err": err, "compile_ms": compile_ms}
+        return True, {
+            "status": "wrong_result",
+            "max_abs_err": err,
+            "compile_ms": compile_ms,
+            "message": f"max abs error {err:.3g} exceeds atol={atol:g} rtol={rtol:g}",
+        }
+
+    def _compare(
+        self, task: TuningTask, item: WorkItem, settings: MeasureSpec, mode: str
+    ) -> list[dict[str, Any]]:
+        """Fields per arm of a comparison item: each arm checked, then all timed in interleaved rounds."""
+        static, shape = dict(item.static), dict(item.shape)
+        self._load_point(task, item)
+        stacks = self._layer_inputs(task, item) if item.phase == "validate" else None
+        fields: list[dict[str, Any]] = []
+        samplers: dict[int, Sampler] = {}  # arms that passed the check
+        for i, arm in enumerate(item.arms):
+            fn, prepare_s = timed_prepare(task, static, shape, dict(arm), self._inputs)
+            failed, checked = self._check(task, static, fn, prepare_s)
+            fields.append(checked)
+            if failed:
+                continue
+            if stacks is None:
+                samplers[i] = make_sampler(fn, self.device, mode, settings.l2, settings.timing)
+            else:
+                calls = [fn] + [task.prepare(static, shape, dict(arm), inputs) for inputs in stacks[1:]]
+                layers = [calls[j % len(calls)] for j in range(item.layers)]
+                samplers[i] = stack_sampler(layers, self.device, mode)
+        if 0 not in samplers:  # no baseline, nothing to compare with
+            return [fields[0]] + [{**f, **_NO_BASELINE} for f in fields[1:]]
+        timed = list(samplers.values())
+        if stacks is not None:
+            timed.append(stack_sampler([_nothing] * item.layers, self.device, mode, with_calls=False))
+        rounds = interleave(timed, item.rounds, settings, seed=int(item.item_id[:12], 16))
+        times = _round_times(rounds, item.layers if stacks is not None else 0)
+        for (i, _), t, r in zip(samplers.items(), times, rounds, strict=False):
+            fields[i] = {**fields[i], **_arm_stats(times[0], t, r)}
+        return fields
+
+    def _layer_inputs(self, task: TuningTask, item: WorkItem) -> list[Any]:
+        """Input sets for a stack of ``item.layers`` layers: one per layer, as many as fit in memory
+        (then layers reuse them in turn); the point's own inputs are the first."""
+        static, shape = dict(item.static), dict(item.shape)
+        per_set = max(1, task.bytes_moved(static, shape))
+        if self.device.startswith("cuda"):
+            import torch
+
+            budget = torch.cuda.mem_get_info(self.device)[0] * _STACK_MEMORY_SHARE
+        else:
+            budget = _CPU_STACK_BYTES
+        num_sets = max(1, min(item.layers, int(budget // per_set)))
+        return [self._inputs] + [task.build_inputs(static, shape, self.device) for _ in range(num_sets - 1)]
+
+    def _prepare(
+        self,
+        task: TuningTask,
+        item: WorkItem,
+        static: dict[str, Any],
+        shape: dict[str, Any],
+        config: dict[str, Any],
+    ) -> tuple[Callable[[], Any], float]:
+        """The item's kernel call and the seconds preparing it took. A subclass may prepare ahead."""
+        return timed_prepare(task, static, shape, config, self._inputs)
+
+    def _synchronize(self) -> None:
+        if self.device.startswith("cuda"):
+            import torch
+
+            torch.cuda.synchronize(self.device)
+
+    def _check_context(self) -> None:
+        """After a failure on CUDA, a sticky error (illegal address) makes every later call fail."""
+        if not self.device.startswith("cuda"):
+            return
+        try:
+            self._synchronize()
+        except Exception as exc:
+            raise CudaContextPoisoned(str(exc)) from exc
+
+
+def _compare(out: Any, ref: Any, atol: float, rtol: float) -> tuple[float, bool]:
+    import torch
+
+    if not isinstance(out, torch.Tensor) or out.shape != ref.shape:
+        return float("inf"), False
+    diff = (out.double() - ref.double().to(out.device)).abs()
+    err = float(diff.max()) if diff.numel() else 0.0
+    if not torch.isfinite(out).all():
+        return float("inf"), False
+    ok = bool((diff <= atol + rtol * ref.double().to(out.device).abs()).all())
+    return err, ok
+
+
+def timed_prepare(
+    task: TuningTask, static: dict[str, Any], shape: dict[str, Any], config: dict[str, Any], inputs: Any
+) -> tuple[Callable[[], Any], float]:
+    """``task.prepare`` and the seconds it took."""
+    t0 = time.perf_counter()
+    fn = task.prepare(static, shape, config, inputs)
+    return fn, time.perf_counter() - t0
+
+
+def _nothing() -> None:
+    return None
+
+
+def _round_times(rounds: list[list[list[float]]], layers: int) -> list[list[float]]:
+    """Per arm, per round, the median time of one call. For stacks (``layers`` > 0) the last entry
+    of ``rounds`` is the thrash-only stack, whose time is taken out of each arm's in the same round."""
+    medians = [[statistics.median(samples) for samples in arm] for arm in rounds]
+    if not layers:
+        if min(min(arm) for arm in medians) <= 0:
+            raise NotMeasurable(_NOT_MEASURABLE)
+        return medians
+    thrash = medians[-1]  # 0 where the stack timed its calls alone (CPU)
+    net = [[(t - z) / layers for t, z in zip(arm, thrash, strict=True)] for arm in medians[:-1]]
+    if min(min(arm) for arm in net) <= 0:
+        raise RuntimeError(
+            "the stack's calls took no measurable time beside its cache-thrashing kernels; "
+            "validate this point with more layers or a larger shape"
+        )
+    return net
+
+
+def _arm_stats(baseline: list[float], times: list[float], rounds: list[list[float]]) -> dict[str, Any]:
+    """One arm's record fields: its per-call times over the rounds, and the paired speedup."""
+    ordered = sorted(times)
+    speedup = paired_speedup(baseline, times)
+    return {
+        "status": "ok",
+        "median_us": quantile(ordered, 0.5),
+        "p20_us": quantile(ordered, 0.2),
+        "p80_us": quantile(ordered, 0.8),
+        "mean_us": statistics.fmean(times),
+        "min_us": ordered[0],
+        "max_us": ordered[-1],
+        "num_samples": sum(map(len, rounds)),
+        "rel_noise": (quantile(ordered, 0.8) - quantile(ordered, 0.2)) / (2 * quantile(ordered, 0.5)),
+        "speedup": speedup.estimate,
+        "speedup_lo": speedup.lo,
+        "speedup_hi": speedup.hi,
+    }
+
+
+def failure_message(exc: BaseException) -> str:
+    """What a failed config's record says: the exception and where it was raised, clipped."""
+    return clip(f"{type(exc).__name__}: {exc}\n{_tail(exc)}")
+
+
+def clip(text: str) -> str:
+    """Keep the head (what failed) and the tail (compilers put the root cause last) of a long message."""
+    if len(text) <= _MESSAGE_CHARS:
+        return text
+    half = (_MESSAGE_CHARS - 5) // 2
+    return f"{text[:half]}\n...\n{text[-half:]}"
+
+
+def _tail(exc: BaseException) -> str:
+    return "".join(traceback.format_tb(exc.__traceback__)[-2:])
