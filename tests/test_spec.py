@@ -76,3 +76,29 @@ def test_config_union_of_grids_expands_each_grid() -> None:
         {"gather": "index", "gqa": "grouped"},
         {"gather": "per_seq", "gqa": "grouped"},
     ]
+
+
+def test_a_spec_default_is_the_baseline_every_config_is_planned_against() -> None:
+    from tunectl.plan import plan
+
+    spec = parse_spec(TINY_SPEC + '[default]\nnum_splits = 2\ngqa = "grouped"\n', "tiny.toml")
+    items = plan(spec).items
+    defaults = {dict(i.config)["num_splits"] for i in items if i.is_default}
+    assert defaults == {2} and all(dict(i.config)["gqa"] == "grouped" for i in items if i.is_default)
+    per_point = len(items) // len(spec.shape_grid())
+    assert per_point == 4, "the default is one of the grid's configs here: planned once"
+    without = plan(parse_spec(TINY_SPEC, "tiny.toml")).items
+    assert {dict(i.config)["num_splits"] for i in without if i.is_default} == {1}, "else the task's own"
+
+
+@pytest.mark.parametrize(
+    ("default", "field", "words"),
+    [
+        ("num_splits = [1, 2]", "default.num_splits", "one value"),
+        ("bogus = 1", "default.bogus", "unknown parameter"),
+        ('gqa = "sideways"', "default.gqa", "must be one of"),
+    ],
+)
+def test_a_bad_spec_default_names_its_field(default: str, field: str, words: str) -> None:
+    error = _error(TINY_SPEC + f"[default]\n{default}\n")
+    assert field in str(error) and words in str(error), str(error)

@@ -69,7 +69,7 @@ def plan_holdout(
     skipped: list[Skipped] = []
     shapes = list(shapes)
     for static in spec.static_grid():
-        default, configs = configs_of(task, static, spec.configs)
+        default, configs = configs_of(task, static, spec.configs, spec.default)
         selectable = [c for c in configs if task.selectable(dict(static), dict(c))]
         for shape in shapes:
             why = task.check_point(dict(static), dict(shape))

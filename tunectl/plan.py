@@ -160,9 +160,17 @@ def full_config(task: PlannedTask, config: Mapping[str, Any]) -> Key:
     return make_key(task.complete_config(dict(config)))
 
 
-def configs_of(task: PlannedTask, static: Key, given: Iterable[Key]) -> tuple[Key, list[Key]]:
+def default_of(task: PlannedTask, static: Key, spec_default: Key | None = None) -> Key:
+    """The config everything is measured against at ``static``: the spec's ``[default]``, else the task's."""
+    config = dict(spec_default) if spec_default is not None else task.default_config(dict(static))
+    return full_config(task, config)
+
+
+def configs_of(
+    task: PlannedTask, static: Key, given: Iterable[Key], spec_default: Key | None = None
+) -> tuple[Key, list[Key]]:
     """The default config at ``static`` and the distinct configs to plan there, the default first."""
-    default = full_config(task, task.default_config(dict(static)))
+    default = default_of(task, static, spec_default)
     return default, list(dict.fromkeys([default, *(full_config(task, dict(c)) for c in given)]))
 
 
@@ -230,7 +238,7 @@ def _points(
     """Per static key: its default config, its configs (the default first) and its buildable shapes,
     the shapes lazily (a large grid is never held)."""
     for static in spec.static_grid():
-        default, configs = configs_of(task, static, spec.configs)
+        default, configs = configs_of(task, static, spec.configs, spec.default)
         yield static, default, configs, _buildable(spec, task, static, skipped)
 
 

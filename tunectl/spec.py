@@ -32,6 +32,9 @@ strategy = "halving"                # grid | halving
 finalists = 3
 refine_budget = 16                  # extra points per static key where a range is declared (tunectl.refine)
 
+[default]                           # optional: the baseline config (else the task's own default)
+num_splits = 1
+
 [select]                            # all optional
 margin = 0.02                       # a win must clear 1 + margin (tunectl.select)
 ```
@@ -53,7 +56,8 @@ from tunectl.params import Rule
 from tunectl.registry import PlannedTask, get_task, task_names
 
 _TOP_LEVEL = {
-    "name", "description", "task", "static", "shapes", "configs", "measure", "resources", "search", "select",
+    "name", "description", "task", "static", "shapes", "configs", "default", "measure", "resources", "search",
+    "select",
 }  # fmt: skip
 #: bucket policies that map every value between two tuned points to one of them (what a range needs)
 RANGE_POLICIES = ("floor", "ceil", "nearest")
@@ -164,6 +168,9 @@ class Spec:
     search: SearchSpec = field(default_factory=SearchSpec)
     text: str = ""
     select: SelectSpec = field(default_factory=SelectSpec)
+    #: the config every other one is measured against, and the one kept where none beats it
+    #: (``[default]``); None: the task's own ``default_config``
+    default: Key | None = None
 
     def static_grid(self) -> list[Key]:
         return [make_key(p) for p in product(dict(self.static))]
@@ -243,8 +250,19 @@ class _Validator:
         if search.refine_budget >= 1 and not float(search.refine_budget).is_integer():
             raise self.fail("search.refine_budget", "a number of points (>= 1) must be whole; a share is < 1")
         select = self.dataclass_table(SelectSpec, raw.get("select", {}), "select")
+        default = None if raw.get("default") is None else self.default(raw["default"], task, rules)
         return Spec(self.path, name, task.name, static, shapes, configs, measure, resources, search, text,
-                    select)  # fmt: skip
+                    select, default)  # fmt: skip
+
+    def default(self, value: object, task: PlannedTask, rules: Mapping[str, Rule]) -> Key:
+        """``[default]``: one config (every value a single one), checked as the configs are."""
+        table = self.table(value, "default")
+        self.names(table, task.config_params, "default", required=False)
+        for name, v in table.items():
+            if isinstance(v, list):
+                raise self.fail(f"default.{name}", "one value: the default is one config, not a grid")
+            self.checked(self.value_list(v, f"default.{name}"), rules.get(name), f"default.{name}")
+        return make_key(table)
 
     def search(self, value: object) -> SearchSpec:
         if isinstance(value, dict) and value.get("strategy") in RETIRED_STRATEGIES:

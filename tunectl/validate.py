@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tunectl.keys import Key, key_from_text, key_text, value_order
-from tunectl.plan import WorkItem, comparison, full_config, in_pool
+from tunectl.plan import WorkItem, comparison, default_of, full_config, in_pool
 from tunectl.record import Phase, Record
 from tunectl.registry import PlannedTask, get_task
 from tunectl.select import latest_comparisons
@@ -50,7 +50,7 @@ def plan_validation(
     items: list[WorkItem] = []
     skipped: list[Skipped] = []
     for static in spec.static_grid():
-        default = full_config(task, task.default_config(dict(static)))
+        default = default_of(task, static, spec.default)
         for shape in spec.shape_grid():
             why = task.check_point(dict(static), dict(shape))
             found = bundle.lookup(spec.task, **dict(static), **dict(shape)) if why is None else None
