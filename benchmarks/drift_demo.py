@@ -3,15 +3,16 @@
     PYTHONPATH=. python benchmarks/drift_demo.py [--out DIR]      # on a GPU host, ~3 minutes
 
 1. undisturbed (the baseline);
-2. with a load process on the same GPU that runs matrix products in bursts (``--burst`` seconds on,
-   ``--gap`` off) all through the run, the guard on (``measure.drift = "remeasure"``);
+2. with a load process on the same GPU that runs matrix products for ``--load-for`` seconds, from
+   ``--load-after`` seconds into the run, the guard on (``measure.drift = "remeasure"``): measurements
+   the load touches are made again, after waiting for the device to come back if need be;
 3. the same load, the guard off (``measure.drift = "off"``): what the disturbed rows read without it.
 
 Each run is a real ``tunectl submit`` (local Ray, one GPU worker). The table gives, per config and
 shape, each run's median over the baseline's, and for the guarded run whether the probe moved
 (``drift``) and how often the config was measured again; the summary counts rows more than 5 % off
 the baseline in each disturbed run. The load shares the GPU by time-slicing, so any kernel running
-while a burst is on reads slower.
+while the load runs reads slower.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import statistics
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 SPEC = """\
@@ -71,15 +71,15 @@ drift = "{drift}"
 LOAD = textwrap.dedent(
     """
     import sys, time, torch
-    burst, gap, until = float(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+    after, duration = float(sys.argv[1]), float(sys.argv[2])
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    while time.time() < until:
-        end = time.time() + burst
-        while time.time() < end:
-            for _ in range(4):
-                a @ a
-            torch.cuda.synchronize()
-        time.sleep(gap)
+    torch.cuda.synchronize()
+    time.sleep(after)
+    end = time.time() + duration
+    while time.time() < end:
+        for _ in range(4):
+            a @ a
+        torch.cuda.synchronize()
     """
 )
 
@@ -89,9 +89,7 @@ def submit(out: Path, name: str, drift: str, load: tuple[float, float] | None) -
     spec.write_text(SPEC.format(drift=drift).replace('"drift-demo"', f'"drift-demo-{name}"'))
     loader = None
     if load is not None:
-        until = time.time() + 240
-        loader = subprocess.Popen([sys.executable, "-c", LOAD, str(load[0]), str(load[1]), str(until)])
-        time.sleep(3)  # let it start its first burst
+        loader = subprocess.Popen([sys.executable, "-c", LOAD, str(load[0]), str(load[1])])
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "tunectl", "submit", str(spec), "--results", str(out / "results")],
@@ -128,16 +126,15 @@ def rows(out: Path, run_id: str) -> dict[tuple[str, str], object]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("/tmp/drift-demo"))
-    parser.add_argument("--burst", type=float, default=0.4)
-    parser.add_argument("--gap", type=float, default=1.6)
+    parser.add_argument("--load-after", type=float, default=15.0, help="seconds: Ray and the workers start")
+    parser.add_argument("--load-for", type=float, default=6.0)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     base = rows(args.out, submit(args.out, "baseline", "remeasure", None))
-    guarded = rows(args.out, submit(args.out, "guarded", "remeasure", (args.burst, args.gap)))
-    bare = rows(args.out, submit(args.out, "unguarded", "off", (args.burst, args.gap)))
-    print(
-        f"Load: {args.burst} s of 8192^3 bf16 products, then {args.gap} s idle, all through runs 2 and 3.\n"
-    )
+    load = (args.load_after, args.load_for)
+    guarded = rows(args.out, submit(args.out, "guarded", "remeasure", load))
+    bare = rows(args.out, submit(args.out, "unguarded", "off", load))
+    print(f"Load: 8192^3 bf16 products for {args.load_for} s from {args.load_after} s into runs 2 and 3.\n")
     print("| shape | config | baseline µs | guarded / baseline | drift | remeasured | unguarded / baseline |")
     print("|---|---|---|---|---|---|---|")
     off: dict[str, list[float]] = {"guarded": [], "unguarded": []}

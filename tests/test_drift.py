@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from tunectl.spec import MeasureSpec
-from tunectl.tasks.drift import DriftGuard, Guarded, moved
+from tunectl.tasks.drift import MAX_WAIT_S, DriftGuard, Guarded, moved
 from tunectl.tasks.harness import measure, summarise
 
 SETTINGS = MeasureSpec(warmup=0, min_samples=10, max_samples=50, noise_target=0.01, max_seconds=10.0)
@@ -32,6 +32,10 @@ class SlowingDevice:
 
         return sample
 
+    def sleep(self, seconds: float) -> None:
+        """The guard waiting for the device: device time passes with nothing run."""
+        self.now_us += seconds * 1e6
+
     def slow_for(self, duration_us: float) -> None:
         """From now on, for ``duration_us`` of device time (``inf``: for good)."""
         self.slow_from, self.slow_until = self.now_us, self.now_us + duration_us
@@ -52,7 +56,7 @@ def test_a_shift_beyond_noise_is_one_that_leaves_both_bands_by_more_than_3_perce
 
 def test_the_guard_catches_an_injected_slowdown_and_the_remeasure_corrects_it() -> None:
     device = SlowingDevice()
-    guard = DriftGuard(device.kernel(PROBE_US), action="remeasure", settings=SETTINGS)
+    guard = DriftGuard(device.kernel(PROBE_US), action="remeasure", settings=SETTINGS, sleep=device.sleep)
     before = point_measurements(guard, device, "p", 2)
     # Slow through the next measurement and the probe after it (10 samples each, 20 % longer), then not.
     device.slow_for(10 * 1.2 * (CALL_US + PROBE_US) + 1)
@@ -64,13 +68,27 @@ def test_the_guard_catches_an_injected_slowdown_and_the_remeasure_corrects_it() 
     assert [g.stats.median_us for g in after] == pytest.approx([CALL_US, CALL_US])
 
 
+def test_a_shift_that_outlasts_the_remeasures_is_waited_out_then_measured_again() -> None:
+    device = SlowingDevice()
+    guard = DriftGuard(device.kernel(PROBE_US), action="remeasure", settings=SETTINGS, sleep=device.sleep)
+    point_measurements(guard, device, "p", 1)
+    start = device.now_us
+    device.slow_for(5e6)  # a neighbour's 5 s of work: longer than three measurements, shorter than the wait
+    [waited] = point_measurements(guard, device, "p", 1)
+    assert (waited.drift, waited.remeasured) == (False, 3)
+    assert waited.stats.median_us == pytest.approx(CALL_US) and waited.reference_ratio == pytest.approx(1.0)
+    assert 5e6 <= device.now_us - start < 7e6, "it waited for the device to come back, and not much longer"
+
+
 def test_a_lasting_shift_is_flagged_remeasured_at_most_twice_then_flagged_alone() -> None:
     device = SlowingDevice()
-    guard = DriftGuard(device.kernel(PROBE_US), action="remeasure", settings=SETTINGS)
+    guard = DriftGuard(device.kernel(PROBE_US), action="remeasure", settings=SETTINGS, sleep=device.sleep)
     point_measurements(guard, device, "p", 1)
     device.slow_for(float("inf"))
+    start = device.now_us
     first, later = point_measurements(guard, device, "p", 2)
     assert (first.drift, first.remeasured, later.drift, later.remeasured) == (True, 2, True, 0)
+    assert device.now_us - start >= MAX_WAIT_S * 1e6, "it waited the whole bound before calling it lasting"
     assert first.reference_ratio == pytest.approx(1.2) and first.probe_us == pytest.approx(1.2 * PROBE_US)
     [next_point] = point_measurements(guard, device, "q", 1)  # a new point takes a new reference
     assert not next_point.drift and next_point.reference_ratio == pytest.approx(1.0)
@@ -78,7 +96,7 @@ def test_a_lasting_shift_is_flagged_remeasured_at_most_twice_then_flagged_alone(
 
 def test_flag_only_keeps_the_first_measurement_and_says_it_drifted() -> None:
     device = SlowingDevice()
-    guard = DriftGuard(device.kernel(PROBE_US), action="flag", settings=SETTINGS)
+    guard = DriftGuard(device.kernel(PROBE_US), action="flag", settings=SETTINGS, sleep=device.sleep)
     point_measurements(guard, device, "p", 1)
     device.slow_for(float("inf"))
     [flagged] = point_measurements(guard, device, "p", 1)

@@ -17,11 +17,14 @@ default fails, and it needs no compiling. The probe is timed (``PROBE_SETTINGS``
 The probe *moved* when its two medians lie each outside the other's p20-p80 band and differ by more
 than ``max(MIN_SHIFT, NOISE_FACTOR x the larger relative noise)``: 3 % or three times the noise.
 Then the measurement just made is made again, up to ``MAX_REMEASURES`` times, each followed by
-another probe. A shift that is still there after that is lasting: the row keeps its flag, and the
-rest of the point's items on this worker are flagged without being measured again (measuring them
-again would meet the same device). Every row says what happened: ``probe_us`` (the last probe),
-``reference_ratio`` (that probe over the point's reference), ``drift`` (the probe had moved at the
-measurement the row keeps) and ``remeasured`` (how many times it was measured again).
+another probe. A shift still there after that may be a neighbour's burst of work or a passing power
+cap: the guard waits for the device to come back, probing every ``WAIT_STEP_S`` for up to
+``MAX_WAIT_S``, and when the probe is back within noise of the reference, measures once more. A shift
+that outlasts the wait is lasting: the row keeps its flag, and the rest of the point's items on this
+worker are flagged without being measured again or waited for (they would meet the same device).
+Every row says what happened: ``probe_us`` (the last probe), ``reference_ratio`` (that probe over
+the point's reference), ``drift`` (the probe had moved at the measurement the row keeps) and
+``remeasured`` (how many times it was measured again).
 
 Comparisons (finals, validation) are not guarded: their arms are timed in interleaved rounds, so a
 shift touches every arm alike and the paired ratios cancel it. The guard lives in the worker because
@@ -31,6 +34,7 @@ still gets exactly one row.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
@@ -41,6 +45,8 @@ from tunectl.tasks.harness import Sampler, Stats, measure
 MIN_SHIFT = 0.03
 NOISE_FACTOR = 3.0
 MAX_REMEASURES = 2
+MAX_WAIT_S = 30.0  # how long a worker waits for a shifted device to come back (well under a deadline)
+WAIT_STEP_S = 1.0
 #: about 10-50 samples of a ~200 µs probe on an H200: a few ms after each measurement
 PROBE_SETTINGS = MeasureSpec(warmup=1, min_samples=10, max_samples=200, noise_target=0.005, max_seconds=0.05)
 _PROBE_COPY_L2S = 2  # the copied buffer, in L2 sizes: it streams from memory, not from the cache
@@ -86,11 +92,16 @@ class DriftGuard:
     """
 
     def __init__(
-        self, probe: Sampler, *, action: str = "remeasure", settings: MeasureSpec = PROBE_SETTINGS
+        self,
+        probe: Sampler,
+        *,
+        action: str = "remeasure",
+        settings: MeasureSpec = PROBE_SETTINGS,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         if action not in ("remeasure", "flag"):
             raise ValueError(f"unknown drift action {action!r}; expected remeasure or flag")
-        self.probe, self.action, self.settings = probe, action, settings
+        self.probe, self.action, self.settings, self._sleep = probe, action, settings, sleep
         self._point: Hashable = None
         self._reference: Stats | None = None
         self._lasting = False  # a shift at this point outlived the re-measurements
@@ -106,6 +117,8 @@ class DriftGuard:
         stats, probe, remeasured = measure_once(), self._time_probe(), 0
         while moved(reference, probe) and remeasured < retries:
             stats, probe, remeasured = measure_once(), self._time_probe(), remeasured + 1
+        if moved(reference, probe) and retries and self._came_back(reference):
+            stats, probe, remeasured = measure_once(), self._time_probe(), remeasured + 1
         shifted = moved(reference, probe)
         if shifted and retries:
             self._lasting = True
@@ -113,6 +126,14 @@ class DriftGuard:
 
     def _time_probe(self) -> Stats:
         return measure(self.probe, self.settings)
+
+    def _came_back(self, reference: Stats) -> bool:
+        """Wait (up to MAX_WAIT_S, probing every WAIT_STEP_S) for the probe to be back at ``reference``."""
+        for _ in range(int(MAX_WAIT_S / WAIT_STEP_S)):
+            self._sleep(WAIT_STEP_S)
+            if not moved(reference, self._time_probe()):
+                return True
+        return False
 
 
 def probe_kernel(device: str) -> Callable[[], Any]:
