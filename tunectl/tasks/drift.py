@@ -88,7 +88,9 @@ class Guarded:
 class DriftGuard:
     """Times the probe around a worker's measurements and measures again what a shift touched.
 
-    ``action``: ``remeasure`` (flag and measure again) or ``flag`` (flag only). One per worker.
+    ``action``: ``remeasure`` (flag and measure again) or ``flag`` (flag only). ``max_wait_s``: how
+    long a shift is waited out (0 on a CPU, whose neighbours come and go with no clock to recover).
+    One per worker.
     """
 
     def __init__(
@@ -97,11 +99,13 @@ class DriftGuard:
         *,
         action: str = "remeasure",
         settings: MeasureSpec = PROBE_SETTINGS,
+        max_wait_s: float = MAX_WAIT_S,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         if action not in ("remeasure", "flag"):
             raise ValueError(f"unknown drift action {action!r}; expected remeasure or flag")
         self.probe, self.action, self.settings, self._sleep = probe, action, settings, sleep
+        self.max_wait_s = max_wait_s
         self._point: Hashable = None
         self._reference: Stats | None = None
         self._lasting = False  # a shift at this point outlived the re-measurements
@@ -128,8 +132,8 @@ class DriftGuard:
         return measure(self.probe, self.settings)
 
     def _came_back(self, reference: Stats) -> bool:
-        """Wait (up to MAX_WAIT_S, probing every WAIT_STEP_S) for the probe to be back at ``reference``."""
-        for _ in range(int(MAX_WAIT_S / WAIT_STEP_S)):
+        """Wait (up to max_wait_s, probing every WAIT_STEP_S) for the probe to be back at ``reference``."""
+        for _ in range(int(self.max_wait_s / WAIT_STEP_S)):
             self._sleep(WAIT_STEP_S)
             if not moved(reference, self._time_probe()):
                 return True

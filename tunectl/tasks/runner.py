@@ -23,7 +23,7 @@ from tunectl.record import Record
 from tunectl.spec import MeasureSpec
 from tunectl.stats import paired_speedup
 from tunectl.tasks.base import InvalidConfig, TuningTask
-from tunectl.tasks.drift import DriftGuard, probe_sampler
+from tunectl.tasks.drift import MAX_WAIT_S, DriftGuard, probe_sampler
 from tunectl.tasks.env import env_json, environment
 from tunectl.tasks.harness import Sampler, interleave, measure, quantile, scaled
 from tunectl.tasks.nvml import read_state, record_fields
@@ -181,7 +181,8 @@ class ItemRunner:
             return None
         if self._guard is None:
             try:
-                self._guard = DriftGuard(self._make_probe(self.device), action=action)
+                wait = MAX_WAIT_S if self.device.startswith("cuda") else 0.0
+                self._guard = DriftGuard(self._make_probe(self.device), action=action, max_wait_s=wait)
             except Exception as exc:  # no probe (memory, a missing op): measure unguarded, not fail
                 self._probe_failed = True
                 log.warning("drift guard off on %s: its probe could not be built (%s)", self.device, exc)
