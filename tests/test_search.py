@@ -209,3 +209,24 @@ def test_a_spec_asking_for_the_model_strategy_is_refused_but_a_run_made_with_it_
         parse_spec(retired, "s.toml")
     stored = parse_spec(retired, "s.toml", stored=True)
     assert stored.shapes == _spec("").shapes and stored.search.strategy == "grid"
+
+
+def test_configs_are_ranked_only_against_rows_of_the_newest_timing_method() -> None:
+    from tunectl.keys import make_key
+    from tunectl.record import Record, Status, Timing
+    from tunectl.search import ranked_configs
+
+    def row(config: int, median: float, timing: Timing, at: float) -> Record:
+        return Record(
+            run_id="r", item_id=f"i{config}", task="t", static_key="{}", shape_key="{}",
+            config_key=key_text(make_key({"c": config})), is_default=config == 0, status=Status.OK,
+            median_us=median, timing=timing, finished_at=at,
+        )  # fmt: skip
+
+    measured = {
+        make_key({"c": 0}): row(0, 12.0, Timing.DIFFERENCE, 3.0),
+        make_key({"c": 1}): row(1, 10.0, Timing.REPLAY, 1.0),  # faster, but timed the old way
+        make_key({"c": 2}): row(2, 11.0, Timing.DIFFERENCE, 2.0),
+    }
+    assert ranked_configs(measured) == [make_key({"c": 2}), make_key({"c": 0})]
+    assert ranked_configs({}) == []

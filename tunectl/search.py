@@ -267,6 +267,10 @@ def optimistic_us(record: Record) -> float:
 def ranked_configs(
     measured: Mapping[Key, Record], time_us: Callable[[Record], float] = median_us
 ) -> list[Key]:
-    """Configs measured ok, fastest first by ``time_us`` (ties in canonical order)."""
-    ok = [(time_us(r), key_text(c), c) for c, r in measured.items() if r.status == "ok"]
+    """Configs measured ok, fastest first by ``time_us`` (ties in canonical order). Only rows timed by
+    the method of the newest one are ranked: a run resumed under another timing method does not set
+    one method's times against the other's."""
+    ok_rows = {c: r for c, r in measured.items() if r.status == "ok"}
+    newest = max(ok_rows.values(), key=lambda r: r.finished_at).timing if ok_rows else None
+    ok = [(time_us(r), key_text(c), c) for c, r in ok_rows.items() if r.timing is newest]
     return [c for _, _, c in sorted(ok, key=lambda t: (t[0], t[1]))]
