@@ -40,6 +40,9 @@ case "${1:?step}" in
   holdout)
     page=${2:?page}
     spec=$(page_spec "$page")
+    # The same grid with the spans serving meets declared (batch 1-256, 1k-32k tokens), refinement off:
+    # held-out shapes are drawn inside them; the bundle is the grid's as tuned.
+    sed -i -E 's/^\[shapes.batch\]$/[shapes.batch]\nrange = [1, 256]/; s/^\[shapes.kv_len\]$/[shapes.kv_len]\nrange = [1024, 32768]/; s/^strategy = "halving"$/strategy = "halving"\nrefine_budget = 0/' "$spec"
     run=$(tunectl runs --results "$RES" --json | python -c "
 import json, sys
 runs = [r for r in json.load(sys.stdin) if r['state'] == 'finished' and r['name'] == 'h200-flash-decode']
