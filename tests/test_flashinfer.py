@@ -185,6 +185,20 @@ def test_configs_flashinfer_cannot_run_as_asked_are_invalid_in_one_line(
     assert "\n" not in str(err.value)
 
 
+def test_a_split_the_cuda_graph_plan_refuses_is_invalid_and_other_failures_stay_errors() -> None:
+    from tunectl.tasks._lazy import lazily
+
+    refused = RuntimeError(
+        "Error in function 'PrefillSplitQOKVIndptr' at include/flashinfer/attention/scheduler.cuh:674: "
+        "new batch size 128 exceeds the maximum 96\nstack"
+    )
+    call = lazily(lambda: (_ for _ in ()).throw(refused), fi.rejection)
+    with pytest.raises(InvalidConfig, match=r"fixed_split_size pages .*PrefillSplitQOKVIndptr.*96$"):
+        call()
+    assert fi.rejection(NotImplementedError("head_dim 96")) == "flashinfer rejects this point: head_dim 96"
+    assert fi.rejection(RuntimeError("CUDA error: out of memory")) is None, "an error, not a verdict"
+
+
 def test_a_valid_config_on_a_cpu_is_invalid_there_before_flashinfer_is_imported() -> None:
     task = FlashDecode()
     with pytest.raises(InvalidConfig, match="CUDA devices only"):

@@ -66,7 +66,8 @@ DECODE_CASES: list[tuple[dict[str, Any], tuple[str, ...]]] = [
     ({"backend": "fa3", "num_splits": 16}, ("ok",)),
     ({"backend": "flashinfer"}, ("ok",)),
     ({"backend": "flashinfer", "use_tensor_cores": True}, ("ok",)),
-    ({"backend": "flashinfer", "use_tensor_cores": True, "fixed_split_size": 8}, ("ok",)),
+    # its CUDA-graph plan refuses 8-page splits at 4 x 4096 in pages of 16 (more work units than its grid)
+    ({"backend": "flashinfer", "use_tensor_cores": True, "fixed_split_size": 8}, ("ok", "invalid")),
     ({"backend": "flashinfer", "fixed_split_size": 8}, ("invalid",)),  # tensor-core path only
 ]
 

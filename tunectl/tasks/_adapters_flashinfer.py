@@ -176,8 +176,20 @@ def prepare(static: Params, config: Params, inputs: dict[str, Any]) -> Callable[
 
         return call
 
-    def reject(exc: Exception) -> str | None:
-        # FlashInfer states what it does not support at a point as NotImplementedError
-        return f"flashinfer rejects this point: {exc}" if isinstance(exc, NotImplementedError) else None
+    return lazily(build, rejection)
 
-    return lazily(build, reject)
+
+def rejection(exc: Exception) -> str | None:
+    """Why FlashInfer refused this config at this point, where the error says so; else None (an error).
+
+    It states what it does not support as ``NotImplementedError``. In CUDA-graph mode its planner
+    also refuses a ``fixed_split_size`` that cuts the batch into more work units than the graph's
+    fixed grid holds (seen on an H200 at 4 x 4096 tokens in pages of 16 with 8-page splits)."""
+    if isinstance(exc, NotImplementedError):
+        return f"flashinfer rejects this point: {exc}"
+    if isinstance(exc, RuntimeError) and "PrefillSplitQOKVIndptr" in str(exc):
+        return (
+            "flashinfer's CUDA-graph plan cannot cut this batch into splits of fixed_split_size pages "
+            f"(more work units than its fixed grid holds): {str(exc).splitlines()[0]}"
+        )
+    return None
