@@ -117,17 +117,14 @@ def _short(value: Any) -> str:
 
 
 def _by_point(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], dict[str, Mapping[str, Any]]]:
-    """Per (static, shape), each config's fullest single measurement of the newest run: a successive-
-    halving screen stands in only where the config was not measured in full; finals are not singles."""
-    newest: dict[tuple[str, str], str] = {}
-    for row in rows:
-        point = (row["static_key"], row["shape_key"])
-        newest[point] = max(newest.get(point, ""), row["run_id"])
+    """Per (static, shape), each config's fullest single measurement among ``rows`` (``newest_rows``):
+    a successive-halving screen stands in only where the config was not measured in full; finals are
+    not singles."""
     points: dict[tuple[str, str], dict[str, Mapping[str, Any]]] = defaultdict(dict)
     for row in rows:
-        point = (row["static_key"], row["shape_key"])
-        if row["run_id"] != newest[point] or row.get("phase", "measure") not in ("measure", "screen"):
+        if row.get("phase", "measure") not in ("measure", "screen"):
             continue
+        point = (row["static_key"], row["shape_key"])
         held = points[point].get(row["config_key"])
         if held is None or _fidelity(row) > _fidelity(held):
             points[point][row["config_key"]] = row
