@@ -23,23 +23,17 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tunectl.record import Timing
-from tunectl.spec import MeasureSpec
+from tunectl.spec import MeasureSpec, load_spec
 from tunectl.tasks import _adapters_triton
 from tunectl.tasks.base import InvalidConfig
 from tunectl.tasks.flash_decode import FlashDecode
 from tunectl.tasks.harness import measure
 from tunectl.tasks.timing import make_sampler
 
-STATIC = {
-    "causal": True,
-    "dtype": "bfloat16",
-    "head_dim": 128,
-    "num_kv_heads": 8,
-    "num_q_heads": 32,
-    "sinks": False,
-    "softcap": 0.0,
-    "window": (-1, -1),
-}
+ROOT = Path(__file__).resolve().parents[1]
+# the H200 decode spec's static key, less the page size each run sets
+STATIC = {k: v for k, v in load_spec(ROOT / "configs/h200/flash_decode.toml").static_grid()[0]
+          if k != "page_size"}  # fmt: skip
 POINTS = [(1, 32768), (4, 8192), (4, 32768)]
 PAGES = [16, 128]
 T = {"backend": "triton"}
