@@ -60,7 +60,7 @@ def variants(count: int) -> str:
 
 def submit(spec: Path, results: Path, *extra: str) -> dict[str, Any]:
     """`tunectl submit SPEC` in a fresh process; its wall time, peak memory and the run's rows."""
-    from tunectl.results import read_results
+    from tunectl.store.results import read_results
 
     args = ["submit", str(spec), "--results", str(results), *extra]
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "COLUMNS": "120"}

@@ -25,8 +25,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tunectl.bundle import TaskTable, build_files, publish_local  # noqa: E402
 from tunectl.runtime import load_bundle  # noqa: E402
+from tunectl.store.bundle import TaskTable, build_files, publish_local  # noqa: E402
 
 DECODE = {"dtype": "float32", "num_q_heads": 8, "num_kv_heads": 2, "head_dim": 64, "page_size": 16}
 FLASH = {

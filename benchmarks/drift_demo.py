@@ -113,8 +113,8 @@ def submit(out: Path, name: str, drift: str, load: tuple[float, float] | None) -
 
 
 def rows(out: Path, run_id: str) -> dict[tuple[str, str], object]:
-    from tunectl.record import Phase
-    from tunectl.results import read_results
+    from tunectl.core.record import Phase
+    from tunectl.store.results import read_results
 
     return {
         (r.shape_key, r.config_key): r

@@ -83,7 +83,7 @@ def stop(proc: subprocess.Popen[str], how: str, results: Path, run_id: str | Non
 
 
 def unfinished_run(results: Path) -> str | None:
-    from tunectl.runs import summarise_runs
+    from tunectl.store.runs import summarise_runs
 
     if not (results / "_runs").is_dir():
         return None
@@ -107,10 +107,10 @@ def check_run(results: Path, run_id: str, spec: Path) -> tuple[int, int, int]:
     """(rows, lost, duplicated) of a finished run, from the raw parts."""
     import duckdb
 
-    from tunectl.plan import plan
-    from tunectl.results import read_results
-    from tunectl.search import Search
-    from tunectl.spec import load_spec
+    from tunectl.core.plan import plan
+    from tunectl.core.spec import load_spec
+    from tunectl.decide.search import Search
+    from tunectl.store.results import read_results
 
     glob = str(results / "task=*" / f"run_id={run_id}" / "*.parquet")
     [(rows, distinct)] = duckdb.sql(
@@ -171,7 +171,7 @@ def _finished(proc: subprocess.Popen[str], tally: Tally) -> None:
 
 
 def finished_runs(results: Path) -> list[str]:
-    from tunectl.runs import summarise_runs
+    from tunectl.store.runs import summarise_runs
 
     return [r.info.run_id for r in summarise_runs(results) if r.state == "finished"]
 

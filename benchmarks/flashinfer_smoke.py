@@ -28,7 +28,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tunectl.spec import load_spec  # noqa: E402
+from tunectl.core.spec import load_spec  # noqa: E402
 from tunectl.tasks.compile import cache_env  # noqa: E402
 
 SHAPES = [(1, 32768), (4, 8192), (4, 32768)]
@@ -49,7 +49,7 @@ def main() -> int:
     os.environ.update(cache_env(args.cache))  # before flashinfer is imported: it reads them then
     import torch
 
-    from tunectl.spec import MeasureSpec
+    from tunectl.core.spec import MeasureSpec
     from tunectl.tasks.flash_decode import FlashDecode
 
     if not torch.cuda.is_available():

@@ -60,8 +60,8 @@ def ts(value: Any) -> float:
 
 def run_figures(results: Path, warmup: int) -> dict[str, Any]:
     """Span, throughput, compile time and busy fraction of the one run in ``results``."""
-    from tunectl.results import read_results
-    from tunectl.runs import list_runs
+    from tunectl.store.results import read_results
+    from tunectl.store.runs import list_runs
 
     (info,) = list_runs(results)
     rows = [r.to_row() for r in read_results(results, run_ids=[info.run_id])]
@@ -100,7 +100,7 @@ def run_figures(results: Path, warmup: int) -> dict[str, Any]:
 
 def kernel_of(row: dict[str, Any]) -> str | None:
     """The compile key of a row's config (its first arm's, for a comparison's row)."""
-    from tunectl.keys import key_dict, key_from_text
+    from tunectl.core.keys import key_dict, key_from_text
     from tunectl.tasks.compile import compile_key
     from tunectl.tasks.registry import get_task
 
@@ -217,8 +217,8 @@ os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="ind-")
 os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="tri-")
 from tunectl.tasks.compile import build
 from tunectl.tasks.registry import get_task
-from tunectl.plan import plan
-from tunectl.spec import load_spec
+from tunectl.core.plan import plan
+from tunectl.core.spec import load_spec
 items = plan(load_spec(sys.argv[1])).items[int(sys.argv[2])::int(sys.argv[3])]
 task = get_task(items[0].task)
 while True:
@@ -259,7 +259,7 @@ def cmd_interference(args: argparse.Namespace) -> None:
 
 
 def interference_table(phases: dict[str, Path]) -> str:
-    from tunectl.results import read_results
+    from tunectl.store.results import read_results
 
     rows = {
         phase: {(r["shape_key"], r["config_key"]): r for r in read_results(d) if r["status"] == "ok"}

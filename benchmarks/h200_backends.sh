@@ -43,10 +43,10 @@ case "${1:?step}" in
     # The same grid with the spans serving meets declared (batch 1-256, 1k-32k tokens), refinement off:
     # held-out shapes are drawn inside them; the bundle is the grid's as tuned.
     sed -i -E 's/^\[shapes.batch\]$/[shapes.batch]\nrange = [1, 256]/; s/^\[shapes.kv_len\]$/[shapes.kv_len]\nrange = [1024, 32768]/; s/^strategy = "halving"$/strategy = "halving"\nrefine_budget = 0/' "$spec"
-    run=$(tunectl runs --results "$RES" --json | python -c "
+    run=${RUN:-$(tunectl runs --results "$RES" --json | python -c "
 import json, sys
 runs = [r for r in json.load(sys.stdin) if r['state'] == 'finished' and r['name'] == 'h200-flash-decode']
-print(sorted(runs, key=lambda r: r['created_at'])[-1]['run_id'])")
+print(sorted(runs, key=lambda r: r['created_at'])[-1]['run_id'])")}
     tunectl export bundle --results "$RES" --run "$run" --name "h200-decode-p$page" --version 1 \
       --out "$RES/bundles" 2>&1 | tail -n 3
     timeout 480 tunectl validate "$RES/bundles/h200-decode-p$page/1" --spec "$spec" --holdout 24 --seed 0 \

@@ -22,13 +22,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import search_cost
 
-from tunectl.export import winners_in
-from tunectl.keys import key_text
-from tunectl.results import read_results
-from tunectl.runs import RunInfo, list_runs
-from tunectl.select import Winner
-from tunectl.spec import parse_spec
-from tunectl.validate import read_validation
+from tunectl.core.keys import key_text
+from tunectl.core.spec import parse_spec
+from tunectl.decide.select import Winner
+from tunectl.decide.validate import read_validation
+from tunectl.formats.export import winners_in
+from tunectl.store.results import read_results
+from tunectl.store.runs import RunInfo, list_runs
 
 TIE = 0.02
 

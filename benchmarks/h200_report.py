@@ -2,7 +2,7 @@
 
     PYTHONPATH=. python benchmarks/h200_report.py --results RESULTS_DIR [--out benchmarks/results/h200.md]
 
-Winners are the ones ``tunectl export bundle`` publishes (tunectl.select). For flash_decode every
+Winners are the ones ``tunectl export bundle`` publishes (tunectl.decide.select). For flash_decode every
 backend's untuned call is in the spec (tunectl.tasks.flash_decode.BACKEND_DEFAULTS), so each winner is
 compared with each backend's default; achieved bandwidth is the task's bytes_moved over the median,
 against the ~4.3 TB/s device-to-device copy roof measured on the same machine.
@@ -18,10 +18,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from tunectl.export import winners_in
-from tunectl.keys import key_dict, key_from_text, key_text, make_key
-from tunectl.results import read_results
-from tunectl.select import Winner
+from tunectl.core.keys import key_dict, key_from_text, key_text, make_key
+from tunectl.decide.select import Winner
+from tunectl.formats.export import winners_in
+from tunectl.store.results import read_results
 from tunectl.tasks.flash_decode import BACKEND_DEFAULTS
 from tunectl.tasks.flex_prefill import flops
 

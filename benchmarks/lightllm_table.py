@@ -29,11 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tunectl.buckets import make_bucketer
-from tunectl.export import facts_of, winners_in
-from tunectl.keys import key_dict, key_from_text, key_text
-from tunectl.record import Record
-from tunectl.results import read_results
+from tunectl.core.buckets import make_bucketer
+from tunectl.core.keys import key_dict, key_from_text, key_text
+from tunectl.core.record import Record
+from tunectl.formats.export import facts_of, winners_in
+from tunectl.store.results import read_results
 
 LIGHTLLM_SPLITS = (0, 16, 32)
 Config = str  # a config key's text

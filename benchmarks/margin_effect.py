@@ -14,12 +14,12 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from tunectl.export import facts_of, select_from
-from tunectl.keys import Key, key_text
-from tunectl.record import SELECTED_PHASES
-from tunectl.results import read_results
-from tunectl.runs import list_runs
-from tunectl.select import Winner
+from tunectl.core.keys import Key, key_text
+from tunectl.core.record import SELECTED_PHASES
+from tunectl.decide.select import Winner
+from tunectl.formats.export import facts_of, select_from
+from tunectl.store.results import read_results
+from tunectl.store.runs import list_runs
 
 HERE = Path(__file__).resolve().parent
 ARCHIVE = HERE / "results" / "h200_results.tar.gz"

@@ -31,7 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tunectl.spec import MeasureSpec, load_spec
+from tunectl.core.spec import MeasureSpec, load_spec
 from tunectl.tasks.difference import FLUSH, cuda_difference_sampler
 from tunectl.tasks.harness import measure
 from tunectl.tasks.timing import make_sampler

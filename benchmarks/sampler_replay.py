@@ -25,10 +25,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tunectl.keys import key_from_text
-from tunectl.results import read_results
-from tunectl.runs import load_run
-from tunectl.select import task_selectable
+from tunectl.core.keys import key_from_text
+from tunectl.decide.select import task_selectable
+from tunectl.store.results import read_results
+from tunectl.store.runs import load_run
 
 Configs = Mapping[str, Mapping[str, Any]]  # config key text -> its grid row
 

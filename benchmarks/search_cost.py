@@ -32,14 +32,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tunectl.keys import key_text
-from tunectl.plan import RunFacts, WorkItem, plan
-from tunectl.record import RECORD_FIELDS, Record
-from tunectl.results import read_results
-from tunectl.runs import load_run
-from tunectl.search import Search
-from tunectl.select import select_winners
-from tunectl.spec import Spec, parse_spec
+from tunectl.core.keys import key_text
+from tunectl.core.plan import RunFacts, WorkItem, plan
+from tunectl.core.record import RECORD_FIELDS, Record
+from tunectl.core.spec import Spec, parse_spec
+from tunectl.decide.search import Search
+from tunectl.decide.select import select_winners
+from tunectl.store.results import read_results
+from tunectl.store.runs import load_run
 
 Point = tuple[str, str]
 
@@ -91,7 +91,7 @@ def _facts(spec: Spec) -> RunFacts:
 
 def _grid_cost(spec: Spec, truth: Mapping[Point, Mapping[str, Mapping[str, Any]]]) -> int:
     """Configs that may win at their point (the grid also measures some for reference only)."""
-    from tunectl.keys import key_from_text
+    from tunectl.core.keys import key_from_text
 
     return sum(
         _may_win(spec, key_from_text(p[0]), key_from_text(c)) or r["is_default"]
@@ -101,7 +101,7 @@ def _grid_cost(spec: Spec, truth: Mapping[Point, Mapping[str, Mapping[str, Any]]
 
 
 def _grid_best(spec: Spec, truth: Mapping[Point, Mapping[str, Mapping[str, Any]]], point: Point) -> float:
-    from tunectl.keys import key_from_text
+    from tunectl.core.keys import key_from_text
 
     static = key_from_text(point[0])
     ok = [

@@ -22,8 +22,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tunectl.record import Timing
-from tunectl.spec import MeasureSpec, load_spec
+from tunectl.core.record import Timing
+from tunectl.core.spec import MeasureSpec, load_spec
 from tunectl.tasks import _adapters_triton
 from tunectl.tasks.base import InvalidConfig
 from tunectl.tasks.flash_decode import FlashDecode

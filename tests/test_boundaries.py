@@ -19,7 +19,9 @@ def _modules_after(statement: str) -> list[str]:
     return json.loads(out.stdout)  # type: ignore[no-any-return]
 
 
-@pytest.mark.parametrize("module", ["tunectl.runtime", "tunectl.bundle", "tunectl.keys", "tunectl.adapters"])
+@pytest.mark.parametrize(
+    "module", ["tunectl.runtime", "tunectl.store.bundle", "tunectl.core.keys", "tunectl.runtime.adapters"]
+)
 def test_serving_modules_import_only_the_standard_library(module: str) -> None:
     at_start = set(_modules_after(""))  # site hooks (.pth files) load before any import of ours
     loaded = set(_modules_after(f"import {module}")) - at_start
@@ -33,8 +35,8 @@ def test_serving_modules_import_only_the_standard_library(module: str) -> None:
 
 def test_the_cli_and_spec_validation_do_not_import_heavy_libraries() -> None:
     loaded = _modules_after(
-        "import tunectl.cli, tunectl.spec, tunectl.plan, tunectl.tasks.registry\n"
-        "from tunectl.spec import load_spec; load_spec('configs/quickstart.toml')"
+        "import tunectl.cli, tunectl.core.spec, tunectl.core.plan, tunectl.tasks.registry\n"
+        "from tunectl.core.spec import load_spec; load_spec('configs/quickstart.toml')"
     )
     assert [m for m in loaded if m.split(".")[0] in ("ray", "torch", "pyarrow")] == []
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tunectl.keys import make_key
+from tunectl.core.keys import make_key
+from tunectl.core.plan import WorkItem
 from tunectl.orchestrator.builds import (
     CLAIMABLE,
     READY,
@@ -20,7 +21,6 @@ from tunectl.orchestrator.builds import (
     compile_keys,
 )
 from tunectl.orchestrator.workqueue import WorkQueue
-from tunectl.plan import WorkItem
 from tunectl.tasks.compile import compile_key
 from tunectl.tasks.flash_decode import FlashDecode
 from tunectl.tasks.flex_prefill import FlexPrefill

@@ -10,8 +10,11 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from tunectl import bundle as bundle_mod
-from tunectl.bundle import (
+from tunectl.cli import app
+from tunectl.core.errors import BundleExistsError, UserError
+from tunectl.runtime import BundleCorruptError, load_bundle
+from tunectl.store import bundle as bundle_mod
+from tunectl.store.bundle import (
     LocalStore,
     TaskTable,
     build_files,
@@ -22,9 +25,6 @@ from tunectl.bundle import (
     publish_local,
     read_channel,
 )
-from tunectl.cli import app
-from tunectl.errors import BundleExistsError, UserError
-from tunectl.runtime import BundleCorruptError, load_bundle
 
 STATIC = {"dtype": "float32", "head_dim": 64}
 ENV = {"device_name": "cpu: test"}

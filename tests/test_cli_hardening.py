@@ -17,14 +17,14 @@ from typer.testing import CliRunner
 
 from tests.test_bundle import ENV, table
 from tests.test_results import _record
-from tunectl.bundle import LocalStore, build_files, list_bundles, promote, publish
 from tunectl.cli import app
-from tunectl.errors import UserError
-from tunectl.plan import CONFIRM_ABOVE_ITEMS, count_plan
-from tunectl.results import ResultsWriter
-from tunectl.runs import RunInfo, save_run
+from tunectl.core.errors import UserError
+from tunectl.core.plan import CONFIRM_ABOVE_ITEMS, count_plan
+from tunectl.core.spec import parse_spec
 from tunectl.runtime import BundleCorruptError, load_bundle
-from tunectl.spec import parse_spec
+from tunectl.store.bundle import LocalStore, build_files, list_bundles, promote, publish
+from tunectl.store.results import ResultsWriter
+from tunectl.store.runs import RunInfo, save_run
 
 from .conftest import TINY_SPEC
 
@@ -121,8 +121,8 @@ def test_a_validation_verdict_is_not_cropped_at_80_columns() -> None:
     from rich.console import Console
 
     from tunectl.cli.render import validation_table
-    from tunectl.keys import make_key
-    from tunectl.stats import Speedup
+    from tunectl.core.keys import make_key
+    from tunectl.core.stats import Speedup
 
     class Point:
         shape = make_key({"batch": 16384, "kv_len": 131072})

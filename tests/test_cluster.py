@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tunectl.errors import UserError
+from tunectl.core.errors import UserError
 from tunectl.orchestrator.cluster import connect
 
 

@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from tunectl.export import prepare_bundle, winners_in
-from tunectl.record import Phase, Status, Timing, TimingMethod
-from tunectl.results import read_results
-from tunectl.runs import load_run, run_facts, summarise_runs
+from tunectl.core.record import Phase, Status, Timing, TimingMethod
+from tunectl.formats.export import prepare_bundle, winners_in
 from tunectl.runtime import load_bundle
-from tunectl.stores import read_bundle
+from tunectl.store.results import read_results
+from tunectl.store.runs import load_run, run_facts, summarise_runs
+from tunectl.store.stores import read_bundle
 
 V1 = Path(__file__).parent / "data" / "v1"
 RUN = "r20261130-120000-aaaaaa"

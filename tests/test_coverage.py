@@ -15,14 +15,14 @@ from typer.testing import CliRunner
 
 from tests.test_refine import SPEC, _spec, _winner, drive, work_of
 from tunectl.cli import app
-from tunectl.coverage import cover, nearest
-from tunectl.keys import make_key
-from tunectl.plan import plan
-from tunectl.record import Record
-from tunectl.results import ResultsWriter
-from tunectl.runs import RunInfo, save_run
+from tunectl.core.keys import make_key
+from tunectl.core.plan import plan
+from tunectl.core.record import Record
+from tunectl.decide.coverage import cover, nearest
+from tunectl.decide.select import select_winners
 from tunectl.runtime import load_bundle
-from tunectl.select import select_winners
+from tunectl.store.results import ResultsWriter
+from tunectl.store.runs import RunInfo, save_run
 from tunectl.tasks.cost_model import CostModel
 
 PER_BATCH = {"fixed_ms": 0.0, "per_batch_ms": 0.05, "per_kv_ms": 0.0}

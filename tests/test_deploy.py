@@ -15,7 +15,7 @@ import yaml
 from typer.testing import CliRunner
 
 from tunectl.cli import app
-from tunectl.spec import load_spec
+from tunectl.core.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tunectl.spec import MeasureSpec
+from tunectl.core.spec import MeasureSpec
 from tunectl.tasks.drift import MAX_WAIT_S, DriftGuard, Guarded, moved
 from tunectl.tasks.harness import measure, summarise
 

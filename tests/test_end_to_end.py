@@ -12,8 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from tunectl.cli import app
-from tunectl.results import read_results
 from tunectl.runtime import load_bundle
+from tunectl.store.results import read_results
 
 pytestmark = pytest.mark.slow
 STATIC = {"dtype": "float32", "num_q_heads": 4, "num_kv_heads": 2, "head_dim": 16, "page_size": 8}

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from tunectl.core.plan import plan
+from tunectl.core.record import Record
+from tunectl.core.spec import load_spec
 from tunectl.orchestrator.submit import submit
-from tunectl.plan import plan
-from tunectl.record import Record
-from tunectl.results import read_results
-from tunectl.runs import load_run, run_log_path
-from tunectl.spec import load_spec
+from tunectl.store.results import read_results
+from tunectl.store.runs import load_run, run_log_path
 
 pytestmark = pytest.mark.slow
 

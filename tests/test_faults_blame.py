@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from tunectl.keys import make_key
+from tunectl.core.keys import make_key
+from tunectl.core.plan import WorkItem
 from tunectl.orchestrator.blame import Blame
 from tunectl.orchestrator.workqueue import WorkQueue
-from tunectl.plan import WorkItem
 
 
 def item(name: str, point: int = 1) -> WorkItem:

@@ -11,7 +11,7 @@ import pytest
 
 from tests.test_faults import assert_one_row_per_item, planned_ids, write_spec
 from tunectl.orchestrator.submit import submit
-from tunectl.runs import run_log_path
+from tunectl.store.runs import run_log_path
 
 pytestmark = pytest.mark.slow
 

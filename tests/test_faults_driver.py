@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from tests.test_faults import assert_one_row_per_item, planned_ids, write_spec
 from tunectl.cli import app
-from tunectl.runs import list_runs, summarise_runs
+from tunectl.store.runs import list_runs, summarise_runs
 
 pytestmark = pytest.mark.slow
 

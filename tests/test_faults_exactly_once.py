@@ -20,11 +20,11 @@ from tests.conftest import TINY_SPEC
 from tests.test_faults import raw_row_count
 from tests.test_faults_driver import driver
 from tunectl.cli import app
-from tunectl.plan import plan
-from tunectl.results import read_results
-from tunectl.runs import list_runs
-from tunectl.search import Search
-from tunectl.spec import load_spec
+from tunectl.core.plan import plan
+from tunectl.core.spec import load_spec
+from tunectl.decide.search import Search
+from tunectl.store.results import read_results
+from tunectl.store.runs import list_runs
 
 pytestmark = pytest.mark.slow
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tunectl.keys import make_key
-from tunectl.plan import item_id
-from tunectl.spec import MeasureSpec
+from tunectl.core.keys import make_key
+from tunectl.core.plan import item_id
+from tunectl.core.spec import MeasureSpec
 from tunectl.tasks.base import InvalidConfig
 from tunectl.tasks.flash_decode import BACKEND_DEFAULTS, BACKEND_OPTIONS, FlashDecode, visible
 from tunectl.tasks.registry import get_task
@@ -187,7 +187,7 @@ def test_bytes_moved_counts_the_kv_a_window_lets_the_kernel_read() -> None:
 
 
 def test_the_runner_records_sdpa_as_ok_and_flash_attn_on_cpu_as_invalid() -> None:
-    from tunectl.plan import WorkItem
+    from tunectl.core.plan import WorkItem
     from tunectl.tasks.runner import ItemRunner
 
     runner = ItemRunner("cpu")

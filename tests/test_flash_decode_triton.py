@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tunectl import adapters
+from tunectl.runtime import adapters
 from tunectl.tasks import _adapters_triton as at
 from tunectl.tasks.base import InvalidConfig
 from tunectl.tasks.compile import compile_key

@@ -263,9 +263,9 @@ def test_flashinfers_jit_workspace_is_under_the_runs_compile_cache(tmp_path: Pat
 
 
 def test_the_runner_records_flashinfer_on_a_cpu_as_invalid_not_as_an_error() -> None:
-    from tunectl.keys import make_key
-    from tunectl.plan import WorkItem, item_id
-    from tunectl.spec import MeasureSpec
+    from tunectl.core.keys import make_key
+    from tunectl.core.plan import WorkItem, item_id
+    from tunectl.core.spec import MeasureSpec
     from tunectl.tasks.runner import ItemRunner
 
     keys = make_key(STATIC), make_key(SHAPE), make_key({"backend": "flashinfer"})
@@ -276,7 +276,7 @@ def test_the_runner_records_flashinfer_on_a_cpu_as_invalid_not_as_an_error() -> 
 
 
 def test_serving_gets_the_plan_options_and_what_to_make_the_wrapper_with() -> None:
-    from tunectl import adapters
+    from tunectl.runtime import adapters
 
     assert adapters.flash_decode({"backend": "flashinfer"}) == adapters.Call(
         "flashinfer", {}, True, {"use_tensor_cores": False, "kv_layout": "NHD"}

@@ -14,8 +14,10 @@ import pytest
 from typer.testing import CliRunner
 
 from tunectl.cli import app
-from tunectl.errors import UserError
-from tunectl.flexlog import (
+from tunectl.core.errors import UserError
+from tunectl.core.keys import key_dict, key_from_text
+from tunectl.decide.select import select_winners
+from tunectl.formats.flexlog import (
     TASK,
     LiteralError,
     Symbol,
@@ -23,10 +25,8 @@ from tunectl.flexlog import (
     parse_flex_log,
     parse_literal,
 )
-from tunectl.keys import key_dict, key_from_text
-from tunectl.results import read_results
-from tunectl.runs import list_runs
-from tunectl.select import select_winners
+from tunectl.store.results import read_results
+from tunectl.store.runs import list_runs
 
 DATA = Path(__file__).parent / "data" / "flex_logs"
 STATIC_LOG = DATA / "torch211-h200-forward-backward.json"
@@ -427,7 +427,7 @@ def test_a_missing_file_points_at_the_json_inductor_wrote(tmp_path: Path) -> Non
 
 
 def test_importing_into_a_tuning_run_or_an_unknown_run_is_refused(tmp_path: Path) -> None:
-    from tunectl.runs import RunInfo, save_run
+    from tunectl.store.runs import RunInfo, save_run
 
     save_run(tmp_path, RunInfo("r-tuned", "tiny", "flash_decode", "tiny.toml", "", "finished", 1, 0.0, 0.0))
     for run, words in (("r-tuned", "run r-tuned is a flash_decode run"), ("r-none", "no run 'r-none'")):

@@ -11,12 +11,11 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from tunectl import adapters
-from tunectl.bundle import TaskTable, build_files, publish_local
 from tunectl.cli import app
-from tunectl.errors import UserError
-from tunectl.formats import export_flex_options, export_lightllm, lightllm_run_key
-from tunectl.runtime import Bundle, load_bundle
+from tunectl.core.errors import UserError
+from tunectl.formats.engines import export_flex_options, export_lightllm, lightllm_run_key
+from tunectl.runtime import Bundle, adapters, load_bundle
+from tunectl.store.bundle import TaskTable, build_files, publish_local
 
 DECODE_STATIC = {
     "causal": True,

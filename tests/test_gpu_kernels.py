@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from tunectl.keys import make_key
-from tunectl.plan import WorkItem, item_id
-from tunectl.spec import MeasureSpec
+from tunectl.core.keys import make_key
+from tunectl.core.plan import WorkItem, item_id
+from tunectl.core.spec import MeasureSpec
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]

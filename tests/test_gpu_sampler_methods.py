@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tunectl.spec import MeasureSpec
+from tunectl.core.spec import MeasureSpec
 from tunectl.tasks.difference import cuda_flush, num_calls_for, repeated
 from tunectl.tasks.harness import measure
 from tunectl.tasks.timing import make_sampler

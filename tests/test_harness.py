@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tunectl.spec import MeasureSpec
+from tunectl.core.spec import MeasureSpec
 from tunectl.tasks.harness import interleave, measure, scaled
 
 

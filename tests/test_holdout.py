@@ -11,10 +11,10 @@ from typer.testing import CliRunner
 
 from tests.test_refine import _spec
 from tunectl.cli import app
-from tunectl.holdout import HeldOut, Holdout, draw_shapes, read_holdout
-from tunectl.keys import key_text, make_key
-from tunectl.record import Record
-from tunectl.results import read_results
+from tunectl.core.keys import key_text, make_key
+from tunectl.core.record import Record
+from tunectl.decide.holdout import HeldOut, Holdout, draw_shapes, read_holdout
+from tunectl.store.results import read_results
 
 ROOT = Path(__file__).resolve().parents[1]
 RANGED_KV = '[shapes.kv_len]\nrange = [1024, 8192]\nvalues = [1024]\nstep = 512\nbucket = "ceil"'

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.test_faults import assert_one_row_per_item, planned_ids, write_spec
-from tunectl.runs import load_run
+from tunectl.store.runs import load_run
 
 pytestmark = pytest.mark.slow
 FAST = '[[configs]]\nfault = "none"\nrun_ms = 1\nvariant = [1, 2, 3]\n'

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from tunectl.cli import app
 from tunectl.orchestrator.jobs import dashboard_address
-from tunectl.runs import RunInfo, save_run
+from tunectl.store.runs import RunInfo, save_run
 
 
 def run(*args: str) -> tuple[int, str]:

@@ -9,11 +9,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tunectl.bundle import TaskTable, build_files, publish_local
-from tunectl.keys import InvalidKeyError, key_digest, key_from_text, key_text, make_key
-from tunectl.record import Record
-from tunectl.results import ResultsWriter, read_results
+from tunectl.core.keys import InvalidKeyError, key_digest, key_from_text, key_text, make_key
+from tunectl.core.record import Record
 from tunectl.runtime import load_bundle
+from tunectl.store.bundle import TaskTable, build_files, publish_local
+from tunectl.store.results import ResultsWriter, read_results
 
 names = st.sampled_from(["batch", "kv_len", "q_len", "head_dim", "causal", "softcap", "scale"])
 relaxed = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -9,11 +9,11 @@ from typing import Any
 from typer.testing import CliRunner
 
 from tests.test_formats import ENV, lightllm_lookup
-from tunectl.bundle import TaskTable, build_files, publish_local
 from tunectl.cli import app
-from tunectl.plan import plan
+from tunectl.core.plan import plan
+from tunectl.core.spec import load_spec
 from tunectl.runtime import load_bundle
-from tunectl.spec import load_spec
+from tunectl.store.bundle import TaskTable, build_files, publish_local
 
 SPEC = Path(__file__).resolve().parents[1] / "configs" / "lightllm" / "flash_decode.toml"
 LIGHTLLM_STATIC_KEY = {  # LightLLM's static key for bf16, 32/8 heads, d128, page 128, causal

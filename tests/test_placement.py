@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from tests.test_faults import assert_one_row_per_item, planned_ids, write_spec
-from tunectl.errors import UserError
+from tunectl.core.errors import UserError
+from tunectl.core.record import Record
 from tunectl.orchestrator.submit import submit
-from tunectl.record import Record
-from tunectl.runs import load_run, run_log_path
+from tunectl.store.runs import load_run, run_log_path
 
 pytestmark = pytest.mark.slow
 
@@ -91,8 +91,8 @@ def test_a_heterogeneous_cluster_measures_the_whole_plan_once_per_accelerator_ty
     info = load_run(tmp_path / "results", out.run_id)
     assert info.pools == ("A100", "H100")
     assert info.num_planned == 2 * len(planned_ids(spec)) == out.statuses["ok"]
-    from tunectl.plan import in_pool, plan
-    from tunectl.spec import load_spec
+    from tunectl.core.plan import in_pool, plan
+    from tunectl.core.spec import load_spec
 
     items = plan(load_spec(spec)).items
     by_pool = {p: [dataclasses.replace(i, item_id=in_pool(i.item_id, p)) for i in items] for p in info.pools}

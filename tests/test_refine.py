@@ -14,14 +14,14 @@ from typing import Any
 
 import pytest
 
-from tunectl.errors import SpecError
-from tunectl.keys import Key, key_text, make_key
-from tunectl.plan import WorkItem, plan
-from tunectl.record import Record
-from tunectl.refine import Refined, candidates, midpoint, refined
-from tunectl.search import Search
-from tunectl.select import Winner
-from tunectl.spec import parse_spec
+from tunectl.core.errors import SpecError
+from tunectl.core.keys import Key, key_text, make_key
+from tunectl.core.plan import WorkItem, plan
+from tunectl.core.record import Record
+from tunectl.core.spec import parse_spec
+from tunectl.decide.refine import Refined, candidates, midpoint, refined
+from tunectl.decide.search import Search
+from tunectl.decide.select import Winner
 from tunectl.tasks.cost_model import CostModel, cost_ms
 
 SPEC = """

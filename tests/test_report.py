@@ -16,14 +16,14 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from tunectl.bundle import TaskTable, build_files, publish_local
 from tunectl.cli import app
-from tunectl.export import entry_of
-from tunectl.keys import key_text, make_key
-from tunectl.record import Record
+from tunectl.core.keys import key_text, make_key
+from tunectl.core.record import Record
+from tunectl.decide.select import select_winners
+from tunectl.formats.export import entry_of
 from tunectl.report import Group, Point, speedup_grids
-from tunectl.results import ResultsWriter, read_results
-from tunectl.select import select_winners
+from tunectl.store.bundle import TaskTable, build_files, publish_local
+from tunectl.store.results import ResultsWriter, read_results
 
 DECODE, PREFILL = "toy_decode", "toy_prefill"
 STATIC = key_text(make_key({"dtype": "float32", "head_dim": 64}))

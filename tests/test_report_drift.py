@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tunectl.record import Record, Status
+from tunectl.core.record import Record, Status
 from tunectl.report import write_report
 from tunectl.report.drift import drift_panel
-from tunectl.results import ResultsWriter
+from tunectl.store.results import ResultsWriter
 
 START = 1_700_000_000.0
 

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from tests.test_report import _Page, results  # noqa: F401 (the results fixture)
 from tunectl.cli import app
-from tunectl.keys import make_key
+from tunectl.core.keys import make_key
 from tunectl.report.draw import draw_grid, noise_scale
 from tunectl.report.gather import Check
 from tunectl.report.grids import Cell, Group, Point, noise_grid, short_labels, speedup_grids

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tunectl.record import Record
-from tunectl.results import ResultsWriter, atomic_write, done_item_ids, read_results
+from tunectl.core.record import Record
+from tunectl.store.results import ResultsWriter, atomic_write, done_item_ids, read_results
 
 
 def _record(run: str, item: str, median: float = 10.0, finished: float = 1.0, task: str = "t") -> Record:
@@ -120,8 +120,8 @@ def test_rows_from_before_phases_read_as_full_measurements(tmp_path: Path) -> No
 
 def test_a_crash_record_without_a_device_does_not_split_an_export(tmp_path: Path) -> None:
     from tests.conftest import TINY_SPEC
-    from tunectl.export import prepare_bundle
-    from tunectl.runs import RunInfo, save_run
+    from tunectl.formats.export import prepare_bundle
+    from tunectl.store.runs import RunInfo, save_run
 
     save_run(
         tmp_path, RunInfo("r1", "tiny", "decode_attention", "tiny.toml", TINY_SPEC, "finished", 2, 1.0, 1.0)

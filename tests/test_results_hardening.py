@@ -15,9 +15,9 @@ from typer.testing import CliRunner
 
 from tests.test_results import _record
 from tunectl.cli import app
-from tunectl.record import Record
-from tunectl.results import ResultsWriter, check_parts, part_files, read_results
-from tunectl.runs import RunInfo, save_run
+from tunectl.core.record import Record
+from tunectl.store.results import ResultsWriter, check_parts, part_files, read_results
+from tunectl.store.runs import RunInfo, save_run
 
 
 def _arms(group: str, n: int = 4, run: str = "r1") -> list[Record]:
@@ -96,7 +96,7 @@ def test_damaged_empty_and_foreign_parts_are_skipped_with_one_warning_each(
 ) -> None:
     root = _dataset(tmp_path)
     bad = _damage(root)
-    with caplog.at_level(logging.WARNING, logger="tunectl.results"):
+    with caplog.at_level(logging.WARNING, logger="tunectl.store.results"):
         rows = read_results(root)
         read_results(root)  # a second read in one process does not warn again
     assert sorted(r.item_id for r in rows) == ["i1", "i2"]

@@ -18,8 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tunectl.bundle import LocalStore, TaskTable, build_files, pack, promote, publish_local
-from tunectl.errors import UserError
+from tunectl.core.errors import UserError
 from tunectl.runtime import (
     BundleCorruptError,
     BundleEnvironmentError,
@@ -35,6 +34,7 @@ from tunectl.runtime import (
     load_bundle_or_none,
     register_fetcher,
 )
+from tunectl.store.bundle import LocalStore, TaskTable, build_files, pack, promote, publish_local
 
 ROOT = Path(__file__).resolve().parents[1]
 STATIC = {"dtype": "bfloat16", "num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128, "window": [-1, -1]}
@@ -243,7 +243,7 @@ def test_a_lookup_does_not_depend_on_the_lookups_before_it(tmp_path_factory: Any
     ],
 )
 def test_each_bucket_policy(policy: str, probes: dict[int, int | None]) -> None:
-    from tunectl.buckets import make_bucketer
+    from tunectl.core.buckets import make_bucketer
 
     bucket = make_bucketer(policy, [4, 16])
     assert {v: bucket(v) for v in probes} == probes
@@ -613,7 +613,7 @@ def test_the_runtime_works_with_nothing_but_the_standard_library(bundle_dir: Pat
 import json, sys
 sys.path.insert(0, {str(ROOT)!r})
 from tunectl.runtime import load_bundle
-from tunectl import adapters
+from tunectl.runtime import adapters
 here = {{"device_name": "H200", "packages": {{}}}}
 b = load_bundle({str(bundle_dir)!r}, env_policy="strict", environment=here)
 call = adapters.call(b, "decode_attention", batch=1)

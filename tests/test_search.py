@@ -15,12 +15,12 @@ from typing import Any
 
 import pytest
 
-from tunectl.errors import SpecError
-from tunectl.keys import key_text
-from tunectl.plan import WorkItem, plan
-from tunectl.record import Record
-from tunectl.search import Search
-from tunectl.spec import parse_spec
+from tunectl.core.errors import SpecError
+from tunectl.core.keys import key_text
+from tunectl.core.plan import WorkItem, plan
+from tunectl.core.record import Record
+from tunectl.core.spec import parse_spec
+from tunectl.decide.search import Search
 
 SPEC = """
 name = "s"
@@ -212,9 +212,9 @@ def test_a_spec_asking_for_the_model_strategy_is_refused_but_a_run_made_with_it_
 
 
 def test_configs_are_ranked_only_against_rows_of_the_newest_timing_method() -> None:
-    from tunectl.keys import make_key
-    from tunectl.record import Record, Status, Timing
-    from tunectl.search import ranked_configs
+    from tunectl.core.keys import make_key
+    from tunectl.core.record import Record, Status, Timing
+    from tunectl.decide.search import ranked_configs
 
     def row(config: int, median: float, timing: Timing, at: float) -> Record:
         return Record(

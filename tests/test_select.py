@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from tests.data.v1.make import SPEC as V1_SPEC
-from tunectl.plan import plan, selectable_in
-from tunectl.record import Record
-from tunectl.select import select_winners as select_records
-from tunectl.spec import parse_spec
+from tunectl.core.plan import plan, selectable_in
+from tunectl.core.record import Record
+from tunectl.core.spec import parse_spec
+from tunectl.decide.select import select_winners as select_records
 
 
 def select_winners(rows: list[dict[str, Any]], **options: Any) -> Any:

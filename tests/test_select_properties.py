@@ -5,9 +5,9 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tunectl.keys import key_text
-from tunectl.record import Phase, Record, Status
-from tunectl.select import select_winners
+from tunectl.core.keys import key_text
+from tunectl.core.record import Phase, Record, Status
+from tunectl.decide.select import select_winners
 
 CONFIGS = [key_text((("c", i),)) for i in range(4)]  # c=0 is the default
 SHAPES = [key_text((("batch", b),)) for b in (1, 16)]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tunectl.bundle import LocalStore, TaskTable, build_files, promote, publish_local
+from tunectl.store.bundle import LocalStore, TaskTable, build_files, promote, publish_local
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVING = ROOT / "deploy" / "serving"
@@ -110,7 +110,7 @@ def test_the_base_install_is_the_runtime_and_the_standard_library(tmp_path: Path
 import json, sys
 sys.path.insert(0, {str(target)!r})
 from tunectl.runtime import load_bundle
-from tunectl import adapters
+from tunectl.runtime import adapters
 b = load_bundle({f"{store}/serve@stable"!r})
 call = adapters.call(b, "decode_attention", **{MODEL!r}, batch=3, kv_len=100)
 print(json.dumps({{"kwargs": call.kwargs, "from": b.__class__.__module__.split(".")[0],

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tunectl.errors import SpecError
-from tunectl.spec import load_spec, parse_spec
+from tunectl.core.errors import SpecError
+from tunectl.core.spec import load_spec, parse_spec
 
 from .conftest import TINY_SPEC
 
@@ -79,7 +79,7 @@ def test_config_union_of_grids_expands_each_grid() -> None:
 
 
 def test_a_spec_default_is_the_baseline_every_config_is_planned_against() -> None:
-    from tunectl.plan import plan
+    from tunectl.core.plan import plan
 
     spec = parse_spec(TINY_SPEC + '[default]\nnum_splits = 2\ngqa = "grouped"\n', "tiny.toml")
     items = plan(spec).items

@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from tunectl.cli import app
-from tunectl.errors import SpecError, UserError
-from tunectl.params import Rule
-from tunectl.plan import count_plan, plan
-from tunectl.spec import TABLE_RULES, parse_spec
+from tunectl.core.errors import SpecError, UserError
+from tunectl.core.params import Rule
+from tunectl.core.plan import count_plan, plan
+from tunectl.core.spec import TABLE_RULES, parse_spec
 from tunectl.tasks.registry import get_task, task_names
 
 from .conftest import TINY_SPEC

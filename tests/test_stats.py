@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from tunectl.stats import Speedup, geomean_speedup, paired_speedup, t975
+from tunectl.core.stats import Speedup, geomean_speedup, paired_speedup, t975
 
 
 def test_a_constant_ratio_has_a_point_interval() -> None:

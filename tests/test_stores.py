@@ -12,11 +12,11 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.s3server import S3, s3_server
-from tunectl.bundle import TaskTable, build_files, list_bundles, promote, publish, read_channel
 from tunectl.cli import app
-from tunectl.errors import BundleExistsError, UserError
+from tunectl.core.errors import BundleExistsError, UserError
 from tunectl.runtime import BundleCorruptError, BundleNotFoundError, load_bundle
-from tunectl.stores import ArrowStore, LocalStore, fetch, open_store
+from tunectl.store.bundle import TaskTable, build_files, list_bundles, promote, publish, read_channel
+from tunectl.store.stores import ArrowStore, LocalStore, fetch, open_store
 
 ROOT = Path(__file__).resolve().parents[1]
 STATIC = {"dtype": "float32", "num_q_heads": 4, "num_kv_heads": 2, "head_dim": 16, "page_size": 8}
@@ -116,7 +116,7 @@ def test_stores_are_local_paths_or_known_schemes(tmp_path: Path) -> None:
 def test_reading_s3_without_pyarrow_says_what_to_install() -> None:
     code = (
         "import sys; sys.modules['pyarrow'] = sys.modules['pyarrow.fs'] = None\n"
-        "from tunectl.runtime import load_bundle, BundleReadError\nfrom tunectl.stores import fetch\n"
+        "from tunectl.runtime import load_bundle, BundleReadError\nfrom tunectl.store.stores import fetch\n"
         "try:\n    load_bundle('s3://b/x/1', fetcher=fetch)\nexcept BundleReadError as e:\n    print(e)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
@@ -145,7 +145,8 @@ def test_submit_export_publish_promote_and_load_by_channel(
     assert json.loads(out.output)["channels"][0]["version"] == "1"
 
     probe = (
-        "import json\nfrom tunectl.stores import register_fetchers\nfrom tunectl.runtime import load_bundle\n"
+        "import json\nfrom tunectl.store.stores import register_fetchers\n"
+        "from tunectl.runtime import load_bundle\n"
         "register_fetchers()\n"
         f"b = load_bundle({store + '/tiny@stable'!r}, env_policy='strict')\n"
         f"s = {STATIC!r}\n"

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from tunectl.record import Timing
-from tunectl.spec import MeasureSpec
+from tunectl.core.record import Timing
+from tunectl.core.spec import MeasureSpec
 from tunectl.tasks.difference import MAX_CALLS, difference_sampler, num_calls_for, replay_sampler
 from tunectl.tasks.harness import measure
 from tunectl.tasks.timing import make_sampler, timing_of

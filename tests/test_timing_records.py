@@ -8,13 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from tunectl.errors import SpecError
-from tunectl.keys import key_text, make_key
-from tunectl.plan import WorkItem
-from tunectl.record import Record, Status, Timing
-from tunectl.results import ResultsWriter, read_results
-from tunectl.select import select_winners
-from tunectl.spec import MeasureSpec, parse_spec
+from tunectl.core.errors import SpecError
+from tunectl.core.keys import key_text, make_key
+from tunectl.core.plan import WorkItem
+from tunectl.core.record import Record, Status, Timing
+from tunectl.core.spec import MeasureSpec, parse_spec
+from tunectl.decide.select import select_winners
+from tunectl.store.results import ResultsWriter, read_results
 from tunectl.tasks.drift import PROBE_SETTINGS
 from tunectl.tasks.harness import Sampler
 from tunectl.tasks.runner import ItemRunner

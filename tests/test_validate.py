@@ -13,16 +13,16 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from tunectl.bundle import TaskTable, build_files, publish_local
 from tunectl.cli import app
-from tunectl.keys import key_text, make_key
-from tunectl.plan import comparison
-from tunectl.record import Record
-from tunectl.results import ResultsWriter, read_results
-from tunectl.runs import RunInfo, save_run
-from tunectl.spec import MeasureSpec, parse_spec
+from tunectl.core.keys import key_text, make_key
+from tunectl.core.plan import comparison
+from tunectl.core.record import Record
+from tunectl.core.spec import MeasureSpec, parse_spec
+from tunectl.decide.validate import plan_validation, read_validation
+from tunectl.store.bundle import TaskTable, build_files, publish_local
+from tunectl.store.results import ResultsWriter, read_results
+from tunectl.store.runs import RunInfo, save_run
 from tunectl.tasks.runner import ItemRunner
-from tunectl.validate import plan_validation, read_validation
 
 FAST = MeasureSpec(warmup=0, min_samples=3, max_samples=6, max_seconds=0.05)
 DEFAULT = make_key({"fault": "none"})

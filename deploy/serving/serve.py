@@ -3,14 +3,14 @@
     TUNECTL_BUNDLE=/bundles/quickstart@stable python deploy/serving/serve.py --steps 16
 
 ``TUNECTL_BUNDLE`` names the bundle: a directory, a ``.tar.gz`` from ``tunectl bundle pack``, a URI
-(read through ``tunectl.stores.fetch``, which needs pyarrow), or ``STORE/NAME@CHANNEL``.
+(read through ``tunectl.store.stores.fetch``, which needs pyarrow), or ``STORE/NAME@CHANNEL``.
 ``TUNECTL_ENV_POLICY`` is ``strict``, ``warn`` (default) or ``off``. Under ``strict`` a bundle that
 is bad or was tuned elsewhere stops the server before it takes traffic (exit 3); otherwise the
 server logs why and decodes with the kernel's defaults: a bad bundle never takes serving down.
 
 Each step serves one batch of decode requests with the CPU split-KV paged decode kernel
 (``tunectl.tasks.decode_attention``): it looks the shape up (no I/O: the tables are in memory), turns the
-entry into the kernel's arguments with ``tunectl.adapters``, and runs the kernel.
+entry into the kernel's arguments with ``tunectl.runtime.adapters``, and runs the kernel.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ import sys
 import time
 from typing import Any
 
-from tunectl import adapters
 from tunectl.runtime import (
     ENV_POLICY_VAR,
     ENV_VAR,
     Bundle,
     BundleError,
+    adapters,
     empty_bundle,
     load_bundle,
     uri_scheme,
@@ -45,7 +45,7 @@ def load(policy: str) -> Bundle:
     source = os.environ.get(ENV_VAR)
     fetcher: Any = None
     if source and uri_scheme(source) not in (None, "file"):
-        from tunectl.stores import fetch  # pyarrow is imported only when a URI is read
+        from tunectl.store.stores import fetch  # pyarrow is imported only when a URI is read
 
         fetcher = fetch
     try:

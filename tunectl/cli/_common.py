@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from tunectl.errors import TunectlError, UserError
+from tunectl.core.errors import TunectlError, UserError
 
 ResultsOption = Annotated[
     Path, typer.Option("--results", help="The results dataset (a directory of Parquet files).")

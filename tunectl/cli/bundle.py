@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tunectl.cli._common import library_errors
-from tunectl.files import canonical_json
+from tunectl.core.files import canonical_json
 
 app = typer.Typer(help="Inspect, check, compare, promote and pack published bundles.", no_args_is_help=True)
 
@@ -34,8 +34,8 @@ def list_cmd(
     \b
         tunectl bundle list bundles --json
     """
-    from tunectl.bundle import list_bundles
-    from tunectl.stores import open_store
+    from tunectl.store.bundle import list_bundles
+    from tunectl.store.stores import open_store
 
     with library_errors():
         versions, channels = list_bundles(open_store(store))
@@ -75,7 +75,7 @@ def verify_cmd(
     \b
         tunectl bundle verify bundles/quickstart@stable --env-policy warn
     """
-    from tunectl.stores import read_bundle
+    from tunectl.store.stores import read_bundle
 
     with library_errors():
         bundle = read_bundle(source, env_policy=env_policy)
@@ -97,7 +97,7 @@ def show_cmd(
     \b
         tunectl bundle show bundles/quickstart/1 --entries
     """
-    from tunectl.stores import read_bundle
+    from tunectl.store.stores import read_bundle
 
     with library_errors():
         bundle = read_bundle(source)
@@ -159,8 +159,8 @@ def diff_cmd(
     \b
         tunectl bundle diff bundles/quickstart/1 bundles/quickstart/2
     """
-    from tunectl.bundle import diff_bundles
-    from tunectl.stores import read_bundle
+    from tunectl.store.bundle import diff_bundles
+    from tunectl.store.stores import read_bundle
 
     with library_errors():
         diff = diff_bundles(read_bundle(old), read_bundle(new))
@@ -219,8 +219,8 @@ def promote_cmd(
     \b
         tunectl bundle promote quickstart 2 --channel stable --store bundles
     """
-    from tunectl.bundle import promote
-    from tunectl.stores import open_store
+    from tunectl.store.bundle import promote
+    from tunectl.store.stores import open_store
 
     with library_errors():
         pointer = promote(open_store(store), name, version, channel)
@@ -240,8 +240,8 @@ def pack_cmd(
     \b
         tunectl bundle pack bundles/quickstart/1 quickstart-1.tar.gz
     """
-    from tunectl.bundle import pack
-    from tunectl.stores import fetcher_for
+    from tunectl.store.bundle import pack
+    from tunectl.store.stores import fetcher_for
 
     with library_errors():
         path = pack(source, out, fetcher=fetcher_for(source), overwrite=force)

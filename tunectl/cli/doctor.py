@@ -24,9 +24,9 @@ def doctor_cmd(
     \b
         tunectl doctor --results tunectl-results --quarantine
     """
-    from tunectl.results import check_parts, require_dataset
-    from tunectl.results import quarantine as move_aside
-    from tunectl.runs import check_run_files
+    from tunectl.store.results import check_parts, require_dataset
+    from tunectl.store.results import quarantine as move_aside
+    from tunectl.store.runs import check_run_files
 
     with library_errors():
         root = require_dataset(results)

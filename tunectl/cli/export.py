@@ -9,7 +9,7 @@ import typer
 
 from tunectl.cli._common import DEFAULT_RESULTS, ResultsOption, library_errors
 from tunectl.cli.validate import AddressOption, LayersOption, RoundsOption
-from tunectl.validate import DEFAULT_LAYERS, DEFAULT_ROUNDS
+from tunectl.decide.validate import DEFAULT_LAYERS, DEFAULT_ROUNDS
 
 app = typer.Typer(help="Export results in the formats serving reads.", no_args_is_help=True)
 
@@ -76,7 +76,7 @@ def export_bundle_cmd(
         _export_validated(name, version, out, results, run, task, device, spec or [], layers, rounds, address,
                           (margin, fill, strict))  # fmt: skip
         return
-    from tunectl.export import Choices, Scope, export_bundle
+    from tunectl.formats.export import Choices, Scope, export_bundle
 
     with library_errors():
         res = export_bundle(
@@ -101,7 +101,7 @@ def _export_validated(
 
     from tunectl.cli.submit import RunBar, connect_trapping_cancel, run_events
     from tunectl.cli.validate import print_validation
-    from tunectl.export import Choices, Scope
+    from tunectl.formats.export import Choices, Scope
     from tunectl.orchestrator.validate import export_validated
 
     console = Console()
@@ -144,8 +144,8 @@ def export_flex_cmd(
     \b
         tunectl export flex-options bundles/h200-attention/2 --out flex-options
     """
-    from tunectl.formats import export_flex_options
-    from tunectl.stores import read_bundle
+    from tunectl.formats.engines import export_flex_options
+    from tunectl.store.stores import read_bundle
 
     with library_errors():
         res = export_flex_options(read_bundle(source), out, task)
@@ -170,8 +170,8 @@ def export_lightllm_cmd(
     \b
         tunectl export lightllm bundles/h200-attention/2 --out lightllm/autotune_kernel_configs
     """
-    from tunectl.formats import export_lightllm
-    from tunectl.stores import read_bundle
+    from tunectl.formats.engines import export_lightllm
+    from tunectl.store.stores import read_bundle
 
     with library_errors():
         res = export_lightllm(

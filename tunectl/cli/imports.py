@@ -36,7 +36,7 @@ def flex_log_cmd(
     \b
         tunectl import flex-log autotune.log --results tunectl-results --options-out flex-options
     """
-    from tunectl.flexlog import import_flex_log
+    from tunectl.formats.flexlog import import_flex_log
 
     with library_errors():
         res = import_flex_log(file, results, run, options_out)

@@ -7,8 +7,8 @@ from typing import Any
 
 from rich.table import Table
 
-from tunectl.keys import Key, Value
-from tunectl.select import Winner
+from tunectl.core.keys import Key, Value
+from tunectl.decide.select import Winner
 
 
 def compact(key: Key, skip: Iterable[str] = ()) -> str:

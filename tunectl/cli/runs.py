@@ -13,8 +13,8 @@ from rich.table import Table
 
 from tunectl.cli._common import DEFAULT_RESULTS, ResultsOption, library_errors
 from tunectl.cli.render import compact, winners_table
-from tunectl.files import canonical_json
-from tunectl.record import Record
+from tunectl.core.files import canonical_json
+from tunectl.core.record import Record
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON (one array) instead of a table.")]
 
@@ -26,8 +26,8 @@ def list_runs_cmd(results: ResultsOption = DEFAULT_RESULTS, as_json: JsonOption 
     \b
         tunectl runs --results tunectl-results --json
     """
-    from tunectl.results import require_dataset
-    from tunectl.runs import summarise_runs
+    from tunectl.store.results import require_dataset
+    from tunectl.store.runs import summarise_runs
 
     with library_errors():
         runs = summarise_runs(require_dataset(results))
@@ -89,7 +89,7 @@ def logs_cmd(
     \b
         tunectl logs r20261129-221300-3fa2c1 --address http://HEAD:8265 --follow
     """
-    from tunectl.runs import load_run, run_log_path
+    from tunectl.store.runs import load_run, run_log_path
 
     if address:
         from tunectl.orchestrator.jobs import follow_job_logs, job_logs
@@ -124,7 +124,7 @@ def cancel_cmd(run: RunArg, results: ResultsOption = DEFAULT_RESULTS, address: A
         resume = f"tunectl submit --job --resume {run} --address {address}"
         typer.echo(f"job of run {run}: {status}; finish it with `{resume}`")
         return
-    from tunectl.runs import cancel_local_run
+    from tunectl.store.runs import cancel_local_run
 
     with library_errors():
         typer.echo(cancel_local_run(results, run))
@@ -136,8 +136,8 @@ TaskOption = Annotated[str | None, typer.Option(help="Only this task.")]
 
 def read_checked(results: Path, run: list[str] | None, task: str | None) -> list[Record]:
     """The records asked for, once the dataset and every named run are known to exist (else exit 2)."""
-    from tunectl.results import read_results, require_dataset
-    from tunectl.runs import require_runs
+    from tunectl.store.results import read_results, require_dataset
+    from tunectl.store.runs import require_runs
 
     with library_errors():
         require_runs(require_dataset(results), run or [])
@@ -156,7 +156,7 @@ def winners_cmd(
     \b
         tunectl winners --run r20261129-221300-3fa2c1 --task decode_attention
     """
-    from tunectl.export import facts_of, select_from
+    from tunectl.formats.export import facts_of, select_from
 
     records = read_checked(results, run, task)
     with library_errors():

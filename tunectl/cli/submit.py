@@ -17,7 +17,7 @@ from rich.table import Table
 
 from tunectl.cli._common import DEFAULT_RESULTS, ResultsOption, fail, library_errors
 from tunectl.cli.render import compact, winners_table
-from tunectl.plan import CONFIRM_ABOVE_ITEMS
+from tunectl.core.plan import CONFIRM_ABOVE_ITEMS
 
 
 class RunBar:
@@ -229,9 +229,9 @@ def submit(
         extra = [*compile_args, *(["--yes"] if yes else [])]
         _submit_job(spec, address, results, resume, compile_ahead, follow, extra)
         return
+    from tunectl.core.spec import load_spec
     from tunectl.orchestrator.builds import CompileOptions
     from tunectl.orchestrator.submit import submit as run_submit
-    from tunectl.spec import load_spec
 
     console = Console()
     bar = RunBar(console)
@@ -256,8 +256,8 @@ def submit(
 
 def _print_summary(console: Console, out: Any, results: Path) -> None:
     """What the run did: its counts, the points it skipped, and its winners."""
-    from tunectl.export import facts_of, select_from
-    from tunectl.results import read_results
+    from tunectl.formats.export import facts_of, select_from
+    from tunectl.store.results import read_results
 
     counts = ", ".join(f"{n} {s}" for s, n in sorted(out.statuses.items()))
     console.print(
@@ -294,8 +294,8 @@ def stopped_message(exc: KeyboardInterrupt, results: Path) -> str:
 
 
 def _check_size_here(spec: Path) -> None:
-    from tunectl.plan import check_size
-    from tunectl.spec import load_spec
+    from tunectl.core.plan import check_size
+    from tunectl.core.spec import load_spec
 
     with library_errors():
         check_size(load_spec(spec))
@@ -303,7 +303,7 @@ def _check_size_here(spec: Path) -> None:
 
 def _print_dry_run(spec: Path, results: Path) -> None:
     """Items per static key and a time estimate, without touching Ray or the results."""
-    from tunectl.estimate import dry_run
+    from tunectl.decide.estimate import dry_run
 
     with library_errors():
         planned = dry_run(spec, results)

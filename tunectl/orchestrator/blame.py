@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tunectl.plan import WorkItem
+from tunectl.core.plan import WorkItem
 
 MAX_CRASH_RETRIES = 1
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import ray
 
-from tunectl.keys import Key
-from tunectl.plan import WorkItem
+from tunectl.core.keys import Key
+from tunectl.core.plan import WorkItem
 
 #: exit status of a builder that leaves because its CUDA context is unusable
 POISONED_EXIT_CODE = 70
@@ -55,7 +55,7 @@ class Builder:
 
     def build(self, key: str, item: WorkItem, arm: Key) -> BuildResult:
         """Compile the kernel of config ``arm`` (the item's, or one of its arms') at ``item``'s point."""
-        from tunectl.registry import get_task
+        from tunectl.core.registry import get_task
         from tunectl.tasks import compile as build_api
         from tunectl.tasks.base import InvalidConfig
         from tunectl.tasks.runner import clip, failure_message

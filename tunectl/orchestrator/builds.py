@@ -27,9 +27,9 @@ from typing import Any
 import ray
 from ray import exceptions as rex
 
-from tunectl.keys import Key
+from tunectl.core.keys import Key
+from tunectl.core.plan import WorkItem
 from tunectl.orchestrator.blame import death_detail, first_line
-from tunectl.plan import WorkItem
 
 log = logging.getLogger("tunectl.run")
 

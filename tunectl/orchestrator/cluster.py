@@ -19,7 +19,7 @@ from typing import Any
 
 import ray
 
-from tunectl.errors import UserError
+from tunectl.core.errors import UserError
 
 #: Pool names for devices of no declared accelerator type.
 UNTYPED_GPU = "GPU"

@@ -29,13 +29,13 @@ from typing import Any
 import ray
 from ray import exceptions as rex
 
-from tunectl.errors import TunectlError
+from tunectl.core.errors import TunectlError
+from tunectl.core.plan import WorkItem
+from tunectl.core.record import Record
+from tunectl.core.spec import MeasureSpec
 from tunectl.orchestrator.blame import Blame, Verdict, death_detail, first_line
 from tunectl.orchestrator.builds import BuildScheduler
 from tunectl.orchestrator.workqueue import WorkQueue, describe, failure_records
-from tunectl.plan import WorkItem
-from tunectl.record import Record
-from tunectl.spec import MeasureSpec
 
 MAX_PROBE_FAILURES = 3
 # A worker Ray is restarting answers "temporarily unavailable" until its new process is up, which on a

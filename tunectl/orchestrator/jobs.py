@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tunectl.errors import TunectlError, UserError
-from tunectl.runs import new_run_id
-from tunectl.spec import load_spec
+from tunectl.core.errors import TunectlError, UserError
+from tunectl.core.spec import load_spec
+from tunectl.store.runs import new_run_id
 
 RUN_METADATA_KEY = "tunectl_run"
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")

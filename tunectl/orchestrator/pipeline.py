@@ -17,7 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from tunectl.plan import WorkItem
+from tunectl.core.plan import WorkItem
 from tunectl.tasks.base import TuningTask
 from tunectl.tasks.runner import ItemRunner, timed_prepare
 

@@ -20,8 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from tunectl.errors import UserError
-from tunectl.keys import Key
+from tunectl.core.errors import UserError
+from tunectl.core.keys import Key
+from tunectl.core.plan import Plan, WorkItem, check_size, plan
+from tunectl.core.record import Record
+from tunectl.core.registry import get_task
+from tunectl.core.spec import MeasureSpec, ResourceSpec, Spec, load_spec, parse_spec
+from tunectl.decide.refine import refined
+from tunectl.decide.search import Search
 from tunectl.orchestrator.builds import SHARED, BuildBook, BuildScheduler, CompileOptions, KeyFn, key_function
 from tunectl.orchestrator.cluster import (
     CPU_POOL,
@@ -36,14 +42,8 @@ from tunectl.orchestrator.cluster import (
     stop_pools,
 )  # fmt: skip
 from tunectl.orchestrator.dispatch import DispatchOptions, Lane, dispatch
-from tunectl.plan import Plan, WorkItem, check_size, plan
-from tunectl.record import Record
-from tunectl.refine import refined
-from tunectl.registry import get_task
-from tunectl.results import ResultsWriter, read_results
-from tunectl.runs import RunInfo, driver_alive, load_run, new_run_id, run_exists, run_log_path, save_run
-from tunectl.search import Search
-from tunectl.spec import MeasureSpec, ResourceSpec, Spec, load_spec, parse_spec
+from tunectl.store.results import ResultsWriter, read_results
+from tunectl.store.runs import RunInfo, driver_alive, load_run, new_run_id, run_exists, run_log_path, save_run
 
 log = logging.getLogger("tunectl.run")
 
@@ -100,7 +100,7 @@ class Progress(Protocol):
 
 
 class Work(Protocol):
-    """What a pool runs: its first items, then more as records arrive (``tunectl.search.Search``)."""
+    """What a pool runs: its first items, then more as records arrive (``tunectl.decide.search.Search``)."""
 
     def start(self, records: Iterable[Record] = ()) -> list[WorkItem]: ...
 

@@ -2,7 +2,7 @@
 
 A validation is a run like any other (its rows land in the results dataset, phase ``validate``, and
 ``tunectl runs`` lists it), whose work is fixed up front: one stacked comparison per point where
-the bundle chose a config other than the default (``tunectl.validate``).
+the bundle chose a config other than the default (``tunectl.decide.validate``).
 """
 
 from __future__ import annotations
@@ -13,29 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tunectl.bundle import MANIFEST, publish, publish_local
-from tunectl.errors import TunectlError, UserError
-from tunectl.export import (
-    ALL_RESULTS,
-    DEFAULT_CHOICES,
-    Choices,
-    ExportResult,
-    PreparedBundle,
-    Scope,
-    prepare_bundle,
-)
-from tunectl.holdout import Holdout, draw_shapes, plan_holdout, read_holdout
-from tunectl.keys import Key, make_key
-from tunectl.orchestrator.submit import Progress, RunOptions, new_run, run
-from tunectl.plan import WorkItem
-from tunectl.record import Record
-from tunectl.registry import get_task
-from tunectl.results import read_results
-from tunectl.runs import load_run
-from tunectl.runtime import Bundle
-from tunectl.spec import DEFAULT_MARGIN, Spec, load_spec, parse_spec
-from tunectl.stores import open_store, read_bundle
-from tunectl.validate import (
+from tunectl.core.errors import TunectlError, UserError
+from tunectl.core.keys import Key, make_key
+from tunectl.core.plan import WorkItem
+from tunectl.core.record import Record
+from tunectl.core.registry import get_task
+from tunectl.core.spec import DEFAULT_MARGIN, Spec, load_spec, parse_spec
+from tunectl.decide.holdout import Holdout, draw_shapes, plan_holdout, read_holdout
+from tunectl.decide.validate import (
     DEFAULT_LAYERS,
     DEFAULT_ROUNDS,
     FixedItems,
@@ -45,6 +30,21 @@ from tunectl.validate import (
     plan_validation,
     read_validation,
 )  # fmt: skip
+from tunectl.formats.export import (
+    ALL_RESULTS,
+    DEFAULT_CHOICES,
+    Choices,
+    ExportResult,
+    PreparedBundle,
+    Scope,
+    prepare_bundle,
+)
+from tunectl.orchestrator.submit import Progress, RunOptions, new_run, run
+from tunectl.runtime import Bundle
+from tunectl.store.bundle import MANIFEST, publish, publish_local
+from tunectl.store.results import read_results
+from tunectl.store.runs import load_run
+from tunectl.store.stores import open_store, read_bundle
 
 
 class ValidationFailed(TunectlError):
@@ -124,7 +124,7 @@ def validate_holdout(
     **options: Any,
 ) -> HoldoutRun:
     """Measure ``bundle``'s picks at ``num_shapes`` shapes drawn inside ``spec``'s ranges and not tuned,
-    against the default and every selectable config there (``tunectl.holdout``), as a run of its own.
+    against the default and every selectable config there (``tunectl.decide.holdout``), as a run of its own.
 
     ``options``: ``tunectl.orchestrator.submit.RunOptions`` fields (address, num_gpus, connect_fn, ...).
     """

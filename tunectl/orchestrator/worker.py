@@ -19,10 +19,10 @@ from typing import Any
 
 import ray
 
-from tunectl.files import canonical_json
-from tunectl.plan import WorkItem
-from tunectl.record import Record
-from tunectl.spec import MeasureSpec
+from tunectl.core.files import canonical_json
+from tunectl.core.plan import WorkItem
+from tunectl.core.record import Record
+from tunectl.core.spec import MeasureSpec
 
 #: exit status of a worker that leaves on purpose because its CUDA context is unusable
 POISONED_EXIT_CODE = 70

@@ -8,9 +8,9 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from tunectl.keys import key_text
-from tunectl.plan import WorkItem
-from tunectl.record import Record, Status
+from tunectl.core.keys import key_text
+from tunectl.core.plan import WorkItem
+from tunectl.core.record import Record, Status
 
 _SCAN_POINTS = 64  # points looked at for one with a built kernel (builds go in queue order)
 _SCAN_ITEMS = 32  # items of a point looked at for one whose kernel is built

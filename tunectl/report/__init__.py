@@ -28,12 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tunectl.errors import UserError
+from tunectl.core.errors import UserError
 from tunectl.report.draw import draw
 from tunectl.report.gather import ReportData, gather
 from tunectl.report.grids import Group, Point, label, speedup_grids
 from tunectl.report.page import render_html
-from tunectl.results import atomic_write, read_results
+from tunectl.store.results import atomic_write, read_results
 
 if TYPE_CHECKING:
     from tunectl.runtime import Bundle
@@ -66,7 +66,7 @@ class ReportResult:
 def load_report_bundle(source: str) -> Bundle:
     """The bundle at ``source`` (directory, archive, URI or STORE/NAME@CHANNEL), statistics read."""
     from tunectl.runtime import BundleError
-    from tunectl.stores import read_bundle
+    from tunectl.store.stores import read_bundle
 
     try:
         bundle = read_bundle(source)

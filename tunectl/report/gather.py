@@ -12,12 +12,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tunectl import stats
-from tunectl.keys import Key, from_json, key_from_text, value_order
-from tunectl.record import Phase, Record
+from tunectl.core import stats
+from tunectl.core.keys import Key, from_json, key_from_text, value_order
+from tunectl.core.record import Phase, Record
+from tunectl.decide.select import Winner, latest_comparisons, select_winners
 from tunectl.report.drift import DriftPanel, drift_panel
 from tunectl.report.grids import Cell, Grid, Group, Point, label, noise_grid, short_labels, speedup_grids
-from tunectl.select import Winner, latest_comparisons, select_winners
 
 if TYPE_CHECKING:
     from tunectl.runtime import Bundle

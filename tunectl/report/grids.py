@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tunectl.keys import Key, Value, value_order
+from tunectl.core.keys import Key, Value, value_order
 
 
 @dataclass(frozen=True)

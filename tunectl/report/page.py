@@ -10,7 +10,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from tunectl.keys import Key, key_text
+from tunectl.core.keys import Key, key_text
 from tunectl.report.gather import ReportData, geomean
 from tunectl.report.grids import label
 

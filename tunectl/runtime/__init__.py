@@ -4,7 +4,7 @@
     bundle = load_bundle("/opt/bundles/decode/7")              # a bundle directory
     bundle = load_bundle("/opt/bundles", name="decode", channel="stable")    # what a channel points at
     bundle = load_bundle("/opt/bundles/decode@stable")         # the same, as one string
-    bundle = load_bundle("s3://b/bundles/decode/7", fetcher=tunectl.stores.fetch)   # object storage
+    bundle = load_bundle("s3://b/bundles/decode/7", fetcher=tunectl.store.stores.fetch)   # object storage
     bundle = load_bundle()                                     # $TUNECTL_BUNDLE: any of the above
     bundle = load_bundle_or_none() or empty_bundle()           # never raises on a bad bundle
     config = bundle.lookup("decode_attention", dtype="float32", num_q_heads=8, num_kv_heads=2,
@@ -16,7 +16,7 @@ a link in an archive). A source is a directory, a ``.tar``/``.tar.gz`` of one, `
 other URI, read through a *fetcher*: ``fetcher(uri) -> bytes`` raising FileNotFoundError for a missing
 object. This module reads local files only; for other schemes pass ``fetcher=``, call
 ``register_fetcher(scheme, fetcher)``, or install a package that declares one under the entry-point
-group ``tunectl.fetchers`` (``tunectl.stores.fetch`` reads everything pyarrow.fs reads: s3://, gs://,
+group ``tunectl.fetchers`` (``tunectl.store.stores.fetch`` reads everything pyarrow.fs reads: s3://, gs://,
 hdfs://). A channel (``name@stable``) is a small pointer file naming a version and the sha256 of its
 manifest; a version replaced after promotion is refused.
 
@@ -42,7 +42,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from tunectl.errors import BundleError
+from tunectl.core.errors import BundleError
 from tunectl.runtime.environment import (
     ENV_POLICIES,
     ENV_POLICY_VAR,

@@ -9,7 +9,7 @@ import json
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from tunectl.errors import BundleError, UserError
+from tunectl.core.errors import BundleError, UserError
 
 SCHEMA_VERSION = 2
 READABLE_SCHEMAS = (1, 2)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
-from tunectl.errors import BundleError, UserError
+from tunectl.core.errors import BundleError, UserError
 from tunectl.runtime.format import (
     ARCHIVE_SUFFIXES,
     CHANNELS,
@@ -72,7 +72,7 @@ def _fetcher_for(uri: str, fetcher: Fetcher | None) -> Fetcher:
         _fetchers[scheme] = found
         return found
     raise BundleReadError(
-        f"no fetcher for {scheme}:// URIs: pass fetcher=tunectl.stores.fetch (needs pyarrow), "
+        f"no fetcher for {scheme}:// URIs: pass fetcher=tunectl.store.stores.fetch (needs pyarrow), "
         f"call register_fetcher({scheme!r}, ...), or copy the bundle to a local directory"
     )
 

@@ -10,9 +10,9 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
-from tunectl.buckets import make_bucketer
-from tunectl.files import canonical_json
-from tunectl.keys import InvalidKeyError, from_json, normalise_value, normaliser_for, to_json
+from tunectl.core.buckets import make_bucketer
+from tunectl.core.files import canonical_json
+from tunectl.core.keys import InvalidKeyError, from_json, normalise_value, normaliser_for, to_json
 from tunectl.runtime.format import BundleCorruptError, load_json
 from tunectl.runtime.sources import uri_scheme
 
@@ -161,7 +161,7 @@ def _finders(
     Remembering by value is sound because equal values always resolve alike: the table holds
     normalised values and normalising is idempotent, the window's normaliser is given the int a 5.0
     or a True equals (tuning's own refuses them), and buckets take equal values alike
-    (``tunectl.buckets``). Every memo is a dict, bounded, and safe to share between threads.
+    (``tunectl.core.buckets``). Every memo is a dict, bounded, and safe to share between threads.
     """
     get_all = _getter((*static_params, *(name for name, _ in dims)))
     get_static = _getter(static_params)

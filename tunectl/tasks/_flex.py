@@ -13,7 +13,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
-from tunectl.params import Rule
+from tunectl.core.params import Rule
 from tunectl.tasks.base import InvalidConfig
 
 #: config names passed through to ``flex_attention(kernel_options=...)``, with their types.

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from tunectl.params import Rule
+from tunectl.core.params import Rule
 
 Params = Mapping[str, Any]
 

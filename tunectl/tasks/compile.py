@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from tunectl.files import canonical_json
+from tunectl.core.files import canonical_json
 from tunectl.tasks.base import TuningTask
 
 #: where a task of our own keeps what it builds (the fault-injection task's stand-in compiler)

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
-from tunectl.params import Rule
+from tunectl.core.params import Rule
 from tunectl.tasks.base import Params, Task
 
 _TERMS = ("fixed_ms", "per_batch_ms", "per_kv_ms")

@@ -22,7 +22,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
-from tunectl.params import Rule
+from tunectl.core.params import Rule
 from tunectl.tasks.base import DTYPE_TOLERANCE, InvalidConfig, Params, Task
 
 _MAX_BYTES = 8 << 30

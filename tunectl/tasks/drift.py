@@ -39,7 +39,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
-from tunectl.spec import MeasureSpec
+from tunectl.core.spec import MeasureSpec
 from tunectl.tasks.harness import Sampler, Stats, measure
 
 MIN_SHIFT = 0.03

@@ -8,7 +8,7 @@ import socket
 from functools import cache
 from typing import Any
 
-from tunectl.files import canonical_json
+from tunectl.core.files import canonical_json
 
 _PACKAGES = (
     "torch", "triton", "flash-attn", "flash-attn-4", "flash-attn-3", "sgl-kernel", "nvidia-cutlass-dsl",

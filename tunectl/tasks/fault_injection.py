@@ -37,8 +37,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from tunectl.files import atomic_write
-from tunectl.params import Rule
+from tunectl.core.files import atomic_write
+from tunectl.core.params import Rule
 from tunectl.tasks.base import InvalidConfig, Params, Task
 from tunectl.tasks.compile import cache_dir, key_of
 

@@ -44,7 +44,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
-from tunectl.params import Rule
+from tunectl.core.params import Rule
 from tunectl.tasks import _adapters_triton, _flex
 from tunectl.tasks._masks import visible
 from tunectl.tasks.base import DTYPE_TOLERANCE, InvalidConfig, Params, Task

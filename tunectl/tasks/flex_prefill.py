@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
-from tunectl.params import Rule
+from tunectl.core.params import Rule
 from tunectl.tasks import _flex
 from tunectl.tasks._lazy import lazily
 from tunectl.tasks.base import DTYPE_TOLERANCE, InvalidConfig, Params, Task

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from tunectl.spec import MeasureSpec
+from tunectl.core.spec import MeasureSpec
 
 Sampler = Callable[[], float]
 

@@ -1,8 +1,8 @@
-"""Task names to task objects, through the ``tunectl.tasks`` entry points (``tunectl.registry``)."""
+"""Task names to task objects, through the ``tunectl.tasks`` entry points (``tunectl.core.registry``)."""
 
 from __future__ import annotations
 
-from tunectl import registry
+from tunectl.core import registry
 from tunectl.tasks.base import TuningTask
 
 

@@ -17,11 +17,11 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from tunectl.keys import key_text
-from tunectl.plan import WorkItem, member_id
-from tunectl.record import Record
-from tunectl.spec import MeasureSpec
-from tunectl.stats import paired_speedup
+from tunectl.core.keys import key_text
+from tunectl.core.plan import WorkItem, member_id
+from tunectl.core.record import Record
+from tunectl.core.spec import MeasureSpec
+from tunectl.core.stats import paired_speedup
 from tunectl.tasks.base import InvalidConfig, TuningTask
 from tunectl.tasks.drift import MAX_WAIT_S, DriftGuard, probe_sampler
 from tunectl.tasks.env import env_json, environment

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tunectl.record import Timing
+from tunectl.core.record import Timing
 from tunectl.tasks.difference import (
     cuda_difference_sampler,
     cuda_flush,

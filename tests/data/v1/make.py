@@ -11,13 +11,13 @@ import sys
 import time
 from pathlib import Path
 
-from tunectl.export import export_bundle
-from tunectl.keys import key_text, make_key
-from tunectl.plan import item_id
-from tunectl.record import Record
-from tunectl.results import ResultsWriter
-from tunectl.runs import RunInfo, save_run
-from tunectl.spec import parse_spec
+from tunectl.core.keys import key_text, make_key
+from tunectl.core.plan import item_id
+from tunectl.core.record import Record
+from tunectl.core.spec import parse_spec
+from tunectl.formats.export import export_bundle
+from tunectl.store.results import ResultsWriter
+from tunectl.store.runs import RunInfo, save_run
 
 SPEC = """\
 name = "v1"

@@ -17,7 +17,7 @@ from functools import cache
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any, ClassVar, Protocol
 
-from tunectl.params import Rule
+from tunectl.core.params import Rule
 
 GROUP = "tunectl.tasks"
 Params = Mapping[str, Any]

@@ -27,16 +27,16 @@ max_seconds = 1.0
 num_gpus = 8
 accelerator_type = "H200"
 
-[search]                            # all optional (tunectl.search)
+[search]                            # all optional (tunectl.decide.search)
 strategy = "halving"                # grid | halving
 finalists = 3
-refine_budget = 16                  # extra points per static key where a range is declared (tunectl.refine)
+refine_budget = 16                  # extra points per static key where a range is declared (decide/refine)
 
 [default]                           # optional: the baseline config (else the task's own default)
 num_splits = 1
 
 [select]                            # all optional
-margin = 0.02                       # a win must clear 1 + margin (tunectl.select)
+margin = 0.02                       # a win must clear 1 + margin (tunectl.decide.select)
 ```
 Every error names the file and the field and is raised as ``SpecError``.
 """
@@ -49,11 +49,11 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from tunectl.buckets import POLICIES, is_pow2
-from tunectl.errors import SpecError
-from tunectl.keys import InvalidKeyError, Key, Value, make_key, normalise_value, product
-from tunectl.params import Rule
-from tunectl.registry import PlannedTask, get_task, task_names
+from tunectl.core.buckets import POLICIES, is_pow2
+from tunectl.core.errors import SpecError
+from tunectl.core.keys import InvalidKeyError, Key, Value, make_key, normalise_value, product
+from tunectl.core.params import Rule
+from tunectl.core.registry import PlannedTask, get_task, task_names
 
 _TOP_LEVEL = {
     "name", "description", "task", "static", "shapes", "configs", "default", "measure", "resources", "search",
@@ -96,7 +96,7 @@ class MeasureSpec:
 
 @dataclass(frozen=True)
 class SearchSpec:
-    """How configs are chosen per point (``tunectl.search``)."""
+    """How configs are chosen per point (``tunectl.decide.search``)."""
 
     strategy: str = "grid"  # grid | halving
     finalists: int = 3  # configs timed again against the default, interleaved (0: no finals)
@@ -143,7 +143,7 @@ DEFAULT_MARGIN = 0.02
 
 @dataclass(frozen=True)
 class SelectSpec:
-    """How winners are chosen from the results (``tunectl.select``)."""
+    """How winners are chosen from the results (``tunectl.decide.select``)."""
 
     margin: float = DEFAULT_MARGIN  # practical equivalence: a speedup under 1 + margin does not count
 

@@ -3,7 +3,7 @@
 Layout under the results root::
 
     task=<task>/run_id=<run>/part-<seq>-<rand>.parquet    one file per flush
-    _runs/<run>.json                                      run metadata (tunectl.runs)
+    _runs/<run>.json                                      run metadata (tunectl.store.runs)
 
 Each part is written to a dot-file beside its final name, fsynced and renamed into place, so a
 crash leaves either the whole part or nothing a reader sees (readers skip dot- and underscore-
@@ -22,9 +22,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from tunectl.errors import ResultsError, UserError
-from tunectl.files import atomic_write, move
-from tunectl.record import RECORD_FIELDS, Record, latest
+from tunectl.core.errors import ResultsError, UserError
+from tunectl.core.files import atomic_write, move
+from tunectl.core.record import RECORD_FIELDS, Record, latest
 
 SCHEMA_VERSION = 1
 PARTITIONS = ("task", "run_id")
@@ -44,7 +44,7 @@ __all__ = [
     "require_dataset",
 ]
 _TIMESTAMPS = ("started_at", "finished_at")
-log = logging.getLogger("tunectl.results")
+log = logging.getLogger("tunectl.store.results")
 _FLOAT_SUFFIXES = ("_us", "_ms", "_noise", "_err", "_mhz", "_c", "_w")
 
 
@@ -280,7 +280,7 @@ def read_results(
     finished where an item was measured again. Rows written by earlier versions read as records too.
 
     A part that cannot be read (damaged, empty, of another schema) is skipped with one warning per
-    file and process (logger ``tunectl.results``); ``tunectl doctor`` lists and quarantines them.
+    file and process (logger ``tunectl.store.results``); ``tunectl doctor`` lists and quarantines them.
     """
     root = Path(root)
     if not root.is_dir():

@@ -18,9 +18,9 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from tunectl.buckets import make_bucketer
-from tunectl.keys import Key, key_text, make_key, value_order
-from tunectl.select import Winner
+from tunectl.core.buckets import make_bucketer
+from tunectl.core.keys import Key, key_text, make_key, value_order
+from tunectl.decide.select import Winner
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@
 S3 options come the way pyarrow takes them: the URI's query (``endpoint_override``, ``scheme``,
 ``region``, ...), or the standard AWS variables (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``,
 ``AWS_PROFILE``, ...). ``fetch`` is the runtime's fetcher for these URIs: pass it as
-``load_bundle(uri, fetcher=tunectl.stores.fetch)``, or call ``register_fetchers()`` once.
+``load_bundle(uri, fetcher=tunectl.store.stores.fetch)``, or call ``register_fetchers()`` once.
 
 Publishing writes every table first and the manifest last. On object storage each object appears
 whole when its upload completes, and a reader never sees a version without its manifest. Object
@@ -32,9 +32,9 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from tunectl.bundle import MANIFEST, LocalStore, check_name
-from tunectl.errors import BundleError, BundleExistsError, UserError
+from tunectl.core.errors import BundleError, BundleExistsError, UserError
 from tunectl.runtime import Bundle, BundleReadError, Fetcher, join_uri, register_fetcher, uri_scheme
+from tunectl.store.bundle import MANIFEST, LocalStore, check_name
 
 #: schemes pyarrow.fs.FileSystem.from_uri understands (each only where the installed pyarrow has it)
 SCHEMES = ("s3", "gs", "gcs", "hdfs", "viewfs", "abfs", "abfss")

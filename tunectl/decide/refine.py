@@ -10,7 +10,7 @@ points are measured like the starting ones (by the spec's strategy, grid or halv
 and the next level is planned once they finish, until neighbours agree, no midpoint is left, or
 ``[search] refine_budget`` extra points of that static key were planned.
 
-It is a layer over ``tunectl.search.Search``, not a strategy of its own: a strategy decides how one
+It is a layer over ``tunectl.decide.search.Search``, not a strategy of its own: a strategy decides how one
 point's configs are measured, refinement decides which points exist, so it composes with grid and
 halving alike. Every decision is a function of records already written (each level is planned from
 finished points only, in a fixed order), so a resumed run plans the same extra points, and the
@@ -23,13 +23,13 @@ import itertools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from tunectl.coverage import sizes
-from tunectl.keys import Key, key_text, make_key, value_order
-from tunectl.plan import Plan, WorkItem
-from tunectl.record import Record
-from tunectl.search import Point, Search
-from tunectl.select import Winner, select_winners
-from tunectl.spec import DEFAULT_MARGIN, ShapeDim
+from tunectl.core.keys import Key, key_text, make_key, value_order
+from tunectl.core.plan import Plan, WorkItem
+from tunectl.core.record import Record
+from tunectl.core.spec import DEFAULT_MARGIN, ShapeDim
+from tunectl.decide.coverage import sizes
+from tunectl.decide.search import Point, Search
+from tunectl.decide.select import Winner, select_winners
 
 CheckPoint = Callable[[Key, Key], "str | None"]  # (static, shape) -> why the task cannot run it, or None
 
@@ -92,7 +92,7 @@ def candidates(
 
 
 def point_winner(point: Point, selectable: Callable[[Key, Key], bool], margin: float) -> Winner | None:
-    """The winner ``tunectl.select`` gives at ``point`` from its records, or None (nothing ran ok)."""
+    """The winner ``tunectl.decide.select`` gives at ``point`` from its records, or None (nothing ran ok)."""
     winners = select_winners(
         point.records.values(),
         selectable=lambda _task, static, config: selectable(static, config),

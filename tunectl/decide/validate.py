@@ -13,13 +13,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from tunectl.keys import Key, key_from_text, key_text, value_order
-from tunectl.plan import WorkItem, comparison, default_of, full_config, in_pool
-from tunectl.record import Phase, Record
-from tunectl.registry import PlannedTask, get_task
-from tunectl.select import latest_comparisons
-from tunectl.spec import Spec
-from tunectl.stats import Speedup, geomean_speedup
+from tunectl.core.keys import Key, key_from_text, key_text, value_order
+from tunectl.core.plan import WorkItem, comparison, default_of, full_config, in_pool
+from tunectl.core.record import Phase, Record
+from tunectl.core.registry import PlannedTask, get_task
+from tunectl.core.spec import Spec
+from tunectl.core.stats import Speedup, geomean_speedup
+from tunectl.decide.select import latest_comparisons
 
 DEFAULT_LAYERS = 36
 DEFAULT_ROUNDS = 8

@@ -1,6 +1,6 @@
 """What a spec will cost before it runs: items per static key, and a time taken from earlier runs.
 
-Counting never makes the items (``tunectl.plan.count_plan``), so a dry run of a very large grid
+Counting never makes the items (``tunectl.core.plan.count_plan``), so a dry run of a very large grid
 takes memory in proportion to its points, not its items.
 """
 
@@ -11,9 +11,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tunectl.plan import PlanCount, count_plan
-from tunectl.record import Phase, Record
-from tunectl.spec import Spec, load_spec
+from tunectl.core.plan import PlanCount, count_plan
+from tunectl.core.record import Phase, Record
+from tunectl.core.spec import Spec, load_spec
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ def dry_run(spec_path: str | Path, results: str | Path | None = None) -> DryRun:
 def _earlier_records(spec: Spec, results: str | Path | None) -> list[Record]:
     if results is None or not Path(results).is_dir():
         return []
-    from tunectl.results import read_results
+    from tunectl.store.results import read_results
 
     return read_results(results, task=spec.task)
 

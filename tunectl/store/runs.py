@@ -25,13 +25,13 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from tunectl.errors import UserError
-from tunectl.files import atomic_write, json_bytes
-from tunectl.plan import RunFacts
-from tunectl.record import Record
+from tunectl.core.errors import UserError
+from tunectl.core.files import atomic_write, json_bytes
+from tunectl.core.plan import RunFacts
+from tunectl.core.record import Record
 
 RUNS_DIR = "_runs"
-log = logging.getLogger("tunectl.results")
+log = logging.getLogger("tunectl.store.results")
 _warned: set[str] = set()
 STATES = ("running", "finished", "interrupted", "cancelled", "failed")
 
@@ -129,8 +129,8 @@ def run_facts(info: RunInfo) -> RunFacts | None:
     spec (None for a run without a spec, such as one imported from another tuner's log)."""
     if info.facts is not None or not info.spec_text:
         return info.facts
-    from tunectl.plan import plan
-    from tunectl.spec import parse_spec
+    from tunectl.core.plan import plan
+    from tunectl.core.spec import parse_spec
 
     return plan(parse_spec(info.spec_text, info.spec_path, info.name, stored=True)).facts
 
@@ -177,7 +177,7 @@ def summarise_runs(root: str | Path, records: list[Record] | None = None) -> lis
     """Every run under ``root`` with its record counts by status (``records``: the dataset, if read)."""
     runs = list_runs(root)
     if records is None and runs:
-        from tunectl.results import read_results
+        from tunectl.store.results import read_results
 
         records = read_results(root)
     counts: dict[str, Counter[str]] = {}

@@ -1,6 +1,6 @@
 """From a looked-up config to the arguments of the kernel call that serving makes. Standard library only.
 
-    from tunectl import adapters
+    from tunectl.runtime import adapters
     call = adapters.call(bundle, "flash_decode", **static, batch=b, kv_len=n, q_len=1)
     if call.backend == "fa2":
         out = flash_attn_with_kvcache(q, k_cache, v_cache, block_table=..., **call.kwargs)
@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-log = logging.getLogger("tunectl.adapters")
+log = logging.getLogger("tunectl.runtime.adapters")
 
 #: per-kernel Triton tunables: prefixed ``fwd_`` (forward) or, for the backward-only names, ``bwd_``
 FLEX_KERNEL_TUNABLES = (

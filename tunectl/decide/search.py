@@ -21,7 +21,7 @@ they are, ``TuningTask.selectable``); a search skips them.
 Whatever the strategy, a point ends with its *finals*: the default and up to ``finalists`` configs
 whose p20 came in under the default's median (or within ``tie`` of it) are timed again in
 ``rounds`` interleaved rounds on one device, which gives each a paired speedup over the default
-with a 95 % interval; selection rests on that (``tunectl.select``).
+with a 95 % interval; selection rests on that (``tunectl.decide.select``).
 
 A search is a function of the records it has seen: rebuilt from a run's records it asks for exactly
 the items still missing, so a resumed run goes on where it stopped.
@@ -35,10 +35,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from tunectl.keys import Key, key_text, make_key
-from tunectl.plan import Plan, WorkItem, comparison, in_pool, item_id
-from tunectl.record import Phase, Record
-from tunectl.spec import SearchSpec
+from tunectl.core.keys import Key, key_text, make_key
+from tunectl.core.plan import Plan, WorkItem, comparison, in_pool, item_id
+from tunectl.core.record import Phase, Record
+from tunectl.core.spec import SearchSpec
 
 Measured = dict[Key, Record]  # a point's records at one fidelity, by config
 

@@ -27,7 +27,7 @@ median, p20 and p80, with no noise. Item ids are digests of the keys, so importi
 its run replaces its rows, and a config logged again later at the same point (a recompilation)
 replaces the earlier one, as a re-measurement does in a run. Rows carry the log's modification time.
 
-Each point's winners can be written as FlexAttention ``kernel_options``, as ``tunectl.formats`` names
+Each point's winners can be written as FlexAttention ``kernel_options``, as ``tunectl.formats.engines`` names
 them: the forward (or decode) winner's options prefixed ``fwd_``, the backward winner's ``bwd_``, one
 file per point. The ROCm options are left out: Inductor sets them from its own configs on ROCm,
 whatever the call asks, and the log holds their defaults elsewhere.
@@ -45,16 +45,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Union
 
-from tunectl.adapters import FLEX_BACKWARD_TUNABLES, FLEX_KERNEL_TUNABLES, flex_kernel_options
-from tunectl.errors import UserError
-from tunectl.files import atomic_write
-from tunectl.formats import FormatExport, _dump, _point_file
-from tunectl.keys import InvalidKeyError, Key, key_text, make_key
-from tunectl.plan import item_id
-from tunectl.record import Phase, Record, Status
-from tunectl.results import ResultsWriter, done_item_ids
-from tunectl.runs import RunInfo, load_run, new_run_id, save_run
-from tunectl.select import select_winners
+from tunectl.core.errors import UserError
+from tunectl.core.files import atomic_write
+from tunectl.core.keys import InvalidKeyError, Key, key_text, make_key
+from tunectl.core.plan import item_id
+from tunectl.core.record import Phase, Record, Status
+from tunectl.decide.select import select_winners
+from tunectl.formats.engines import FormatExport, _dump, _point_file
+from tunectl.runtime.adapters import FLEX_BACKWARD_TUNABLES, FLEX_KERNEL_TUNABLES, flex_kernel_options
+from tunectl.store.results import ResultsWriter, done_item_ids
+from tunectl.store.runs import RunInfo, load_run, new_run_id, save_run
 
 TASK = "inductor_flex"
 KERNELS = ("forward", "backward", "decode")

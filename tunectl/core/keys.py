@@ -23,7 +23,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Union
 
-from tunectl.files import canonical_json
+from tunectl.core.files import canonical_json
 
 Scalar = Union[None, bool, int, float, str]  # noqa: UP007 (a runtime alias)
 Value = Union[Scalar, tuple["Value", ...]]  # noqa: UP007 (recursive)

@@ -1,7 +1,7 @@
 """From results to a published bundle: select winners, build tables, publish.
 
 What selection needs from a task (which configs may win, how shapes bucket) comes from the source
-runs' plan-time facts (``tunectl.plan.RunFacts``).
+runs' plan-time facts (``tunectl.core.plan.RunFacts``).
 """
 
 from __future__ import annotations
@@ -14,19 +14,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tunectl.bundle import TaskTable, build_files, check_name, publish
-from tunectl.coverage import Hole, cover
-from tunectl.errors import UserError
-from tunectl.keys import Key, key_json, value_order
-from tunectl.plan import RunFacts, selectable_in
-from tunectl.record import SELECTED_PHASES, Record
-from tunectl.results import read_results
-from tunectl.runs import load_run, run_exists, run_facts
-from tunectl.select import Winner, select_winners
-from tunectl.spec import DEFAULT_MARGIN
-from tunectl.stores import open_store
+from tunectl.core.errors import UserError
+from tunectl.core.keys import Key, key_json, value_order
+from tunectl.core.plan import RunFacts, selectable_in
+from tunectl.core.record import SELECTED_PHASES, Record
+from tunectl.core.spec import DEFAULT_MARGIN
+from tunectl.decide.coverage import Hole, cover
+from tunectl.decide.select import Winner, select_winners
+from tunectl.store.bundle import TaskTable, build_files, check_name, publish
+from tunectl.store.results import read_results
+from tunectl.store.runs import load_run, run_exists, run_facts
+from tunectl.store.stores import open_store
 
-log = logging.getLogger("tunectl.export")
+log = logging.getLogger("tunectl.formats.export")
 
 _ENV_FIELDS = ("device_kind", "device_name", "compute_capability", "sm_count", "cuda", "packages")
 
@@ -179,7 +179,7 @@ def export_bundle(
 ) -> ExportResult:  # fmt: skip
     """Select winners from ``results`` and publish them as bundle ``name/version`` in store ``out``.
 
-    ``out`` is a local directory or a store URI (``s3://bucket/prefix``, see ``tunectl.stores``).
+    ``out`` is a local directory or a store URI (``s3://bucket/prefix``, see ``tunectl.store.stores``).
     With ``choices.strict``, a bundle where some region inside the declared ranges answers None is
     not published (``UserError`` naming the regions).
     """

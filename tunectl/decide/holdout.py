@@ -17,13 +17,13 @@ import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from tunectl.keys import Key, key_text, make_key, value_order
-from tunectl.plan import WorkItem, comparison, configs_of, full_config
-from tunectl.record import Phase, Record
-from tunectl.registry import PlannedTask
-from tunectl.select import latest_comparisons
-from tunectl.spec import DEFAULT_MARGIN, ShapeDim, Spec
-from tunectl.validate import Skipped
+from tunectl.core.keys import Key, key_text, make_key, value_order
+from tunectl.core.plan import WorkItem, comparison, configs_of, full_config
+from tunectl.core.record import Phase, Record
+from tunectl.core.registry import PlannedTask
+from tunectl.core.spec import DEFAULT_MARGIN, ShapeDim, Spec
+from tunectl.decide.select import latest_comparisons
+from tunectl.decide.validate import Skipped
 
 #: the share of held-out shapes the pick may lose at (beyond the margin) before the check fails
 MAX_LOSING_SHARE = 0.05

@@ -4,7 +4,7 @@
 what ``flex_attention(..., kernel_options=json.load(f))`` takes, written as attention-gym's replay
 writes the options it extracts: the forward kernel's tunables prefixed ``fwd_`` (``fwd_BLOCK_M``,
 ``fwd_num_warps``, ...), the call options Flex reads before choosing a kernel (``BACKEND``) bare (see
-``tunectl.adapters``). ``index.json`` lists every point with its static and shape keys, the bucket
+``tunectl.runtime.adapters``). ``index.json`` lists every point with its static and shape keys, the bucket
 policies, the options themselves and the medians, so one file answers a lookup too::
 
     <out>/index.json
@@ -39,10 +39,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tunectl.adapters import flex_kernel_options
-from tunectl.errors import UserError
-from tunectl.files import atomic_write, canonical_json, json_bytes
+from tunectl.core.errors import UserError
+from tunectl.core.files import atomic_write, canonical_json, json_bytes
 from tunectl.runtime import Bundle
+from tunectl.runtime.adapters import flex_kernel_options
 
 FLEX_FORMAT = "tunectl.flex_kernel_options"
 FLEX_FORMAT_VERSION = 1

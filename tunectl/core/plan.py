@@ -16,11 +16,11 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tunectl.errors import UserError
-from tunectl.keys import Key, key_digest, key_text, make_key
-from tunectl.record import Phase
-from tunectl.registry import PlannedTask, get_task
-from tunectl.spec import Spec
+from tunectl.core.errors import UserError
+from tunectl.core.keys import Key, key_digest, key_text, make_key
+from tunectl.core.record import Phase
+from tunectl.core.registry import PlannedTask, get_task
+from tunectl.core.spec import Spec
 
 #: a spec planning more items than this runs only once the user confirms it (``submit --yes``)
 CONFIRM_ABOVE_ITEMS = 50_000

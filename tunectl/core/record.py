@@ -16,7 +16,7 @@ from enum import StrEnum
 from functools import cached_property
 from typing import Any, TypeVar
 
-from tunectl.keys import Key, key_from_text
+from tunectl.core.keys import Key, key_from_text
 
 
 class Status(StrEnum):
@@ -75,7 +75,7 @@ class Timing(StrEnum):
     cold L2 on a GPU the launch holds one call and the sample carries the launch's fixed cost
     (a few microseconds). Rows written before rows said how they were timed read as replay.
     difference: a launch of K x (flush, call) minus a launch of the K flushes alone, over K, the two
-    interleaved; no fixed cost per sample. Only rows of one method are compared (``tunectl.select``).
+    interleaved; no fixed cost per sample. Only rows of one method are compared (``tunectl.decide.select``).
     """
 
     REPLAY = "replay"

@@ -28,7 +28,7 @@ Each winner says why it won: its speedup, the interval, and what it rests on.
 
 ``select_winners`` is a pure function of its records: the order they come in changes nothing, and
 whether a config may win (``selectable``) is a fact the caller passes in, read from the runs'
-plan-time facts (``tunectl.plan.RunFacts``), never from a task.
+plan-time facts (``tunectl.core.plan.RunFacts``), never from a task.
 """
 
 from __future__ import annotations
@@ -37,9 +37,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tunectl.keys import Key, key_text, value_order
-from tunectl.record import SELECTED_PHASES, Phase, Point, Record, Status, latest
-from tunectl.spec import DEFAULT_MARGIN
+from tunectl.core.keys import Key, key_text, value_order
+from tunectl.core.record import SELECTED_PHASES, Phase, Point, Record, Status, latest
+from tunectl.core.spec import DEFAULT_MARGIN
 
 __all__ = ["SELECTED_PHASES", "Selectable", "Winner", "latest_comparisons", "one_timing", "select_winners"]
 

@@ -12,7 +12,7 @@ exist. Versions are immutable: publishing an existing one fails and changes noth
 replaced atomically (a local temp file, fsync, ``os.replace``; on object storage, one PUT of a small
 object), and names the sha256 of the manifest it promoted, so a version replaced behind its back is
 refused at load. ``BundleStore`` is the seam: ``LocalStore`` here, pyarrow.fs stores in
-``tunectl.stores``.
+``tunectl.store.stores``.
 """
 
 from __future__ import annotations
@@ -34,14 +34,14 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tunectl import __version__
-from tunectl.errors import BundleError, BundleExistsError, UserError
-from tunectl.files import atomic_write, canonical_json, json_bytes, sync_dir, write_synced
-from tunectl.keys import from_json, value_order
+from tunectl.core.errors import BundleError, BundleExistsError, UserError
+from tunectl.core.files import atomic_write, canonical_json, json_bytes, sync_dir, write_synced
+from tunectl.core.keys import from_json, value_order
 from tunectl.runtime import CHANNELS, MANIFEST, SCHEMA_VERSION, Bundle, Fetcher, load_bundle, safe_member
 from tunectl.runtime.format import ARCHIVE_SUFFIXES, BundleCorruptError
 from tunectl.runtime.sources import Source, read_local, read_verified, resolve
 
-log = logging.getLogger("tunectl.bundle")
+log = logging.getLogger("tunectl.store.bundle")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 

@@ -1,0 +1,1 @@
+"""Decisions made from records: winners, search strategies, coverage, validation, holdout and refinement."""
