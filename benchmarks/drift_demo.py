@@ -3,9 +3,10 @@
     PYTHONPATH=. python benchmarks/drift_demo.py [--out DIR]      # on a GPU host, ~3 minutes
 
 1. undisturbed (the baseline);
-2. with a load process on the same GPU that runs matrix products for ``--load-for`` seconds, from
-   ``--load-after`` seconds into the run, the guard on (``measure.drift = "remeasure"``): measurements
-   the load touches are made again, after waiting for the device to come back if need be;
+2. with a load process on the same GPU that, from ``--load-after`` seconds into the run, runs matrix
+   products for ``--load-on`` seconds, rests ``--load-off`` seconds, and so on to the end of the run,
+   the guard on (``measure.drift = "remeasure"``): measurements the load touches are made again,
+   after waiting for the device to come back if need be;
 3. the same load, the guard off (``measure.drift = "off"``): what the disturbed rows read without it.
 
 Each run is a real ``tunectl submit`` (local Ray, one GPU worker). The table gives, per config and
@@ -71,25 +72,27 @@ drift = "{drift}"
 LOAD = textwrap.dedent(
     """
     import sys, time, torch
-    after, duration = float(sys.argv[1]), float(sys.argv[2])
+    after, on, off = map(float, sys.argv[1:4])
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     torch.cuda.synchronize()
     time.sleep(after)
-    end = time.time() + duration
-    while time.time() < end:
-        for _ in range(4):
-            a @ a
-        torch.cuda.synchronize()
+    while True:  # until the run ends and this process is killed
+        end = time.time() + on
+        while time.time() < end:
+            for _ in range(4):
+                a @ a
+            torch.cuda.synchronize()
+        time.sleep(off)
     """
 )
 
 
-def submit(out: Path, name: str, drift: str, load: tuple[float, float] | None) -> str:
+def submit(out: Path, name: str, drift: str, load: tuple[float, ...] | None) -> str:
     spec = out / f"{name}.toml"
     spec.write_text(SPEC.format(drift=drift).replace('"drift-demo"', f'"drift-demo-{name}"'))
     loader = None
     if load is not None:
-        loader = subprocess.Popen([sys.executable, "-c", LOAD, str(load[0]), str(load[1])])
+        loader = subprocess.Popen([sys.executable, "-c", LOAD, *map(str, load)])
     try:
         proc = subprocess.run(
             [sys.executable, "-m", "tunectl", "submit", str(spec), "--results", str(out / "results")],
@@ -126,15 +129,19 @@ def rows(out: Path, run_id: str) -> dict[tuple[str, str], object]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("/tmp/drift-demo"))
-    parser.add_argument("--load-after", type=float, default=15.0, help="seconds: Ray and the workers start")
-    parser.add_argument("--load-for", type=float, default=6.0)
+    parser.add_argument("--load-after", type=float, default=5.0, help="seconds before the first burst")
+    parser.add_argument("--load-on", type=float, default=3.0, help="seconds of each burst")
+    parser.add_argument("--load-off", type=float, default=6.0, help="seconds between bursts")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     base = rows(args.out, submit(args.out, "baseline", "remeasure", None))
-    load = (args.load_after, args.load_for)
+    load = (args.load_after, args.load_on, args.load_off)
     guarded = rows(args.out, submit(args.out, "guarded", "remeasure", load))
     bare = rows(args.out, submit(args.out, "unguarded", "off", load))
-    print(f"Load: 8192^3 bf16 products for {args.load_for} s from {args.load_after} s into runs 2 and 3.\n")
+    print(
+        f"Load in runs 2 and 3: 8192^3 bf16 products in bursts of {args.load_on} s every "
+        f"{args.load_on + args.load_off} s, from {args.load_after} s into the run.\n"
+    )
     print("| shape | config | baseline µs | guarded / baseline | drift | remeasured | unguarded / baseline |")
     print("|---|---|---|---|---|---|---|")
     off: dict[str, list[float]] = {"guarded": [], "unguarded": []}

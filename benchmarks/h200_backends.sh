@@ -7,6 +7,7 @@
 #   bash benchmarks/h200_backends.sh drift       # the drift guard against an induced load
 #   bash benchmarks/h200_backends.sh grid 16     # the decode grid at one page size (16, then 128)
 #   bash benchmarks/h200_backends.sh holdout 128 # export, then random untuned shapes measured
+#   bash benchmarks/h200_backends.sh odd 128     # every config, item by item, at a length off the page
 #   bash benchmarks/h200_backends.sh tables      # h200.md and lightllm.md from everything in $RES
 set -uo pipefail
 source /tmp/tunectl-site/env.sh
@@ -51,6 +52,18 @@ print(sorted(runs, key=lambda r: r['created_at'])[-1]['run_id'])")}
       --out "$RES/bundles" 2>&1 | tail -n 3
     timeout 480 tunectl validate "$RES/bundles/h200-decode-p$page/1" --spec "$spec" --holdout 24 --seed 0 \
       --results "$RES" 2>&1 | grep -v '^[│┃┏┡└]' | tail -n 40 | tee "$OUT/holdout-p$page.txt"
+    save
+    ;;
+  odd)
+    # Every config of the grid at one point whose length is not a whole number of pages (as held-out
+    # shapes are), one item each, so a config that kills its worker is named by its own crash row.
+    spec=$(page_spec "${2:?page}")
+    sed -i -E 's/^name = .*/name = "h200-odd-shapes"/; s/^values = \[1, 4, 16, 64, 256\]/values = [14]/; s/^values = \[1024, 8192, 32768\]/values = [1452]/; s/^strategy = "halving"$/strategy = "grid"/' "$spec"
+    timeout "${ODD_TIMEOUT:-280}" tunectl submit "$spec" --results "$RES" --yes 2>&1 | grep -v '^[│┃┏┡└]' | tail -n 12
+    tunectl failures --results "$RES" --json > "$OUT/odd-p$2.json"
+    python -c "import json, sys
+for f in json.load(open(sys.argv[1])): print(f['status'], f['config_key'], (f.get('message') or '')[:160])" \
+      "$OUT/odd-p$2.json" | grep -v '^invalid' | tee "$OUT/odd-p$2.txt"
     save
     ;;
   tables)

@@ -120,13 +120,17 @@ class ItemRunner:
         """``evaluate``'s fields; a config that fails is data (a status), never a failure of the run."""
         try:
             return evaluate()
-        except InvalidConfig as exc:
-            return [{"status": "invalid", "message": clip(str(exc))}] * n
-        except NotMeasurable as exc:  # the numbers are fine, the method cannot resolve them: no trace
-            return [{"status": "error", "message": str(exc)}] * n
         except Exception as exc:
-            self._check_context()
-            return [{"status": "error", "message": failure_message(exc)}] * n
+            return [self._failed(exc)] * n
+
+    def _failed(self, exc: Exception) -> dict[str, Any]:
+        """The record fields of a config that raised ``exc`` (re-raised where the context is lost)."""
+        if isinstance(exc, InvalidConfig):
+            return {"status": "invalid", "message": clip(str(exc))}
+        if isinstance(exc, NotMeasurable):  # the numbers are fine, the method cannot resolve them: no trace
+            return {"status": "error", "message": str(exc)}
+        self._check_context()
+        return {"status": "error", "message": failure_message(exc)}
 
     def _task(self, name: str) -> TuningTask:
         if name not in self._tasks:
@@ -229,19 +233,16 @@ class ItemRunner:
         fields: list[dict[str, Any]] = []
         samplers: dict[int, Sampler] = {}  # arms that passed the check
         for i, arm in enumerate(item.arms):
-            fn, prepare_s = timed_prepare(task, static, shape, dict(arm), self._inputs)
-            failed, checked = self._check(task, static, fn, prepare_s)
-            fields.append(checked)
-            if failed:
-                continue
-            if stacks is None:
-                samplers[i] = make_sampler(fn, self.device, mode, settings.l2, settings.timing)
-            else:
-                calls = [fn] + [task.prepare(static, shape, dict(arm), inputs) for inputs in stacks[1:]]
-                layers = [calls[j % len(calls)] for j in range(item.layers)]
-                samplers[i] = stack_sampler(layers, self.device, mode)
-        if 0 not in samplers:  # no baseline, nothing to compare with
-            return [fields[0]] + [{**f, **_NO_BASELINE} for f in fields[1:]]
+            try:  # an arm that is invalid here or fails is that arm's status; the others go on
+                fn, prepare_s = timed_prepare(task, static, shape, dict(arm), self._inputs)
+                failed, checked = self._check(task, static, fn, prepare_s)
+                fields.append(checked)
+                if not failed:
+                    samplers[i] = self._arm_sampler(task, item, arm, fn, stacks, settings, mode)
+            except Exception as exc:
+                fields[i:] = [self._failed(exc)]
+        if 0 not in samplers:  # no baseline: the arms that passed their check are not compared
+            return [{**f, **_NO_BASELINE} if i in samplers else f for i, f in enumerate(fields)]
         timed = list(samplers.values())
         if stacks is not None:
             timed.append(stack_sampler([_nothing] * item.layers, self.device, mode, with_calls=False))
@@ -250,6 +251,23 @@ class ItemRunner:
         for (i, _), t, r in zip(samplers.items(), times, rounds, strict=False):
             fields[i] = {**fields[i], **_arm_stats(times[0], t, r)}
         return fields
+
+    def _arm_sampler(
+        self,
+        task: TuningTask,
+        item: WorkItem,
+        arm: Any,
+        fn: Callable[[], Any],
+        stacks: list[Any] | None,
+        settings: MeasureSpec,
+        mode: str,
+    ) -> Sampler:
+        """The sampler of one checked arm: its call alone, or a stack of ``item.layers`` calls."""
+        if stacks is None:
+            return make_sampler(fn, self.device, mode, settings.l2, settings.timing)
+        static, shape = dict(item.static), dict(item.shape)
+        calls = [fn] + [task.prepare(static, shape, dict(arm), inputs) for inputs in stacks[1:]]
+        return stack_sampler([calls[j % len(calls)] for j in range(item.layers)], self.device, mode)
 
     def _layer_inputs(self, task: TuningTask, item: WorkItem) -> list[Any]:
         """Input sets for a stack of ``item.layers`` layers: one per layer, as many as fit in memory

@@ -1,0 +1,51 @@
+"""A comparison item (finals, validation, holdout) where some arms are invalid at the point or fail:
+each such arm carries its own status, and the other arms are still compared."""
+
+from __future__ import annotations
+
+from tunectl.core.keys import make_key
+from tunectl.core.plan import comparison
+from tunectl.core.record import Phase, Status
+from tunectl.core.spec import MeasureSpec
+from tunectl.tasks.runner import ItemRunner
+
+SETTINGS = MeasureSpec(warmup=1, min_samples=3, max_samples=5, max_seconds=0.2)
+GOOD = make_key({"fault": "none"})
+FAST = make_key({"fault": "none", "variant": 1})
+
+
+def _run(*arms: dict[str, object]) -> dict[str, tuple[Status, str]]:
+    keys = tuple(make_key(a) for a in arms)
+    item = comparison("fault_injection", make_key({}), make_key({"n": 64}), keys, Phase.HOLDOUT, rounds=3)
+    records = ItemRunner("cpu").run("r", item, SETTINGS)
+    assert isinstance(records, list) and len(records) == len(arms)
+    return {r.config_key: (r.status, r.message or "") for r in records}
+
+
+def test_an_invalid_or_failing_arm_leaves_the_other_arms_compared() -> None:
+    out = _run(
+        dict(GOOD),
+        {"fault": "invalid", "where": "prepare"},
+        {"fault": "invalid"},
+        {"fault": "raise"},
+        {"fault": "wrong"},
+        dict(FAST),
+    )
+    statuses = {k: s for k, (s, _) in out.items()}
+    assert statuses == {
+        '{"fault":"none"}': Status.OK,
+        '{"fault":"invalid","where":"prepare"}': Status.INVALID,
+        '{"fault":"invalid"}': Status.INVALID,
+        '{"fault":"raise"}': Status.ERROR,
+        '{"fault":"wrong"}': Status.WRONG_RESULT,
+        '{"fault":"none","variant":1}': Status.OK,
+    }
+    assert "RuntimeError" in out['{"fault":"raise"}'][1]
+
+
+def test_without_a_baseline_failing_arms_keep_their_status_and_the_rest_are_not_compared() -> None:
+    out = _run({"fault": "invalid"}, {"fault": "raise"}, dict(FAST))
+    assert out['{"fault":"invalid"}'][0] is Status.INVALID
+    assert out['{"fault":"raise"}'][0] is Status.ERROR
+    not_compared = (Status.ERROR, "not compared: the default failed at this point")
+    assert out['{"fault":"none","variant":1}'] == not_compared
