@@ -107,3 +107,22 @@ def test_flag_only_keeps_the_first_measurement_and_says_it_drifted() -> None:
 def test_an_unknown_action_is_refused() -> None:
     with pytest.raises(ValueError, match="drift action"):
         DriftGuard(lambda: 1.0, action="ignore")
+
+
+def test_a_shift_that_ends_inside_a_measurement_shows_in_the_probe_before_it() -> None:
+    device = SlowingDevice()
+    guard = DriftGuard(device.kernel(PROBE_US), action="remeasure", settings=SETTINGS, sleep=device.sleep)
+    point_measurements(guard, device, "p", 1)
+    call, calls = device.kernel(CALL_US), 0
+
+    def call_in_a_passing_burst() -> float:
+        nonlocal calls
+        us, calls = call(), calls + 1
+        if calls == 8:  # the neighbour's burst ends after 8 of the measurement's 10 samples
+            device.slow_until = device.now_us
+        return us
+
+    device.slow_for(float("inf"))
+    hit = guard.measure("p", lambda: measure(call_in_a_passing_burst, SETTINGS))
+    assert hit.remeasured == 1 and not hit.drift
+    assert hit.stats.median_us == pytest.approx(CALL_US)

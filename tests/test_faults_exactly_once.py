@@ -29,9 +29,13 @@ from tunectl.store.runs import list_runs
 pytestmark = pytest.mark.slow
 
 #: real CPU measurements (near-ties, so points have finals): 6 points x 4 configs, then a
-#: comparison per point of up to 4 arms; a point's finals start as soon as its 4 items are in
-SPEC = TINY_SPEC.replace("max_seconds = 0.05", "max_seconds = 0.3").replace(
-    "min_samples = 3", "min_samples = 10"
+#: comparison per point of up to 4 arms; a point's finals start as soon as its 4 items are in. Each
+#: measurement samples for its whole 0.1 s (no sample cap, a noise target no kernel meets), so the
+#: run lasts long enough for every stop however busy the machine is.
+SPEC = (
+    TINY_SPEC.replace("max_seconds = 0.05", "max_seconds = 0.1\nnoise_target = 0.000001")
+    .replace("max_samples = 20", "max_samples = 1000000")
+    .replace("min_samples = 3", "min_samples = 10")
 )
 STOPS = (
     (3, "kill"),
