@@ -153,3 +153,44 @@ def test_a_hanging_config_times_out_and_its_worker_is_replaced(ray_two_gpus: Non
     assert Counter(r.status for r in rows)["timeout"] == 2
     events = run_log_path(tmp_path / "results", out.run_id).read_text()
     assert events.count("killing the worker") == 2
+
+
+def test_an_arm_that_kills_its_worker_is_recorded_crash_and_the_comparison_goes_on(
+    ray_two_gpus: None, tmp_path: Path
+) -> None:
+    from tunectl.core.keys import make_key
+    from tunectl.core.plan import comparison
+    from tunectl.core.record import Phase
+    from tunectl.decide.validate import FixedItems
+    from tunectl.orchestrator.submit import RunOptions, new_run, run
+
+    spec = load_spec(write_spec(tmp_path, '[[configs]]\nfault = "none"\n'))
+    arms = tuple(
+        make_key(c)
+        for c in (
+            {"fault": "none"},
+            {"fault": "exit"},
+            {"fault": "none", "variant": 1},
+            {"fault": "exit", "variant": 2},
+        )
+    )
+    item = comparison("fault_injection", make_key({}), make_key({"n": 4}), arms, Phase.HOLDOUT, rounds=2)
+    results = tmp_path / "results"
+    info = new_run(spec, results=results, num_planned=len(arms), kind="holdout")
+    out = run(
+        lambda pool: FixedItems([item], pool), spec.resources, spec.measure, results=results, info=info,
+        options=RunOptions(compile_ahead=False, num_gpus=1),
+    )  # fmt: skip
+
+    rows = assert_one_row_per_item(results, out.run_id, list(item.record_ids()))
+    statuses = {r.config_key: r.status for r in rows}
+    assert statuses == {
+        '{"fault":"none"}': "ok",
+        '{"fault":"exit"}': "crash",
+        '{"fault":"none","variant":1}': "ok",
+        '{"fault":"exit","variant":2}': "crash",
+    }
+    assert all("comparison went on without it" in r.message for r in rows if r.status == "crash")
+    events = run_log_path(results, out.run_id).read_text()
+    assert events.count("in the comparison at") == 2 and "runs again, alone" not in events
+    assert "finished: 4 record(s), 2 worker failure(s)" in events, "one death per crashed arm, no more"

@@ -50,3 +50,23 @@ def test_suspects_go_out_first_and_are_never_anyones_lookahead() -> None:
     queue.push_retry(C)
     assert queue.pop(point=None, busy=set()) == C
     assert queue.pop_same_point(A.point) == A and len(queue) == 1
+
+
+def test_a_death_while_an_arm_is_checked_is_charged_to_that_arm_until_too_many_have_died() -> None:
+    from tunectl.core.keys import key_text
+    from tunectl.core.plan import comparison
+    from tunectl.core.record import Phase
+    from tunectl.orchestrator.blame import MAX_CRASHED_ARMS
+
+    arms = tuple(make_key({"variant": v}) for v in range(MAX_CRASHED_ARMS + 3))
+    group = comparison("fault_injection", (), make_key({"n": 1}), arms, Phase.HOLDOUT, rounds=2)
+    blame = Blame()
+    for k in range(1, MAX_CRASHED_ARMS + 1):
+        verdict = blame.judge([(group, None)], {"running": group.item_id, "arm": key_text(arms[k])})
+        [group] = verdict.retry
+        assert group.crashed_arms == arms[1 : k + 1] and verdict.crashed_arm == {group.item_id: arms[k]}
+    assert not blame.deaths, "no death is charged to the comparison while its arms take the blame"
+    over = blame.judge([(group, None)], {"running": group.item_id, "arm": key_text(arms[-1])})
+    assert over.retry == [group] and not over.crashed_arm and blame.deaths[group.item_id] == 1
+    baseline = Blame().judge([(group, None)], {"running": group.item_id, "arm": key_text(arms[0])})
+    assert baseline.retry == [group] and not baseline.crashed_arm, "the baseline's death is the comparison's"

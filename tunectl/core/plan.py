@@ -49,6 +49,8 @@ class WorkItem:
     arms: tuple[Key, ...] = ()
     rounds: int = 0
     layers: int = 0
+    #: arms that killed a worker while they were checked here: recorded ``crash``, not run again
+    crashed_arms: tuple[Key, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "phase", Phase(self.phase))

@@ -30,6 +30,7 @@ import ray
 from ray import exceptions as rex
 
 from tunectl.core.errors import TunectlError
+from tunectl.core.keys import key_text
 from tunectl.core.plan import WorkItem
 from tunectl.core.record import Record
 from tunectl.core.spec import MeasureSpec
@@ -415,6 +416,12 @@ class _Dispatcher:
             self._emit(slot.lane, failure_records(self.run_id, item, "crash", message))
             log.warning("worker %s died running %s again: recorded as crash", slot.name, describe(item))
         for item in verdict.retry:
+            if (arm := verdict.crashed_arm.get(item.item_id)) is not None:
+                log.warning(
+                    "worker %s died checking %s in the comparison at %s: recorded as crash; the comparison "
+                    "runs again without it", slot.name, key_text(arm), key_text(item.shape),
+                )  # fmt: skip
+                continue
             log.warning("worker %s died running %s; it runs again, alone", slot.name, describe(item))
         if not verdict.crashed and not verdict.retry:
             why = "between items" if verdict.known else "without a word on what killed it"

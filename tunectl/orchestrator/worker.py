@@ -1,7 +1,8 @@
 """The worker actor: owns one device (one GPU, or a GPU-less node's cores) and measures items on it.
 
 Before and after each item the worker writes down, in a small journal on its node, what it is
-running and what it is preparing in the background. If the process dies, the process Ray starts in
+running and what it is preparing in the background (and, inside a comparison, which arm it is
+checking). If the process dies, the process Ray starts in
 its place (same actor, same node) reads the journal and reports it with ``describe`` as its
 predecessor's *last words*, so the driver knows which item killed it (``tunectl.orchestrator.blame``).
 """
@@ -20,6 +21,7 @@ from typing import Any
 import ray
 
 from tunectl.core.files import canonical_json
+from tunectl.core.keys import key_text
 from tunectl.core.plan import WorkItem
 from tunectl.core.record import Record
 from tunectl.core.spec import MeasureSpec
@@ -90,6 +92,10 @@ class TuneWorker:
             if lookahead is not None and lookahead.point == item.point:
                 preparing = lookahead.item_id
         self._note(item.item_id, preparing)
+        if item.arms:  # name the arm being checked, so a death there is charged to that config alone
+            self.runner.on_arm = lambda i: self._note(
+                item.item_id, preparing, None if i is None else key_text(item.arms[i])
+            )
         try:
             record = self.runner.run(run_id, item, settings)
         except CudaContextPoisoned:
@@ -102,8 +108,8 @@ class TuneWorker:
         """Remove the journal (the run is over; nobody will ask for last words)."""
         self.journal.unlink(missing_ok=True)
 
-    def _note(self, running: str | None, preparing: str | None) -> None:
-        data = canonical_json({"pid": os.getpid(), "running": running, "preparing": preparing})
+    def _note(self, running: str | None, preparing: str | None, arm: str | None = None) -> None:
+        data = canonical_json({"pid": os.getpid(), "running": running, "preparing": preparing, "arm": arm})
         with contextlib.suppress(OSError):  # without a journal, blame falls back to Ray's order
             self.journal.parent.mkdir(exist_ok=True)
             self.journal.write_text(data)
@@ -118,4 +124,4 @@ def _read_last_words(path: Path) -> dict[str, Any] | None:
     path.unlink(missing_ok=True)
     if not isinstance(words, dict) or words.get("pid") == os.getpid():
         return None
-    return {"running": words.get("running"), "preparing": words.get("preparing")}
+    return {"running": words.get("running"), "preparing": words.get("preparing"), "arm": words.get("arm")}

@@ -39,6 +39,11 @@ _NOT_MEASURABLE = (
     "method; time it with measure.timing = 'replay', or at a larger shape"
 )
 _NO_BASELINE = {"status": "error", "message": "not compared: the default failed at this point"}
+_CRASHED_ARM = {
+    "status": "crash",
+    "message": "the worker process died while this config was checked at this point; "
+    "the comparison went on without it",
+}
 
 
 class NotMeasurable(RuntimeError):
@@ -62,6 +67,8 @@ class ItemRunner:
         self._point: tuple[Any, ...] | None = None
         self._inputs: Any = None
         self._reference: Any = None
+        #: told which arm of a comparison is being checked (its index), and None once all are timed
+        self.on_arm: Callable[[int | None], None] = _nothing
 
     @classmethod
     def for_process(cls, gpu_assigned: bool, num_threads: int) -> ItemRunner:
@@ -233,6 +240,10 @@ class ItemRunner:
         fields: list[dict[str, Any]] = []
         samplers: dict[int, Sampler] = {}  # arms that passed the check
         for i, arm in enumerate(item.arms):
+            if arm in item.crashed_arms and i > 0:
+                fields.append(dict(_CRASHED_ARM))
+                continue
+            self.on_arm(i)
             try:  # an arm that is invalid here or fails is that arm's status; the others go on
                 fn, prepare_s = timed_prepare(task, static, shape, dict(arm), self._inputs)
                 failed, checked = self._check(task, static, fn, prepare_s)
@@ -241,6 +252,7 @@ class ItemRunner:
                     samplers[i] = self._arm_sampler(task, item, arm, fn, stacks, settings, mode)
             except Exception as exc:
                 fields[i:] = [self._failed(exc)]
+        self.on_arm(None)
         if 0 not in samplers:  # no baseline: the arms that passed their check are not compared
             return [{**f, **_NO_BASELINE} if i in samplers else f for i, f in enumerate(fields)]
         timed = list(samplers.values())
@@ -332,7 +344,7 @@ def timed_prepare(
     return fn, time.perf_counter() - t0
 
 
-def _nothing() -> None:
+def _nothing(*_: Any) -> None:
     return None
 
 
