@@ -104,3 +104,23 @@ def test_holdout_on_a_spec_without_ranges_is_one_line_and_exit_2(tmp_path: Path)
     out = CliRunner().invoke(app, [*args, "--results", str(tmp_path / "res")])
     assert out.exit_code == 2 and "declare range = [lo, hi]" in out.output and "Traceback" not in out.output
     assert not (tmp_path / "res").exists()
+
+
+def test_a_holdout_where_no_comparison_succeeded_says_so_and_where_to_look() -> None:
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from tunectl.cli.validate import print_holdout
+
+    static, pick = make_key({"capacity": 1}), make_key({"c": "a"})
+    shapes = tuple(
+        HeldOut(static, make_key({"batch": b}), pick, None, None, status)
+        for b, status in ((1, "crash"), (2, "crash"), (3, "error"))
+    )
+    console = Console(record=True, width=200)
+    run = SimpleNamespace(holdout=Holdout(shapes), run_id="r1", spec="s.toml", skipped=[])
+    print_holdout(console, run, Path("res"))
+    text = console.export_text()
+    assert "not compared: 2 crash, 1 error; `tunectl failures --run r1 --results res` lists why" in text
+    assert "no held-out shape was measured" in text

@@ -83,8 +83,8 @@ def _holdout(
         bundle, spec, results, num_shapes=num_shapes, seed=seed, rounds=rounds, margin=margin,
         progress=bar, address=address, num_gpus=num_gpus, connect_fn=connect_trapping_cancel,
     ))  # fmt: skip
-    print_holdout(console, run)
-    if run.holdout.failed:
+    print_holdout(console, run, results)
+    if run.holdout.failed or not run.holdout.ratios:
         raise typer.Exit(1)
 
 
@@ -102,14 +102,19 @@ def _measured(console: Console, what: str, results: Path, measure: Callable[[Run
         bar.stop()
 
 
-def print_holdout(console: Console, run: Any) -> None:
+def print_holdout(console: Console, run: Any, results: Path) -> None:
     held = run.holdout
     title = f"held-out shapes of {run.spec}" + (f" (run {run.run_id})" if run.run_id else "")
     console.print(holdout_table(held, title))
     for why, n in sorted(Counter(s.why for s in run.skipped).items()):
         console.print(f"not measured: {n} shape(s): {why}")
+    failed = Counter(s.status for s in held.shapes if s.ratio is None)
+    if failed:
+        counts = ", ".join(f"{n} {status}" for status, n in sorted(failed.items()))
+        where = f" --run {run.run_id}" if run.run_id else ""
+        console.print(f"not compared: {counts}; `tunectl failures{where} --results {results}` lists why")
     if not held.ratios:
-        console.print("no held-out shape was measured")
+        console.print("[red]no held-out shape was measured[/]")
         return
     stats = f"median {held.quantile(0.5):.3f}, p95 {held.quantile(0.95):.3f}, worst {held.ratios[-1]:.3f}"
     console.print(f"pick / oracle over {len(held.ratios)} shape(s): {stats}, geomean {held.geomean:.3f}")
