@@ -159,7 +159,7 @@ def diff_cmd(
     \b
         tunectl bundle diff bundles/quickstart/1 bundles/quickstart/2
     """
-    from tunectl.store.bundle import diff_bundles
+    from tunectl.store.bundle_diff import diff_bundles
     from tunectl.store.stores import read_bundle
 
     with library_errors():
