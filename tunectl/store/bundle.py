@@ -38,7 +38,7 @@ from tunectl.core.errors import BundleError, BundleExistsError, UserError
 from tunectl.core.files import atomic_write, canonical_json, json_bytes, sync_dir, write_synced
 from tunectl.core.keys import from_json
 from tunectl.runtime import CHANNELS, MANIFEST, SCHEMA_VERSION, Fetcher, load_bundle, safe_member
-from tunectl.runtime.format import ARCHIVE_SUFFIXES, BundleCorruptError
+from tunectl.runtime.format import ARCHIVE_SUFFIXES, BundleCorruptError, stat_columns
 from tunectl.runtime.sources import Source, read_local, read_verified, resolve
 
 log = logging.getLogger("tunectl.store.bundle")
@@ -71,7 +71,6 @@ def _columns(table: TaskTable) -> tuple[dict[str, Any], dict[str, list[Any]]]:
     configs: dict[str, int] = {}
     seen: set[Any] = set()
     rows: list[Any] = []
-    stats: dict[str, list[Any]] = {}
     for i, entry in enumerate(table.entries):
         try:
             static = [entry["static"][p] for p in table.static_params]
@@ -89,11 +88,6 @@ def _columns(table: TaskTable) -> tuple[dict[str, Any], dict[str, list[Any]]]:
         s = statics.setdefault(canonical_json(static), len(statics))
         c = configs.setdefault(canonical_json(config), len(configs))
         rows += [s, *shape, c]
-        for col, value in entry.items():
-            if col not in ("static", "shape", "config"):
-                stats.setdefault(col, [None] * i).append(value)
-        for values in stats.values():
-            values.extend([None] * (i + 1 - len(values)))
     doc = {
         "schema_version": SCHEMA_VERSION,
         "task": table.task,
@@ -103,7 +97,7 @@ def _columns(table: TaskTable) -> tuple[dict[str, Any], dict[str, list[Any]]]:
         "configs": [json.loads(c) for c in configs],
         "rows": rows,
     }
-    return doc, stats
+    return doc, stat_columns(table.entries)
 
 
 def build_files(
