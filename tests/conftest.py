@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,6 +28,27 @@ def ray_two_gpus() -> Iterator[None]:
         yield
     finally:
         ray.shutdown()
+
+
+@contextmanager
+def local_cluster(*nodes: dict[str, Any]) -> Iterator[Any]:
+    """A multi-node Ray cluster on this machine: a head with one CPU and no GPU, then ``nodes`` (each
+    ``Cluster.add_node``'s arguments); Ray is connected to it until the block ends."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})
+    for node in nodes:
+        cluster.add_node(**node)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, logging_level="ERROR")
+    try:
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
 
 
 @pytest.fixture
