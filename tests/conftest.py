@@ -56,16 +56,18 @@ def quickstart_spec_text() -> str:
     return (ROOT / "configs" / "quickstart.toml").read_text()
 
 
-TINY_SPEC = """
-name = "tiny"
-task = "decode_attention"
-[static]
+#: the static key of the small decode_attention specs the tests run (one point of the static grid)
+TINY_STATIC = """[static]
 dtype = "float32"
 num_q_heads = 4
 num_kv_heads = 2
 head_dim = 16
 page_size = 8
-[shapes.batch]
+"""
+TINY_SPEC = f"""
+name = "tiny"
+task = "decode_attention"
+{TINY_STATIC}[shapes.batch]
 values = [1, 2, 4]
 bucket = "pow2"
 [shapes.kv_len]
