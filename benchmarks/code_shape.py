@@ -250,7 +250,8 @@ def measure_ref(repo: Path, ref: str, tree: str) -> Shape:
         tarfile.open(fileobj=io.BytesIO(archive)) as tar,
     ):
         tar.extractall(folder, filter="data")
-        return measure(Path(folder), tree, label=f"{ref} ({commit})")
+        label = commit if commit.startswith(ref) else f"{ref} ({commit})"
+        return measure(Path(folder), tree, label=label)
 
 
 def _git(repo: Path, *args: str) -> bytes:
