@@ -31,7 +31,7 @@ class Record:
 
 LOW = """
 def fine():
-    from tunectl.low import helper
+    from tunectl.low import reads
 
 
 def reads(row, settings, entry):
