@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,21 +30,44 @@ def ray_two_gpus() -> Iterator[None]:
         ray.shutdown()
 
 
+@contextmanager
+def local_cluster(*nodes: dict[str, Any]) -> Iterator[Any]:
+    """A multi-node Ray cluster on this machine: a head with one CPU and no GPU, then ``nodes`` (each
+    ``Cluster.add_node``'s arguments); Ray is connected to it until the block ends."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})
+    for node in nodes:
+        cluster.add_node(**node)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, logging_level="ERROR")
+    try:
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
 @pytest.fixture
 def quickstart_spec_text() -> str:
     return (ROOT / "configs" / "quickstart.toml").read_text()
 
 
-TINY_SPEC = """
-name = "tiny"
-task = "decode_attention"
-[static]
+#: the static key of the small decode_attention specs the tests run (one point of the static grid)
+TINY_STATIC = """[static]
 dtype = "float32"
 num_q_heads = 4
 num_kv_heads = 2
 head_dim = 16
 page_size = 8
-[shapes.batch]
+"""
+TINY_SPEC = f"""
+name = "tiny"
+task = "decode_attention"
+{TINY_STATIC}[shapes.batch]
 values = [1, 2, 4]
 bucket = "pow2"
 [shapes.kv_len]

@@ -20,7 +20,14 @@ def _modules_after(statement: str) -> list[str]:
 
 
 @pytest.mark.parametrize(
-    "module", ["tunectl.runtime", "tunectl.store.bundle", "tunectl.core.keys", "tunectl.runtime.adapters"]
+    "module",
+    [
+        "tunectl.runtime",
+        "tunectl.store.bundle",
+        "tunectl.store.bundle_diff",
+        "tunectl.core.keys",
+        "tunectl.runtime.adapters",
+    ],
 )
 def test_serving_modules_import_only_the_standard_library(module: str) -> None:
     at_start = set(_modules_after(""))  # site hooks (.pth files) load before any import of ours

@@ -18,13 +18,13 @@ from tunectl.store.bundle import (
     LocalStore,
     TaskTable,
     build_files,
-    diff_bundles,
     list_bundles,
     promote,
     publish,
     publish_local,
     read_channel,
 )
+from tunectl.store.bundle_diff import diff_bundles
 
 STATIC = {"dtype": "float32", "head_dim": 64}
 ENV = {"device_name": "cpu: test"}

@@ -46,6 +46,18 @@ def test_every_command_ends_its_help_with_an_example_of_itself(path: tuple[str, 
     assert all(line.startswith(f"tunectl {' '.join(path)}") for line in lines), lines
 
 
+@pytest.mark.parametrize("path", [p for p, _ in _commands(typer.main.get_command(app))], ids=" ".join)
+def test_every_help_page_shows_an_example(path: tuple[str, ...]) -> None:
+    """What ``--help`` prints, groups and the top level included: an Example: block of this command."""
+    out = CliRunner().invoke(app, [*path, "--help"])
+    assert out.exit_code == 0, out.output
+    assert "Example:" in out.output, f"tunectl {' '.join(path)} --help shows no Example: block"
+    shown = out.output.split("Example:", 1)[1].split("╭", 1)[0]
+    command = " ".join(("tunectl", *path))
+    examples = [line.strip() for line in shown.splitlines() if line.strip().startswith("tunectl ")]
+    assert examples and all(line.startswith(command) for line in examples), shown
+
+
 @pytest.mark.parametrize("path", LEAVES, ids=" ".join)
 def test_every_command_appears_in_the_readme(path: tuple[str, ...]) -> None:
     assert f"tunectl {' '.join(path)}" in README

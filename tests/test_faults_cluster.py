@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import local_cluster
 from tests.test_faults import assert_one_row_per_item, planned_ids, write_spec
 from tunectl.orchestrator.submit import submit
 from tunectl.store.runs import run_log_path
@@ -18,21 +19,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def two_gpu_nodes() -> Iterator[Any]:
-    import ray
-    from ray.cluster_utils import Cluster
-
-    if ray.is_initialized():
-        ray.shutdown()
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})
-    cluster.add_node(num_cpus=1, num_gpus=1)
-    cluster.add_node(num_cpus=1, num_gpus=1)
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, logging_level="ERROR")
-    try:
+    with local_cluster({"num_cpus": 1, "num_gpus": 1}, {"num_cpus": 1, "num_gpus": 1}) as cluster:
         yield cluster
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
 
 
 class RemoveANodeAfter:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.decode_keys import flash_static
 from tunectl.core.keys import make_key
 from tunectl.core.plan import item_id
 from tunectl.core.spec import MeasureSpec
@@ -15,17 +16,7 @@ torch = pytest.importorskip("torch")
 # CPU tests run Flex eagerly (tasks compile it everywhere else); torch warns about that on each call.
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 
-STATIC = {
-    "causal": True,
-    "dtype": "float32",
-    "head_dim": 16,
-    "num_kv_heads": 2,
-    "num_q_heads": 8,
-    "page_size": 8,
-    "sinks": False,
-    "softcap": 0.0,
-    "window": (-1, -1),
-}
+STATIC = flash_static(dtype="float32", head_dim=16, num_kv_heads=2, num_q_heads=8, page_size=8)
 SHAPE = {"batch": 3, "kv_len": 37, "q_len": 1}
 VARIANTS = {
     "plain": {},

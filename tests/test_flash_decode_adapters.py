@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from tests.decode_keys import flash_static
 from tunectl.tasks import _adapters_flash
 from tunectl.tasks.base import InvalidConfig
 
@@ -78,17 +79,7 @@ REAL = {
     "fa4": ("flash_attn.cute", "flash_attn_varlen_func"),
 }
 
-STATIC = {
-    "causal": True,
-    "dtype": "bfloat16",
-    "head_dim": 16,
-    "num_kv_heads": 2,
-    "num_q_heads": 8,
-    "page_size": 256,
-    "sinks": False,
-    "softcap": 0.0,
-    "window": (-1, -1),
-}
+STATIC = flash_static(head_dim=16, num_kv_heads=2, num_q_heads=8, page_size=256)
 SHAPE = {"batch": 2, "kv_len": 300, "q_len": 1}
 
 

@@ -11,23 +11,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.decode_keys import flash_static
 from tunectl.runtime import adapters
 from tunectl.tasks import _adapters_triton as at
 from tunectl.tasks.base import InvalidConfig
 from tunectl.tasks.compile import compile_key
 from tunectl.tasks.flash_decode import BACKEND_DEFAULTS, BACKEND_OPTIONS, FlashDecode
 
-STATIC = {
-    "causal": True,
-    "dtype": "bfloat16",
-    "head_dim": 128,
-    "num_kv_heads": 8,
-    "num_q_heads": 32,
-    "page_size": 16,
-    "sinks": False,
-    "softcap": 0.0,
-    "window": (-1, -1),
-}
+STATIC = flash_static()
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.decode_keys import flash_static
 from tunectl.tasks import _adapters_flashinfer as fi
 from tunectl.tasks.base import InvalidConfig
 from tunectl.tasks.compile import cache_env
@@ -40,17 +41,7 @@ def wrapper_plan(indptr, indices, last_page_len, num_qo_heads, num_kv_heads, hea
     ...
 
 
-STATIC = {
-    "causal": True,
-    "dtype": "bfloat16",
-    "head_dim": 16,
-    "num_kv_heads": 2,
-    "num_q_heads": 8,
-    "page_size": 16,
-    "sinks": False,
-    "softcap": 0.0,
-    "window": (-1, -1),
-}
+STATIC = flash_static(head_dim=16, num_kv_heads=2, num_q_heads=8)
 SHAPE = {"batch": 3, "kv_len": 37, "q_len": 1}
 
 

@@ -11,23 +11,14 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from tests.decode_keys import decode_run_key, flash_static, lightllm_lookup, lightllm_static_key
 from tunectl.cli import app
 from tunectl.core.errors import UserError
 from tunectl.formats.engines import export_flex_options, export_lightllm, lightllm_run_key
 from tunectl.runtime import Bundle, adapters, load_bundle
 from tunectl.store.bundle import TaskTable, build_files, publish_local
 
-DECODE_STATIC = {
-    "causal": True,
-    "dtype": "bfloat16",
-    "head_dim": 128,
-    "num_kv_heads": 8,
-    "num_q_heads": 32,
-    "page_size": 16,
-    "sinks": False,
-    "softcap": 0.0,
-    "window": [-1, -1],
-}
+DECODE_STATIC = flash_static(window=[-1, -1])  # as a bundle entry holds it (JSON)
 PREFILL_STATIC = {
     "dtype": "bfloat16",
     "head_dim": 128,
@@ -152,51 +143,16 @@ def test_torch_accepts_the_exported_options(bundle: Bundle, tmp_path: Path) -> N
 # -- LightLLM's autotune layout for flash_attn_with_kvcache decode ---------------------------------------
 
 
-def lightllm_lookup(root: Path, device: str, triton: str, static_key: dict[str, Any], run_key: int) -> Any:
-    """LightLLM's Autotuner, read for what it does: file by static key, exact run key else the nearest."""
-    name = (
-        json.dumps(static_key, sort_keys=True)
-        .replace(" ", "")
-        .replace("\n", "")
-        .replace('"', "")
-        .replace(":", "=")
-    )
-    device = device.replace(" ", "_")
-    path = root / f"triton_{triton}" / device / "sgl_fa3_kvcache_ns:v1" / f"{name}_{device}.json"
-    configs = json.loads(path.read_text())
-    if str(run_key) in configs:
-        return configs[str(run_key)]
-    return min(configs.items(), key=lambda item: abs(int(str(run_key)) - int(item[0])))[1]
-
-
 def test_lightllm_configs_are_found_by_lightllms_rules(bundle: Bundle, tmp_path: Path) -> None:
     res = export_lightllm(bundle, tmp_path / "autotune_kernel_configs")
     assert res.num_entries == 3 and res.skipped == {
         "winner is backend fa4, not sgl": 1,
         "winner is backend flex, not sgl": 1,
     }
-    # what LightLLM's _flash_attn_kvcache_static_key computes for bf16, 32/8 heads, d=128, page 16, causal
-    static_key = {
-        "qd": "torch.bfloat16",
-        "kd": "torch.bfloat16",
-        "vd": "torch.bfloat16",
-        "qh": 32,
-        "kh": 8,
-        "hd": 128,
-        "vh": 128,
-        "pb": 16,
-        "c": 1,
-        "wl": -1,
-        "wr": -1,
-        "sc": 0,
-        "sk": 0,
-        "has_k_descale": False,
-        "has_v_descale": False,
-        "sgl": "0.3.21",
-    }
+    static_key = lightllm_static_key(page_size=16)
 
-    def run_key(batch: int, kv_len: int) -> int:  # batch * 10**13 + max_q_len * 10**7 + page_table.shape[1]
-        return batch * 10**13 + 1 * 10**7 + -(-kv_len // 16)
+    def run_key(batch: int, kv_len: int) -> int:
+        return decode_run_key(batch, kv_len, page_size=16)
 
     root = tmp_path / "autotune_kernel_configs"
     for (batch, kv_len), config in DECODE_WINNERS.items():

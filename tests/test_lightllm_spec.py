@@ -8,7 +8,8 @@ from typing import Any
 
 from typer.testing import CliRunner
 
-from tests.test_formats import ENV, lightllm_lookup
+from tests.decode_keys import decode_run_key, lightllm_lookup, lightllm_static_key
+from tests.test_formats import ENV
 from tunectl.cli import app
 from tunectl.core.plan import plan
 from tunectl.core.spec import load_spec
@@ -16,29 +17,11 @@ from tunectl.runtime import load_bundle
 from tunectl.store.bundle import TaskTable, build_files, publish_local
 
 SPEC = Path(__file__).resolve().parents[1] / "configs" / "lightllm" / "flash_decode.toml"
-LIGHTLLM_STATIC_KEY = {  # LightLLM's static key for bf16, 32/8 heads, d128, page 128, causal
-    "qd": "torch.bfloat16",
-    "kd": "torch.bfloat16",
-    "vd": "torch.bfloat16",
-    "qh": 32,
-    "kh": 8,
-    "hd": 128,
-    "vh": 128,
-    "pb": 128,
-    "c": 1,
-    "wl": -1,
-    "wr": -1,
-    "sc": 0,
-    "sk": 0,
-    "has_k_descale": False,
-    "has_v_descale": False,
-    "sgl": "0.3.21",
-}
+LIGHTLLM_STATIC_KEY = lightllm_static_key(page_size=128)  # bf16, 32/8 heads, d128, page 128, causal
 
 
 def run_key(batch: int, kv_len: int) -> int:
-    """LightLLM's packed run key at page 128: batch | max_q_len (1) | pages per sequence."""
-    return batch * 10**13 + 1 * 10**7 + -(-kv_len // 128)
+    return decode_run_key(batch, kv_len, page_size=128)
 
 
 def synthetic_winner(batch: int, kv_len: int) -> dict[str, Any]:

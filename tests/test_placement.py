@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import local_cluster
 from tests.test_faults import assert_one_row_per_item, planned_ids, write_spec
 from tunectl.core.errors import UserError
 from tunectl.core.record import Record
@@ -27,22 +28,12 @@ FAST = '[[configs]]\nfault = "none"\nrun_ms = 1\nvariant = [1, 2, 3, 4, 5]\n'
 
 @pytest.fixture(scope="module")
 def mixed_cluster() -> Iterator[object]:
-    import ray
-    from ray.cluster_utils import Cluster
-
-    if ray.is_initialized():
-        ray.shutdown()
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0})
-    cluster.add_node(num_cpus=1, num_gpus=2, resources={"accelerator_type:A100": 1})
-    cluster.add_node(num_cpus=1, num_gpus=1, resources={"accelerator_type:A100": 1})
-    cluster.add_node(num_cpus=1, num_gpus=1, resources={"accelerator_type:H100": 1})
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, logging_level="ERROR")
-    try:
+    with local_cluster(
+        {"num_cpus": 1, "num_gpus": 2, "resources": {"accelerator_type:A100": 1}},
+        {"num_cpus": 1, "num_gpus": 1, "resources": {"accelerator_type:A100": 1}},
+        {"num_cpus": 1, "num_gpus": 1, "resources": {"accelerator_type:H100": 1}},
+    ) as cluster:
         yield cluster
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
 
 
 def pool_of_worker(results: Path, run_id: str) -> dict[str, str]:

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import TINY_STATIC
 from tunectl.core.errors import SpecError
 from tunectl.core.keys import key_text
 from tunectl.core.plan import WorkItem, plan
@@ -22,16 +23,10 @@ from tunectl.core.record import Record
 from tunectl.core.spec import parse_spec
 from tunectl.decide.search import Search
 
-SPEC = """
+SPEC = f"""
 name = "s"
 task = "decode_attention"
-[static]
-dtype = "float32"
-num_q_heads = 4
-num_kv_heads = 2
-head_dim = 16
-page_size = 8
-[shapes.batch]
+{TINY_STATIC}[shapes.batch]
 values = [1, 2, 4, 8, 16]
 [shapes.kv_len]
 values = [64]

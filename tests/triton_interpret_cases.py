@@ -12,17 +12,9 @@ import os
 import sys
 from typing import Any
 
-STATIC = {
-    "causal": True,
-    "dtype": "float32",
-    "head_dim": 16,
-    "num_kv_heads": 2,
-    "num_q_heads": 4,
-    "page_size": 16,
-    "sinks": False,
-    "softcap": 0.0,
-    "window": (-1, -1),
-}
+from tests.decode_keys import flash_static
+
+STATIC = flash_static(dtype="float32", head_dim=16, num_kv_heads=2, num_q_heads=4)
 SHAPE = {"batch": 2, "kv_len": 37, "q_len": 1}
 T = {"backend": "triton"}
 # (static overrides, shape overrides, config): 37 tokens are 3 blocks of 16 and 2 of 32, so the

@@ -9,12 +9,17 @@ import typer
 from tunectl.cli import bundle, doctor, export, imports, report, runs, submit, validate
 
 app = typer.Typer(
-    help="Tune LLM-inference kernels on every GPU of a Ray cluster, and publish the winners as bundles.",
+    help=(
+        "Tune LLM-inference kernels on every GPU of a Ray cluster, and publish the winners as bundles.\n\n"
+        "Example:\n\b\n"
+        "    tunectl submit configs/quickstart.toml\n"
+        "    tunectl export bundle --name quickstart --version 1 --out bundles"
+    ),
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-# Each command's help is its docstring, which ends with an Example: block.
+# Each command's help is its docstring, which ends with an Example: block; each group's help has one too.
 app.command(name="submit")(submit.submit)
 app.command(name="runs")(runs.list_runs_cmd)
 app.command(name="winners")(runs.winners_cmd)

@@ -15,7 +15,15 @@ from rich.table import Table
 from tunectl.cli._common import library_errors
 from tunectl.core.files import canonical_json
 
-app = typer.Typer(help="Inspect, check, compare, promote and pack published bundles.", no_args_is_help=True)
+app = typer.Typer(
+    help=(
+        "Inspect, check, compare, promote and pack published bundles.\n\n"
+        "Example:\n\b\n"
+        "    tunectl bundle list bundles\n"
+        "    tunectl bundle promote quickstart 1 --channel stable --store bundles"
+    ),
+    no_args_is_help=True,
+)
 
 SourceArg = Annotated[str, typer.Argument(help="A bundle: directory, archive, URI, or STORE/NAME@CHANNEL.")]
 StoreOption = Annotated[str, typer.Option("--store", help="Bundle store: a directory or a URI (s3://...).")]
@@ -159,7 +167,7 @@ def diff_cmd(
     \b
         tunectl bundle diff bundles/quickstart/1 bundles/quickstart/2
     """
-    from tunectl.store.bundle import diff_bundles
+    from tunectl.store.bundle_diff import diff_bundles
     from tunectl.store.stores import read_bundle
 
     with library_errors():

@@ -11,7 +11,15 @@ from tunectl.cli._common import DEFAULT_RESULTS, ResultsOption, library_errors
 from tunectl.cli.validate import AddressOption, LayersOption, RoundsOption
 from tunectl.decide.validate import DEFAULT_LAYERS, DEFAULT_ROUNDS
 
-app = typer.Typer(help="Export results in the formats serving reads.", no_args_is_help=True)
+app = typer.Typer(
+    help=(
+        "Export results in the formats serving reads.\n\n"
+        "Example:\n\b\n"
+        "    tunectl export bundle --name quickstart --version 1 --out bundles\n"
+        "    tunectl export lightllm bundles/quickstart/1 --out lightllm/autotune_kernel_configs"
+    ),
+    no_args_is_help=True,
+)
 
 SourceArg = Annotated[str, typer.Argument(help="A bundle: directory, archive, URI, or STORE/NAME@CHANNEL.")]
 OutDir = Annotated[Path, typer.Option("--out", help="Directory to write into (created if missing).")]

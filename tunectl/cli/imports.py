@@ -10,7 +10,14 @@ import typer
 from tunectl.cli._common import DEFAULT_RESULTS, ResultsOption, library_errors
 from tunectl.cli.export import _report
 
-app = typer.Typer(help="Import other tuners' measurements as rows of an import run.", no_args_is_help=True)
+app = typer.Typer(
+    help=(
+        "Import other tuners' measurements as rows of an import run.\n\n"
+        "Example:\n\b\n"
+        "    tunectl import flex-log autotune.log --results tunectl-results"
+    ),
+    no_args_is_help=True,
+)
 
 
 @app.command("flex-log")

@@ -49,43 +49,60 @@ def make_bucketer(policy: str, points: Sequence[int]) -> Bucketer:
         raise ValueError(f"unknown bucket policy {policy!r}; expected one of {', '.join(POLICIES)}")
     if not pts:
         return lambda v: None
-    # Every closure starts with the common case, a plain int, and coerces anything else once.
-    if policy == "exact":
-        members = {p: p for p in pts}
+    return _MAKERS[policy](pts)
 
-        def exact(v: object) -> int | None:
-            return members.get(v if type(v) is int else as_int(v))  # type: ignore[arg-type]
 
-        return exact
-    if policy == "pow2":
-        members = {p: p for p in pts}
+# One maker per policy, over the sorted distinct points (never empty). Every closure starts with the
+# common case, a plain int, and coerces anything else once.
 
-        def pow2(v: object) -> int | None:
-            n = v if type(v) is int else as_int(v)
-            if n is None or n < 1:
-                return None
-            return members.get(1 << (n - 1).bit_length())
 
-        return pow2
+def _exact(pts: list[int]) -> Bucketer:
+    members = {p: p for p in pts}
+
+    def exact(v: object) -> int | None:
+        return members.get(v if type(v) is int else as_int(v))  # type: ignore[arg-type]
+
+    return exact
+
+
+def _pow2(pts: list[int]) -> Bucketer:
+    members = {p: p for p in pts}
+
+    def pow2(v: object) -> int | None:
+        n = v if type(v) is int else as_int(v)
+        if n is None or n < 1:
+            return None
+        return members.get(1 << (n - 1).bit_length())
+
+    return pow2
+
+
+def _floor(pts: list[int]) -> Bucketer:
+    lo = pts[0]
+
+    def floor(v: object) -> int | None:
+        n = v if type(v) is int else as_int(v)
+        if n is None or n < lo:
+            return None
+        return pts[bisect.bisect_right(pts, n) - 1]
+
+    return floor
+
+
+def _ceil(pts: list[int]) -> Bucketer:
+    hi = pts[-1]
+
+    def ceil(v: object) -> int | None:
+        n = v if type(v) is int else as_int(v)
+        if n is None or n > hi:
+            return None
+        return pts[bisect.bisect_left(pts, n)]
+
+    return ceil
+
+
+def _nearest(pts: list[int]) -> Bucketer:
     lo, hi = pts[0], pts[-1]
-    if policy == "floor":
-
-        def floor(v: object) -> int | None:
-            n = v if type(v) is int else as_int(v)
-            if n is None or n < lo:
-                return None
-            return pts[bisect.bisect_right(pts, n) - 1]
-
-        return floor
-    if policy == "ceil":
-
-        def ceil(v: object) -> int | None:
-            n = v if type(v) is int else as_int(v)
-            if n is None or n > hi:
-                return None
-            return pts[bisect.bisect_left(pts, n)]
-
-        return ceil
 
     def nearest(v: object) -> int | None:
         n = v if type(v) is int else as_int(v)
@@ -100,3 +117,12 @@ def make_bucketer(policy: str, points: Sequence[int]) -> Bucketer:
         return below if n - below < above - n else above
 
     return nearest
+
+
+_MAKERS: dict[str, Callable[[list[int]], Bucketer]] = {
+    "exact": _exact,
+    "floor": _floor,
+    "ceil": _ceil,
+    "nearest": _nearest,
+    "pow2": _pow2,
+}

@@ -38,7 +38,8 @@ num_splits = 1
 [select]                            # all optional
 margin = 0.02                       # a win must clear 1 + margin (tunectl.decide.select)
 ```
-Every error names the file and the field and is raised as ``SpecError``.
+Every error names the file and the field and is raised as ``SpecError``. A ``[shapes.<name>]`` table reads
+into a ``tunectl.core.shapes.ShapeDim``.
 """
 
 from __future__ import annotations
@@ -49,31 +50,16 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from tunectl.core.buckets import POLICIES, is_pow2
 from tunectl.core.errors import SpecError
 from tunectl.core.keys import InvalidKeyError, Key, Value, make_key, normalise_value, product
 from tunectl.core.params import Rule
 from tunectl.core.registry import PlannedTask, get_task, task_names
+from tunectl.core.shapes import ShapeDim, read_dim
 
 _TOP_LEVEL = {
     "name", "description", "task", "static", "shapes", "configs", "default", "measure", "resources", "search",
     "select",
 }  # fmt: skip
-#: bucket policies that map every value between two tuned points to one of them (what a range needs)
-RANGE_POLICIES = ("floor", "ceil", "nearest")
-
-
-@dataclass(frozen=True)
-class ShapeDim:
-    """One dynamic dimension: the points tuned first, how lookup buckets, and, for a dimension that
-    declares ``range = [lo, hi]``, the span serving meets (refinement adds points inside it, at
-    multiples of ``step``)."""
-
-    name: str
-    values: tuple[int, ...]
-    bucket: str = "exact"
-    range: tuple[int, int] | None = None
-    step: int = 1
 
 
 @dataclass(frozen=True)
@@ -212,11 +198,6 @@ def parse_spec(text: str, path: str = "<spec>", default_name: str = "spec", *, s
     return _Validator(path, check_values=not stored).spec(raw, text, default_name)
 
 
-def starting_points(lo: int, hi: int) -> list[int]:
-    """A range's starting grid when it gives no ``values``: its ends and the powers of two between."""
-    return sorted({lo, hi, *(1 << e for e in range(hi.bit_length()) if lo < 1 << e < hi)})
-
-
 class _Validator:
     def __init__(self, path: str, *, check_values: bool = True) -> None:
         self.path, self.check_values = path, check_values
@@ -335,47 +316,7 @@ class _Validator:
     def shapes(self, value: object, allowed: tuple[str, ...]) -> tuple[ShapeDim, ...]:
         table = self.table(value, "shapes")
         self.names(table, allowed, "shapes", required=True)
-        return tuple(
-            self.shape_dim(name, self.table(table[name], f"shapes.{name}")) for name in sorted(table)
-        )
-
-    def shape_dim(self, name: str, dim: dict[str, Any]) -> ShapeDim:
-        fld = f"shapes.{name}"
-        extra = sorted(set(dim) - {"values", "bucket", "range", "step"})
-        if extra:
-            raise self.fail(f"{fld}.{extra[0]}", "unknown key; expected values, bucket, range, step")
-        span = self.span(dim.get("range"), f"{fld}.range")
-        step = dim.get("step", 1)
-        if type(step) is not int or step < 1:
-            raise self.fail(f"{fld}.step", "must be a positive integer")
-        values = dim.get("values", starting_points(*span) if span else None)
-        if not isinstance(values, list) or not values:
-            raise self.fail(f"{fld}.values", "must be a non-empty list of positive integers")
-        if any(type(v) is not int or v < 1 for v in values):
-            raise self.fail(f"{fld}.values", "must be a non-empty list of positive integers")
-        if len(set(values)) != len(values):
-            raise self.fail(f"{fld}.values", "values repeat")
-        if span and not all(span[0] <= v <= span[1] for v in values):
-            raise self.fail(f"{fld}.values", f"every value must lie in the range [{span[0]}, {span[1]}]")
-        bucket = dim.get("bucket", "exact")
-        self.choice(f"{fld}.bucket", bucket, POLICIES)
-        if span and bucket not in RANGE_POLICIES:
-            raise self.fail(
-                f"{fld}.bucket",
-                f"a range needs a bucket that maps every value in it: {', '.join(RANGE_POLICIES)}",
-            )
-        if bucket == "pow2" and not all(is_pow2(v) for v in values):
-            raise self.fail(f"{fld}.values", "bucket 'pow2' needs every value to be a power of two")
-        return ShapeDim(name, tuple(sorted(values)), bucket, span, step)
-
-    def span(self, value: object, fld: str) -> tuple[int, int] | None:
-        if value is None:
-            return None
-        if not isinstance(value, list) or len(value) != 2 or any(type(v) is not int or v < 1 for v in value):
-            raise self.fail(fld, "must be [lo, hi], two positive integers")
-        if value[0] >= value[1]:
-            raise self.fail(fld, f"lo must be below hi, not [{value[0]}, {value[1]}]")
-        return (value[0], value[1])
+        return tuple(read_dim(n, self.table(table[n], f"shapes.{n}"), path=self.path) for n in sorted(table))
 
     def configs(self, value: object, allowed: tuple[str, ...], rules: Mapping[str, Rule]) -> tuple[Key, ...]:
         grids = value if isinstance(value, list) else [self.table(value, "configs")]

@@ -21,7 +21,8 @@ from tunectl.core.keys import Key, key_text, make_key, value_order
 from tunectl.core.plan import WorkItem, comparison, configs_of, full_config
 from tunectl.core.record import Phase, Record
 from tunectl.core.registry import PlannedTask
-from tunectl.core.spec import DEFAULT_MARGIN, ShapeDim, Spec
+from tunectl.core.shapes import ShapeDim
+from tunectl.core.spec import DEFAULT_MARGIN, Spec
 from tunectl.decide.select import latest_comparisons
 from tunectl.decide.validate import Skipped
 

@@ -26,7 +26,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from tunectl.core.keys import Key, key_text, make_key, value_order
 from tunectl.core.plan import Plan, WorkItem
 from tunectl.core.record import Record
-from tunectl.core.spec import DEFAULT_MARGIN, ShapeDim
+from tunectl.core.shapes import ShapeDim
+from tunectl.core.spec import DEFAULT_MARGIN
 from tunectl.decide.coverage import sizes
 from tunectl.decide.search import Point, Search
 from tunectl.decide.select import Winner, select_winners

@@ -89,27 +89,7 @@ def export_flex_options(bundle: Bundle, out: str | Path, tasks: Sequence[str] | 
     result = FormatExport(out)
     index: dict[str, Any] = {}
     for task in chosen:
-        listed = []
-        for entry in bundle.entries(task):
-            config = entry["config"]
-            if task == "flash_decode" and config.get("backend") != "flex":
-                key = f"winner is backend {config.get('backend')}, not flex"
-                result.skipped[key] = result.skipped.get(key, 0) + 1
-                continue
-            options = flex_kernel_options(config)
-            rel = f"{task}/{_point_file(entry['static'], entry['shape'])}"
-            atomic_write(out / rel, _dump(options), make_parents=True)
-            result.files.append(out / rel)
-            stats = {k: entry.get(k) for k in ("median_us", "default_median_us", "speedup", "is_default")}
-            listed.append(
-                {
-                    "static": entry["static"],
-                    "shape": entry["shape"],
-                    "file": rel,
-                    "kernel_options": options,
-                    **stats,
-                }
-            )
+        listed = _write_flex_task(bundle, task, result)
         index[task] = {**bundle.task_info(task), "entries": listed}
         result.num_entries += len(listed)
     env = bundle.manifest.get("environment", {})
@@ -121,11 +101,29 @@ def export_flex_options(bundle: Bundle, out: str | Path, tasks: Sequence[str] | 
         "packages": {k: v for k, v in (env.get("packages") or {}).items() if k in ("torch", "triton")},
         "tasks": index,
     }
-    atomic_write(
-        out / "index.json", _dump(doc), make_parents=True
-    )  # last: the index names only files already written
+    # last: the index names only files already written
+    atomic_write(out / "index.json", _dump(doc), make_parents=True)
     result.files.append(out / "index.json")
     return result
+
+
+def _write_flex_task(bundle: Bundle, task: str, result: FormatExport) -> list[dict[str, Any]]:
+    """Write one task's kernel_options files under ``result.out``; its index entries."""
+    listed = []
+    for entry in bundle.entries(task):
+        config = entry["config"]
+        if task == "flash_decode" and config.get("backend") != "flex":
+            key = f"winner is backend {config.get('backend')}, not flex"
+            result.skipped[key] = result.skipped.get(key, 0) + 1
+            continue
+        options = flex_kernel_options(config)
+        rel = f"{task}/{_point_file(entry['static'], entry['shape'])}"
+        atomic_write(result.out / rel, _dump(options), make_parents=True)
+        result.files.append(result.out / rel)
+        stats = {k: entry.get(k) for k in ("median_us", "default_median_us", "speedup", "is_default")}
+        point = {"static": entry["static"], "shape": entry["shape"], "file": rel}
+        listed.append({**point, "kernel_options": options, **stats})
+    return listed
 
 
 def lightllm_device_name(device_name: str) -> str:

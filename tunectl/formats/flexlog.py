@@ -17,9 +17,8 @@ Two layouts exist:
   and ``backward``. A decode kernel's query is the 5-D view ``[batch, kv_heads, group, q_len, head_dim]``,
   so sizes are read from the shape texts: the sizes each choice repeats take the group for the q length.
 
-Key and shape texts are parsed by Python's parser (``ast.parse(..., mode="eval")``) and read through a
-whitelist of nodes (integers, plain strings, names, tuples, lists), never evaluated. The whole file
-is validated before anything is written.
+Key and shape texts are parsed by Python's parser and read through a whitelist of nodes, never evaluated
+(``tunectl.formats.literal``). The whole file is validated before anything is written.
 
 Each choice becomes a row of task ``inductor_flex``, phase ``import``: static key the kernel, heads and
 head dims; shape key batch, q_len and kv_len; config key the choice's type and options; its one time as
@@ -35,10 +34,8 @@ whatever the call asks, and the log holds their defaults elsewhere.
 
 from __future__ import annotations
 
-import ast
 import json
 import math
-import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -52,6 +49,7 @@ from tunectl.core.plan import item_id
 from tunectl.core.record import Phase, Record, Status
 from tunectl.decide.select import select_winners
 from tunectl.formats.engines import FormatExport, _dump, _point_file
+from tunectl.formats.literal import LiteralError, Parsed, Symbol, parse_literal
 from tunectl.runtime.adapters import FLEX_BACKWARD_TUNABLES, FLEX_KERNEL_TUNABLES, flex_kernel_options
 from tunectl.store.results import ResultsWriter, done_item_ids
 from tunectl.store.runs import RunInfo, load_run, new_run_id, save_run
@@ -71,74 +69,8 @@ _ROCM_OPTIONS = frozenset(("kpack", "matrix_instr_nonkdim", "waves_per_eu"))
 Size = Union[int, str]  # noqa: UP007 (a runtime alias)
 
 
-class LiteralError(ValueError):
-    """Text outside the literals a log key may hold."""
-
-
 class _Invalid(ValueError):
     """An entry that is not what Inductor writes."""
-
-
-@dataclass(frozen=True)
-class Symbol:
-    """A size Inductor printed as a symbol, as it does for a dynamic dimension: ``s37``."""
-
-    name: str
-
-
-Parsed = Union[None, bool, int, str, Symbol, tuple["Parsed", ...]]  # noqa: UP007 (recursive)
-
-_MAX_LITERAL_CHARS = 10_000  # a log key is a few dozen characters; a deeper text is not one
-_PLAIN_STRING = re.compile(r"'[^'\\\n]*'|\"[^\"\\\n]*\"")
-
-
-def _refuse(text: str, node: ast.AST, indent: int) -> LiteralError:
-    col = getattr(node, "col_offset", 0) + indent
-    shown = ast.get_source_segment(text, node) or type(node).__name__
-    return LiteralError(f"unexpected {shown[:24]!r} at column {col + 1}")
-
-
-def _literal(text: str, node: ast.expr, indent: int) -> Parsed:
-    """The value of one whitelisted node: constants, names (symbols), negative integers, tuples, lists."""
-    if isinstance(node, (ast.Tuple, ast.List)):
-        return tuple(_literal(text, n, indent) for n in node.elts)
-    if isinstance(node, ast.Name):  # None, True and False are constants to the parser, not names
-        return Symbol(node.id)
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        value = _literal(text, node.operand, indent)
-        if isinstance(value, int) and not isinstance(value, bool) and isinstance(node.operand, ast.Constant):
-            return -value
-        raise _refuse(text, node, indent)
-    if isinstance(node, ast.Constant):
-        constant = node.value
-        if constant is None or isinstance(constant, (bool, int)):
-            return constant
-        segment = ast.get_source_segment(text, node) or ""
-        # One plainly quoted string: no escapes, prefixes or implicit concatenation ('a' 'b').
-        if isinstance(constant, str) and _PLAIN_STRING.fullmatch(segment):
-            return constant
-    raise _refuse(text, node, indent)
-
-
-def parse_literal(text: str) -> Parsed:
-    """One literal: an integer, a quoted string, None/True/False, a symbol, or a tuple or list of those.
-
-    The text is parsed by Python's own parser as an expression and read node by node through a
-    whitelist; it is never evaluated. Lists come back as tuples. Anything else (an operator, a call,
-    an attribute, a float, an escape in a string) raises LiteralError.
-    """
-    if len(text) > _MAX_LITERAL_CHARS:
-        raise LiteralError(f"{len(text)} characters is too long for a key")
-    body = text.strip()
-    indent = len(text) - len(text.lstrip())  # the parser refuses leading blanks; columns count them
-    try:
-        tree = ast.parse(body, mode="eval")
-    except SyntaxError as exc:
-        col = f" at column {exc.offset + indent}" if exc.offset else ""
-        raise LiteralError(f"not a literal{col}: {exc.msg}") from None
-    except (ValueError, RecursionError, MemoryError) as exc:  # NUL bytes, absurd nesting
-        raise LiteralError(f"not a literal: {type(exc).__name__}") from None
-    return _literal(body, tree.body, indent)
 
 
 @dataclass(frozen=True)

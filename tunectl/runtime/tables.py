@@ -13,7 +13,7 @@ from typing import Any
 from tunectl.core.buckets import make_bucketer
 from tunectl.core.files import canonical_json
 from tunectl.core.keys import InvalidKeyError, from_json, normalise_value, normaliser_for, to_json
-from tunectl.runtime.format import BundleCorruptError, load_json
+from tunectl.runtime.format import BundleCorruptError, load_json, stat_columns
 from tunectl.runtime.sources import uri_scheme
 
 
@@ -22,9 +22,8 @@ def _v1_table(spec: Mapping[str, Any], doc: Mapping[str, Any]) -> tuple[dict[str
     statics: dict[str, int] = {}
     configs: dict[str, int] = {}
     rows: list[Any] = []
-    stats: dict[str, list[Any]] = {}
     shape_params = sorted(spec["shape_params"])
-    for i, entry in enumerate(doc["entries"]):
+    for entry in doc["entries"]:
         static = canonical_json([entry["static"][p] for p in spec["static_params"]])
         config = canonical_json(entry["config"])
         rows += [
@@ -32,17 +31,12 @@ def _v1_table(spec: Mapping[str, Any], doc: Mapping[str, Any]) -> tuple[dict[str
             *(entry["shape"][p] for p in shape_params),
             configs.setdefault(config, len(configs)),
         ]
-        for col, value in entry.items():
-            if col not in ("static", "shape", "config"):
-                stats.setdefault(col, [None] * i).append(value)
-        for values in stats.values():
-            values.extend([None] * (i + 1 - len(values)))
     table = {
         "statics": [json.loads(s) for s in statics],
         "configs": [json.loads(c) for c in configs],
         "rows": rows,
     }
-    return table, stats
+    return table, stat_columns(doc["entries"])
 
 
 class _TaskIndex:
@@ -114,6 +108,7 @@ class _TaskIndex:
 
 
 _MISSING = object()
+_Finder = Callable[[Mapping[str, Any]], Any]  # parameters -> what they find (None: a miss)
 _MEMO_LIMIT = 1 << 14  # entries a memo holds before it starts afresh (keys drift: kv_len grows each step)
 _WINDOW = normaliser_for("window")
 
@@ -151,7 +146,7 @@ def _finders(
     static_ids: dict[Any, int],
     rows: dict[tuple[Any, ...], int],
     configs: list[Any],
-) -> tuple[Callable[[Mapping[str, Any]], Any], Callable[[Mapping[str, Any]], Any]]:
+) -> tuple[_Finder, _Finder]:
     """``find(params) -> row | None`` and ``lookup(params) -> config copy | None``, as closures.
 
     The hot path is one tuple of the raw parameter values and one hit in a memo of results by those
@@ -164,49 +159,8 @@ def _finders(
     (``tunectl.core.buckets``). Every memo is a dict, bounded, and safe to share between threads.
     """
     get_all = _getter((*static_params, *(name for name, _ in dims)))
-    get_static = _getter(static_params)
-    lenient = [(n, _lenient_window if normaliser_for(n) is _WINDOW else None) for n in static_params]
-    steps: list[tuple[str, dict[Any, Any], Any]] = [(name, {}, bucket) for name, bucket in dims]
+    resolve = _resolver(_static_finder(static_params, static_ids), dims, rows)
     memo: dict[Any, Any] = {}
-    normalised: dict[Any, Any] = {}
-
-    def static_id(params: Mapping[str, Any]) -> Any:
-        raw: Any = get_static(params)
-        try:
-            found = static_ids.get(raw)
-            if found is None:
-                found = normalised.get(raw, _MISSING)
-            if found is not _MISSING:
-                return found
-        except TypeError:  # an unhashable value (a list): normalise it, remember nothing
-            raw = None
-        try:
-            key = tuple(normalise_value(n, ease(params[n]) if ease else params[n]) for n, ease in lenient)
-            found = static_ids.get(key)
-        except (TypeError, InvalidKeyError):
-            found = None
-        if raw is not None:
-            _remember(normalised, raw, found)
-        return found
-
-    def resolve(params: Mapping[str, Any]) -> Any:
-        found = static_id(params)
-        if found is None:
-            return None
-        key = [found]
-        for name, points, bucket in steps:
-            value = params[name]
-            try:
-                point = points.get(value, _MISSING)
-                if point is _MISSING:
-                    point = bucket(value)
-                    _remember(points, value, point)
-            except TypeError:  # unhashable: not an integer, a miss
-                return None
-            if point is None:
-                return None
-            key.append(point)
-        return rows.get(tuple(key))
 
     def find(params: Mapping[str, Any]) -> Any:
         try:
@@ -238,6 +192,62 @@ def _finders(
         return None if row is None else configs[row].copy()
 
     return find, lookup
+
+
+def _static_finder(static_params: tuple[str, ...], static_ids: dict[Any, int]) -> _Finder:
+    """``static_id(params)``: the index of the static key ``params`` hold, or None. Values as given
+    are remembered with the index they normalise to: a new value is normalised once."""
+    get_static = _getter(static_params)
+    lenient = [(n, _lenient_window if normaliser_for(n) is _WINDOW else None) for n in static_params]
+    normalised: dict[Any, Any] = {}
+
+    def static_id(params: Mapping[str, Any]) -> Any:
+        raw: Any = get_static(params)
+        try:
+            found = static_ids.get(raw)
+            if found is None:
+                found = normalised.get(raw, _MISSING)
+            if found is not _MISSING:
+                return found
+        except TypeError:  # an unhashable value (a list): normalise it, remember nothing
+            raw = None
+        try:
+            key = tuple(normalise_value(n, ease(params[n]) if ease else params[n]) for n, ease in lenient)
+            found = static_ids.get(key)
+        except (TypeError, InvalidKeyError):
+            found = None
+        if raw is not None:
+            _remember(normalised, raw, found)
+        return found
+
+    return static_id
+
+
+def _resolver(static_id: _Finder, dims: list[tuple[str, Any]], rows: dict[tuple[Any, ...], int]) -> _Finder:
+    """``resolve(params)``: the row of (static index, each dimension's bucket), or None; each
+    dimension's buckets remembered by value."""
+    steps: list[tuple[str, dict[Any, Any], Any]] = [(name, {}, bucket) for name, bucket in dims]
+
+    def resolve(params: Mapping[str, Any]) -> Any:
+        found = static_id(params)
+        if found is None:
+            return None
+        key = [found]
+        for name, points, bucket in steps:
+            value = params[name]
+            try:
+                point = points.get(value, _MISSING)
+                if point is _MISSING:
+                    point = bucket(value)
+                    _remember(points, value, point)
+            except TypeError:  # unhashable: not an integer, a miss
+                return None
+            if point is None:
+                return None
+            key.append(point)
+        return rows.get(tuple(key))
+
+    return resolve
 
 
 class Bundle:

@@ -36,9 +36,9 @@ from typing import Any, Protocol
 from tunectl import __version__
 from tunectl.core.errors import BundleError, BundleExistsError, UserError
 from tunectl.core.files import atomic_write, canonical_json, json_bytes, sync_dir, write_synced
-from tunectl.core.keys import from_json, value_order
-from tunectl.runtime import CHANNELS, MANIFEST, SCHEMA_VERSION, Bundle, Fetcher, load_bundle, safe_member
-from tunectl.runtime.format import ARCHIVE_SUFFIXES, BundleCorruptError
+from tunectl.core.keys import from_json
+from tunectl.runtime import CHANNELS, MANIFEST, SCHEMA_VERSION, Fetcher, load_bundle, safe_member
+from tunectl.runtime.format import ARCHIVE_SUFFIXES, BundleCorruptError, stat_columns
 from tunectl.runtime.sources import Source, read_local, read_verified, resolve
 
 log = logging.getLogger("tunectl.store.bundle")
@@ -71,7 +71,6 @@ def _columns(table: TaskTable) -> tuple[dict[str, Any], dict[str, list[Any]]]:
     configs: dict[str, int] = {}
     seen: set[Any] = set()
     rows: list[Any] = []
-    stats: dict[str, list[Any]] = {}
     for i, entry in enumerate(table.entries):
         try:
             static = [entry["static"][p] for p in table.static_params]
@@ -89,11 +88,6 @@ def _columns(table: TaskTable) -> tuple[dict[str, Any], dict[str, list[Any]]]:
         s = statics.setdefault(canonical_json(static), len(statics))
         c = configs.setdefault(canonical_json(config), len(configs))
         rows += [s, *shape, c]
-        for col, value in entry.items():
-            if col not in ("static", "shape", "config"):
-                stats.setdefault(col, [None] * i).append(value)
-        for values in stats.values():
-            values.extend([None] * (i + 1 - len(values)))
     doc = {
         "schema_version": SCHEMA_VERSION,
         "task": table.task,
@@ -103,7 +97,7 @@ def _columns(table: TaskTable) -> tuple[dict[str, Any], dict[str, list[Any]]]:
         "configs": [json.loads(c) for c in configs],
         "rows": rows,
     }
-    return doc, stats
+    return doc, stat_columns(table.entries)
 
 
 def build_files(
@@ -353,79 +347,3 @@ def pack(
 
     atomic_write(out, write)
     return out
-
-
-@dataclass(frozen=True)
-class EntryChange:
-    """One (task, static, shape) point compared across two bundles."""
-
-    task: str
-    static: Mapping[str, Any]
-    shape: Mapping[str, Any]
-    kind: str  # added | removed | changed (another config) | same (the config, maybe another median)
-    old_config: Mapping[str, Any] | None
-    new_config: Mapping[str, Any] | None
-    old_median_us: float | None
-    new_median_us: float | None
-
-    @property
-    def median_change(self) -> float | None:
-        """New median over old, minus one (-0.25: 25 % faster); None where either is missing."""
-        if not self.old_median_us or self.new_median_us is None:
-            return None
-        return self.new_median_us / self.old_median_us - 1.0
-
-
-@dataclass(frozen=True)
-class BundleDiff:
-    old: str
-    new: str
-    changes: tuple[EntryChange, ...]
-    notes: tuple[str, ...]  # task-level differences: tasks added or removed, bucketing changed
-
-    def count(self, kind: str) -> int:
-        return sum(c.kind == kind for c in self.changes)
-
-
-def _by_point(bundle: Bundle, task: str) -> dict[str, dict[str, Any]]:
-    return {canonical_json([e["static"], e["shape"]]): e for e in bundle.entries(task)}
-
-
-def _order(point: str) -> tuple[Any, ...]:
-    """Points in table order: by static key, then shape (batch 4 before 16)."""
-    static, shape = json.loads(point)
-    return value_order(static), value_order(shape)
-
-
-def diff_bundles(old: Bundle, new: Bundle) -> BundleDiff:
-    """Per task and point: entries added, removed, given another config, or kept (with both medians)."""
-    notes, changes = [], []
-    for task in sorted(set(old.tasks) | set(new.tasks)):
-        if task not in new.tasks or task not in old.tasks:
-            notes.append(f"task {task} {'removed' if task in old.tasks else 'added'}")
-        elif old.task_info(task) != new.task_info(task):
-            notes.append(f"task {task}: static parameters or bucketing changed")
-        before = _by_point(old, task) if task in old.tasks else {}
-        after = _by_point(new, task) if task in new.tasks else {}
-        for point in sorted(set(before) | set(after), key=_order):
-            a, b = before.get(point), after.get(point)
-            kind = "added" if a is None else "removed" if b is None else "same"
-            if a is not None and b is not None and a["config"] != b["config"]:
-                kind = "changed"
-            either = a or b
-            assert either is not None
-            old_config, old_median = (a["config"], a.get("median_us")) if a else (None, None)
-            new_config, new_median = (b["config"], b.get("median_us")) if b else (None, None)
-            changes.append(
-                EntryChange(
-                    task,
-                    either["static"],
-                    either["shape"],
-                    kind,
-                    old_config,
-                    new_config,
-                    old_median,
-                    new_median,
-                )
-            )
-    return BundleDiff(f"{old.name}/{old.version}", f"{new.name}/{new.version}", tuple(changes), tuple(notes))

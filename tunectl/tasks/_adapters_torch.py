@@ -22,21 +22,21 @@ from tunectl.tasks._lazy import lazily
 from tunectl.tasks._masks import visible
 from tunectl.tasks.base import InvalidConfig, Params
 
-SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")
+#: sdpa_backend values, and the SDPBackend member each forces
+_SDPA_BACKEND_MEMBERS = {
+    "flash": "FLASH_ATTENTION",
+    "efficient": "EFFICIENT_ATTENTION",
+    "cudnn": "CUDNN_ATTENTION",
+    "math": "MATH",
+}
+SDPA_BACKENDS = tuple(_SDPA_BACKEND_MEMBERS)
 _FLEX_Q_BLOCK = 128
 
 
 def sdpa_decode(static: Params, config: Params, inputs: dict[str, Any]) -> Callable[[], Any]:
     import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    if inputs["sinks"] is not None or static["softcap"] > 0:
-        raise InvalidConfig("SDPA has no attention sinks and no softcap")
-    backend, gqa = config.get("sdpa_backend"), config.get("sdpa_gqa", "native")
-    if backend is not None and backend not in SDPA_BACKENDS:
-        raise InvalidConfig(f"sdpa_backend must be one of {', '.join(SDPA_BACKENDS)}, not {backend!r}")
-    if gqa not in ("native", "expand"):
-        raise InvalidConfig(f"sdpa_gqa must be native or expand, not {gqa!r}")
+    backend, gqa = _sdpa_options(static, config, inputs)
     q, kc, vc, table = inputs["q"], inputs["k_cache"], inputs["v_cache"], inputs["page_table"].long()
     kv_len, q_len = inputs["kv_len"], inputs["q_len"]
     group = q.shape[2] // kc.shape[2]
@@ -53,17 +53,26 @@ def sdpa_decode(static: Params, config: Params, inputs: dict[str, Any]) -> Calla
         )
         return out.transpose(1, 2)
 
-    if backend is None:
-        return attend
-    chosen = getattr(
-        SDPBackend,
-        {
-            "flash": "FLASH_ATTENTION",
-            "efficient": "EFFICIENT_ATTENTION",
-            "cudnn": "CUDNN_ATTENTION",
-            "math": "MATH",
-        }[backend],
-    )
+    return attend if backend is None else _forced(attend, backend)
+
+
+def _sdpa_options(static: Params, config: Params, inputs: dict[str, Any]) -> tuple[str | None, str]:
+    """(sdpa_backend or None for SDPA's own choice, sdpa_gqa); InvalidConfig where SDPA cannot run."""
+    if inputs["sinks"] is not None or static["softcap"] > 0:
+        raise InvalidConfig("SDPA has no attention sinks and no softcap")
+    backend, gqa = config.get("sdpa_backend"), config.get("sdpa_gqa", "native")
+    if backend is not None and backend not in SDPA_BACKENDS:
+        raise InvalidConfig(f"sdpa_backend must be one of {', '.join(SDPA_BACKENDS)}, not {backend!r}")
+    if gqa not in ("native", "expand"):
+        raise InvalidConfig(f"sdpa_gqa must be native or expand, not {gqa!r}")
+    return backend, gqa
+
+
+def _forced(attend: Callable[[], Any], backend: str) -> Callable[[], Any]:
+    """``attend`` run with SDPA held to ``backend``; a point that backend refuses is invalid, not an error."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    chosen = getattr(SDPBackend, _SDPA_BACKEND_MEMBERS[backend])
 
     def call() -> Any:
         with sdpa_kernel([chosen]):
@@ -150,21 +159,39 @@ def page_ranges(static: Params, kv_len: int, q_len: int, page: int) -> tuple[lis
 
 def paged_block_mask(static: Params, inputs: dict[str, Any]) -> Any:
     """A BlockMask over the page pool: one KV block per page, one row of blocks per sequence."""
-    import torch
     from torch.nn.attention.flex_attention import BlockMask
 
     kc, table = inputs["k_cache"], inputs["page_table"]
     kv_len, q_len = inputs["kv_len"], inputs["q_len"]
-    batch, pages_per_seq = table.shape
     num_pages, page = kc.shape[0], kc.shape[1]
-    device = kc.device
+    partial, full = page_ranges(static, kv_len, q_len, page)
+    num_q_blocks = math.ceil(q_len / _FLEX_Q_BLOCK)
+    kv_num, kv_idx = _page_blocks(table, partial, num_q_blocks, num_pages)
+    full_num, full_idx = _page_blocks(table, full, num_q_blocks, num_pages)
+    return BlockMask.from_kv_blocks(
+        kv_num,
+        kv_idx,
+        full_num,
+        full_idx,
+        BLOCK_SIZE=(_FLEX_Q_BLOCK, page),
+        mask_mod=_paged_mask_mod(static, table, num_pages, page=page, kv_len=kv_len, q_len=q_len),
+        seq_lengths=(q_len, num_pages * page),
+    )
+
+
+def _paged_mask_mod(static: Params, table: Any, num_pages: int, *, page: int, kv_len: int, q_len: int) -> Any:
+    """The mask_mod over the pool: a physical slot maps back to (its sequence, its position) through
+    per-page tables of owner and logical page, then the causal and window rules apply."""
+    import torch
+
+    batch, pages_per_seq = table.shape
+    device = table.device
     owner = torch.arange(batch, device=device, dtype=torch.int32).repeat_interleave(pages_per_seq)
     logical = torch.arange(pages_per_seq, device=device, dtype=torch.int32).repeat(batch)
     page_owner = torch.empty(num_pages, dtype=torch.int32, device=device)
     page_logical = torch.empty(num_pages, dtype=torch.int32, device=device)
     flat = table.flatten().long()
     page_owner[flat], page_logical[flat] = owner, logical
-    partial, full = page_ranges(static, kv_len, q_len, page)
     left, right = static["window"]
     causal = bool(static["causal"])
     offset = kv_len - q_len
@@ -182,25 +209,18 @@ def paged_block_mask(static: Params, inputs: dict[str, Any]) -> Any:
             ok = ok & (pos >= query_pos - left)
         return ok
 
-    num_q_blocks = math.ceil(q_len / _FLEX_Q_BLOCK)
+    return paged_mask
 
-    def blocks(pages: list[int]) -> tuple[Any, Any]:
-        # BlockMask wants one column per KV block of the pool; those past the count are unused.
-        indices = torch.zeros(batch, 1, num_q_blocks, num_pages, dtype=torch.int32, device=device)
-        if pages:
-            cols = torch.tensor(pages, dtype=torch.long, device=device)
-            indices[..., : len(pages)] = table[:, cols].view(batch, 1, 1, -1)
-        counts = torch.full((batch, 1, num_q_blocks), len(pages), dtype=torch.int32, device=device)
-        return counts, indices
 
-    kv_num, kv_idx = blocks(partial)
-    full_num, full_idx = blocks(full)
-    return BlockMask.from_kv_blocks(
-        kv_num,
-        kv_idx,
-        full_num,
-        full_idx,
-        BLOCK_SIZE=(_FLEX_Q_BLOCK, page),
-        mask_mod=paged_mask,
-        seq_lengths=(q_len, num_pages * page),
-    )
+def _page_blocks(table: Any, pages: list[int], num_q_blocks: int, num_pages: int) -> tuple[Any, Any]:
+    """(counts, indices) of KV blocks for ``pages`` (logical page indices) of every sequence."""
+    import torch
+
+    batch, device = table.shape[0], table.device
+    # BlockMask wants one column per KV block of the pool; those past the count are unused.
+    indices = torch.zeros(batch, 1, num_q_blocks, num_pages, dtype=torch.int32, device=device)
+    if pages:
+        cols = torch.tensor(pages, dtype=torch.long, device=device)
+        indices[..., : len(pages)] = table[:, cols].view(batch, 1, 1, -1)
+    counts = torch.full((batch, 1, num_q_blocks), len(pages), dtype=torch.int32, device=device)
+    return counts, indices
