@@ -112,8 +112,8 @@ def test_a_cpu_sampler_with_a_cold_cache_times_the_call_alone() -> None:
 
 
 def test_finals_whose_difference_median_is_not_above_zero_are_not_measurable() -> None:
-    from tunectl.tasks.runner import NotMeasurable, _round_times
+    from tunectl.tasks.rounds import NotMeasurable, round_times
 
-    assert _round_times([[[10.0, 11.0]], [[9.0]]], 0) == [[10.5], [9.0]]
+    assert round_times([[[10.0, 11.0]], [[9.0]]], 0) == [[10.5], [9.0]]
     with pytest.raises(NotMeasurable, match="timing = 'replay'"):
-        _round_times([[[10.0]], [[-0.2, 0.1, -0.1]]], 0)
+        round_times([[[10.0]], [[-0.2, 0.1, -0.1]]], 0)

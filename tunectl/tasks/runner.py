@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import statistics
 import time
 import traceback
 from collections.abc import Callable
@@ -21,33 +20,25 @@ from tunectl.core.keys import key_text
 from tunectl.core.plan import WorkItem, member_id
 from tunectl.core.record import Record
 from tunectl.core.spec import MeasureSpec
-from tunectl.core.stats import paired_speedup
 from tunectl.tasks.base import InvalidConfig, TuningTask
 from tunectl.tasks.drift import MAX_WAIT_S, DriftGuard, probe_sampler
 from tunectl.tasks.env import env_json, environment
-from tunectl.tasks.harness import Sampler, interleave, measure, quantile, scaled
+from tunectl.tasks.harness import Sampler, interleave, measure, scaled
 from tunectl.tasks.nvml import read_state, record_fields
 from tunectl.tasks.registry import get_task
+from tunectl.tasks.rounds import NOT_MEASURABLE, NotMeasurable, arm_stats, round_times
 from tunectl.tasks.timing import make_sampler, stack_sampler, timing_of
 
 log = logging.getLogger("tunectl.worker")
 _MESSAGE_CHARS = 2000
 _STACK_MEMORY_SHARE = 0.3  # of the free device memory, for a stack's extra input sets
 _CPU_STACK_BYTES = 1 << 30
-_NOT_MEASURABLE = (
-    "not measurable: the call took no measurable time beside the cache flush by the difference "
-    "method; time it with measure.timing = 'replay', or at a larger shape"
-)
 _NO_BASELINE = {"status": "error", "message": "not compared: the default failed at this point"}
 _CRASHED_ARM = {
     "status": "crash",
     "message": "the worker process died while this config was checked at this point; "
     "the comparison went on without it",
 }
-
-
-class NotMeasurable(RuntimeError):
-    """A difference-method median at or under zero: the call is lost in the flush's jitter."""
 
 
 class CudaContextPoisoned(RuntimeError):
@@ -169,7 +160,7 @@ class ItemRunner:
             stats, drift_fields = guarded.stats, guarded.fields()
         gpu_state = record_fields(before, read_state(self.device))
         if stats.median_us <= 0:
-            raise NotMeasurable(f"{_NOT_MEASURABLE} (median {stats.median_us:.3g} us)")
+            raise NotMeasurable(f"{NOT_MEASURABLE} (median {stats.median_us:.3g} us)")
         return {
             **checked,
             "status": "ok",
@@ -259,9 +250,9 @@ class ItemRunner:
         if stacks is not None:
             timed.append(stack_sampler([_nothing] * item.layers, self.device, mode, with_calls=False))
         rounds = interleave(timed, item.rounds, settings, seed=int(item.item_id[:12], 16))
-        times = _round_times(rounds, item.layers if stacks is not None else 0)
+        times = round_times(rounds, item.layers if stacks is not None else 0)
         for (i, _), t, r in zip(samplers.items(), times, rounds, strict=False):
-            fields[i] = {**fields[i], **_arm_stats(times[0], t, r)}
+            fields[i] = {**fields[i], **arm_stats(times[0], t, r)}
         return fields
 
     def _arm_sampler(
@@ -346,44 +337,6 @@ def timed_prepare(
 
 def _nothing(*_: Any) -> None:
     return None
-
-
-def _round_times(rounds: list[list[list[float]]], layers: int) -> list[list[float]]:
-    """Per arm, per round, the median time of one call. For stacks (``layers`` > 0) the last entry
-    of ``rounds`` is the thrash-only stack, whose time is taken out of each arm's in the same round."""
-    medians = [[statistics.median(samples) for samples in arm] for arm in rounds]
-    if not layers:
-        if min(min(arm) for arm in medians) <= 0:
-            raise NotMeasurable(_NOT_MEASURABLE)
-        return medians
-    thrash = medians[-1]  # 0 where the stack timed its calls alone (CPU)
-    net = [[(t - z) / layers for t, z in zip(arm, thrash, strict=True)] for arm in medians[:-1]]
-    if min(min(arm) for arm in net) <= 0:
-        raise RuntimeError(
-            "the stack's calls took no measurable time beside its cache-thrashing kernels; "
-            "validate this point with more layers or a larger shape"
-        )
-    return net
-
-
-def _arm_stats(baseline: list[float], times: list[float], rounds: list[list[float]]) -> dict[str, Any]:
-    """One arm's record fields: its per-call times over the rounds, and the paired speedup."""
-    ordered = sorted(times)
-    speedup = paired_speedup(baseline, times)
-    return {
-        "status": "ok",
-        "median_us": quantile(ordered, 0.5),
-        "p20_us": quantile(ordered, 0.2),
-        "p80_us": quantile(ordered, 0.8),
-        "mean_us": statistics.fmean(times),
-        "min_us": ordered[0],
-        "max_us": ordered[-1],
-        "num_samples": sum(map(len, rounds)),
-        "rel_noise": (quantile(ordered, 0.8) - quantile(ordered, 0.2)) / (2 * quantile(ordered, 0.5)),
-        "speedup": speedup.estimate,
-        "speedup_lo": speedup.lo,
-        "speedup_hi": speedup.hi,
-    }
 
 
 def failure_message(exc: BaseException) -> str:
