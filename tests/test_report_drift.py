@@ -36,7 +36,7 @@ def _records() -> list[Record]:
 
 
 def test_each_worker_reads_as_its_probe_in_time_order() -> None:
-    panel = drift_panel([r.to_row() for r in reversed(_records())])
+    panel = drift_panel(list(reversed(_records())))
     assert panel is not None
     a, b = panel.workers
     assert (a.worker, b.worker) == ("node-a:11", "node-b:12")
@@ -44,7 +44,7 @@ def test_each_worker_reads_as_its_probe_in_time_order() -> None:
     assert b.readings[-1].at_s == 13 * 60.0  # since the first probe of the report
     assert (a.largest_shift, b.largest_shift) == (1.0, 1.2)
     assert (b.num_drift, b.num_remeasured, b.num_throttled, b.clock_range) == (2, 2, 2, (1515.0, 1980.0))
-    assert drift_panel([_row(0, "node-c:13", None).to_row()]) is None
+    assert drift_panel([_row(0, "node-c:13", None)]) is None
 
 
 def test_the_report_draws_and_tabulates_drift_per_worker(tmp_path: Path) -> None:

@@ -90,7 +90,7 @@ def write_report(
     if not results.is_dir():
         raise UserError(f"no results dataset at {results}: pass --results DIR")
     loaded = load_report_bundle(bundle) if bundle is not None else None
-    rows = [record.to_row() for record in read_results(results, run_ids=run_ids)]
+    rows = read_results(results, run_ids=run_ids)
     if not rows:
         runs = f" for run(s) {', '.join(run_ids)}" if run_ids else ""
         raise UserError(f"no measurements in {results}{runs}")

@@ -10,11 +10,12 @@ the range with the SM clocks and throttling read beside it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-Row = Mapping[str, Any]
+from tunectl.core.record import Record
+
 PLOT = "drift-001.png"
 
 
@@ -72,23 +73,23 @@ class DriftPanel:
     plot: str
 
 
-def drift_panel(rows: Iterable[Row]) -> DriftPanel | None:
-    """Per worker, its guarded rows' probe readings in time order; None where no row timed a probe."""
-    probed = [r for r in rows if r.get("probe_us") is not None and r.get("worker")]
+def drift_panel(rows: Iterable[Record]) -> DriftPanel | None:
+    """Per worker, its guarded records' probe readings in time order; None where none timed a probe."""
+    probed = [r for r in rows if r.probe_us is not None and r.worker]
     if not probed:
         return None
-    start = min(float(r["finished_at"]) for r in probed)
+    start = min(r.finished_at or 0.0 for r in probed)
     by_worker: dict[tuple[str, str], list[ProbeReading]] = {}
-    for row in sorted(probed, key=lambda r: float(r["finished_at"])):
+    for row in sorted(probed, key=lambda r: r.finished_at or 0.0):
         reading = ProbeReading(
-            at_s=float(row["finished_at"]) - start,
-            probe_us=float(row["probe_us"]),
-            drift=bool(row.get("drift")),
-            remeasured=int(row.get("remeasured") or 0),
-            sm_clock_mhz=row.get("sm_clock_mhz"),
-            throttled=row.get("throttled"),
+            at_s=(row.finished_at or 0.0) - start,
+            probe_us=float(row.probe_us or 0.0),
+            drift=bool(row.drift),
+            remeasured=int(row.remeasured or 0),
+            sm_clock_mhz=row.sm_clock_mhz,
+            throttled=row.throttled,
         )
-        by_worker.setdefault((str(row["worker"]), str(row.get("device_name") or "")), []).append(reading)
+        by_worker.setdefault((str(row.worker), str(row.device_name or "")), []).append(reading)
     ordered = sorted(by_worker.items())
     workers = tuple(WorkerDrift(worker, device, tuple(readings)) for (worker, device), readings in ordered)
     return DriftPanel(workers, PLOT)

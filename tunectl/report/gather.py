@@ -1,7 +1,7 @@
-"""What the report shows, as plain data: result rows and a bundle in, ``ReportData`` out.
+"""What the report shows, as plain data: result records and a bundle in, ``ReportData`` out.
 
-This is the one module that reads result rows (``_Rows`` below); drawing and the page see only the
-dataclasses here, so a change in how rows are read touches this file alone.
+This is the one module that reads result records; drawing and the page see only the dataclasses
+here, so a change in what a record holds touches this file alone.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tunectl.core import stats
-from tunectl.core.keys import Key, from_json, key_from_text, value_order
+from tunectl.core.keys import Key, from_json, value_order
 from tunectl.core.record import Phase, Record
 from tunectl.decide.select import Winner, latest_comparisons, select_winners
 from tunectl.report.drift import DriftPanel, drift_panel
@@ -21,8 +21,6 @@ from tunectl.report.grids import Cell, Grid, Group, Point, label, noise_grid, sh
 
 if TYPE_CHECKING:
     from tunectl.runtime import Bundle
-
-Row = Mapping[str, Any]
 
 
 @dataclass(frozen=True)
@@ -154,73 +152,62 @@ def geomean(values: Iterable[float | None]) -> float | None:
     return stats.geomean(positive) if positive else None
 
 
-# -- reading rows: the only place that knows a row's fields ------------------------------------------
+# -- reading records: the only place that knows a record's fields -----------------------------------
 
 
-def _group(row: Row) -> Group:
-    return Group(row["task"], row["device_name"] or "", key_from_text(row["static_key"]))
+def _group(row: Record) -> Group:
+    return Group(row.task, row.device_name or "", row.static)
 
 
-def _cell_keys(row: Row) -> tuple[Key, Key]:
-    return key_from_text(row["shape_key"]), key_from_text(row["config_key"])
+def _cell_keys(row: Record) -> tuple[Key, Key]:
+    return row.shape, row.config
 
 
-def _noise_cell(row: Row) -> Cell:
+def _noise_cell(row: Record) -> Cell:
     shape, config = _cell_keys(row)
-    if row["status"] != "ok":
-        message = (row["message"] or "").strip().splitlines()
-        note = f"{row['status']}: {message[0][:200]}" if message else row["status"]
-        return Cell(None, row["status"].replace("_result", ""), note, row["status"], shape, config)
-    noise, median = row["rel_noise"], row["median_us"]
-    note = f"median {median:,.1f} µs ({row['phase']})" if median is not None else row["phase"]
+    status = str(row.status)
+    if not row.ok:
+        message = (row.message or "").strip().splitlines()
+        note = f"{status}: {message[0][:200]}" if message else status
+        return Cell(None, status.replace("_result", ""), note, status, shape, config)
+    noise, median, phase = row.rel_noise, row.median_us, str(row.phase)
+    note = f"median {median:,.1f} µs ({phase})" if median is not None else phase
     return Cell(noise, f"{noise:.1%}" if noise is not None else "-", note, "ok", shape, config)
 
 
-def _check(row: Row) -> Check:
+def _check(row: Record) -> Check:
     shape, config = _cell_keys(row)
     return Check(
-        shape,
-        config,
-        row["status"],
-        row["speedup"],
-        row["speedup_lo"],
-        row["speedup_hi"],
-        row["layers"],
-        row["rounds"],
-        row["message"] or "",
-    )
+        shape, config, str(row.status), row.speedup, row.speedup_lo, row.speedup_hi, row.layers, row.rounds,
+        row.message or "",
+    )  # fmt: skip
 
 
-def _choice(row: Row) -> Choice:
-    ok = row["status"] == "ok" and row["median_us"] is not None
-    return Choice(key_from_text(row["config_key"]), row["median_us"] if ok else None)
+def _choice(row: Record) -> Choice:
+    return Choice(row.config, row.median_us if row.ok and row.median_us is not None else None)
 
 
-def _latest(rows: Iterable[Row]) -> list[Row]:
-    """The last finished row per (task, device, static, shape, config)."""
-    latest: dict[tuple[Any, ...], Row] = {}
+def _latest(rows: Iterable[Record]) -> list[Record]:
+    """The last finished record per (task, device, static, shape, config)."""
+    latest: dict[tuple[Any, ...], Record] = {}
     for row in rows:
-        at = tuple(row[f] for f in ("task", "device_name", "static_key", "shape_key", "config_key"))
-        if at not in latest or row["finished_at"] >= latest[at]["finished_at"]:
+        at = (row.task, row.device_name, row.static_key, row.shape_key, row.config_key)
+        if at not in latest or (row.finished_at or 0.0) >= (latest[at].finished_at or 0.0):
             latest[at] = row
     return list(latest.values())
 
 
-def _compared_arms(rows: Iterable[Row]) -> list[Row]:
+def _compared_arms(rows: Iterable[Record]) -> list[Record]:
     """Per shape, the arms of its latest validation that are not the default (the default's arm where it
     was compared with itself alone)."""
-    chosen: list[Row] = []
-    for arms in latest_comparisons(map(Record.from_row, rows), Phase.VALIDATE).values():
-        chosen += [r.to_row() for r in arms if not r.is_default] or [r.to_row() for r in arms]
+    chosen: list[Record] = []
+    for arms in latest_comparisons(rows, Phase.VALIDATE).values():
+        chosen += [r for r in arms if not r.is_default] or list(arms)
     return chosen
 
 
-def _defaults(rows: Iterable[Row]) -> set[Key]:
-    return {_cell_keys(r)[1] for r in rows if r["is_default"]}
-
-
-def _phase(row: Row) -> str:
-    return str(row["phase"])
+def _defaults(rows: Iterable[Record]) -> set[Key]:
+    return {r.config for r in rows if r.is_default}
 
 
 # -- from rows and a bundle to panels ---------------------------------------------------------------
@@ -288,7 +275,7 @@ def speedup_panels(points: Iterable[Point], plot_prefix: str) -> tuple[SpeedupPa
     return tuple(panels)
 
 
-def validation_panels(rows: Iterable[Row]) -> tuple[ValidationPanel, ...]:
+def validation_panels(rows: Iterable[Record]) -> tuple[ValidationPanel, ...]:
     """Per group, each shape's latest validation: its config's arm against the default."""
     panels = []
     for n, (group, members) in enumerate(by_group(_compared_arms(rows), _group).items(), start=1):
@@ -298,7 +285,7 @@ def validation_panels(rows: Iterable[Row]) -> tuple[ValidationPanel, ...]:
     return tuple(panels)
 
 
-def imported_panels(rows: Iterable[Row]) -> tuple[ImportedPanel, ...]:
+def imported_panels(rows: Iterable[Record]) -> tuple[ImportedPanel, ...]:
     """Per group of imported rows (another tuner's log): each shape's choices, its pick first."""
     panels = []
     for n, (group, members) in enumerate(by_group(_latest(rows), _group).items(), start=1):
@@ -318,11 +305,11 @@ def _choice_order(choice: Choice) -> tuple[float, tuple[Any, ...]]:
     return (math.inf if choice.median_us is None else choice.median_us, value_order(choice.config))
 
 
-def gather(rows: Sequence[Row], bundle: Bundle | None = None) -> ReportData:
-    """What the report shows, from result rows (and a loaded bundle)."""
-    imported = [r for r in rows if _phase(r) == "import"]
-    measured = [r for r in rows if _phase(r) not in ("validate", "import")]
-    points = tuple(point_of_winner(w) for w in select_winners(map(Record.from_row, measured)))
+def gather(rows: Sequence[Record], bundle: Bundle | None = None) -> ReportData:
+    """What the report shows, from result records (and a loaded bundle)."""
+    imported = [r for r in rows if r.phase is Phase.IMPORT]
+    measured = [r for r in rows if r.phase not in (Phase.VALIDATE, Phase.IMPORT)]
+    points = tuple(point_of_winner(w) for w in select_winners(measured))
     noise = tuple(
         noise_grid(
             group, [_noise_cell(r) for r in members], f"noise-{n:03d}.png", defaults=_defaults(members)
@@ -336,9 +323,9 @@ def gather(rows: Sequence[Row], bundle: Bundle | None = None) -> ReportData:
             f"{bundle.name}/{bundle.version}", bundle.location, entries, speedup_panels(entries, "bundle")
         )
     return ReportData(
-        runs=dict(sorted(Counter(r["run_id"] for r in rows).items())),
-        statuses=dict(Counter(r["status"] for r in rows).most_common()),
-        phases=dict(Counter(map(_phase, rows)).most_common()),
+        runs=dict(sorted(Counter(r.run_id for r in rows).items())),
+        statuses=dict(Counter(str(r.status) for r in rows).most_common()),
+        phases=dict(Counter(str(r.phase) for r in rows).most_common()),
         points=points,
         speedup=speedup_panels(points, "speedup"),
         noise=noise,
