@@ -209,8 +209,7 @@ class _Dispatcher:
             self.stats.statuses[record.status] += 1
         if fresh:
             self.on_records(fresh)
-        if fresh:
-            self.feeds[lane].answered(fresh)
+            self.feeds[lane].answered(fresh)  # what the search measures next
             self._fill_lane(lane)
 
     # -- handing out work --------------------------------------------------------------------------

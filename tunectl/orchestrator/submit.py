@@ -288,7 +288,7 @@ def _measure(
     works = {p.name: work(p.name if len(pools) > 1 else None) for p in pools}
     lanes, info, out.num_skipped_done = _lanes(pools, works, info, results, resumed=resumed)
     info, builds = start_builds(lanes, pools, builders, info=info, options=compile_options, setup=setup,
-                                on_compiles=progress.compiles)  # fmt: skip
+                                on_compiles=lambda *counts: progress.compiles(*counts))  # fmt: skip
     save_run(results, info.with_state("running"))
     todo = info.num_planned - out.num_skipped_done
     log.info("run %s: ~%d record(s) to come (%s search) from %d worker(s) in pool(s) %s "
