@@ -13,12 +13,18 @@ memory than the machine has).
 Memory is the process's peak resident set (``getrusage`` maxrss) less what it held before planning,
 so it counts the plan and the issued items, not the interpreter and the imports.
 
+``--submit N`` runs the whole thing instead: the library ``submit()`` of an N-item grid on a local Ray
+instance (one worker per core), stopped once ``--rows`` rows are written; it reports the seconds
+until dispatch began and until the first row, and the driver's peak resident set.
+
     python benchmarks/planning.py --old eb61142
+    python benchmarks/planning.py --submit 10000000
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import resource
 import subprocess
@@ -104,6 +110,44 @@ def measure(num_items: int, old_rev: str | None) -> dict[str, Any]:
     return {"items": planned, "issued": len(first), "seconds": seconds, "peak_mib": (peak - before) / 1024}
 
 
+class _StopAfter:
+    """Progress that notes when dispatch began and the first row came, and stops the run at ``rows``."""
+
+    def __init__(self, rows: int) -> None:
+        self.rows, self.seen, self.started = rows, 0, time.perf_counter()
+        self.times: dict[str, float] = {}
+
+    def start(self, run_id: str, total: int, placement: Any) -> None:
+        self.times["dispatch"] = time.perf_counter() - self.started
+        self.times["total"] = total
+
+    def record(self, record: Any) -> None:
+        self.seen += 1
+        self.times.setdefault("first_row", time.perf_counter() - self.started)
+        if self.seen >= self.rows:
+            raise KeyboardInterrupt("enough rows")
+
+    def compiles(self, built: int, total: int, building: int) -> None:
+        pass
+
+
+def submit_once(num_items: int, rows: int) -> dict[str, Any]:
+    """The library ``submit()`` of a ``num_items`` grid on a local Ray instance, stopped after ``rows``."""
+    import tempfile
+
+    from tunectl.core.spec import parse_spec
+    from tunectl.orchestrator.submit import RunStopped, submit
+
+    measure = "[measure]\nwarmup = 1\nmin_samples = 3\nmax_samples = 3\nmax_seconds = 0.05\n"
+    spec = parse_spec(spec_text(num_items) + measure, "plan.toml")
+    progress = _StopAfter(rows)
+    with tempfile.TemporaryDirectory() as results, contextlib.suppress(RunStopped):
+        submit(spec, results, progress=progress, compile_ahead=False)
+    status = Path("/proc/self/status").read_text()
+    peak = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:"))
+    return {**progress.times, "rows": progress.seen, "driver_peak_mib": peak / 1024}
+
+
 def run_one(num_items: int, old_rev: str | None) -> dict[str, Any]:
     """``measure`` in a fresh process, so that each size's peak is its own."""
     args = [sys.executable, __file__, "--one", str(num_items), *(["--old", old_rev] if old_rev else [])]
@@ -129,8 +173,13 @@ def main() -> None:
     parser.add_argument("--old", metavar="REV", help="also run the eager planning of this git revision")
     parser.add_argument("--old-max", type=int, default=10**6, help="largest grid the eager planning runs")
     parser.add_argument("--sizes", type=int, nargs="*", default=list(SIZES))
+    parser.add_argument("--submit", type=int, metavar="N", help="submit an N-item grid to a local Ray")
+    parser.add_argument("--rows", type=int, default=200, help="with --submit: stop after this many rows")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.submit is not None:
+        print(json.dumps(submit_once(args.submit, args.rows)))
+        return
     if args.one is not None:
         print(json.dumps(measure(args.one, args.old)))
         return

@@ -228,10 +228,10 @@ def plan(spec: Spec, task: PlannedTask | None = None) -> Plan:
     counted = _count(spec, task, configs)
     if not counted.num_items:
         raise _no_work(spec, list(counted.skipped_points))
-    return Plan(spec, task, counted, configs, run_facts(spec, task, configs))
+    return Plan(spec, task, counted, configs, _facts(spec, task, configs))
 
 
-def run_facts(spec: Spec, task: PlannedTask, configs: Iterable[tuple[Key, Sequence[Key]]]) -> RunFacts:
+def _facts(spec: Spec, task: PlannedTask, configs: Iterable[tuple[Key, Sequence[Key]]]) -> RunFacts:
     """What the run records of ``task`` for the decisions; a pass over static keys and configs only."""
     unselectable = frozenset(
         (key_text(static), key_text(c))
