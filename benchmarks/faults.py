@@ -118,8 +118,10 @@ def check_run(results: Path, run_id: str, spec: Path) -> tuple[int, int, int]:
     ).fetchall()
     ids = {r[0] for r in duckdb.sql(f"select distinct item_id from read_parquet('{glob}')").fetchall()}
     work = plan(load_spec(spec))
-    missing_measure = sum(1 for item in work.items if item.item_id not in ids)
-    still_wanted = Search(work).start(read_results(results, run_ids=[run_id]))
+    missing_measure = sum(1 for item in work.work_items() if item.item_id not in ids)
+    search = Search(work)
+    search.start(read_results(results, run_ids=[run_id]))
+    still_wanted = search.draw(sys.maxsize)
     return rows, missing_measure + len(still_wanted), rows - distinct
 
 

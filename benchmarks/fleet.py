@@ -219,7 +219,7 @@ from tunectl.tasks.compile import build
 from tunectl.tasks.registry import get_task
 from tunectl.core.plan import plan
 from tunectl.core.spec import load_spec
-items = plan(load_spec(sys.argv[1])).items[int(sys.argv[2])::int(sys.argv[3])]
+items = list(plan(load_spec(sys.argv[1])).work_items())[int(sys.argv[2])::int(sys.argv[3])]
 task = get_task(items[0].task)
 while True:
     for item in items:

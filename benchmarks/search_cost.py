@@ -135,7 +135,7 @@ def replay(spec: Spec, truth: Mapping[Point, Mapping[str, Mapping[str, Any]]], n
             out.append(Record(**{name: row[name] for name in RECORD_FIELDS}))
         return out
 
-    queue, cost, finals, rows = search.start(), 0.0, 0, []
+    queue, cost, finals, rows = search.draw(sys.maxsize), 0.0, 0, []  # every point up front
     while queue:
         item = queue.pop(0)
         records = answer(item)

@@ -50,7 +50,7 @@ def write_spec(
 
 
 def planned_ids(spec: Path) -> list[str]:
-    return sorted(i.item_id for i in plan(load_spec(spec)).items)
+    return sorted(i.item_id for i in plan(load_spec(spec)).work_items())
 
 
 def raw_row_count(results: Path, run_id: str) -> int:

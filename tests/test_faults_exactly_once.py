@@ -110,10 +110,11 @@ def test_stops_at_any_record_count_then_resume_leave_exactly_one_row_per_item(tm
     assert arms and all(2 <= n <= 4 for _, n in arms), "comparisons of the default and 1-3 finalists"
     work = plan(load_spec(spec))
     ids = {r[0] for r in duckdb.sql(f"select item_id from read_parquet('{glob}')").fetchall()}
-    assert {i.item_id for i in work.items} <= ids, "a planned item has no row"
-    records = read_results(results, run_ids=[run.run_id])
-    assert Search(work).start(records) == [], "a comparison, or an arm of one, is missing"
-    assert num_rows == len(work.items) + sum(n for _, n in arms)
+    assert {i.item_id for i in work.work_items()} <= ids, "a planned item has no row"
+    search = Search(work)
+    search.start(read_results(results, run_ids=[run.run_id]))
+    assert search.draw(work.num_items) == [], "a comparison, or an arm of one, is missing"
+    assert num_rows == work.num_items + sum(n for _, n in arms)
 
 
 #: flash-attn backends only (fa4, the default, and fa2, fa3), on a machine without CUDA: all invalid

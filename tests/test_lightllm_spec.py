@@ -34,7 +34,7 @@ def synthetic_winner(batch: int, kv_len: int) -> dict[str, Any]:
 
 def test_the_spec_plans_lightllms_candidates_on_its_kv_steps() -> None:
     spec = load_spec(SPEC)
-    items = plan(spec).items
+    items = list(plan(spec).work_items())
     configs = {tuple(sorted(dict(i.config).items())) for i in items}
     assert configs == {  # LightLLM's set alone: its own default (FA3's heuristic) is the baseline
         (("backend", "fa3"),),
@@ -50,8 +50,9 @@ def test_the_spec_plans_lightllms_candidates_on_its_kv_steps() -> None:
 
 def test_its_winners_export_to_files_lightllms_loader_reads(tmp_path: Path) -> None:
     spec = load_spec(SPEC)
-    points = sorted({(dict(i.shape)["batch"], dict(i.shape)["kv_len"]) for i in plan(spec).items})
-    static = dict(plan(spec).items[0].static)
+    items = list(plan(spec).work_items())
+    points = sorted({(dict(i.shape)["batch"], dict(i.shape)["kv_len"]) for i in items})
+    static = dict(items[0].static)
     entries = tuple(
         {"static": static, "shape": {"batch": b, "kv_len": kv, "q_len": 1}, "config": synthetic_winner(b, kv),
          "median_us": 50.0, "default_median_us": 60.0, "speedup": 1.2}

@@ -85,7 +85,7 @@ def test_a_heterogeneous_cluster_measures_the_whole_plan_once_per_accelerator_ty
     from tunectl.core.plan import in_pool, plan
     from tunectl.core.spec import load_spec
 
-    items = plan(load_spec(spec)).items
+    items = list(plan(load_spec(spec)).work_items())
     by_pool = {p: [dataclasses.replace(i, item_id=in_pool(i.item_id, p)) for i in items] for p in info.pools}
     expected = [i.item_id for items in by_pool.values() for i in items]
     rows = assert_one_row_per_item(tmp_path / "results", out.run_id, expected)

@@ -77,19 +77,21 @@ def work_of(spec: Any) -> Any:
 
 
 def drive(work: Any, records: list[Record] | None = None, stop_after: int | None = None) -> list[Record]:
-    """Play the dispatcher until the work asks for nothing more (or ``stop_after`` items ran)."""
+    """Play the dispatcher until the work asks for nothing more (or ``stop_after`` items ran), drawing
+    new points whenever fewer than four items wait."""
     written = list(records or [])
-    queue = work.start(written)
+    work.start(written)
+    queue: list[WorkItem] = []
     num_run = 0
-    while queue:
-        if stop_after is not None and num_run == stop_after:
+    while True:
+        queue += work.draw(4 - len(queue))
+        if not queue or (stop_after is not None and num_run == stop_after):
             return written
         item = queue.pop(0)
         got = answer(item)
         written += got
         num_run += 1
         queue += work.follow_up(got)
-    return written
 
 
 def batches(records: list[Record]) -> list[int]:

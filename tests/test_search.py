@@ -1,7 +1,7 @@
 """Search strategies, driven by a simulated device: each item gets a record with the config's true time.
 
 The strategies are functions of the records they are given, so these tests play the dispatcher: they
-take the items a search asks for, answer each with a record, and feed it back.
+draw items as their queue runs low, answer each with a record, and feed it back.
 """
 
 from __future__ import annotations
@@ -77,15 +77,23 @@ def answer(item: WorkItem, oracle: Oracle = true_time) -> list[Record]:
     )
 
 
+AHEAD = 4  # items the simulated dispatcher keeps queued
+
+
 def drive(search: Search, oracle: Oracle = true_time, queue: list[WorkItem] | None = None) -> list[WorkItem]:
-    """Run a search to its end (from ``queue``, default its start); every item it issued, in order."""
-    queue = search.start() if queue is None else queue
+    """Run a search to its end (from ``queue``, default empty), drawing new points whenever fewer than
+    ``AHEAD`` items wait, as the dispatcher does; every item it issued, in order."""
+    queue = [] if queue is None else queue
     issued = list(queue)
-    while queue:
+    while True:
+        more = search.draw(AHEAD - len(queue))
+        issued += more
+        queue += more
+        if not queue:
+            return issued
         more = search.follow_up(answer(queue.pop(0), oracle))
         issued += more
         queue += more
-    return issued
 
 
 def _best(point_items: list[WorkItem]) -> float:
@@ -94,15 +102,16 @@ def _best(point_items: list[WorkItem]) -> float:
 
 def test_grid_measures_everything_then_finals_with_the_default_first() -> None:
     work = plan(_spec(""))
+    items = list(work.work_items())
     issued = drive(Search(work))
     measures = [i for i in issued if i.phase == "measure"]
-    assert {i.item_id for i in measures} == {i.item_id for i in work.items}
+    assert {i.item_id for i in measures} == {i.item_id for i in items} and len(measures) == len(items)
     finals = [i for i in issued if i.phase == "final"]
     assert len(finals) == 5  # one per point
     for f in finals:
-        default = next(i.config for i in work.items if i.point == f.point and i.is_default)
+        default = next(i.config for i in items if i.point == f.point and i.is_default)
         assert f.arms[0] == default and 2 <= len(f.arms) <= 4 and f.rounds == 8
-        point = [i for i in work.items if i.point == f.point]
+        point = [i for i in items if i.point == f.point]
         assert min(true_time(WorkItem("", "", f.static, f.shape, a, False)) for a in f.arms) == _best(point)
 
 
@@ -111,17 +120,19 @@ def test_no_finals_where_nothing_comes_near_the_default() -> None:
         return 1.0 if item.config == dict_default(item) else 2.0
 
     def dict_default(item: WorkItem) -> Any:
-        return next(i.config for i in work.items if i.point == item.point and i.is_default)
+        return next(i.config for i in items if i.point == item.point and i.is_default)
 
     work = plan(_spec(""))
+    items = list(work.work_items())
     issued = drive(Search(work), default_fastest)
     assert not [i for i in issued if i.phase == "final"]
 
 
 def test_halving_screens_cheaply_keeps_the_default_and_finds_the_best() -> None:
     work = plan(_spec("[search]\nstrategy = 'halving'\neta = 3\nmin_budget = 0.1\n"))
+    items = list(work.work_items())
     issued = drive(Search(work))
-    per_point = Counter(i.point for i in work.items)
+    per_point = Counter(i.point for i in items)
     rungs = Counter((i.point, i.rung) for i in issued if i.phase in ("screen", "measure"))
     for point, n in per_point.items():
         assert rungs[(point, 0)] == n  # every config screened
@@ -129,9 +140,9 @@ def test_halving_screens_cheaply_keeps_the_default_and_finds_the_best() -> None:
     budgets = {i.rung: i.budget for i in issued if i.rung is not None}
     assert budgets == {0: 0.1, 1: pytest.approx(0.3)}, "two screening rungs, then the finals"
     cost = sum(i.budget for i in issued if i.phase in ("screen", "measure"))
-    assert cost < 0.25 * len(work.items), "measurement time well under the grid's"
+    assert cost < 0.25 * len(items), "measurement time well under the grid's"
     for f in (i for i in issued if i.phase == "final"):
-        point = [i for i in work.items if i.point == f.point]
+        point = [i for i in items if i.point == f.point]
         assert f.arms[0] == next(i.config for i in point if i.is_default)
         assert min(true_time(WorkItem("", "", f.static, f.shape, a, False)) for a in f.arms) == _best(point)
 
@@ -142,14 +153,15 @@ def test_a_search_rebuilt_from_rows_asks_only_for_what_is_missing(strategy: str)
     full = drive(Search(plan(spec)))
     # Stop half way: the rows of the first half of the items come back, the rest never ran.
     search = Search(plan(spec))
-    queue, rows, done = search.start(), [], 0
+    queue, rows, done = search.draw(AHEAD), [], 0
     while queue and done < len(full) // 2:
         records = answer(queue.pop(0))
         rows += records
-        queue += search.follow_up(records)
+        queue += search.follow_up(records) + search.draw(AHEAD - len(queue))
         done += 1
     resumed = Search(plan(spec))
-    first = resumed.start(rows)
+    resumed.start(rows)
+    first = resumed.draw(AHEAD)
     recorded = {r.item_id for r in rows}
     assert first and all(not set(i.record_ids()) <= recorded for i in first)
     rest = drive(resumed, queue=first)
@@ -159,11 +171,10 @@ def test_a_search_rebuilt_from_rows_asks_only_for_what_is_missing(strategy: str)
 
 
 def test_a_noisy_config_whose_fast_mode_beats_the_default_reaches_the_finals() -> None:
-    work = plan(_spec(""))
-    search = Search(work)
-    search.start()
-    point = next(iter(search.points.values()))
-    items = [i for i in work.items if i.point == (point.static, point.shape)]
+    search = Search(plan(_spec("")))
+    items = search.draw(1)  # the first point's configs, the default first
+    [point] = search.points.values()
+    assert [i.config for i in items] == list(point.configs)
     noisy = items[1].config
     finals = []
     for item in items:
@@ -189,12 +200,13 @@ def test_the_estimate_counts_the_records_the_search_asks_for(strategy: str) -> N
 
 def test_halving_without_finals_measures_the_last_survivors_in_full() -> None:
     work = plan(_spec("[search]\nstrategy = 'halving'\nfinalists = 0\n"))
+    items = list(work.work_items())
     issued = drive(Search(work))
     assert not [i for i in issued if i.phase == "final"]
-    for point in {i.point for i in work.items}:
+    for point in {i.point for i in items}:
         full = [i for i in issued if i.point == point and i.phase == "measure"]
         assert any(i.is_default for i in full) and 2 <= len(full) <= 4  # a third of 8, and the default
-        best = _best([i for i in work.items if i.point == point])
+        best = _best([i for i in items if i.point == point])
         assert min(true_time(i) for i in full) == best
 
 

@@ -82,12 +82,12 @@ def test_a_spec_default_is_the_baseline_every_config_is_planned_against() -> Non
     from tunectl.core.plan import plan
 
     spec = parse_spec(TINY_SPEC + '[default]\nnum_splits = 2\ngqa = "grouped"\n', "tiny.toml")
-    items = plan(spec).items
+    items = list(plan(spec).work_items())
     defaults = {dict(i.config)["num_splits"] for i in items if i.is_default}
     assert defaults == {2} and all(dict(i.config)["gqa"] == "grouped" for i in items if i.is_default)
     per_point = len(items) // len(spec.shape_grid())
     assert per_point == 4, "the default is one of the grid's configs here: planned once"
-    without = plan(parse_spec(TINY_SPEC, "tiny.toml")).items
+    without = plan(parse_spec(TINY_SPEC, "tiny.toml")).work_items()
     assert {dict(i.config)["num_splits"] for i in without if i.is_default} == {1}, "else the task's own"
 
 

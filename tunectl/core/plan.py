@@ -4,6 +4,10 @@ Items are grouped by (static, shape) so a worker builds inputs once per point. T
 config is always planned (selection needs it). Points the task cannot build (capacity) are
 reported, not planned.
 
+A plan is never held as its items: a grid of ten million items is counted point by point (its size,
+the points skipped), and its points are made one at a time as the search draws them
+(``Plan.points``), so planning takes memory in proportion to the static keys and the skipped points.
+
 Planning is the last moment the task is asked anything: what selection, validation and export need
 from it later (which configs may win, how shapes bucket, the parameter names) is written into the
 run as ``RunFacts``, so they never load a task.
@@ -12,7 +16,7 @@ run as ``RunFacts``, so they never load a task.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,14 +128,6 @@ def selectable_in(facts: Iterable[RunFacts]) -> Any:
     return selectable
 
 
-@dataclass(frozen=True)
-class Plan:
-    spec: Spec
-    items: tuple[WorkItem, ...]
-    skipped_points: tuple[tuple[Key, Key, str], ...]  # (static, shape, why)
-    facts: RunFacts = field(default_factory=lambda: RunFacts(""))
-
-
 def item_id(task: str, static: Key, shape: Key, config: Key, *extra: Key) -> str:
     """Stable id of a measurement; ``extra`` tells apart other looks at the same config (a rung)."""
     return key_digest((("task", task),), static, shape, config, *extra)
@@ -176,29 +172,7 @@ def configs_of(
     return default, list(dict.fromkeys([default, *(full_config(task, dict(c)) for c in given)]))
 
 
-def plan(spec: Spec, task: PlannedTask | None = None) -> Plan:
-    """The spec's work items, the task's default config first at each point, and the facts the run
-    records (``task``: default, the registered one); ``UserError`` if it plans nothing."""
-    task = task or get_task(spec.task)
-    items: list[WorkItem] = []
-    skipped: list[tuple[Key, Key, str]] = []
-    unselectable: set[tuple[str, str]] = set()
-    for static, default, configs, shapes in _points(spec, task, skipped):
-        unselectable |= {
-            (key_text(static), key_text(c)) for c in configs if not task.selectable(dict(static), dict(c))
-        }
-        for shape in shapes:
-            for config in configs:
-                iid = item_id(spec.task, static, shape, config)
-                items.append(WorkItem(iid, spec.task, static, shape, config, config == default))
-    if not items:
-        raise _no_work(spec, skipped)
-    facts = RunFacts(
-        spec.task, tuple(task.static_params), tuple(task.shape_params), tuple(task.config_params),
-        tuple((d.name, d.bucket) for d in spec.shapes), frozenset(unselectable),
-        tuple((dim, lo, hi) for dim, (lo, hi) in sorted(spec.ranges().items())), spec.select.margin,
-    )  # fmt: skip
-    return Plan(spec, tuple(items), tuple(skipped), facts)
+Planned = tuple[Key, Key, tuple[Key, ...]]  # (static, shape, its configs: the default first)
 
 
 @dataclass(frozen=True)
@@ -214,13 +188,85 @@ class PlanCount:
         return sum(n for _, _, n in self.per_static)
 
 
+@dataclass(frozen=True)
+class Plan:
+    """A spec's planned work, held as its rule, never as its items: ``points()`` makes them one
+    point at a time, in the same order every call. ``count`` says how many there are (and which
+    points the task cannot build); ``configs`` gives each static key's configs, the default first."""
+
+    spec: Spec
+    task: PlannedTask
+    count: PlanCount
+    configs: tuple[tuple[Key, tuple[Key, ...]], ...]  # (static key, its configs, the default first)
+    facts: RunFacts
+
+    @property
+    def num_items(self) -> int:
+        return self.count.num_items
+
+    @property
+    def skipped_points(self) -> tuple[tuple[Key, Key, str], ...]:
+        return self.count.skipped_points
+
+    def points(self) -> Iterator[Planned]:
+        """Every buildable (static, shape) point with its configs, lazily, static key by static key."""
+        for static, configs in self.configs:
+            for shape in _buildable(self.spec, self.task, static, None):
+                yield static, shape, configs
+
+    def work_items(self) -> Iterator[WorkItem]:
+        """The plan's items, one at a time: each point's configs, the default first."""
+        for static, shape, configs in self.points():
+            for config in configs:
+                iid = item_id(self.spec.task, static, shape, config)
+                yield WorkItem(iid, self.spec.task, static, shape, config, config == configs[0])
+
+
+def plan(spec: Spec, task: PlannedTask | None = None) -> Plan:
+    """The spec's plan (``task``: default, the registered one), counted point by point and never
+    made into items, with the facts the run records; ``UserError`` if it plans nothing."""
+    task = task or get_task(spec.task)
+    configs = tuple(_configs(spec, task))
+    counted = _count(spec, task, configs)
+    if not counted.num_items:
+        raise _no_work(spec, list(counted.skipped_points))
+    return Plan(spec, task, counted, configs, _facts(spec, task, configs))
+
+
+def _facts(spec: Spec, task: PlannedTask, configs: Iterable[tuple[Key, Sequence[Key]]]) -> RunFacts:
+    """What the run records of ``task`` for the decisions; a pass over static keys and configs only."""
+    unselectable = frozenset(
+        (key_text(static), key_text(c))
+        for static, per_static in configs
+        for c in per_static
+        if not task.selectable(dict(static), dict(c))
+    )
+    return RunFacts(
+        spec.task, tuple(task.static_params), tuple(task.shape_params), tuple(task.config_params),
+        tuple((d.name, d.bucket) for d in spec.shapes), unselectable,
+        tuple((dim, lo, hi) for dim, (lo, hi) in sorted(spec.ranges().items())), spec.select.margin,
+    )  # fmt: skip
+
+
 def count_plan(spec: Spec, task: PlannedTask | None = None) -> PlanCount:
-    """The items ``plan(spec)`` makes per static key, in memory proportional to the points only."""
+    """The items ``plan(spec)`` makes per static key, in memory proportional to the static keys and
+    the skipped points only."""
+    task = task or get_task(spec.task)
+    return _count(spec, task, _configs(spec, task))
+
+
+def _configs(spec: Spec, task: PlannedTask) -> Iterator[tuple[Key, tuple[Key, ...]]]:
+    """Each static key's configs, the default first."""
+    for static in spec.static_grid():
+        yield static, tuple(configs_of(task, static, spec.configs, spec.default)[1])
+
+
+def _count(spec: Spec, task: PlannedTask, configs: Iterable[tuple[Key, Sequence[Key]]]) -> PlanCount:
     skipped: list[tuple[Key, Key, str]] = []
     per_static = []
-    for static, _, configs, shapes in _points(spec, task or get_task(spec.task), skipped):
-        num_points = sum(1 for _ in shapes)
-        per_static.append((static, num_points, num_points * len(configs)))
+    for static, per_static_configs in configs:
+        num_points = sum(1 for _ in _buildable(spec, task, static, skipped))
+        per_static.append((static, num_points, num_points * len(per_static_configs)))
     return PlanCount(spec, tuple(per_static), tuple(skipped))
 
 
@@ -234,26 +280,17 @@ def check_size(spec: Spec, limit: int = CONFIRM_ABOVE_ITEMS) -> None:
         )
 
 
-def _points(
-    spec: Spec, task: PlannedTask, skipped: list[tuple[Key, Key, str]]
-) -> Iterator[tuple[Key, Key, list[Key], Iterator[Key]]]:
-    """Per static key: its default config, its configs (the default first) and its buildable shapes,
-    the shapes lazily (a large grid is never held)."""
-    for static in spec.static_grid():
-        default, configs = configs_of(task, static, spec.configs, spec.default)
-        yield static, default, configs, _buildable(spec, task, static, skipped)
-
-
 def _shapes(spec: Spec) -> Iterator[Key]:
-    """``spec.shape_grid()`` in the same order, one key at a time."""
+    """``spec.shape_grid()`` in the same order, one key at a time (each value normalised once)."""
     dims = sorted(spec.shapes, key=lambda d: d.name)
-    for values in itertools.product(*(d.values for d in dims)):
-        yield make_key(dict(zip((d.name for d in dims), values, strict=True)))
+    pairs = [[make_key({d.name: v})[0] for v in d.values] for d in dims]
+    return itertools.product(*pairs)
 
 
 def _buildable(
-    spec: Spec, task: PlannedTask, static: Key, skipped: list[tuple[Key, Key, str]]
+    spec: Spec, task: PlannedTask, static: Key, skipped: list[tuple[Key, Key, str]] | None
 ) -> Iterator[Key]:
+    """The shapes the task can build at ``static``; the others into ``skipped`` (None: dropped)."""
     for shape in _shapes(spec):
         try:
             why = task.check_point(dict(static), dict(shape))
@@ -264,7 +301,7 @@ def _buildable(
             ) from None
         if why is None:
             yield shape
-        else:
+        elif skipped is not None:
             skipped.append((static, shape, why))
 
 

@@ -23,7 +23,7 @@ import itertools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from tunectl.core.keys import Key, key_text, make_key, value_order
+from tunectl.core.keys import Key, make_key, value_order
 from tunectl.core.plan import Plan, WorkItem
 from tunectl.core.record import Record
 from tunectl.core.shapes import ShapeDim
@@ -103,7 +103,9 @@ def point_winner(point: Point, selectable: Callable[[Key, Key], bool], margin: f
 
 
 class Refined:
-    """A run's work: ``search``'s items, then the refined points' as each level is planned."""
+    """A run's work: ``search``'s items, then the refined points' as each level is planned.
+
+    A static key is refined once the search has drawn all its planned points and they have finished."""
 
     def __init__(
         self, search: Search, plan: Plan, check_point: CheckPoint, *, margin: float | None = None
@@ -113,33 +115,22 @@ class Refined:
         self.margin = DEFAULT_MARGIN if margin is None else margin
         self._selectable = plan.facts.selectable
         self._check = check_point
-        self.shapes: dict[Key, list[Key]] = {}  # static key -> its points' shapes, starting ones first
-        self.configs: dict[Key, tuple[Key, ...]] = {}
-        for static, shape in search.points:
-            self.shapes.setdefault(static, []).append(shape)
-            self.configs.setdefault(static, search.points[(static, shape)].configs)
         budget = plan.spec.search.refine_budget
         self.limit = {
-            s: int(budget) if budget >= 1 else math.ceil(budget * len(shapes))
-            for s, shapes in self.shapes.items()
+            s: int(budget) if budget >= 1 else math.ceil(budget * n) for s, n, _ in plan.count.per_static
         }
         # Points the task cannot run: the starting grid's it skipped at plan time, then refined ones.
-        grid = plan.spec.shape_grid()
-        self.refused: dict[Key, dict[Key, str]] = {
-            s: {h: "skipped when planned" for h in grid if (s, h) not in search.points} for s in self.shapes
-        }
-        self.extra: dict[Key, list[Key]] = {s: [] for s in self.shapes}  # refined shapes, refused ones too
+        self.refused: dict[Key, dict[Key, str]] = {s: {} for s, _, _ in plan.count.per_static}
+        for static, shape, _ in plan.skipped_points:
+            self.refused[static][shape] = "skipped when planned"
+        self.extra: dict[Key, list[Key]] = {s: [] for s in self.limit}  # refined shapes, refused ones too
         self._settled: set[Key] = set()  # static keys refinement is done with
-        # A resumed run's records of refined points, until their level is planned again.
-        self._waiting: dict[tuple[str, str], list[Record]] = {}
 
-    def start(self, records: Iterable[Record] = ()) -> list[WorkItem]:
-        records = list(records)
-        items = self.search.start(records)
-        for record in records:
-            if self.search.take(record) is None:  # a refined point's: planned again below
-                self._waiting.setdefault((record.static_key, record.shape_key), []).append(record)
-        return items + self._grow()
+    def start(self, records: Iterable[Record] = ()) -> None:
+        self.search.start(records)
+
+    def draw(self, limit: int) -> list[WorkItem]:
+        return self.search.draw(limit) + self._grow()
 
     def follow_up(self, records: Sequence[Record]) -> list[WorkItem]:
         return self.search.follow_up(records) + self._grow()
@@ -153,8 +144,8 @@ class Refined:
         grew = True
         while grew:
             grew = False
-            for static in sorted(set(self.shapes) - self._settled, key=value_order):
-                points = [self.search.points[(static, shape)] for shape in self.shapes[static]]
+            for static in sorted(self.search.complete - self._settled, key=value_order):
+                points = self.search.points_at(static)
                 if not all(self.search.finished(p) for p in points):
                     continue
                 level = self._level(static, points)
@@ -184,10 +175,7 @@ class Refined:
         if why is not None:
             self.refused[static][shape] = why
             return []
-        point = self.search.add_point(static, shape, self.configs[static])
-        self.shapes[static].append(shape)
-        for record in self._waiting.pop((key_text(static), key_text(shape)), []):
-            self.search.take(record)
+        point = self.search.add_point(static, shape, self.search.configs_at(static))
         return self.search.issue(point)
 
 

@@ -24,19 +24,20 @@ whose p20 came in under the default's median (or within ``tie`` of it) are timed
 with a 95 % interval; selection rests on that (``tunectl.decide.select``).
 
 A search is a function of the records it has seen: rebuilt from a run's records it asks for exactly
-the items still missing, so a resumed run goes on where it stopped.
+the items still missing, so a resumed run goes on where it stopped. It draws the plan's points only as
+the dispatcher asks for more work, so however large the grid, a lane holds the points it started.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from tunectl.core.keys import Key, key_text, make_key
-from tunectl.core.plan import Plan, WorkItem, comparison, in_pool, item_id
+from tunectl.core.plan import Plan, Planned, WorkItem, comparison, in_pool, item_id
 from tunectl.core.record import Phase, Record
 from tunectl.core.spec import SearchSpec
 
@@ -156,30 +157,45 @@ def strategy_of(settings: SearchSpec) -> Strategy:
 
 
 class Search:
-    """The items of one lane of a run (one device type), chosen as its records arrive."""
+    """The items of one lane of a run (one device type), chosen as its records arrive.
+
+    Points are drawn from the plan only as the dispatcher asks for work (``draw``), so a lane holds
+    the points it has started, never the whole grid. Records of points not drawn yet (a resumed
+    run's) wait until their point is drawn or added.
+    """
 
     def __init__(self, plan: Plan, settings: SearchSpec | None = None, pool: str | None = None) -> None:
         self.settings = settings or plan.spec.search
         self.strategy = strategy_of(self.settings)
         self.looks = Looks(plan.spec.task, pool)
         self._select = plan.facts.selectable  # written into the run when it was planned
-        grouped: dict[tuple[Key, Key], list[WorkItem]] = {}
-        for item in plan.items:
-            grouped.setdefault(item.point, []).append(item)
-        self.points: dict[tuple[Key, Key], Point] = {}
-        for (static, shape), items in grouped.items():
-            default = next(i.config for i in items if i.is_default)
-            configs = [default, *(i.config for i in items if not i.is_default)]
-            if not self.strategy.measures_reference:
-                configs = [c for c in configs if c == default or self._select(static, c)]
-            self.points[(static, shape)] = Point(static, shape, tuple(configs))
-        self._by_text = {(key_text(s), key_text(h)): p for (s, h), p in self.points.items()}
+        self._configs = {static: self._measured(static, configs) for static, configs in plan.configs}
+        self._planned = [(self._configs[s], n) for s, n, _ in plan.count.per_static]
+        self._source: Iterator[Planned] | None = plan.points()
+        self.points: dict[tuple[Key, Key], Point] = {}  # drawn or added, in that order
+        self._by_text: dict[tuple[str, str], Point] = {}
+        self._at: dict[Key, list[Point]] = {}  # static key -> its points
+        self._drawing: Key | None = None  # the static key whose points are being drawn
+        self.complete: set[Key] = set()  # static keys whose planned points are all drawn
+        self._waiting: dict[tuple[str, str], dict[str, Record]] = {}  # records of points not yet here
+        self._added: list[int] = []  # configs of each point added after planning
 
-    def start(self, records: Iterable[Record] = ()) -> list[WorkItem]:
-        """Items to run first, after taking in the ``records`` a stopped run already has."""
+    def start(self, records: Iterable[Record] = ()) -> None:
+        """Take in the ``records`` a stopped run already has; their points ask only for what is missing."""
         for record in records:
-            self._take(record)
-        return [item for point in self.points.values() for item in self._issue(point)]
+            if self._take(record) is None:
+                self._waiting.setdefault((record.static_key, record.shape_key), {})[record.item_id] = record
+
+    def draw(self, limit: int) -> list[WorkItem]:
+        """Items of points not started yet, point by point, until ``limit`` are issued (a point's first
+        items go out together, so it may be more); none once every planned point is drawn."""
+        items: list[WorkItem] = []
+        while len(items) < limit:
+            point = self._draw_point()
+            if point is None:
+                break
+            items += self._issue(point)
+        return items
 
     def follow_up(self, records: Sequence[Record]) -> list[WorkItem]:
         """Items the records' points need next (none while a point's other items are still out)."""
@@ -188,17 +204,56 @@ class Search:
 
     def estimate(self) -> int:
         """Records the run is expected to write in all (for progress), given what is known now."""
-        finalists, total = self.settings.finalists, 0
-        for point in self.points.values():
-            n = len(point.configs)
-            total += self.strategy.num_records(n) + (1 + min(finalists, n - 1) if finalists else 0)
+        planned = sum(n * self._per_point(len(configs)) for configs, n in self._planned)
+        total = planned + sum(map(self._per_point, self._added))
         return max(total, sum(len(p.records) for p in self.points.values()))
 
     def add_point(self, static: Key, shape: Key, configs: tuple[Key, ...]) -> Point:
         """A point planned after the run began (refinement), its ``configs`` the default first."""
-        point = self.points.setdefault((static, shape), Point(static, shape, configs))
-        self._by_text[(key_text(static), key_text(shape))] = point
+        if (static, shape) not in self.points:
+            self._added.append(len(configs))
+        return self._place(static, shape, configs)
+
+    def configs_at(self, static: Key) -> tuple[Key, ...]:
+        """The configs a point at ``static`` measures, the default first."""
+        return self._configs[static]
+
+    def points_at(self, static: Key) -> list[Point]:
+        """The points of ``static`` drawn or added so far, in that order."""
+        return self._at.get(static, [])
+
+    def _draw_point(self) -> Point | None:
+        """The plan's next point, now the search's; None once the plan has no more."""
+        planned = next(self._source, None) if self._source is not None else None
+        static = None if planned is None else planned[0]
+        if static != self._drawing and self._drawing is not None:
+            self.complete.add(self._drawing)  # points come static key by static key
+        self._drawing = static
+        if planned is None:
+            self._source = None
+            return None
+        return self._place(planned[0], planned[1], self._configs[planned[0]])
+
+    def _place(self, static: Key, shape: Key, configs: tuple[Key, ...]) -> Point:
+        point = self.points.get((static, shape))
+        if point is None:
+            point = self.points[(static, shape)] = Point(static, shape, configs)
+            texts = (key_text(static), key_text(shape))
+            self._by_text[texts] = point
+            self._at.setdefault(static, []).append(point)
+            point.records.update(self._waiting.pop(texts, {}))
         return point
+
+    def _measured(self, static: Key, configs: tuple[Key, ...]) -> tuple[Key, ...]:
+        """The configs the strategy measures at ``static``: all of them, or the selectable ones."""
+        if self.strategy.measures_reference:
+            return configs
+        return tuple(c for c in configs if c == configs[0] or self._select(static, c))
+
+    def _per_point(self, num_configs: int) -> int:
+        finalists = self.settings.finalists
+        finals = 1 + min(finalists, num_configs - 1) if finalists else 0
+        return self.strategy.num_records(num_configs) + finals
 
     def finished(self, point: Point) -> bool:
         """Whether every item the point needs (its finals too) has its records."""

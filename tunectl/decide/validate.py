@@ -74,10 +74,21 @@ class FixedItems:
         self.items = [
             item if pool is None else replace(item, item_id=in_pool(item.item_id, pool)) for item in items
         ]
+        self._done: set[str] = set()
+        self._next = 0  # the first item not yet drawn
 
-    def start(self, records: Iterable[Record] = ()) -> list[WorkItem]:
-        done = {r.item_id for r in records}
-        return [i for i in self.items if not set(i.record_ids()) <= done]
+    def start(self, records: Iterable[Record] = ()) -> None:
+        self._done.update(r.item_id for r in records)
+
+    def draw(self, limit: int) -> list[WorkItem]:
+        """Up to ``limit`` more items without their records, in order."""
+        out: list[WorkItem] = []
+        while len(out) < limit and self._next < len(self.items):
+            item = self.items[self._next]
+            self._next += 1
+            if not set(item.record_ids()) <= self._done:
+                out.append(item)
+        return out
 
     def follow_up(self, records: Sequence[Record]) -> list[WorkItem]:
         return []

@@ -7,8 +7,10 @@ results come back (``ray.wait``), so a fast GPU never waits on a slow one. A wor
 work only once it has answered a first call: startup (importing torch, a CUDA context) does not count
 against an item's deadline.
 
-With ``compile_ahead``, each call also names the item this worker gets next (held back for it), so
-the worker can prepare (compile) that item while it times the current one.
+A lane's items are drawn from its work (a search) only as its queue runs low
+(``tunectl.orchestrator.feed``): the driver holds the items in flight and a bounded look-ahead,
+never the whole plan. With ``compile_ahead``, each call also names the item this worker gets next
+(held back for it), so the worker can prepare (compile) that item while it times the current one.
 
 Faults: a worker process that dies has its unanswered items judged once Ray has restarted it
 (``tunectl.orchestrator.blame``): the item that killed it is retried once, alone, then recorded as ``crash``;
@@ -21,13 +23,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-from ray import exceptions as rex
 
 from tunectl.core.errors import TunectlError
 from tunectl.core.keys import key_text
@@ -36,34 +37,16 @@ from tunectl.core.record import Record
 from tunectl.core.spec import MeasureSpec
 from tunectl.orchestrator.blame import Blame, Verdict, death_detail, first_line
 from tunectl.orchestrator.builds import BuildScheduler
-from tunectl.orchestrator.workqueue import WorkQueue, describe, failure_records
+from tunectl.orchestrator.feed import Lane, LaneFeed
+from tunectl.orchestrator.slots import WORKER_LOST, Call, Slot
+from tunectl.orchestrator.workqueue import describe, failure_records
 
-MAX_PROBE_FAILURES = 3
-# A worker Ray is restarting answers "temporarily unavailable" until its new process is up, which on a
-# GPU host (torch, CUDA, the kernel libraries imported at start) takes tens of seconds: it is waited
-# for this long before it counts as lost.
-RESTART_WAIT_S = 300.0
 LIMBO_TIMEOUT_S = 120.0  # how long a dead worker's items wait for its replacement to say what killed it
 log = logging.getLogger("tunectl.run")
-
-# Errors that mean the worker process (or its node) is gone, not that the item misbehaved in Python.
-_WORKER_LOST = (
-    rex.RayActorError, rex.WorkerCrashedError, rex.NodeDiedError, rex.OutOfMemoryError,
-    rex.ObjectLostError, rex.ActorUnschedulableError, rex.LocalRayletDiedError,
-)  # fmt: skip
 
 
 class OrchestrationError(TunectlError):
     """The run cannot go on (no worker left to run its items); what was measured is kept."""
-
-
-@dataclass(frozen=True)
-class Lane:
-    """Workers of one pool and the items only they may run."""
-
-    name: str
-    workers: tuple[Any, ...]
-    items: tuple[WorkItem, ...]
 
 
 @dataclass(frozen=True)
@@ -83,69 +66,32 @@ class DispatchStats:
     statuses: Counter[str] = field(default_factory=Counter)
 
 
-@dataclass
-class _Call:
-    ref: Any
-    item: WorkItem
-    lookahead: WorkItem | None
-
-
-@dataclass
-class _Slot:
-    worker: Any
-    lane: str
-    name: str
-    state: str = "starting"  # starting (waiting for its first answer) | ready | lost
-    probe: Any = None
-    node_id: str = ""
-    calls: deque[_Call] = field(default_factory=deque)
-    reserved: WorkItem | None = None  # the next item, announced to the worker as its lookahead
-    point: Any = None
-    head_since: float = 0.0  # when the oldest call started running (approximately)
-    killed_item: str | None = None  # set when we killed the worker at this item's deadline
-    probe_failures: int = 0
-    failing_since: float | None = None  # when its probes started failing (None: answering)
-    incarnation: str = ""  # the worker process the calls are meant for (a new one ignores them)
-    limbo: list[tuple[WorkItem, WorkItem | None]] = field(default_factory=list)  # judged on restart
-    limbo_since: float = 0.0
-    probe_at: float = 0.0  # when to ask a worker that did not answer again (0: not scheduled)
-    failure: str = ""  # why it last did not answer
-    death: str = ""  # what Ray said when the worker died
-
-
-#: Told each finished item's records (with its lane), it answers the items the lane runs next.
-FollowUp = Callable[[str, list[Record]], Iterable[WorkItem]]
-
-
 def dispatch(
     lanes: Sequence[Lane], run_id: str, settings: MeasureSpec, on_records: Callable[[list[Record]], None],
-    options: DispatchOptions = DispatchOptions(), follow_up: FollowUp | None = None,
-    builds: BuildScheduler | None = None,
+    options: DispatchOptions = DispatchOptions(), builds: BuildScheduler | None = None,
 ) -> DispatchStats:  # fmt: skip
-    """Run every item of every lane; call ``on_records`` once per item with all its records (one, or
-    one per arm of a comparison: they are written as a unit), in completion order; every record is
-    passed exactly once. ``follow_up`` adds items as results come in (a search
-    choosing what to measure next); the run ends when no lane has work left. ``builds``: compile
-    processes that build kernels ahead (``tunectl.orchestrator.builds``); workers prefer what they built."""
-    return _Dispatcher(lanes, run_id, settings, on_records, options, follow_up, builds).run()
+    """Run every item of every lane's work; call ``on_records`` once per item with all its records
+    (one, or one per arm of a comparison: they are written as a unit), in completion order; every
+    record is passed exactly once. A lane's work is drawn from as its workers free up, and told each
+    finished item's records (a search choosing what to measure next); the run ends when no lane has
+    work left. ``builds``: compile processes that build kernels ahead (``tunectl.orchestrator.builds``);
+    workers prefer what they built."""
+    return _Dispatcher(lanes, run_id, settings, on_records, options, builds).run()
 
 
 class _Dispatcher:
     def __init__(
         self, lanes: Sequence[Lane], run_id: str, settings: MeasureSpec,
-        on_records: Callable[[list[Record]], None], options: DispatchOptions, follow_up: FollowUp | None,
+        on_records: Callable[[list[Record]], None], options: DispatchOptions,
         builds: BuildScheduler | None = None,
     ) -> None:  # fmt: skip
         self.run_id, self.settings, self.on_records, self.options = run_id, settings, on_records, options
-        self.follow_up = follow_up
         self.builds = builds
-        self.queues = {lane.name: WorkQueue(lane.items) for lane in lanes}
-        if builds is not None:
-            builds.book.add(item for lane in lanes for item in lane.items)
+        self.feeds = {lane.name: LaneFeed(lane, builds) for lane in lanes}
         self.slots = [
-            _Slot(w, lane.name, f"{lane.name}#{i}") for lane in lanes for i, w in enumerate(lane.workers)
+            Slot(w, lane.name, f"{lane.name}#{i}") for lane in lanes for i, w in enumerate(lane.workers)
         ]
-        self.owner: dict[Any, _Slot] = {}  # every pending ref (calls and probes) -> its slot
+        self.owner: dict[Any, Slot] = {}  # every pending ref (calls and probes) -> its slot
         self.blame = Blame()
         self.recorded: set[str] = set()
         self.stats = DispatchStats()
@@ -186,13 +132,15 @@ class _Dispatcher:
         return self.stats
 
     def _work_left(self) -> bool:
-        if any(len(q) for q in self.queues.values()):
+        for feed in self.feeds.values():
+            feed.top_up()
+        if any(len(feed) for feed in self.feeds.values()):
             return True
         return any(s.calls or s.reserved or s.limbo for s in self.slots)
 
     # -- workers coming up -------------------------------------------------------------------------
 
-    def _probe(self, slot: _Slot) -> None:
+    def _probe(self, slot: Slot) -> None:
         """Ask the worker where it runs; it gets work once it answers (a lost one stays lost until then)."""
         if slot.state != "lost":
             slot.state = "starting"
@@ -200,36 +148,18 @@ class _Dispatcher:
         slot.probe = slot.worker.describe.remote()
         self.owner[slot.probe] = slot
 
-    def _on_probe(self, slot: _Slot, ref: Any) -> None:
+    def _on_probe(self, slot: Slot, ref: Any) -> None:
         slot.probe = None
         try:
             info = ray.get(ref)
-        except _WORKER_LOST as exc:
-            now = time.monotonic()
-            slot.probe_failures += 1
-            slot.failure = first_line(exc)
-            slot.failing_since = slot.failing_since or now
-            restarting = isinstance(exc, rex.ActorUnavailableError)
-            # Ask again soon (a restart in progress answers late), then ever less often: Ray may yet
-            # restart it elsewhere (a node replaced, a placement group rescheduled).
-            wait = min(0.5 * 2.0 ** (slot.probe_failures - 1), 5.0 if restarting else 30.0)
-            slot.probe_at = now + wait
-            gave_up = (
-                now - slot.failing_since > RESTART_WAIT_S
-                if restarting
-                else slot.probe_failures >= MAX_PROBE_FAILURES
-            )
-            if gave_up and slot.state != "lost":
-                slot.state = "lost"
+        except WORKER_LOST as exc:
+            if slot.probe_failed(exc, time.monotonic()):
                 self.stats.num_lost_workers += 1
                 log.warning("worker %s is lost: %s", slot.name, slot.failure)
                 self._judge(slot, None)  # it cannot say what killed it: its items go to the others
             return
-        if slot.state == "lost":
+        if slot.came_up(info):
             self.stats.num_lost_workers -= 1
-        slot.state, slot.node_id, slot.probe_failures = "ready", info["node_id"], 0
-        slot.failing_since = None
-        slot.incarnation = info["incarnation"]
         log.info(
             "worker %s ready: pid %s on %s (node %s, %s)",
             slot.name, info["pid"], info["host"], info["node_id"][:12], info["device"],
@@ -250,14 +180,10 @@ class _Dispatcher:
         if call is None:
             return  # a call already settled as part of a worker failure
         try:
-            records = ray.get(ref)
-        except _WORKER_LOST as exc:
+            records = call.result(self.run_id)
+        except WORKER_LOST as exc:
             self._worker_failed(slot, exc)
             return
-        except rex.RayError as exc:  # the worker survived but its call failed outside the task's code
-            records = failure_records(
-                self.run_id, call.item, "error", f"worker call failed: {first_line(exc)}"
-            )
         if records is None:  # a new process of this worker refused a call meant for the old one
             self._worker_failed(slot, RuntimeError("the worker process was replaced"))
             return
@@ -284,23 +210,18 @@ class _Dispatcher:
             self.stats.statuses[record.status] += 1
         if fresh:
             self.on_records(fresh)
-        if self.follow_up is not None and fresh:
-            queue = self.queues[lane]
-            new = list(self.follow_up(lane, fresh))
-            for item in new:
-                queue.push(item)
-            if self.builds is not None and new:
-                self.builds.book.add(new)
-                self.builds.pump()
+            self.feeds[lane].answered(fresh)  # what the search measures next
             self._fill_lane(lane)
 
     # -- handing out work --------------------------------------------------------------------------
 
-    def _fill(self, slot: _Slot) -> None:
+    def _fill(self, slot: Slot) -> None:
         if slot.state != "ready" or slot.killed_item is not None:
             return
-        queue = self.queues[slot.lane]
+        feed = self.feeds[slot.lane]
+        queue = feed.queue
         while len(slot.calls) < self.options.prefetch:
+            feed.top_up()
             item, slot.reserved = slot.reserved, None
             if item is None:
                 busy = {s.point for s in self.slots if s is not slot and s.lane == slot.lane}
@@ -316,10 +237,10 @@ class _Dispatcher:
                 slot.head_since = time.monotonic()
             slot.point = item.point
             ref = slot.worker.run.remote(self.run_id, item, self.settings, lookahead, slot.incarnation)
-            slot.calls.append(_Call(ref, item, lookahead))
+            slot.calls.append(Call(ref, item, lookahead))
             self.owner[ref] = slot
 
-    def _rank_on(self, slot: _Slot) -> Callable[[WorkItem], int] | None:
+    def _rank_on(self, slot: Slot) -> Callable[[WorkItem], int] | None:
         """How ``slot``'s worker gets each item's kernels (``BuildBook.rank``); None: no builds."""
         builds = self.builds
         if builds is None:
@@ -327,7 +248,7 @@ class _Dispatcher:
         scope = builds.scope_of(slot.node_id)
         return lambda item: builds.rank(item, scope)
 
-    def _settle_unbuildable(self, slot: _Slot, item: WorkItem) -> bool:
+    def _settle_unbuildable(self, slot: Slot, item: WorkItem) -> bool:
         """True for an item whose kernel failed to build: it is recorded from the build's answer and
         never sent to a GPU. Any other item is noted as taken (and as claimed by this worker where no
         compile process is left to build its kernel)."""
@@ -349,21 +270,16 @@ class _Dispatcher:
 
     # -- faults ------------------------------------------------------------------------------------
 
-    def _worker_failed(self, slot: _Slot, exc: BaseException) -> None:
+    def _worker_failed(self, slot: Slot, exc: BaseException) -> None:
         """The worker's process (or node) is gone: settle its calls, then wait for it to come back."""
         self.stats.num_worker_failures += 1
         log.info("worker %s failed (%s): %s", slot.name, type(exc).__name__, first_line(exc))
         self._probe(slot)  # first: no work goes to this worker until its new process answers
-        calls = list(slot.calls)
-        slot.calls.clear()
+        calls, reserved, killed = slot.drop_calls()
         for call in calls:
             self.owner.pop(call.ref, None)
         calls = self._settle_finished(slot.lane, calls)
-        unanswered = [(c.item, c.lookahead) for c in calls] + (
-            [(slot.reserved, None)] if slot.reserved else []
-        )
-        slot.reserved, slot.point = None, None
-        killed, slot.killed_item = slot.killed_item, None
+        unanswered = [(c.item, c.lookahead) for c in calls] + ([(reserved, None)] if reserved else [])
         if killed is not None and calls and calls[0].item.item_id == killed:
             unanswered.pop(0)
             self._settled(calls[0].item)
@@ -380,20 +296,16 @@ class _Dispatcher:
             slot.limbo, slot.death = unanswered, death_detail(exc)  # judged once the worker is back
             slot.limbo_since = time.monotonic()
 
-    def _settle_finished(self, lane: str, calls: list[_Call]) -> list[_Call]:
+    def _settle_finished(self, lane: str, calls: list[Call]) -> list[Call]:
         """Record the calls whose results arrived before the worker died; return the others."""
         while calls:
             ready, _ = ray.wait([calls[0].ref], num_returns=1, timeout=0)
             if not ready:
                 break
             try:
-                records = ray.get(calls[0].ref)
-            except _WORKER_LOST:
+                records = calls[0].result(self.run_id)
+            except WORKER_LOST:
                 break
-            except rex.RayError as exc:
-                records = failure_records(
-                    self.run_id, calls[0].item, "error", f"worker call failed: {first_line(exc)}"
-                )
             if records is None:
                 break  # refused by the process that replaced the dead one: it never ran
             self._settled(calls[0].item)
@@ -401,7 +313,7 @@ class _Dispatcher:
             calls.pop(0)
         return calls
 
-    def _judge(self, slot: _Slot, last_words: dict[str, Any] | None) -> None:
+    def _judge(self, slot: Slot, last_words: dict[str, Any] | None) -> None:
         """Decide the fate of a dead worker's unanswered items, from what its process wrote down."""
         if not slot.limbo:
             return
@@ -434,14 +346,7 @@ class _Dispatcher:
             self.builds.book.settled(item)
 
     def _requeue(self, lane: str, verdict: Verdict) -> None:
-        queue = self.queues[lane]
-        if self.builds is not None:
-            for item in [*verdict.innocent, *verdict.retry]:
-                self.builds.book.returned(item)
-        for item in reversed(verdict.innocent):
-            queue.push_front(item)
-        for item in verdict.retry:
-            queue.push_retry(item)
+        self.feeds[lane].requeue(verdict)
         self.stats.num_requeued += len(verdict.innocent) + len(verdict.retry)
         self._fill_lane(lane)
 
@@ -456,8 +361,7 @@ class _Dispatcher:
     def _check_deadlines(self, now: float) -> None:
         deadline_s = self.settings.deadline_seconds
         for slot in self.slots:
-            running = slot.calls and slot.state == "ready" and slot.killed_item is None
-            if running and now - slot.head_since > deadline_s:
+            if slot.running_past(now, deadline_s):
                 slot.killed_item = slot.calls[0].item.item_id
                 log.warning("%s on worker %s ran past its %g s deadline; killing the worker",
                             describe(slot.calls[0].item), slot.name, deadline_s)  # fmt: skip
@@ -478,7 +382,7 @@ class _Dispatcher:
 
     def _check_stalls(self, now: float) -> None:
         """A lane with work left and no worker able to take it: wait a while, then give up."""
-        for lane, queue in self.queues.items():
+        for lane, queue in self.feeds.items():
             slots = [s for s in self.slots if s.lane == lane]
             if not len(queue) or any(s.state == "ready" or s.calls for s in slots):
                 self.idle_since.pop(lane, None)

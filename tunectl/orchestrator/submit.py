@@ -28,20 +28,19 @@ from tunectl.core.registry import get_task
 from tunectl.core.spec import MeasureSpec, ResourceSpec, Spec, load_spec, parse_spec
 from tunectl.decide.refine import refined
 from tunectl.decide.search import Search
-from tunectl.orchestrator.builds import SHARED, BuildBook, BuildScheduler, CompileOptions, KeyFn, key_function
+from tunectl.orchestrator.builds import CompileOptions
 from tunectl.orchestrator.cluster import (
-    CPU_POOL,
     Placement,
     Pool,
-    WorkerSetup,
     choose_pools,
     connect,
-    start_builders,
     start_pools,
     stop_builders,
     stop_pools,
-)  # fmt: skip
-from tunectl.orchestrator.dispatch import DispatchOptions, Lane, dispatch
+)
+from tunectl.orchestrator.compiling import note_builds, start_builds, worker_setup
+from tunectl.orchestrator.dispatch import DispatchOptions, dispatch
+from tunectl.orchestrator.feed import Lane, lookahead
 from tunectl.store.results import ResultsWriter, read_results
 from tunectl.store.runs import RunInfo, driver_alive, load_run, new_run_id, run_exists, run_log_path, save_run
 
@@ -100,9 +99,12 @@ class Progress(Protocol):
 
 
 class Work(Protocol):
-    """What a pool runs: its first items, then more as records arrive (``tunectl.decide.search.Search``)."""
+    """What a pool runs (``tunectl.decide.search.Search``): told what a stopped run has, it hands out
+    items as the pool's workers free up (``draw``), then more as records arrive (``follow_up``)."""
 
-    def start(self, records: Iterable[Record] = ()) -> list[WorkItem]: ...
+    def start(self, records: Iterable[Record] = ()) -> None: ...
+
+    def draw(self, limit: int) -> list[WorkItem]: ...
 
     def follow_up(self, records: Sequence[Record]) -> list[WorkItem]: ...
 
@@ -185,8 +187,8 @@ def submit(
     if previous is None and confirm_above is not None:
         check_size(spec, confirm_above)
     task = get_task(spec.task)
-    work = plan(spec, task)  # UserError, saying why, if it plans nothing
-    info = previous or new_run(spec, results=results, num_planned=len(work.items), run_id=run_id)
+    work = plan(spec, task)  # counted, not made: UserError, saying why, if it plans nothing
+    info = previous or new_run(spec, results=results, num_planned=work.num_items, run_id=run_id)
     info = dataclasses.replace(info, facts=info.facts or work.facts)
 
     def search(pool: str | None) -> Work:
@@ -280,13 +282,13 @@ def _measure(
     names = list(info.pools) or choose_pools(resources.accelerator_type, resources.num_gpus)
     ahead = bool(options.compile_ahead)
     compile_options = options.compile_options or CompileOptions()
-    setup = _setup(compile_options, info.task, ahead)
+    setup = worker_setup(compile_options, info.task, ahead)
     started, out.placement = start_pools(names, resources.num_gpus, setup, label=f"tunectl-{info.run_id}")
     pools += started
     works = {p.name: work(p.name if len(pools) > 1 else None) for p in pools}
     lanes, info, out.num_skipped_done = _lanes(pools, works, info, results, resumed=resumed)
-    info, builds = _start_builds(lanes, pools, builders, info=info, options=compile_options, setup=setup,
-                                 progress=progress)  # fmt: skip
+    info, builds = start_builds(lanes, pools, builders, info=info, options=compile_options, setup=setup,
+                                on_compiles=lambda *counts: progress.compiles(*counts))  # fmt: skip
     save_run(results, info.with_state("running"))
     todo = info.num_planned - out.num_skipped_done
     log.info("run %s: ~%d record(s) to come (%s search) from %d worker(s) in pool(s) %s "
@@ -295,46 +297,17 @@ def _measure(
     progress.start(info.run_id, todo, out.placement)
     stats = dispatch(
         lanes, info.run_id, measure, on_records,
-        DispatchOptions(resources.prefetch, ahead, stall_timeout_s=options.stall_timeout_s),
-        follow_up=lambda lane, records: works[lane].follow_up(records), builds=builds,
+        DispatchOptions(resources.prefetch, ahead, stall_timeout_s=options.stall_timeout_s), builds=builds,
     )  # fmt: skip
     # Work that plans more as it goes (refinement) knows its size only now.
     info = dataclasses.replace(
         info, num_planned=max(info.num_planned, sum(w.estimate() for w in works.values()))
     )
     if builds is not None:
-        _note_builds(info, builds)
+        note_builds(info, builds)
     log.info("run %s finished: %d record(s), %d worker failure(s), %d item(s) requeued",
              info.run_id, stats.num_records, stats.num_worker_failures, stats.num_requeued)  # fmt: skip
     return info
-
-
-def _start_builds(
-    lanes: list[Lane],
-    pools: list[Pool],
-    builders: list[tuple[Any, str]],
-    *,
-    info: RunInfo,
-    options: CompileOptions,
-    setup: WorkerSetup,
-    progress: Progress,
-) -> tuple[RunInfo, BuildScheduler | None]:
-    """Compile processes (into ``builders``) where the lanes' items have kernels to build ahead; the
-    run's metadata saying so, and the scheduler that hands them builds (None without any)."""
-    key_fn = key_function()
-    if any(key_fn(item) for lane in lanes for item in lane.items):
-        builders += _builders(pools, options, setup)
-    info = dataclasses.replace(info, compile=_compile_meta(options, setup, builders))
-    return info, _scheduler(options, builders, progress, key_fn)
-
-
-def _note_builds(info: RunInfo, builds: BuildScheduler) -> None:
-    """What the compile processes built, in the run's metadata and its log."""
-    built, total, _ = builds.book.counts()
-    info.compile.update(built=built, keys=total, build_seconds=round(builds.book.seconds, 3),
-                        per_kernel_seconds=builds.book.build_seconds)  # fmt: skip
-    log.info("run %s: compile processes built %d of %d kernel(s) in %.1f s of compile time",
-             info.run_id, built, total, builds.book.seconds)  # fmt: skip
 
 
 def _release(pools: list[Pool], builders: list[tuple[Any, str]], owns_ray: bool) -> None:
@@ -349,50 +322,17 @@ def _release(pools: list[Pool], builders: list[tuple[Any, str]], owns_ray: bool)
 def _lanes(
     pools: list[Pool], works: dict[str, Work], info: RunInfo, results: Path, *, resumed: bool
 ) -> tuple[list[Lane], RunInfo, int]:
-    """Each pool's first items (after what a resumed run already has); the run's metadata to match."""
+    """Each pool's lane, its first items drawn (after what a resumed run already has); the run's
+    metadata to match."""
     records = read_results(results, run_ids=[info.run_id]) if resumed and results.is_dir() else []
-    lanes = [Lane(p.name, tuple(p.workers), tuple(works[p.name].start(records))) for p in pools]
+    lanes = []
+    for p in pools:
+        work = works[p.name]
+        work.start(records)
+        lanes.append(Lane(p.name, tuple(p.workers), work, tuple(work.draw(lookahead(len(p.workers))))))
     planned = sum(w.estimate() for w in works.values())
     info = dataclasses.replace(info, pools=tuple(p.name for p in pools), num_planned=planned)
     return lanes, info, len(records)
-
-
-def _setup(compile: CompileOptions, task: str, compile_ahead: bool) -> WorkerSetup:
-    from tunectl.tasks.compile import cache_env
-
-    env = tuple(sorted(cache_env(compile.cache_root()).items()))
-    return WorkerSetup(env=env, warm_up=(task,), compile_ahead=compile_ahead)
-
-
-def _builders(pools: list[Pool], compile: CompileOptions, setup: WorkerSetup) -> list[tuple[Any, str]]:
-    """Compile processes on the nodes of the run's pools: on GPU nodes unless told otherwise; on
-    GPU-less nodes only when asked for (they would take cores from the measurement)."""
-    if compile.workers_per_node == 0:
-        return []
-    if compile.workers_per_node is None and all(p.name == CPU_POOL for p in pools):
-        return []
-    nodes = sorted(set().union(*(p.node_ids for p in pools)))
-    return start_builders(nodes, compile.workers_per_node, setup)
-
-
-def _scheduler(compile: CompileOptions, builders: list[tuple[Any, str]], progress: Progress,
-               key_fn: KeyFn) -> BuildScheduler | None:  # fmt: skip
-    if not builders:
-        return None
-    scopes = [SHARED] if compile.shared else sorted({node for _, node in builders})
-    book = BuildBook(key_fn, scopes)
-    return BuildScheduler(
-        book, builders, compile.timeout_s, on_change=lambda b: progress.compiles(*b.counts())
-    )
-
-
-def _compile_meta(
-    compile: CompileOptions, setup: WorkerSetup, builders: list[tuple[Any, str]]
-) -> dict[str, Any]:
-    return {
-        "cache": compile.cache_root(), "shared": compile.shared, "timeout_s": compile.timeout_s,
-        "compile_processes": len(builders), "env": dict(setup.env),
-    }  # fmt: skip
 
 
 def _stopped_state(exc: BaseException) -> str:

@@ -1,0 +1,84 @@
+"""A run's compile processes: where they start, the scheduler that keeps them busy, and what the run's
+metadata says of them (``tunectl.orchestrator.builds`` is the bookkeeping they serve)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tunectl.orchestrator.builds import SHARED, BuildBook, BuildScheduler, CompileOptions, KeyFn, key_function
+from tunectl.orchestrator.cluster import CPU_POOL, Pool, WorkerSetup, start_builders
+from tunectl.orchestrator.feed import Lane
+from tunectl.store.runs import RunInfo
+
+log = logging.getLogger("tunectl.run")
+
+OnCompiles = Callable[[int, int, int], None]  # (built, total, building), told as the counts change
+
+
+def worker_setup(compile: CompileOptions, task: str, compile_ahead: bool) -> WorkerSetup:
+    """How the run's workers and compile processes start: the compile caches, the task warmed up."""
+    from tunectl.tasks.compile import cache_env
+
+    env = tuple(sorted(cache_env(compile.cache_root()).items()))
+    return WorkerSetup(env=env, warm_up=(task,), compile_ahead=compile_ahead)
+
+
+def start_builds(
+    lanes: Sequence[Lane],
+    pools: Sequence[Pool],
+    builders: list[tuple[Any, str]],
+    *,
+    info: RunInfo,
+    options: CompileOptions,
+    setup: WorkerSetup,
+    on_compiles: OnCompiles,
+) -> tuple[RunInfo, BuildScheduler | None]:
+    """Compile processes (into ``builders``, for the caller to stop) where the lanes' first items have
+    kernels to build ahead; the run's metadata saying so, and the scheduler that hands them builds
+    (None without any)."""
+    key_fn = key_function()
+    if any(key_fn(item) for lane in lanes for item in lane.items):
+        builders += _builders(pools, options, setup)
+    info = dataclasses.replace(info, compile=_compile_meta(options, setup, builders))
+    return info, _scheduler(options, builders, on_compiles, key_fn)
+
+
+def note_builds(info: RunInfo, builds: BuildScheduler) -> None:
+    """What the compile processes built, in the run's metadata and its log."""
+    built, total, _ = builds.book.counts()
+    info.compile.update(built=built, keys=total, build_seconds=round(builds.book.seconds, 3),
+                        per_kernel_seconds=builds.book.build_seconds)  # fmt: skip
+    log.info("run %s: compile processes built %d of %d kernel(s) in %.1f s of compile time",
+             info.run_id, built, total, builds.book.seconds)  # fmt: skip
+
+
+def _builders(pools: Sequence[Pool], compile: CompileOptions, setup: WorkerSetup) -> list[tuple[Any, str]]:
+    """Compile processes on the nodes of the run's pools: on GPU nodes unless told otherwise; on
+    GPU-less nodes only when asked for (they would take cores from the measurement)."""
+    if compile.workers_per_node == 0:
+        return []
+    if compile.workers_per_node is None and all(p.name == CPU_POOL for p in pools):
+        return []
+    nodes = sorted(set().union(*(p.node_ids for p in pools)))
+    return start_builders(nodes, compile.workers_per_node, setup)
+
+
+def _scheduler(compile: CompileOptions, builders: list[tuple[Any, str]], on_compiles: OnCompiles,
+               key_fn: KeyFn) -> BuildScheduler | None:  # fmt: skip
+    if not builders:
+        return None
+    scopes = [SHARED] if compile.shared else sorted({node for _, node in builders})
+    book = BuildBook(key_fn, scopes)
+    return BuildScheduler(book, builders, compile.timeout_s, on_change=lambda b: on_compiles(*b.counts()))
+
+
+def _compile_meta(
+    compile: CompileOptions, setup: WorkerSetup, builders: list[tuple[Any, str]]
+) -> dict[str, Any]:
+    return {
+        "cache": compile.cache_root(), "shared": compile.shared, "timeout_s": compile.timeout_s,
+        "compile_processes": len(builders), "env": dict(setup.env),
+    }  # fmt: skip
