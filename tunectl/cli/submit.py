@@ -86,9 +86,9 @@ class _ConsoleLog(logging.Handler):
 
 
 def _cancelled(signum: int, frame: Any) -> None:
-    from tunectl.orchestrator.submit import RunCancelled
+    from tunectl.orchestrator.submit import request_cancel
 
-    raise RunCancelled()
+    request_cancel()
 
 
 def connect_trapping_cancel(*args: Any, **kwargs: Any) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -49,6 +50,18 @@ log = logging.getLogger("tunectl.run")
 
 class RunCancelled(KeyboardInterrupt):
     """The run was asked to stop (SIGTERM: ``tunectl cancel``, or a Ray job being stopped)."""
+
+
+#: set once this process is asked to stop (``cancel``): the run is recorded cancelled even where the
+#: exception that stopped it lost its type on the way (Ray turns one raised inside ``ray.wait`` into
+#: a plain KeyboardInterrupt)
+_cancel_requested = threading.Event()
+
+
+def request_cancel() -> None:
+    """Ask this process's run to stop as cancelled (a SIGTERM handler calls this): raises RunCancelled."""
+    _cancel_requested.set()
+    raise RunCancelled()
 
 
 class RunStopped(KeyboardInterrupt):
@@ -226,6 +239,7 @@ def run(
     progress = progress or _Silent()
     started = time.time()
     info = info.with_driver()
+    _cancel_requested.clear()
     owns_ray = options.connect_fn(options.address, num_gpus=options.num_gpus, num_cpus=options.num_cpus)
     save_run(results, info.with_state("running"))
     out = SubmitResult(info.run_id, None, 0)
@@ -336,7 +350,7 @@ def _lanes(
 
 
 def _stopped_state(exc: BaseException) -> str:
-    if isinstance(exc, RunCancelled):
+    if isinstance(exc, RunCancelled) or (isinstance(exc, KeyboardInterrupt) and _cancel_requested.is_set()):
         return "cancelled"
     return "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
 
