@@ -23,7 +23,8 @@ from tunectl.tasks.cost_model import CostModel
 
 CONFIGS = 10  # at every point: the default and nine others
 WORKERS = 8
-#: planning and first issue of the million-item grid stay under this (the eager plan took ~1 GiB)
+#: planning and first issue of the million-item grid stay under this (eager planning took ~700 MiB:
+#: benchmarks/results/planning.md)
 MEMORY_BOUND = 2 << 20
 
 

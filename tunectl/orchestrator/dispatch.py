@@ -382,19 +382,19 @@ class _Dispatcher:
 
     def _check_stalls(self, now: float) -> None:
         """A lane with work left and no worker able to take it: wait a while, then give up."""
-        for lane, queue in self.feeds.items():
+        for lane, feed in self.feeds.items():
             slots = [s for s in self.slots if s.lane == lane]
-            if not len(queue) or any(s.state == "ready" or s.calls for s in slots):
+            if not len(feed) or any(s.state == "ready" or s.calls for s in slots):
                 self.idle_since.pop(lane, None)
                 continue
             if all(s.state == "lost" for s in slots):
                 raise OrchestrationError(
-                    f"every {lane} worker is lost ({slots[0].failure}) and {len(queue)} item(s) are left; "
+                    f"every {lane} worker is lost ({slots[0].failure}) with work left; "
                     "finish the run with `tunectl submit --resume RUN_ID` once the cluster is healthy"
                 )
             since = self.idle_since.setdefault(lane, now)
             if now - since > self.options.stall_timeout_s:
                 raise OrchestrationError(
-                    f"no {lane} worker came back for {self.options.stall_timeout_s:.0f} s and {len(queue)} "
-                    "item(s) are left; finish the run with `tunectl submit --resume RUN_ID`"
+                    f"no {lane} worker came back for {self.options.stall_timeout_s:.0f} s with work left; "
+                    "finish the run with `tunectl submit --resume RUN_ID`"
                 )
