@@ -77,6 +77,8 @@ def _run_until(args: list[str], results: Path, rows: int, how: str) -> str | Non
                 _stop(proc, how, results)
                 return "finals" if finals else "measure"
             time.sleep(0.05)
+        out = proc.stdout.read() if proc.stdout else ""
+        assert proc.returncode == 0, f"the driver failed on its own (exit {proc.returncode}):\n{out[-3000:]}"
     return None
 
 
