@@ -68,9 +68,9 @@ def _run_until(args: list[str], results: Path, rows: int, how: str) -> str | Non
             runs = list_runs(results) if (results / "_runs").is_dir() else []
             # Stop only a run this driver has taken over: a resume's earlier rows already count, and
             # until it marks the run as its own, the run file still describes the stopped driver.
-            driven = runs and runs[0].driver_pid == proc.pid and runs[0].state == "running"
-            if driven and raw_row_count(results, runs[0].run_id) >= rows:
-                glob = str(results / "task=*" / f"run_id={runs[0].run_id}" / "*.parquet")
+            driven = [r for r in runs if r.driver_pid == proc.pid and r.state == "running"]
+            if driven and raw_row_count(results, driven[0].run_id) >= rows:
+                glob = str(results / "task=*" / f"run_id={driven[0].run_id}" / "*.parquet")
                 [(finals,)] = duckdb.sql(
                     f"select count(*) from read_parquet('{glob}') where phase = 'final'"
                 ).fetchall()
