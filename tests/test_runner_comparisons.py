@@ -49,3 +49,33 @@ def test_without_a_baseline_failing_arms_keep_their_status_and_the_rest_are_not_
     assert out['{"fault":"raise"}'][0] is Status.ERROR
     not_compared = (Status.ERROR, "not compared: the default failed at this point")
     assert out['{"fault":"none","variant":1}'] == not_compared
+
+
+def test_a_comparison_at_an_untuned_point_leaves_the_inputs_as_built_and_checks_every_arm() -> None:
+    """Held-out shapes are not whole pages (1452 tokens in pages of 128) and their batches are odd: the
+    arms of one comparison share the point's inputs, and none of them may change what the next reads."""
+    import torch
+
+    from tunectl.tasks.registry import get_task
+
+    static = {"causal": True, "dtype": "bfloat16", "head_dim": 128, "num_kv_heads": 8, "num_q_heads": 32,
+              "page_size": 128, "sinks": False, "softcap": 0.0, "window": (-1, -1)}  # fmt: skip
+    shape = {"batch": 14, "kv_len": 1452, "q_len": 1}
+    arms = [
+        {"backend": "sdpa"},
+        {"backend": "sdpa", "sdpa_gqa": "expand"},
+        {"backend": "sdpa", "sdpa_backend": "math"},
+        {"backend": "sdpa", "sdpa_backend": "math", "sdpa_gqa": "expand"},
+    ]
+    item = comparison(
+        "flash_decode", make_key(static), make_key(shape), tuple(map(make_key, arms)), Phase.HOLDOUT, rounds=2
+    )
+    runner = ItemRunner("cpu")
+    records = runner.run("r", item, SETTINGS)
+    assert isinstance(records, list)
+    assert [r.status for r in records] == [Status.OK] * len(arms)
+    built = get_task("flash_decode").build_inputs(static, shape, "cpu")
+    shared = runner._inputs
+    for name in ("q", "k_cache", "v_cache", "page_table", "seqused_k"):
+        assert shared[name].dtype == built[name].dtype and torch.equal(shared[name], built[name]), name
+    assert (shared["kv_len"], shared["q_len"]) == (1452, 1)

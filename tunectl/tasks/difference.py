@@ -35,6 +35,12 @@ otherwise:
 This module knows only callables: a ``timer`` (how long the device took for a launch) and a
 ``capture`` (a callable made into one launch: a CUDA graph, or the callable itself when eager).
 ``cuda_parts`` gives the real ones; tests give fakes of the device and its clock.
+
+A CUDA graph replays the addresses its kernels were captured with and owns none of the memory behind
+them (a call's page-table copy, output, workspace; the flush's buffer): freed, that memory goes back
+to the allocator and is handed to the next tensor made, which the replay then reads as page indices or
+writes over. So what a launch runs must live as long as the launch: a sampler keeps the call and the
+flush it times, and ``graph_of``'s replay keeps the callable it captured.
 """
 
 from __future__ import annotations
@@ -96,6 +102,7 @@ def difference_sampler(
 
     sample.num_calls = num_calls  # type: ignore[attr-defined]
     sample.launches = (calls, flushes)  # type: ignore[attr-defined]  # a graph lives as long as its sampler
+    sample.runs = (fn, flush)  # type: ignore[attr-defined]  # and so does what the graphs read and write
     return sample
 
 
@@ -118,6 +125,7 @@ def replay_sampler(
 
     sample.num_calls = num_calls  # type: ignore[attr-defined]
     sample.launches = (launch,)  # type: ignore[attr-defined]
+    sample.runs = (fn, flush)  # type: ignore[attr-defined]  # what the launch reads and writes (module doc)
     return sample
 
 
@@ -191,7 +199,8 @@ class EventTimer:
 
 def graph_of(fn: Callable[[], Any], device: str) -> Callable[[], Any]:
     """``fn`` captured into a CUDA graph (after a warm-up on a side stream, as capture requires):
-    the graph's replay. The graph lives as long as the returned callable."""
+    the graph's replay. The graph, and ``fn`` with every tensor it holds (the memory the graph's
+    kernels use: module doc), live as long as the returned callable."""
     import torch
 
     with torch.cuda.device(device):
@@ -205,7 +214,12 @@ def graph_of(fn: Callable[[], Any], device: str) -> Callable[[], Any]:
         with torch.cuda.graph(graph):
             fn()
         torch.cuda.synchronize()
-    return graph.replay
+
+    def replay() -> None:
+        graph.replay()
+
+    replay.captured = fn  # type: ignore[attr-defined]
+    return replay
 
 
 def cuda_flush(device: str, kind: FlushKind = FLUSH) -> Callable[[], None]:
