@@ -26,7 +26,7 @@ save() { (cd "$(dirname "$RES")" && tar czf "$OUT/h200-results.tar.gz" "$(basena
 case "${1:?step}" in
   smoke)
     timeout 300 python -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_kernels.py \
-      tests/test_gpu_sampler_methods.py tests/test_gpu_harness.py 2>&1 | tail -n 25 | tee "$OUT/gpu-tests.txt"
+      tests/test_gpu_sampler_methods.py tests/test_gpu_harness.py tests/test_gpu_comparisons.py 2>&1 | tail -n 25 | tee "$OUT/gpu-tests.txt"
     timeout 200 python benchmarks/sampler_methods.py 2>&1 | tail -n 60 | tee "$OUT/sampler_methods.md"
     ;;
   drift)
