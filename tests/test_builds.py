@@ -96,6 +96,20 @@ def test_a_comparison_needs_the_kernel_of_each_arm() -> None:
 # -- the build book -----------------------------------------------------------------------------------
 
 
+def test_a_comparison_names_the_arms_whose_kernel_failed_to_build() -> None:
+    a, b, c = item(4, 0), item(4, 1), item(4, 2)
+    final = WorkItem("f", "fault_injection", a.static, a.shape, a.config, True, phase="holdout",
+                     arms=(a.config, b.config, c.config), rounds=4)  # fmt: skip
+    book = book_for([final])
+    keys = {config: key for key, config in compile_keys(final).items()}
+    book.finished("node-a", keys[b.config], "invalid", 0.0, "not at this point")
+    assert book.unbuilt_arms(final, "node-a") == [(1, "invalid", "not at this point")]
+    assert book.failure(final, "node-a") == ("invalid", "not at this point")
+    book.finished("node-a", keys[a.config], "compile_error", 0.0, "boom")
+    assert [i for i, _, _ in book.unbuilt_arms(final, "node-a")] == [0, 1], "the baseline's too"
+    assert book.unbuilt_arms(final, "node-b") == [], "another node's book is its own"
+
+
 def book_for(items: list[WorkItem], scopes: tuple[str, ...] = ("node-a",)) -> BuildBook:
     book = BuildBook(compile_keys, scopes)
     book.add(items)
@@ -287,3 +301,44 @@ def test_a_compiler_that_fails_dies_or_hangs_never_takes_down_a_gpu_worker(
     assert not failed_on_gpu, "no failed build reached a GPU worker"
     log = (tmp_path / "results" / "_runs" / f"{out.run_id}.log").read_text()
     assert "worker GPU#0 failed" not in log and "worker GPU#1 failed" not in log
+
+
+@pytest.mark.slow
+def test_a_comparison_goes_on_without_the_arms_whose_kernel_failed_to_build(
+    tmp_path: Path, ray_two_gpus: None
+) -> None:
+    """Held-out shapes compare every config at a point where some are invalid: a build that fails for
+    one arm is that arm's record, and the other arms are still timed; a failed baseline fails them all."""
+    from tests.test_faults import assert_one_row_per_item, write_spec
+    from tunectl.core.plan import comparison
+    from tunectl.core.record import Phase
+    from tunectl.core.spec import load_spec
+    from tunectl.decide.validate import FixedItems
+    from tunectl.orchestrator.submit import RunOptions, new_run, run
+
+    spec = load_spec(write_spec(tmp_path, '[[configs]]\nfault = "none"\n'))
+    good = {"compile_ms": 50}
+    arms = [good, {"compile_ms": 50, "compile_fault": "raise"}, {"compile_ms": 50, "variant": 1}]
+    static = make_key({})
+    items = [
+        comparison("fault_injection", static, make_key({"n": n}), tuple(map(make_key, a)), Phase.HOLDOUT, 2)
+        for n, a in ((4, arms), (8, [arms[1], good]))
+    ]
+    results = tmp_path / "results"
+    planned = [rid for i in items for rid in i.record_ids()]
+    info = new_run(spec, results=results, num_planned=len(planned), kind="holdout")
+    out = run(
+        lambda pool: FixedItems(items, pool), spec.resources, spec.measure, results=results, info=info,
+        options=RunOptions(num_gpus=1, compile_options=CompileOptions(2, str(tmp_path / "cache"))),
+    )  # fmt: skip
+    rows = assert_one_row_per_item(results, out.run_id, planned)
+    statuses = {(json.loads(r.shape_key)["n"], r.config_key): r.status for r in rows}
+    assert statuses == {
+        (4, '{"compile_ms":50}'): "ok",
+        (4, '{"compile_fault":"raise","compile_ms":50}'): "compile_error",
+        (4, '{"compile_ms":50,"variant":1}'): "ok",
+        (8, '{"compile_fault":"raise","compile_ms":50}'): "compile_error",
+        (8, '{"compile_ms":50}'): "compile_error",
+    }
+    timed = [r for r in rows if r.status == "ok"]
+    assert all(r.median_us and r.median_us > 0 for r in timed), "the arms that built were compared"

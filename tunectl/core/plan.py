@@ -55,6 +55,8 @@ class WorkItem:
     layers: int = 0
     #: arms that killed a worker while they were checked here: recorded ``crash``, not run again
     crashed_arms: tuple[Key, ...] = ()
+    #: arms whose kernel failed to build, as (arm, status, message): recorded so, not run here
+    unbuilt_arms: tuple[tuple[Key, str, str], ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "phase", Phase(self.phase))

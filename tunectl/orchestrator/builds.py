@@ -20,7 +20,7 @@ import logging
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -170,6 +170,18 @@ class BuildBook:
             if entry is not None and entry.state == "failed":
                 return entry.status, entry.message
         return None
+
+    def unbuilt_arms(self, item: WorkItem, scope: str) -> list[tuple[int, str, str]]:
+        """(arm index, status, message) for each arm of a comparison whose kernel failed to build."""
+        book = self.keys.get(scope, {})
+        unbuilt = []
+        for i, arm in enumerate(item.arms):
+            for key in self.key_fn(replace(item, config=arm, arms=())):
+                entry = book.get(key)
+                if entry is not None and entry.state == "failed":
+                    unbuilt.append((i, entry.status, entry.message))
+                    break
+        return unbuilt
 
     def claim(self, item: WorkItem, scope: str) -> None:
         """A worker compiles ``item``'s pending kernels itself: builders skip them, and other workers

@@ -25,7 +25,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import ray
@@ -228,8 +228,10 @@ class _Dispatcher:
                 item = queue.pop(slot.point, busy, self._rank_on(slot))
             if item is None:
                 return
-            if self._settle_unbuildable(slot, item):
+            admitted = self._admit(slot, item)
+            if admitted is None:
                 continue
+            item = admitted
             lookahead = None
             if self.options.compile_ahead and not self.blame.is_suspect(item):
                 lookahead = slot.reserved = queue.pop_same_point(item.point)
@@ -248,20 +250,27 @@ class _Dispatcher:
         scope = builds.scope_of(slot.node_id)
         return lambda item: builds.rank(item, scope)
 
-    def _settle_unbuildable(self, slot: Slot, item: WorkItem) -> bool:
-        """True for an item whose kernel failed to build: it is recorded from the build's answer and
-        never sent to a GPU. Any other item is noted as taken (and as claimed by this worker where no
-        compile process is left to build its kernel)."""
+    def _admit(self, slot: Slot, item: WorkItem) -> WorkItem | None:
+        """``item`` as it goes to ``slot``'s worker, or None where it is settled here: an item whose
+        kernel failed to build is recorded from the build's answer and never sent to a GPU. A
+        comparison whose baseline built goes on without the arms that failed (they carry the build's
+        answer). An item sent is noted as taken (and as claimed by this worker where no compile
+        process is left to build its kernels)."""
         if self.builds is None:
-            return False
+            return item
         scope, book = self.builds.scope_of(slot.node_id), self.builds.book
         book.taken(item)
         failed = book.failure(item, scope)
+        if failed is not None and item.arms:
+            unbuilt = book.unbuilt_arms(item, scope)
+            if unbuilt and unbuilt[0][0] != 0:
+                arms = tuple((item.arms[i], status, message) for i, status, message in unbuilt)
+                item, failed = replace(item, unbuilt_arms=arms), None
         if failed is None:
             book.claim(item, scope)
-            return False
+            return item
         self._emit(slot.lane, failure_records(self.run_id, item, *failed))
-        return True
+        return None
 
     def _fill_lane(self, lane: str) -> None:
         for slot in self.slots:

@@ -230,9 +230,13 @@ class ItemRunner:
         stacks = self._layer_inputs(task, item) if item.phase == "validate" else None
         fields: list[dict[str, Any]] = []
         samplers: dict[int, Sampler] = {}  # arms that passed the check
+        unbuilt = {arm: {"status": status, "message": message} for arm, status, message in item.unbuilt_arms}
         for i, arm in enumerate(item.arms):
             if arm in item.crashed_arms and i > 0:
                 fields.append(dict(_CRASHED_ARM))
+                continue
+            if arm in unbuilt and i > 0:
+                fields.append(dict(unbuilt[arm]))
                 continue
             self.on_arm(i)
             try:  # an arm that is invalid here or fails is that arm's status; the others go on
