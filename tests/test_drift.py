@@ -11,7 +11,7 @@ import pytest
 
 from tunectl.core.spec import MeasureSpec
 from tunectl.tasks.drift import MAX_WAIT_S, DriftGuard, Guarded, moved
-from tunectl.tasks.harness import measure, summarise
+from tunectl.tasks.harness import summarise
 
 SETTINGS = MeasureSpec(warmup=0, min_samples=10, max_samples=50, noise_target=0.01, max_seconds=10.0)
 PROBE_US, CALL_US = 200.0, 40.0
@@ -43,7 +43,7 @@ class SlowingDevice:
 
 def point_measurements(guard: DriftGuard, device: SlowingDevice, point: str, num_items: int) -> list[Guarded]:
     call = device.kernel(CALL_US)
-    return [guard.measure(point, lambda: measure(call, SETTINGS)) for _ in range(num_items)]
+    return [guard.measure(point, call, SETTINGS) for _ in range(num_items)]
 
 
 def test_a_shift_beyond_noise_is_one_that_leaves_both_bands_by_more_than_3_percent() -> None:
@@ -123,6 +123,30 @@ def test_a_shift_that_ends_inside_a_measurement_shows_in_the_probe_before_it() -
         return us
 
     device.slow_for(float("inf"))
-    hit = guard.measure("p", lambda: measure(call_in_a_passing_burst, SETTINGS))
+    hit = guard.measure("p", call_in_a_passing_burst, SETTINGS)
     assert hit.remeasured == 1 and not hit.drift
     assert hit.stats.median_us == pytest.approx(CALL_US)
+
+
+def test_a_burst_inside_a_long_measurement_is_seen_by_a_look_between_its_samples() -> None:
+    """A 15 ms kernel measured 200 times takes 3 s: a neighbour's burst can come and go inside it,
+    leaving the probes before and after it clean."""
+    device = SlowingDevice()
+    guard = DriftGuard(device.kernel(PROBE_US), action="remeasure", settings=SETTINGS, sleep=device.sleep,
+                       clock=lambda: device.now_us / 1e6)  # fmt: skip
+    long = MeasureSpec(warmup=0, min_samples=200, max_samples=200, noise_target=0.001, max_seconds=1e9)
+    kernel_us = 15_000.0
+    call, calls = device.kernel(kernel_us), 0
+
+    def call_under_a_burst() -> float:
+        nonlocal calls
+        calls += 1
+        if calls == 50:  # from a quarter in, for 1.8 s: more than half of the samples
+            device.slow_for(1.8e6)
+        return call()
+
+    guard.measure("p", device.kernel(kernel_us), long)
+    hit = guard.measure("p", call_under_a_burst, long)
+    assert calls > 200, "measured again"
+    assert hit.remeasured == 1 and not hit.drift
+    assert hit.stats.median_us == pytest.approx(kernel_us)

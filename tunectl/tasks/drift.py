@@ -12,10 +12,14 @@ default fails, and it needs no compiling. The probe is timed (``PROBE_SETTINGS``
 
 - when a worker starts on a point (its first item there, or the first after another point's), which
   is the point's *reference*; and
-- before and after every measurement at the point. A measurement is judged by the probe of the two
-  that strayed further: a shift that ends inside a measurement shows in the probe before it, one
-  that starts inside it in the probe after (a neighbour's burst that ended mid-measurement, seen
-  only after it, read a config 2.3x slow on an H200 with no flag).
+- before and after every measurement at the point, and, inside a measurement, a short look (a few
+  probe samples) every ``LOOK_EVERY_S`` between its samples. A measurement is judged by the probe
+  that strayed furthest: a shift that ends inside a measurement shows in the probe before it, one
+  that starts inside it in the probe after, and one that comes and goes inside a long measurement
+  in a look (on an H200 a neighbour's burst that ended mid-measurement, seen only after it, read a
+  config 2.3x slow with no flag; a 3 s burst inside a 15 ms kernel's measurement read 2.07x with
+  clean probes on both sides). The sample after a look is run and dropped: the look's copy has
+  evicted what a warm-L2 measurement keeps in the cache.
 
 The probe *moved* when its two medians lie each outside the other's p20-p80 band and differ by more
 than ``max(MIN_SHIFT, NOISE_FACTOR x the larger relative noise)``: 3 % or three times the noise.
@@ -48,10 +52,13 @@ from tunectl.tasks.harness import Sampler, Stats, measure
 MIN_SHIFT = 0.03
 NOISE_FACTOR = 3.0
 MAX_REMEASURES = 2
+LOOK_EVERY_S = 0.5  # inside a measurement: a look at the probe at most this often (~1 ms each)
 MAX_WAIT_S = 30.0  # how long a worker waits for a shifted device to come back (well under a deadline)
 WAIT_STEP_S = 1.0
 #: about 10-50 samples of a ~200 µs probe on an H200: a few ms after each measurement
 PROBE_SETTINGS = MeasureSpec(warmup=1, min_samples=10, max_samples=200, noise_target=0.005, max_seconds=0.05)
+#: a look inside a measurement: a handful of probe samples, their median against the reference
+LOOK_SETTINGS = MeasureSpec(warmup=0, min_samples=5, max_samples=5, noise_target=1.0, max_seconds=0.02)
 _PROBE_COPY_L2S = 2  # the copied buffer, in L2 sizes: it streams from memory, not from the cache
 _PROBE_MATMUL_N = 4096  # bf16: ~140 µs of tensor-core work on an H200
 _CPU_PROBE_BYTES = 8 << 20
@@ -104,18 +111,25 @@ class DriftGuard:
         settings: MeasureSpec = PROBE_SETTINGS,
         max_wait_s: float = MAX_WAIT_S,
         sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if action not in ("remeasure", "flag"):
             raise ValueError(f"unknown drift action {action!r}; expected remeasure or flag")
-        self.probe, self.action, self.settings, self._sleep = probe, action, settings, sleep
+        self.probe, self.action, self.settings, self._sleep, self._clock = (
+            probe,
+            action,
+            settings,
+            sleep,
+            clock,
+        )
         self.max_wait_s = max_wait_s
         self._point: Hashable = None
         self._reference: Stats | None = None
         self._lasting = False  # a shift at this point outlived the re-measurements
 
-    def measure(self, point: Hashable, measure_once: Callable[[], Stats]) -> Guarded:
-        """``measure_once()`` at ``point``, checked against the point's reference probe (and made again
-        while the probe had moved, within the limits of the module doc)."""
+    def measure(self, point: Hashable, sample: Sampler, settings: MeasureSpec) -> Guarded:
+        """``sample`` measured as ``settings`` say at ``point``, checked against the point's reference
+        probe (and measured again while the probe had moved, within the limits of the module doc)."""
         fresh = point != self._point or self._reference is None
         if fresh:
             self._point, self._lasting = point, False
@@ -123,27 +137,47 @@ class DriftGuard:
         reference = self._reference
         assert reference is not None
         retries = 0 if self.action == "flag" or self._lasting else MAX_REMEASURES
-        (stats, probe), remeasured = self._bracketed(reference, measure_once, fresh), 0
+
+        def bracketed(just_probed: bool = False) -> tuple[Stats, Stats]:
+            return self._bracketed(reference, sample, settings, just_probed)
+
+        (stats, probe), remeasured = bracketed(fresh), 0
         while moved(reference, probe) and remeasured < retries:
-            (stats, probe), remeasured = self._bracketed(reference, measure_once), remeasured + 1
+            (stats, probe), remeasured = bracketed(), remeasured + 1
         if moved(reference, probe) and retries and self._came_back(reference):
-            (stats, probe), remeasured = self._bracketed(reference, measure_once), remeasured + 1
+            (stats, probe), remeasured = bracketed(), remeasured + 1
         shifted = moved(reference, probe)
         if shifted and retries:
             self._lasting = True
         return Guarded(stats, probe.median_us, probe.median_us / reference.median_us, shifted, remeasured)
 
     def _bracketed(
-        self, reference: Stats, measure_once: Callable[[], Stats], just_probed: bool = False
+        self, reference: Stats, sample: Sampler, settings: MeasureSpec, just_probed: bool = False
     ) -> tuple[Stats, Stats]:
-        """One measurement between two probes, and the probe that strayed further from ``reference``:
-        a shift that ends inside the measurement shows in the probe before it, one that starts inside
-        it in the probe after (``just_probed``: the reference was timed just now; it is the one before)."""
+        """One measurement between two probes, with looks inside it, and the probe that strayed
+        furthest from ``reference`` (module doc; ``just_probed``: the reference was timed just now, it
+        is the one before)."""
         before = reference if just_probed else self._time_probe()
-        stats, after = measure_once(), self._time_probe()
+        looks: list[Stats] = []
+        stats = measure(self._watched(sample, looks), settings)
+        probes = [before, *looks, self._time_probe()]
         return stats, max(
-            (before, after), key=lambda p: (moved(reference, p), abs(p.median_us / reference.median_us - 1))
+            probes, key=lambda p: (moved(reference, p), abs(p.median_us / reference.median_us - 1))
         )
+
+    def _watched(self, sample: Sampler, looks: list[Stats]) -> Sampler:
+        """``sample``, with a look at the probe (into ``looks``) between samples every LOOK_EVERY_S."""
+        last = self._clock()
+
+        def watched() -> float:
+            nonlocal last
+            if self._clock() - last >= LOOK_EVERY_S:
+                looks.append(measure(self.probe, LOOK_SETTINGS))
+                sample()  # run and dropped (module doc)
+                last = self._clock()
+            return sample()
+
+        return watched
 
     def _time_probe(self) -> Stats:
         return measure(self.probe, self.settings)

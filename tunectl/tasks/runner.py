@@ -156,7 +156,7 @@ class ItemRunner:
         if guard is None:
             stats, drift_fields = measure(sampler, settings), {}
         else:
-            guarded = guard.measure((item.task, *item.point), lambda: measure(sampler, settings))
+            guarded = guard.measure((item.task, *item.point), sampler, settings)
             stats, drift_fields = guarded.stats, guarded.fields()
         gpu_state = record_fields(before, read_state(self.device))
         if stats.median_us <= 0:
