@@ -51,7 +51,7 @@ print(sorted(runs, key=lambda r: r['created_at'])[-1]['run_id'])")}
     tunectl export bundle --results "$RES" --run "$run" --name "h200-decode-p$page" --version 1 \
       --out "$RES/bundles" 2>&1 | tail -n 3
     timeout 480 tunectl validate "$RES/bundles/h200-decode-p$page/1" --spec "$spec" --holdout 24 --seed 0 \
-      --results "$RES" 2>&1 | grep -v '^[│┃┏┡└]' | tail -n 40 | tee "$OUT/holdout-p$page.txt"
+      --results "$RES" 2>&1 | grep -v '^\(compile process\|flash_decode:\|\"num_q_heads\|supported on\)' | tail -n 80 | tee "$OUT/holdout-p$page.txt"
     save
     ;;
   odd)
