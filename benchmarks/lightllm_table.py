@@ -155,7 +155,8 @@ def table(rows: list[tuple[Shape, dict[str, float | None]]], title: str) -> list
         )
     lines += [
         "",
-        f"Geometric means over {len(rows)} shapes: (a)/(c) **{geomean(ratios['a']):.2f}x**, "
+        f"Geometric means over the {len(ratios['a'])} of {len(rows)} shapes with all three times: "
+        f"(a)/(c) **{geomean(ratios['a']):.2f}x**, "
         f"(b)/(c) **{geomean(ratios['b']):.2f}x**; (c) over the oracle {geomean(ratios['oracle']):.3f}x.",
         "",
     ]
