@@ -8,6 +8,7 @@
 #   bash benchmarks/h200_backends.sh grid 16     # the decode grid at one page size (16, then 128)
 #   bash benchmarks/h200_backends.sh holdout 128 # export, then random untuned shapes measured
 #   bash benchmarks/h200_backends.sh odd 128     # every config, item by item, at a length off the page
+#   bash benchmarks/h200_backends.sh refined 128 # the grid with refinement (again to resume), then holdout
 #   bash benchmarks/h200_backends.sh tables      # h200.md and lightllm.md from everything in $RES
 set -uo pipefail
 source /tmp/tunectl-site/env.sh
@@ -52,6 +53,35 @@ print(sorted(runs, key=lambda r: r['created_at'])[-1]['run_id'])")}
       --out "$RES/bundles" 2>&1 | tail -n 3
     timeout 480 tunectl validate "$RES/bundles/h200-decode-p$page/1" --spec "$spec" --holdout 24 --seed 0 \
       --results "$RES" 2>&1 | grep -v '^\(compile process\|flash_decode:\|\"num_q_heads\|supported on\)' | tail -n 80 | tee "$OUT/holdout-p$page.txt"
+    save
+    ;;
+  refined)
+    # The "after" of the held-out table: the same grid with the spans declared and refinement on
+    # (REFINE_BUDGET extra points per static key), resumed by the next call when it outlasts one;
+    # once finished, its bundle is checked at the same 24 held-out shapes as the holdout step's.
+    page=${2:?page}
+    spec=$(page_spec "$page")
+    sed -i -E "s/^name = .*/name = \"h200-decode-refined\"/; s/^\[shapes.batch\]$/[shapes.batch]\nrange = [1, 256]/; s/^\[shapes.kv_len\]$/[shapes.kv_len]\nrange = [1024, 32768]\nstep = $page/; s/^strategy = \"halving\"$/strategy = \"halving\"\nrefine_budget = ${REFINE_BUDGET:-16}/" "$spec"
+    unfinished=$(tunectl runs --results "$RES" --json | python -c "
+import json, sys
+runs = [r for r in json.load(sys.stdin) if r['state'] != 'finished' and r['name'] == 'h200-decode-refined']
+print(runs[0]['run_id'] if runs else '')")
+    if [ -n "$unfinished" ]; then args=(--resume "$unfinished"); else args=("$spec"); fi
+    timeout "${REFINE_TIMEOUT:-540}" tunectl submit "${args[@]}" --results "$RES" --yes 2>&1 \
+      | grep -v '^[│┃┏┡└]' | tail -n 12
+    run=$(tunectl runs --results "$RES" --json | python -c "
+import json, sys
+runs = [r for r in json.load(sys.stdin) if r['state'] == 'finished' and r['name'] == 'h200-decode-refined']
+print(runs[-1]['run_id'] if runs else '')")
+    save
+    [ -n "$run" ] || { echo "refined grid not finished: run this step again to resume it"; exit 0; }
+    holdout=$(page_spec "$page")  # the holdout step's spec: the same shapes drawn
+    sed -i -E 's/^\[shapes.batch\]$/[shapes.batch]\nrange = [1, 256]/; s/^\[shapes.kv_len\]$/[shapes.kv_len]\nrange = [1024, 32768]/' "$holdout"
+    tunectl export bundle --results "$RES" --run "$run" --name "h200-decode-refined-p$page" --version 1 \
+      --out "$RES/bundles" 2>&1 | tail -n 3
+    timeout 480 tunectl validate "$RES/bundles/h200-decode-refined-p$page/1" --spec "$holdout" --holdout 24 \
+      --seed 0 --results "$RES" 2>&1 | grep -v '^\(compile process\|flash_decode:\|\"num_q_heads\|supported on\)' \
+      | tail -n 80 | tee "$OUT/holdout-refined-p$page.txt"
     save
     ;;
   odd)
