@@ -115,13 +115,8 @@ class DriftGuard:
     ) -> None:
         if action not in ("remeasure", "flag"):
             raise ValueError(f"unknown drift action {action!r}; expected remeasure or flag")
-        self.probe, self.action, self.settings, self._sleep, self._clock = (
-            probe,
-            action,
-            settings,
-            sleep,
-            clock,
-        )
+        self.probe, self.action, self.settings = probe, action, settings
+        self._sleep, self._clock = sleep, clock
         self.max_wait_s = max_wait_s
         self._point: Hashable = None
         self._reference: Stats | None = None
