@@ -60,7 +60,8 @@ def test_a_stack_times_each_call_per_layer() -> None:
     default, slow = _compare((DEFAULT, SLOW), phase="validate", layers=3)
     assert default.layers == slow.layers == 3 and slow.phase == "validate"
     assert slow.median_us is not None and 900 <= slow.median_us < 5000, "per layer: one 1 ms call"
-    assert slow.speedup_hi is not None and slow.speedup_hi < 0.1
+    # the default's layers still pay the thrash between calls (~0.1 ms on a busy CPU): slower beyond noise
+    assert slow.speedup_hi is not None and slow.speedup_hi < 0.5
 
 
 class _Bundle:
