@@ -195,9 +195,8 @@ def test_a_compile_process_builds_a_default_that_sets_no_option(
     from tunectl.orchestrator.builder import Builder
 
     monkeypatch.setenv("TUNECTL_COMPILE_CACHE", str(tmp_path))
-    monkeypatch.setattr(
-        FlexPrefill, "__init__", lambda self: setattr(self, "compile_on_cpu", False)
-    )  # CPU: eager
+    init = FlexPrefill.__init__
+    monkeypatch.setattr(FlexPrefill, "__init__", lambda self: init(self, compile_on_cpu=False))  # CPU: eager
     builder = Builder.__ray_metadata__.modified_class(0)  # the actor's class, run in this process
     default = WorkItem("d", "flex_prefill", make_key(PREFILL_STATIC), make_key({"batch": 1, "seq_len": 256}),
                        make_key({}), True)  # fmt: skip

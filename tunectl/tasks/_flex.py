@@ -5,16 +5,43 @@ run 4.7x slower than the best kernel on an H200 and to collapse at large shapes.
 compiled entry per (shape, kernel options); the entries of one point are kept while a worker stays
 on that point and dropped when it moves on, so guard checks stay short and the recompile limit is
 never what decides which kernel runs.
+
+Ahead-of-time packages. A compile process can build a point's FlexAttention call for one kernel-option
+set into an AOTInductor package (``torch.export`` of the call, block mask as inputs, then
+``aoti_compile_and_package``) under the compile cache (``TUNECTL_COMPILE_CACHE``), named by the task's
+compile key and the target (torch version, device kind and architecture). A worker that finds it loads
+it (``aoti_load_package``): no Dynamo tracing, no FX-graph cache lookup, which per config cost a worker
+190-290 ms on an H200 even with Inductor's caches warm. A package is written to a temp file beside its
+place, loaded and run against the reference in a process of its own (``tunectl.tasks._aot_check``),
+and only then renamed into place, so concurrent builders never leave a half-written or untried one.
+Where that process dies of a signal or hangs, loading packages is broken on this target (seen on an
+H200 with torch 2.11.0+cu130: a segmentation fault inside ``aoti_load_package``, for any package):
+a marker in the cache turns packages off for the target, and builds go the torch.compile way. A
+package that is missing, fails to load or was built for another kernel leaves the worker on the
+torch.compile path, whose output the harness checks as ever. On by default on CUDA;
+``TUNECTL_FLEX_AOT=0`` turns it off, ``=1`` on everywhere (the CPU too).
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import sys
 import typing
-from collections.abc import Mapping
+import zipfile
+from collections import Counter
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
+from tunectl.core.files import atomic_write, canonical_json, move
 from tunectl.core.params import Rule
 from tunectl.tasks.base import InvalidConfig
+from tunectl.tasks.compile import cache_dir
 
 #: config names passed through to ``flex_attention(kernel_options=...)``, with their types.
 KERNEL_OPTIONS: dict[str, type] = {
@@ -34,7 +61,18 @@ KERNEL_OPTION_RULES: dict[str, Rule] = {
 }
 _RECOMPILE_LIMIT = 256
 
-_state: dict[str, Any] = {"compiled": None, "point": None}
+_state: dict[str, Any] = {"compiled": None, "point": None, "packages": {}}
+
+#: the switch of ahead-of-time packages (see module doc)
+AOT_ENV = "TUNECTL_FLEX_AOT"
+_OFF, _ON = ("0", "false", "no", "off"), ("1", "true", "yes", "on")
+#: the package metadata entry naming the kernel a package was built for
+_KEY_FIELD = "tunectl_compile_key"
+#: how prepares got their kernel in this process: ``loaded`` (a package), ``absent`` (none built),
+#: ``failed`` (one that did not load or run), ``unusable`` (packages are off here: ``usable``); all
+#: but the first went the torch.compile way
+aot_loads: Counter[str] = Counter()
+log = logging.getLogger("tunectl.flex")
 
 
 def available_backends() -> tuple[str, ...]:
@@ -88,13 +126,226 @@ def flex_for(device: str, point: object, compiled: bool = True) -> Any:
 
     if not compiled:
         return flex_attention
-    if _state["point"] != point:
-        torch._dynamo.reset()
-        _state["point"] = point
+    _enter(point)
     if _state["compiled"] is None:
         _raise_recompile_limits()
         _state["compiled"] = torch.compile(flex_attention, dynamic=False, fullgraph=True)
     return _state["compiled"]
+
+
+def _enter(point: object) -> None:
+    """Move to ``point``: drop the compiled entries and loaded packages of the last one."""
+    if _state["point"] != point:
+        import torch
+
+        torch._dynamo.reset()
+        _state["packages"] = {}
+        _state["point"] = point
+
+
+def aot_wanted(device: str, option: bool | None = None) -> bool:
+    """Whether to build and load ahead-of-time packages on ``device``: ``option`` (the task's) when
+    given, else ``$TUNECTL_FLEX_AOT``, else on CUDA only."""
+    if option is not None:
+        return option
+    value = os.environ.get(AOT_ENV, "").strip().lower()
+    if value in _OFF:
+        return False
+    return value in _ON or device.startswith("cuda")
+
+
+def aot_target(device: str) -> str:
+    """What a package is built for besides its kernel: torch's version, the device kind and, for a
+    GPU, its architecture (a package runs on the GPUs of the architecture it was built for)."""
+    import torch
+
+    if device.startswith("cuda"):
+        major, minor = torch.cuda.get_device_capability(device)
+        return f"torch {torch.__version__} cuda {torch.version.cuda} sm_{major}{minor}"
+    return f"torch {torch.__version__} {torch.device(device).type}"
+
+
+def aot_package(task: str, key: str, device: str) -> Path | None:
+    """Where the package of ``task``'s kernel ``key`` (its compile key) for ``device`` lives; None
+    outside a run with a compile cache."""
+    root = cache_dir()
+    if root is None:
+        return None
+    digest = hashlib.sha256(f"{key}\n{aot_target(device)}".encode()).hexdigest()[:32]
+    return root / task / "aot" / f"{digest}.pt2"
+
+
+def exportable(mask_mod_for: Callable[[Any], Any], sparse_block: int, *, enable_gqa: bool,
+               options: Mapping[str, Any]) -> Any:  # fmt: skip
+    """A module whose ``forward(q, k, v, mask_data, blocks)`` is ``flex_attention`` under the block
+    mask with ``blocks`` (its kv_num_blocks, kv_indices[, full_kv_num_blocks, full_kv_indices]) and
+    the mask function ``mask_mod_for(mask_data)``, with kernel ``options``: what is exported."""
+    import torch
+    from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+    kernel_options: Any = dict(options) or None
+
+    class FlexCall(torch.nn.Module):
+        def forward(self, q: Any, k: Any, v: Any, mask_data: Any, blocks: tuple[Any, ...]) -> Any:
+            full = blocks[2:] or (None, None)
+            block_mask = BlockMask.from_kv_blocks(
+                blocks[0],
+                blocks[1],
+                full[0],
+                full[1],
+                BLOCK_SIZE=sparse_block,
+                mask_mod=mask_mod_for(mask_data),
+                seq_lengths=(q.shape[2], k.shape[2]),
+                compute_q_blocks=False,  # what the backward pass needs, not the forward
+            )
+            return flex_attention(
+                q, k, v, block_mask=block_mask, enable_gqa=enable_gqa, kernel_options=kernel_options
+            )
+
+    return FlexCall()
+
+
+def block_tensors(block_mask: Any) -> tuple[Any, ...]:
+    """The tensors of ``block_mask`` an exported call takes (``exportable``)."""
+    full = (block_mask.full_kv_num_blocks, block_mask.full_kv_indices)
+    kv = (block_mask.kv_num_blocks, block_mask.kv_indices)
+    return kv if full[0] is None else kv + full
+
+
+class Unusable(Exception):
+    """Loading a package crashed or hung the process that tried: packages are off for this target."""
+
+
+def build_package(
+    module: Any, args: tuple[Any, ...], path: Path, key: str, check: Callable[[Path], None]
+) -> None:
+    """Export ``module(*args)`` and compile it into the package ``path``, published (renamed into
+    place) only once ``check(temp_path)`` passed. Raises what export, compile or the check raise."""
+    import torch
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.stem}.{secrets.token_hex(4)}.tmp.pt2")
+    try:
+        exported = torch.export.export(module, args)
+        configs: dict[str, Any] = {"aot_inductor.metadata": {_KEY_FIELD: key}}
+        torch._inductor.aoti_compile_and_package(exported, package_path=str(tmp), inductor_configs=configs)
+        check(tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        move(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+#: what checks a package in a process of its own (``tunectl.tasks._aot_check``), and for how long
+CHECK_COMMAND = [sys.executable, "-m", "tunectl.tasks._aot_check"]
+CHECK_TIMEOUT_S = 300.0
+
+
+def check_package(request: Mapping[str, Any], timeout_s: float | None = None) -> None:
+    """Load and run a package in a new process against the reference (``tunectl.tasks._aot_check``
+    says what ``request`` holds). Raises ``Unusable`` where that process died of a signal or hung
+    (loading packages is broken here, whichever the kernel), RuntimeError where the package failed."""
+    import tunectl
+
+    timeout_s = CHECK_TIMEOUT_S if timeout_s is None else timeout_s
+    env = dict(os.environ)
+    here = str(Path(tunectl.__file__).resolve().parents[1])  # importable there as it is here
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p)
+    try:
+        done = subprocess.run([*CHECK_COMMAND, canonical_json(request)], capture_output=True, text=True,
+                              timeout=timeout_s, env=env)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise Unusable(f"loading a package did not finish in {timeout_s:g} s") from None
+    if done.returncode < 0:
+        raise Unusable(f"loading a package killed its process ({signal.Signals(-done.returncode).name})")
+    if done.returncode:
+        lines = done.stderr.strip().splitlines()
+        raise RuntimeError(
+            f"the package failed its check: {lines[-1] if lines else f'exit {done.returncode}'}"
+        )
+
+
+def usable(task: str, device: str) -> bool:
+    """False once loading a package has crashed or hung here (``mark_unusable``), for this target."""
+    marker = _unusable_marker(task, device)
+    return marker is None or not marker.exists()
+
+
+def mark_unusable(task: str, device: str, reason: str) -> None:
+    """Packages are off for ``task`` on this target, in this compile cache, from now on: every later
+    build compiles for torch.compile only, and workers load none."""
+    marker = _unusable_marker(task, device)
+    if marker is not None:
+        atomic_write(marker, f"{aot_target(device)}: {reason}\n".encode(), make_parents=True)
+    log.warning("AOTInductor packages are off for %s on %s: %s", task, aot_target(device), reason)
+
+
+def _unusable_marker(task: str, device: str) -> Path | None:
+    root = cache_dir()
+    if root is None:
+        return None
+    digest = hashlib.sha256(aot_target(device).encode()).hexdigest()[:16]
+    return root / task / "aot" / f"unusable-{digest}.txt"
+
+
+def intact(path: Path) -> bool:
+    """Whether ``path`` is a whole package archive (every member's checksum right)."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return archive.testzip() is None
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
+def load_package(path: Path, key: str, device: str) -> Callable[..., Any]:
+    """The compiled call in the package ``path``, on ``device``. Raises if it cannot be loaded or
+    was built for another kernel than ``key``."""
+    import torch
+
+    index = -1
+    if device.startswith("cuda"):
+        where = torch.device(device)
+        index = torch.cuda.current_device() if where.index is None else where.index
+    model = torch._inductor.aoti_load_package(str(path), device_index=index)
+    built_for = model.get_metadata().get(_KEY_FIELD)
+    if built_for != key:
+        raise ValueError(f"{path.name} was built for another kernel ({str(built_for)[:80]!r})")
+    return model
+
+
+def packaged(
+    task: str, key: str, device: str, point: object, args: tuple[Any, ...]
+) -> Callable[[], Any] | None:
+    """The call of ``task``'s kernel ``key`` from its package, run once here; None where there is no
+    package or it does not load or run (the caller compiles instead). Packages stay loaded while the
+    worker stays on ``point``."""
+    path = aot_package(task, key, device)
+    if path is None or not path.is_file():
+        aot_loads["absent"] += 1
+        return None
+    if not usable(task, device):
+        aot_loads["unusable"] += 1
+        return None
+    _enter(point)
+    try:
+        model = _state["packages"].get(path)
+        if model is None:
+            model = load_package(path, key, device)
+        model(*args)
+    except Exception as exc:
+        aot_loads["failed"] += 1
+        log.warning("package %s did not load (%s); compiling instead", path, why(exc))
+        return None
+    _state["packages"][path] = model
+    aot_loads["loaded"] += 1
+    return lambda: model(*args)
+
+
+def why(exc: BaseException) -> str:
+    """One short line naming what ``exc`` says."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0][:200]}" if lines else type(exc).__name__
 
 
 def _raise_recompile_limits() -> None:

@@ -35,14 +35,20 @@ from typing import Any
 from tunectl.core.files import canonical_json
 from tunectl.tasks.base import TuningTask
 
-#: where a task of our own keeps what it builds (the fault-injection task's stand-in compiler)
+#: where a task of our own keeps what it builds (the fault-injection task's stand-in compiler, the
+#: FlexAttention tasks' AOTInductor packages)
 CACHE_ENV = "TUNECTL_COMPILE_CACHE"
+#: switches of how tasks build and load kernels, passed from a run's driver to its workers and compile
+#: processes where the driver has them set (``TUNECTL_FLEX_AOT``: see ``tunectl.tasks._flex``)
+PASSED_ON = ("TUNECTL_FLEX_AOT",)
 
 
 def cache_env(root: str | Path) -> dict[str, str]:
-    """Environment variables that point every kernel library's on-disk cache under ``root``."""
+    """Environment variables that point every kernel library's on-disk cache under ``root``, and the
+    build switches (``PASSED_ON``) this process has set."""
     root = Path(root)
     return {
+        **{name: os.environ[name] for name in PASSED_ON if name in os.environ},
         CACHE_ENV: str(root / "tunectl"),
         "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"),
         "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",

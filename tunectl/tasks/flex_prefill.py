@@ -12,18 +12,23 @@ The config is FlexAttention's ``kernel_options`` (BLOCK_M, BLOCK_N, num_warps, n
 and BACKEND where the installed torch offers it). The default config is empty: Inductor's own choice.
 The block mask (128 x 128 blocks) is built once per point and shared by every option set; options
 whose tiles do not divide its blocks are invalid. Compiled per static shape (see tunectl.tasks._flex).
+
+A compile process builds each kernel into an AOTInductor package (``build``) that a worker loads
+instead of tracing and compiling (``tunectl.tasks._flex``: on by default on CUDA, ``TUNECTL_FLEX_AOT``,
+or the task's ``aot`` option); without one, or where it does not load, the worker compiles as before.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, ClassVar
 
 from tunectl.core.params import Rule
 from tunectl.tasks import _flex
 from tunectl.tasks._lazy import lazily
 from tunectl.tasks.base import DTYPE_TOLERANCE, InvalidConfig, Params, Task
-from tunectl.tasks.compile import key_of, warm_up_libraries
+from tunectl.tasks.compile import key_of, synchronize, warm_up_libraries
 
 MASKS = ("causal", "document_causal", "sliding_window")
 _SPARSE_BLOCK = 128
@@ -48,15 +53,70 @@ class FlexPrefill(Task):
         **{n: r for n, r in _flex.KERNEL_OPTION_RULES.items() if n in _OPTIONS},
     }
 
-    def __init__(self, compile_on_cpu: bool = True) -> None:
+    def __init__(self, compile_on_cpu: bool = True, aot: bool | None = None) -> None:
+        """``aot``: build and load ahead-of-time packages (None: ``TUNECTL_FLEX_AOT``, else on CUDA)."""
         self.compile_on_cpu = compile_on_cpu
+        self.aot = aot
+        self._build_point: tuple[Any, dict[str, Any]] | None = None  # a compile process's inputs
 
     def default_config(self, static: Params) -> dict[str, Any]:
         return {}
 
     def compile_key(self, static: Params, shape: Params, config: Params) -> str | None:
         """Flex compiles one kernel per static shape and kernel-option set."""
+        return self._key(static, shape, config)
+
+    def _key(self, static: Params, shape: Params, config: Params) -> str:
         return key_of(static, shape, config)
+
+    def build(self, static: Params, shape: Params, config: Params, device: str) -> None:
+        """Build the kernel ahead: its AOTInductor package where packages are wanted and a compile cache
+        is set (a whole one already there is kept), else, or where the package cannot be made or fails
+        its check, the torch.compile kernel into Inductor's caches (prepared and called once)."""
+        options = self._options(config)
+        inputs = self._inputs_for_build(static, shape, device)
+        key = self._key(static, shape, config)
+        wanted = _flex.aot_wanted(device, self.aot) and _flex.usable(self.name, device)
+        path = _flex.aot_package(self.name, key, device) if wanted else None
+        if path is not None and not (path.is_file() and _flex.intact(path)):
+            path.unlink(missing_ok=True)  # damaged: built again
+            request = {"task": self.name, "static": dict(static), "shape": dict(shape),
+                       "config": dict(config), "key": key, "device": device}  # fmt: skip
+
+            def check(tmp: Path) -> None:
+                _flex.check_package({**request, "path": str(tmp)})
+
+            module = _flex.exportable(
+                lambda doc_id: make_mask_mod(static, doc_id),
+                _SPARSE_BLOCK,
+                enable_gqa=static["num_q_heads"] != static["num_kv_heads"],
+                options=options,
+            )
+            try:
+                _flex.build_package(module, self.aot_args(static, inputs), path, key, check)
+            except _flex.Unusable as exc:
+                _flex.mark_unusable(self.name, device, str(exc))
+            except Exception as exc:
+                _flex.log.warning("no package for %s (%s); building for torch.compile", key, _flex.why(exc))
+        if path is None or not path.is_file():
+            self.prepare(static, shape, config, inputs)()
+            synchronize(device)
+
+    def _inputs_for_build(self, static: Params, shape: Params, device: str) -> dict[str, Any]:
+        """The point's inputs, kept while consecutive builds share the point (as a worker keeps them)."""
+        point = (sorted(static.items()), sorted(shape.items()), device)
+        if self._build_point is None or self._build_point[0] != point:
+            self._build_point = None  # free the last point's first
+            self._build_point = (point, self.build_inputs(static, shape, device))
+        return self._build_point[1]
+
+    def aot_args(self, static: Params, inputs: dict[str, Any]) -> tuple[Any, ...]:
+        """What the exported call takes: q, k, v, the document ids, the block mask's tensors."""
+        derived = inputs["derived"]
+        if "block_mask" not in derived:
+            derived["block_mask"] = self._block_mask(static, inputs)
+        blocks = _flex.block_tensors(derived["block_mask"])
+        return (inputs["q"], inputs["k"], inputs["v"], inputs["doc_id"], blocks)
 
     def warm_up(self, device: str) -> None:
         if device.startswith("cuda"):
@@ -120,20 +180,22 @@ class FlexPrefill(Task):
     def prepare(
         self, static: Params, shape: Params, config: Params, inputs: dict[str, Any]
     ) -> Callable[[], Any]:
-        extra = sorted(set(config) - set(_OPTIONS))
-        if extra:
-            raise InvalidConfig(f"not a FlexAttention kernel option: {', '.join(extra)}")
-        options = _flex.kernel_options(config, _OPTIONS)
-        _flex.check_block_sizes(options, _SPARSE_BLOCK, _SPARSE_BLOCK)
+        options = self._options(config)
         q, k, v = inputs["q"], inputs["k"], inputs["v"]
         device = str(q.device)
         compiled = device.startswith("cuda") or self.compile_on_cpu
+        point = (self.name, static, shape)
 
         def build() -> Callable[[], Any]:  # on first call: prepare stays off the device
+            if _flex.aot_wanted(device, self.aot):
+                key = self._key(static, shape, config)
+                call = _flex.packaged(self.name, key, device, point, self.aot_args(static, inputs))
+                if call is not None:
+                    return call
             derived = inputs["derived"]
             if "block_mask" not in derived:
                 derived["block_mask"] = self._block_mask(static, inputs)
-            flex = _flex.flex_for(device, (self.name, static, shape), compiled)
+            flex = _flex.flex_for(device, point, compiled)
             kwargs: dict[str, Any] = {
                 "block_mask": derived["block_mask"],
                 "enable_gqa": q.shape[1] != k.shape[1],
@@ -143,6 +205,15 @@ class FlexPrefill(Task):
             return lambda: flex(q, k, v, **kwargs)
 
         return lazily(build)
+
+    def _options(self, config: Params) -> dict[str, Any]:
+        """The kernel options of ``config``; InvalidConfig where flex cannot take them here."""
+        extra = sorted(set(config) - set(_OPTIONS))
+        if extra:
+            raise InvalidConfig(f"not a FlexAttention kernel option: {', '.join(extra)}")
+        options = _flex.kernel_options(config, _OPTIONS)
+        _flex.check_block_sizes(options, _SPARSE_BLOCK, _SPARSE_BLOCK)
+        return options
 
     def _block_mask(self, static: Params, inputs: dict[str, Any]) -> Any:
         from torch.nn.attention.flex_attention import create_block_mask

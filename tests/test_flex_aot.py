@@ -1,0 +1,312 @@
+"""FlexAttention kernels built ahead into AOTInductor packages, on the CPU (Inductor compiles flex for
+the CPU too): a build writes the package under the compile cache, a prepare loads it without Dynamo,
+and a missing, damaged or foreign package leaves the worker on the torch.compile way, still right."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tunectl.tasks import _flex
+from tunectl.tasks.compile import CACHE_ENV
+from tunectl.tasks.flex_prefill import FlexPrefill, make_mask_mod
+
+torch = pytest.importorskip("torch")
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile"),
+    pytest.mark.skipif(
+        shutil.which("g++") is None and shutil.which("c++") is None, reason="needs a C++ compiler"
+    ),
+]
+
+STATIC = {
+    "dtype": "float32",
+    "head_dim": 16,
+    "num_kv_heads": 2,
+    "num_q_heads": 4,
+    "num_docs": 3,
+    "window": (-1, -1),
+    "mask": "document_causal",
+}
+SHAPE = {"batch": 2, "seq_len": 256}
+CONFIG = {"BLOCK_M": 64, "BLOCK_N": 32}
+OTHER = {"BLOCK_M": 64, "BLOCK_N": 64}
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A compile cache holding the package of CONFIG, built once for the module."""
+    root = tmp_path_factory.mktemp("compile-cache")
+    before = os.environ.get(CACHE_ENV)
+    os.environ[CACHE_ENV] = str(root)
+    try:
+        FlexPrefill(aot=True).build(STATIC, SHAPE, CONFIG, "cpu")
+        yield root
+    finally:
+        if before is None:
+            os.environ.pop(CACHE_ENV, None)
+        else:
+            os.environ[CACHE_ENV] = before
+
+
+def package(config: dict[str, Any]) -> Path:
+    task = FlexPrefill()
+    path = _flex.aot_package(task.name, task._key(STATIC, SHAPE, config), "cpu")
+    assert path is not None
+    return path
+
+
+def run(task: FlexPrefill, config: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """Prepare and call ``config`` on a new point's inputs, as a worker does; (output, inputs)."""
+    _flex._enter(object())  # a worker arriving at the point: nothing compiled or loaded yet
+    inputs = task.build_inputs(STATIC, SHAPE, "cpu")
+    return task.prepare(STATIC, SHAPE, config, inputs)(), inputs
+
+
+def captured() -> int:
+    """Graphs Dynamo has captured in this process."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+def test_a_build_writes_one_package_named_by_the_compile_key(cache: Path) -> None:
+    path = package(CONFIG)
+    assert path.is_file() and path.is_relative_to(cache / "flex_prefill" / "aot")
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temp file left beside it
+    assert package(OTHER) != path  # another option set, another package
+    model = _flex.load_package(path, FlexPrefill()._key(STATIC, SHAPE, CONFIG), "cpu")
+    assert model.get_metadata()["tunectl_compile_key"] == FlexPrefill()._key(STATIC, SHAPE, CONFIG)
+
+
+def test_a_prepare_loads_the_package_without_tracing_and_matches_the_reference(cache: Path) -> None:
+    task = FlexPrefill(aot=True)
+    loaded, traced = _flex.aot_loads["loaded"], captured()
+    out, inputs = run(task, CONFIG)
+    assert _flex.aot_loads["loaded"] == loaded + 1
+    assert captured() == traced  # Dynamo saw nothing
+    torch.testing.assert_close(out, task.reference(STATIC, SHAPE, inputs), atol=1e-5, rtol=1e-5)
+
+
+def test_with_packages_off_the_same_prepare_traces(cache: Path) -> None:
+    """What the test above counts does count: the torch.compile way goes through Dynamo."""
+    task = FlexPrefill(aot=False)
+    loaded, traced = _flex.aot_loads["loaded"], captured()
+    out, inputs = run(task, CONFIG)
+    assert _flex.aot_loads["loaded"] == loaded and captured() > traced
+    torch.testing.assert_close(out, task.reference(STATIC, SHAPE, inputs), atol=1e-5, rtol=1e-5)
+
+
+def test_a_second_build_keeps_the_package_it_finds(cache: Path) -> None:
+    path = package(CONFIG)
+    inode = path.stat().st_ino
+    FlexPrefill(aot=True).build(STATIC, SHAPE, CONFIG, "cpu")
+    assert path.stat().st_ino == inode
+
+
+@pytest.mark.parametrize("damage", ["missing", "garbage", "truncated", "another kernel's"])
+def test_a_package_that_is_not_there_or_not_this_kernels_leaves_the_worker_compiling(
+    cache: Path, damage: str
+) -> None:
+    path = package(OTHER)
+    path.unlink(missing_ok=True)
+    good = package(CONFIG).read_bytes()
+    if damage == "garbage":
+        path.write_bytes(b"not a package")
+    elif damage == "truncated":
+        path.write_bytes(good[: len(good) // 2])
+    elif damage == "another kernel's":
+        path.write_bytes(good)  # a whole package, of CONFIG
+    task = FlexPrefill(compile_on_cpu=False, aot=True)  # the fallback runs flex eagerly: quick
+    before = dict(_flex.aot_loads)
+    try:
+        out, inputs = run(task, OTHER)
+    finally:
+        path.unlink(missing_ok=True)
+    outcome = "absent" if damage == "missing" else "failed"
+    assert _flex.aot_loads[outcome] == before.get(outcome, 0) + 1
+    assert _flex.aot_loads["loaded"] == before.get("loaded", 0)
+    torch.testing.assert_close(out, task.reference(STATIC, SHAPE, inputs), atol=1e-5, rtol=1e-5)
+
+
+def test_a_package_for_another_kernel_is_refused_by_name(cache: Path) -> None:
+    with pytest.raises(ValueError, match="another kernel"):
+        _flex.load_package(package(CONFIG), "some other key", "cpu")
+
+
+def test_the_check_in_a_process_of_its_own_passes_a_good_package_and_fails_a_wrong_one(cache: Path) -> None:
+    request = {"task": "flex_prefill", "static": STATIC, "shape": SHAPE, "config": CONFIG,
+               "path": str(package(CONFIG)), "device": "cpu"}  # fmt: skip
+    _flex.check_package({**request, "key": FlexPrefill()._key(STATIC, SHAPE, CONFIG)})
+    with pytest.raises(RuntimeError, match=r"failed its check: ValueError: .*another kernel"):
+        _flex.check_package({**request, "key": "some other key"})
+
+
+_SEGFAULT = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"]
+_HANG = [sys.executable, "-c", "import time; time.sleep(60)"]
+
+
+@pytest.mark.parametrize("loader", ["crashes", "hangs"])
+def test_a_load_that_kills_or_hangs_its_process_turns_packages_off_for_the_target(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, loader: str
+) -> None:
+    """Loading a package crashing its process (as seen on an H200 with torch 2.11) or hanging, stood
+    in for by a check command that does so: nothing is published, the build goes the torch.compile
+    way, later builds make no package, and workers load none, even one that is there."""
+    import torch._inductor
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(_flex, "CHECK_COMMAND", _SEGFAULT if loader == "crashes" else _HANG)
+    monkeypatch.setattr(_flex, "CHECK_TIMEOUT_S", 3.0)
+    compiles: list[str] = []
+    real = torch._inductor.aoti_compile_and_package
+
+    def counted(exported: Any, **kwargs: Any) -> str:
+        compiles.append(kwargs["package_path"])
+        return real(exported, **kwargs)
+
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", counted)
+    task = FlexPrefill(compile_on_cpu=False, aot=True)
+    task.build(STATIC, SHAPE, CONFIG, "cpu")
+    assert len(compiles) == 1 and not package(CONFIG).exists()
+    assert not _flex.usable(task.name, "cpu")
+    (marker,) = package(CONFIG).parent.glob("unusable-*.txt")
+    assert ("SIGSEGV" if loader == "crashes" else "did not finish") in marker.read_text()
+
+    task.build(STATIC, SHAPE, OTHER, "cpu")
+    assert len(compiles) == 1  # no second try on this target
+    shutil.copy(next(cache.rglob("*.pt2")), package(CONFIG))  # a package from before: not loaded either
+    before = _flex.aot_loads["unusable"]
+    out, inputs = run(task, CONFIG)
+    assert _flex.aot_loads["unusable"] == before + 1
+    torch.testing.assert_close(out, task.reference(STATIC, SHAPE, inputs), atol=1e-5, rtol=1e-5)
+
+
+def test_the_check_refuses_a_bad_request_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from tunectl.tasks import _aot_check
+
+    assert _aot_check.main(["{not json"]) == 2
+    assert _aot_check.main(['{"task": "flex_prefill"}']) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2 and "not JSON" in lines[0] and "missing: static" in lines[1]
+
+
+def test_a_build_that_finds_a_damaged_package_builds_it_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    path = package(CONFIG)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"left half-written by hand")
+    task = FlexPrefill(aot=True)
+    task.build(STATIC, SHAPE, CONFIG, "cpu")
+    loaded = _flex.aot_loads["loaded"]
+    out, inputs = run(task, CONFIG)
+    assert _flex.aot_loads["loaded"] == loaded + 1
+    torch.testing.assert_close(out, task.reference(STATIC, SHAPE, inputs), atol=1e-5, rtol=1e-5)
+
+
+def test_a_failed_aot_compile_publishes_nothing_and_builds_the_compiled_kernel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The AOT compiler failing (stood in for: it raises after writing part of its output) leaves no
+    package and no temp file; the build then goes the torch.compile way, as without packages."""
+    import torch._inductor
+
+    def broken(exported: Any, *, package_path: str, inductor_configs: Any) -> str:
+        Path(package_path).write_bytes(b"partial")
+        raise RuntimeError("C++ compile failed")
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", broken)
+    task = FlexPrefill(compile_on_cpu=False, aot=True)
+    prepared: list[Any] = []
+    original = task.prepare
+
+    def prepare(*args: Any) -> Any:
+        prepared.append(args[2])
+        return original(*args)
+
+    monkeypatch.setattr(task, "prepare", prepare)
+    task.build(STATIC, SHAPE, CONFIG, "cpu")
+    assert prepared == [CONFIG]  # built (and run) the torch.compile way instead
+    assert list(package(CONFIG).parent.iterdir()) == []
+
+
+def test_without_a_compile_cache_a_build_makes_no_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(CACHE_ENV, raising=False)
+    assert _flex.aot_package("flex_prefill", "key", "cpu") is None
+    task = FlexPrefill(compile_on_cpu=False, aot=True)
+    task.build(STATIC, SHAPE, CONFIG, "cpu")  # the torch.compile way (here eager): no error
+    before = _flex.aot_loads["absent"]
+    out, inputs = run(task, CONFIG)
+    assert _flex.aot_loads["absent"] == before + 1
+    torch.testing.assert_close(out, task.reference(STATIC, SHAPE, inputs), atol=1e-5, rtol=1e-5)
+
+
+def test_invalid_options_are_refused_before_anything_is_built(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tunectl.tasks.base import InvalidConfig
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    with pytest.raises(InvalidConfig, match="does not divide"):
+        FlexPrefill(aot=True).build(STATIC, SHAPE, {"BLOCK_M": 256}, "cpu")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_exported_call_carries_the_kernel_options() -> None:
+    task = FlexPrefill()
+    inputs = task.build_inputs(STATIC, SHAPE, "cpu")
+    module = _flex.exportable(
+        lambda doc_id: make_mask_mod(STATIC, doc_id),
+        128,
+        enable_gqa=True,
+        options={"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2},
+    )
+    exported = torch.export.export(module, task.aot_args(STATIC, inputs))
+    (node,) = [n for n in exported.graph.nodes if "flex_attention" in str(n.target)]
+    options = next(a for a in node.args if isinstance(a, dict))
+    assert {k: options[k] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")} == {
+        "BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2,
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("env", "option", "device", "wanted"),
+    [
+        (None, None, "cuda:0", True),
+        (None, None, "cpu", False),
+        ("0", None, "cuda", False),
+        ("off", None, "cuda:1", False),
+        ("1", None, "cpu", True),
+        ("0", True, "cuda", True),
+        ("1", False, "cpu", False),
+        ("maybe", None, "cuda", True),
+    ],
+)
+def test_packages_are_on_by_default_on_cuda_and_switchable(
+    monkeypatch: pytest.MonkeyPatch, env: str | None, option: bool | None, device: str, wanted: bool
+) -> None:
+    if env is None:
+        monkeypatch.delenv(_flex.AOT_ENV, raising=False)
+    else:
+        monkeypatch.setenv(_flex.AOT_ENV, env)
+    assert _flex.aot_wanted(device, option) is wanted
+
+
+def test_the_switch_reaches_workers_and_compile_processes_when_the_driver_sets_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tunectl.tasks.compile import cache_env
+
+    monkeypatch.delenv(_flex.AOT_ENV, raising=False)
+    assert _flex.AOT_ENV not in cache_env(tmp_path)
+    monkeypatch.setenv(_flex.AOT_ENV, "0")
+    assert cache_env(tmp_path)[_flex.AOT_ENV] == "0"
