@@ -18,8 +18,8 @@ Where that process dies of a signal or hangs, loading packages is broken on this
 H200 with torch 2.11.0+cu130: a segmentation fault inside ``aoti_load_package``, for any package):
 a marker in the cache turns packages off for the target, and builds go the torch.compile way. A
 package that is missing, fails to load or was built for another kernel leaves the worker on the
-torch.compile path, whose output the harness checks as ever. On by default on CUDA;
-``TUNECTL_FLEX_AOT=0`` turns it off, ``=1`` on everywhere (the CPU too).
+torch.compile path, whose output the harness checks as ever. Off by default (that crash);
+``TUNECTL_FLEX_AOT=1`` turns it on.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ _state: dict[str, Any] = {"compiled": None, "point": None, "packages": {}}
 
 #: the switch of ahead-of-time packages (see module doc)
 AOT_ENV = "TUNECTL_FLEX_AOT"
-_OFF, _ON = ("0", "false", "no", "off"), ("1", "true", "yes", "on")
+_ON = ("1", "true", "yes", "on")
 #: the package metadata entry naming the kernel a package was built for
 _KEY_FIELD = "tunectl_compile_key"
 #: how prepares got their kernel in this process: ``loaded`` (a package), ``absent`` (none built),
@@ -143,15 +143,14 @@ def _enter(point: object) -> None:
         _state["point"] = point
 
 
-def aot_wanted(device: str, option: bool | None = None) -> bool:
-    """Whether to build and load ahead-of-time packages on ``device``: ``option`` (the task's) when
-    given, else ``$TUNECTL_FLEX_AOT``, else on CUDA only."""
+def aot_wanted(option: bool | None = None) -> bool:
+    """Whether to build and load ahead-of-time packages: ``option`` (the task's) when given, else
+    ``$TUNECTL_FLEX_AOT``; off by default (on the H200 image's torch 2.11 a package builds but its
+    load dies of a segmentation fault: module doc)."""
     if option is not None:
         return option
     value = os.environ.get(AOT_ENV, "").strip().lower()
-    if value in _OFF:
-        return False
-    return value in _ON or device.startswith("cuda")
+    return value in _ON
 
 
 def aot_target(device: str) -> str:

@@ -14,7 +14,7 @@ The block mask (128 x 128 blocks) is built once per point and shared by every op
 whose tiles do not divide its blocks are invalid. Compiled per static shape (see tunectl.tasks._flex).
 
 A compile process builds each kernel into an AOTInductor package (``build``) that a worker loads
-instead of tracing and compiling (``tunectl.tasks._flex``: on by default on CUDA, ``TUNECTL_FLEX_AOT``,
+instead of tracing and compiling (``tunectl.tasks._flex``: off by default; ``TUNECTL_FLEX_AOT=1``
 or the task's ``aot`` option); without one, or where it does not load, the worker compiles as before.
 """
 
@@ -54,7 +54,7 @@ class FlexPrefill(Task):
     }
 
     def __init__(self, compile_on_cpu: bool = True, aot: bool | None = None) -> None:
-        """``aot``: build and load ahead-of-time packages (None: ``TUNECTL_FLEX_AOT``, else on CUDA)."""
+        """``aot``: build and load ahead-of-time packages (None: ``TUNECTL_FLEX_AOT``, else off)."""
         self.compile_on_cpu = compile_on_cpu
         self.aot = aot
         self._build_point: tuple[Any, dict[str, Any]] | None = None  # a compile process's inputs
@@ -76,7 +76,7 @@ class FlexPrefill(Task):
         options = self._options(config)
         inputs = self._inputs_for_build(static, shape, device)
         key = self._key(static, shape, config)
-        wanted = _flex.aot_wanted(device, self.aot) and _flex.usable(self.name, device)
+        wanted = _flex.aot_wanted(self.aot) and _flex.usable(self.name, device)
         path = _flex.aot_package(self.name, key, device) if wanted else None
         if path is not None and not (path.is_file() and _flex.intact(path)):
             path.unlink(missing_ok=True)  # damaged: built again
@@ -187,7 +187,7 @@ class FlexPrefill(Task):
         point = (self.name, static, shape)
 
         def build() -> Callable[[], Any]:  # on first call: prepare stays off the device
-            if _flex.aot_wanted(device, self.aot):
+            if _flex.aot_wanted(self.aot):
                 key = self._key(static, shape, config)
                 call = _flex.packaged(self.name, key, device, point, self.aot_args(static, inputs))
                 if call is not None:
