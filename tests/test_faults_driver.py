@@ -1,4 +1,4 @@
-"""The driver itself stops mid-run (SIGKILL, a Ctrl-C, or `tunectl cancel`): the run is never recorded
+"""The driver itself stops mid-run (SIGKILL, SIGINT, or `tunectl cancel`): the run is never recorded
 finished with an item missing, and `submit --resume` finishes it."""
 
 from __future__ import annotations
@@ -32,17 +32,35 @@ SLOW = '[[configs]]\nfault = "none"\nrun_ms = 60\nvariant = [' + ", ".join(map(s
 
 @contextlib.contextmanager
 def driver(*args: str) -> Iterator[subprocess.Popen[str]]:
-    """`tunectl ARGS` in a session of its own; whatever it started is killed when the test is done."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tunectl", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
-    )  # fmt: skip
+    """`tunectl ARGS` in a session of its own; whatever it started is killed when the test is done.
+
+    The driver takes SIGINT as from a terminal even where the tests run as a background job: such a
+    job ignores SIGINT, every process it starts inherits that, and a SIGINT sent would do nothing."""
+    with _sigint_not_ignored():
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tunectl", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, start_new_session=True, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
+        )  # fmt: skip
     try:
         yield proc
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # the Ray processes this driver started
         proc.wait()
+
+
+@contextlib.contextmanager
+def _sigint_not_ignored() -> Iterator[None]:
+    """While the block runs, SIGINT is caught rather than ignored here: a process started now begins
+    with SIGINT at its default (an ignored signal stays ignored across exec, a caught one does not)."""
+    ignored = signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    if ignored:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        if ignored:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def wait_for_rows(results: Path, timeout_s: float = 60.0) -> str:
@@ -78,6 +96,30 @@ def test_a_driver_killed_mid_run_leaves_what_it_wrote_and_resume_finishes_the_ru
     assert_one_row_per_item(results, run_id, planned_ids(spec))
     (summary,) = summarise_runs(results)
     assert (summary.state, summary.num_done, summary.info.num_planned) == ("finished", 31, 31)
+
+
+def test_a_sigint_stops_the_driver_early_and_resume_finishes_the_run(tmp_path: Path) -> None:
+    spec, results = write_spec(tmp_path, SLOW), tmp_path / "results"
+    # As when the tests run as a background job: SIGINT ignored here, and by whatever starts from here
+    # unless the harness gives the driver its SIGINT back.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with driver("submit", str(spec), "--results", str(results)) as proc:
+            run_id = wait_for_rows(results)
+            proc.send_signal(signal.SIGINT)
+            out, _ = proc.communicate(timeout=60)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert proc.returncode == 130, out
+    assert f"run {run_id} stopped (interrupted)" in out and "Traceback" not in out
+
+    (summary,) = summarise_runs(results)
+    assert summary.state == "interrupted", "stopped early: not finished"
+    assert summary.info.pools, "the pools the run placed are kept for its resume"
+    assert 0 < summary.num_done < len(planned_ids(spec))
+    assert "already measured" in resume(results, run_id)
+    assert_one_row_per_item(results, run_id, planned_ids(spec))
+    assert load_run(results, run_id).state == "finished"
 
 
 def test_cancel_stops_a_local_run_cleanly_and_resume_finishes_it(tmp_path: Path) -> None:
