@@ -201,6 +201,9 @@ def main() -> None:
     parser.add_argument("--results", help="a directory to keep the results in (default: a temp dir)")
     parser.add_argument("--json", type=Path, help="also write the tally here")
     args = parser.parse_args()
+    # Started as a background job, this process ignores SIGINT and so would every driver it starts: its
+    # interrupt stops would do nothing. Caught here, SIGINT is back at its default in each driver.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     started = time.monotonic()
     tally = run(args)
     print(report(tally, args, time.monotonic() - started))

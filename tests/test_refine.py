@@ -210,3 +210,14 @@ def test_a_range_without_values_starts_at_its_ends_and_the_powers_of_two_between
 def test_a_refine_budget_of_points_must_be_whole() -> None:
     with pytest.raises(SpecError, match=r"search\.refine_budget"):
         _spec("[search]\nrefine_budget = 2.5\n")
+
+
+def test_refined_work_is_missing_items_until_every_level_is_measured() -> None:
+    spec = _spec()
+    stopped = work_of(spec)
+    drive(stopped, stop_after=10)
+    assert stopped.missing() > 0
+    done = work_of(spec)
+    records = drive(done)
+    assert done.missing() == 0
+    assert len(batches(records)) > len(spec.shapes[0].values), "refinement planned points of its own"

@@ -237,3 +237,44 @@ def test_configs_are_ranked_only_against_rows_of_the_newest_timing_method() -> N
     }
     assert ranked_configs(measured) == [make_key({"c": 2}), make_key({"c": 0})]
     assert ranked_configs({}) == []
+
+
+@pytest.mark.parametrize("strategy", ["grid", "halving"])
+def test_a_search_counts_what_is_missing_until_every_item_and_arm_has_its_record(strategy: str) -> None:
+    work = plan(_spec(f"[search]\nstrategy = '{strategy}'\n"))
+    search = Search(work)
+    if strategy == "grid":
+        assert search.missing() == work.num_items, "nothing drawn: every planned item is missing"
+    # Play the dispatcher, but one comparison is lost on the way (its arms never come back).
+    queue, lost = search.draw(AHEAD), None
+    while queue:
+        item = queue.pop(0)
+        if item.arms and lost is None:
+            lost = item
+        else:
+            queue += search.follow_up(answer(item))
+        queue += search.draw(AHEAD - len(queue))
+    assert lost is not None and search.draw(AHEAD) == [], "the search has nothing more to hand out"
+    assert search.missing() == 1, "the lost comparison, counted once"
+    search.follow_up(answer(lost)[:-1])
+    assert search.missing() == 1, "a comparison short of one arm is still missing"
+    search.follow_up(answer(lost)[-1:])
+    assert search.missing() == 0
+
+
+def test_fixed_work_counts_the_items_without_all_their_records() -> None:
+    from tunectl.core.plan import comparison
+    from tunectl.core.record import Phase
+    from tunectl.decide.validate import FixedItems
+
+    items = list(plan(_spec("")).work_items())[:3]
+    final = comparison(items[0].task, items[0].static, items[0].shape, (items[0].config, items[1].config),
+                       Phase.VALIDATE, 2)  # fmt: skip
+    work = FixedItems([*items, final])
+    work.start(answer(items[0]))
+    assert work.missing() == 3
+    for item in work.draw(10):
+        work.follow_up(answer(item)[:1])  # the comparison gets one arm of two
+    assert work.missing() == 1
+    work.follow_up(answer(final))
+    assert work.missing() == 0

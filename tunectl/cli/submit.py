@@ -287,6 +287,8 @@ def stopped_message(exc: KeyboardInterrupt, results: Path) -> str:
     run_id = getattr(exc, "run_id", None)
     if run_id is None:
         return "stopped before the run started; nothing was written"
+    if getattr(exc, "state", None) == "finished":
+        return f"run {run_id} had finished, every item measured, when it was stopped; its results: {results}"
     return (
         f"run {run_id} stopped ({getattr(exc, 'state', 'interrupted')}); what was measured is kept. "
         f"Finish it with `tunectl submit --resume {run_id} --results {results}`"

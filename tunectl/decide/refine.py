@@ -138,6 +138,12 @@ class Refined:
     def estimate(self) -> int:
         return self.search.estimate()
 
+    def missing(self) -> int:
+        """Items still without their records, a level whose points have all finished planned first
+        (as ``draw`` would): zero only once no static key has anything left to measure or refine."""
+        self._grow()
+        return self.search.missing()
+
     def _grow(self) -> list[WorkItem]:
         """Plan every level whose points have all finished; the new points' items not yet in."""
         items: list[WorkItem] = []

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -171,6 +172,8 @@ class Search:
         self._select = plan.facts.selectable  # written into the run when it was planned
         self._configs = {static: self._measured(static, configs) for static, configs in plan.configs}
         self._planned = [(self._configs[s], n) for s, n, _ in plan.count.per_static]
+        self._points_at = {s: n for s, n, _ in plan.count.per_static}  # planned points per static key
+        self._drawn: Counter[Key] = Counter()  # planned points drawn so far, per static key
         self._source: Iterator[Planned] | None = plan.points()
         self.points: dict[tuple[Key, Key], Point] = {}  # drawn or added, in that order
         self._by_text: dict[tuple[str, str], Point] = {}
@@ -208,6 +211,17 @@ class Search:
         total = planned + sum(map(self._per_point, self._added))
         return max(total, sum(len(p.records) for p in self.points.values()))
 
+    def missing(self) -> int:
+        """Items still without their records: every drawn point's, finals included, and each point the
+        plan has not given out yet counted at one item per config (its finals cannot be known yet).
+
+        Zero once the search is done; a run is finished only then."""
+        undrawn = 0
+        if self._source is not None:
+            left = {static: max(0, n - self._drawn[static]) for static, n in self._points_at.items()}
+            undrawn = sum(n * len(self._configs[static]) for static, n in left.items())
+        return undrawn + sum(len(self._unfinished(p)) for p in self.points.values())
+
     def add_point(self, static: Key, shape: Key, configs: tuple[Key, ...]) -> Point:
         """A point planned after the run began (refinement), its ``configs`` the default first."""
         if (static, shape) not in self.points:
@@ -232,6 +246,7 @@ class Search:
         if planned is None:
             self._source = None
             return None
+        self._drawn[planned[0]] += 1
         return self._place(planned[0], planned[1], self._configs[planned[0]])
 
     def _place(self, static: Key, shape: Key, configs: tuple[Key, ...]) -> Point:
@@ -257,7 +272,10 @@ class Search:
 
     def finished(self, point: Point) -> bool:
         """Whether every item the point needs (its finals too) has its records."""
-        return all(self._done(point, item) for item in self._needs(point))
+        return not self._unfinished(point)
+
+    def _unfinished(self, point: Point) -> list[WorkItem]:
+        return [item for item in self._needs(point) if not self._done(point, item)]
 
     def take(self, record: Record) -> Point | None:
         """Take in one record; its point, if the search has it."""

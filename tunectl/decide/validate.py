@@ -91,10 +91,15 @@ class FixedItems:
         return out
 
     def follow_up(self, records: Sequence[Record]) -> list[WorkItem]:
+        self._done.update(r.item_id for r in records)
         return []
 
     def estimate(self) -> int:
         return sum(len(i.record_ids()) for i in self.items)
+
+    def missing(self) -> int:
+        """Items without all their records."""
+        return sum(not set(item.record_ids()) <= self._done for item in self.items)
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,11 @@
 ``run(work, resources, measure, results=..., info=...)`` places workers, dispatches the work's items
 and streams records: every record is appended to the results dataset as it arrives (nothing is
 held), and the run's metadata says how far it got, so a run stopped in any way is finished with
-``submit(resume=RUN_ID)``: only the items without a record are measured again. ``submit`` plans a
-spec and runs its search; validation (``tunectl.orchestrator.validate``) builds its own work and calls
-``run`` the same way.
+``submit(resume=RUN_ID)``: only the items without a record are measured again. A run is recorded
+finished only once its work has every item's row (every arm of every comparison); a stop leaves it
+resumable, on the newest metadata (the pools it placed). ``submit`` plans a spec and runs its
+search; validation (``tunectl.orchestrator.validate``) builds its own work and calls ``run`` the same
+way.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from tunectl.core.errors import UserError
+from tunectl.core.errors import TunectlError, UserError
 from tunectl.core.keys import Key
 from tunectl.core.plan import Plan, WorkItem, check_size, plan
 from tunectl.core.record import Record
@@ -70,6 +72,10 @@ class RunStopped(KeyboardInterrupt):
     def __init__(self, run_id: str, state: str) -> None:
         self.run_id, self.state = run_id, state
         super().__init__(f"run {run_id} {state}")
+
+
+class IncompleteRun(TunectlError):
+    """Dispatch ended with items of the run's work still without a row: the run is not finished."""
 
 
 @dataclass
@@ -122,6 +128,11 @@ class Work(Protocol):
     def follow_up(self, records: Sequence[Record]) -> list[WorkItem]: ...
 
     def estimate(self) -> int: ...
+
+    def missing(self) -> int:
+        """Items still without their records (zero once the work is done): a run is marked finished
+        only then."""
+        ...
 
 
 WorkFor = Callable[[str | None], Work]  # a pool's work, given its name when the run has several
@@ -238,33 +249,57 @@ def run(
     results = Path(results)
     progress = progress or _Silent()
     started = time.time()
-    info = info.with_driver()
     _cancel_requested.clear()
     owns_ray = options.connect_fn(options.address, num_gpus=options.num_gpus, num_cpus=options.num_cpus)
-    save_run(results, info.with_state("running"))
+    run_file = _RunFile(results, info.with_driver())
     out = SubmitResult(info.run_id, None, 0)
     writer = ResultsWriter(results)
     pools: list[Pool] = []
     builders: list[tuple[Any, str]] = []
     try:
+        run_file.save("running")
         with _event_log(results, info.run_id):
-            info = _measure(
-                work, resources, measure, info=info, results=results, resumed=resumed, out=out, pools=pools,
+            _measure(
+                work, resources, measure, run_file=run_file, resumed=resumed, out=out, pools=pools,
                 builders=builders, writer=writer, progress=progress, options=options, strategy=strategy,
             )  # fmt: skip
             writer.close()
+        run_file.save("finished")  # _measure raised unless every item of the work has its row
     except BaseException as exc:
-        writer.close()
+        _close_after_stop(writer)
         state = _stopped_state(exc)
-        save_run(results, info.with_state(state, f"{type(exc).__name__}: {exc}"[:500]))
+        run_file.save(state, f"{type(exc).__name__}: {exc}"[:500])
         if isinstance(exc, KeyboardInterrupt):
             raise RunStopped(info.run_id, state) from None
         raise
     finally:
-        _release(pools, builders, owns_ray)
-    save_run(results, info.with_state("finished"))
+        try:
+            _release(pools, builders, owns_ray)
+        except KeyboardInterrupt:  # a stop while the workers are let go: the run's state is recorded
+            raise RunStopped(info.run_id, run_file.info.state) from None
     out.seconds = time.time() - started
     return out
+
+
+class _RunFile:
+    """The run's metadata as last saved: a stop records its state on the newest (the pools the run
+    placed, its builds, its size), not on what the run began with."""
+
+    def __init__(self, results: Path, info: RunInfo) -> None:
+        self.results, self.info = results, info
+
+    def save(self, state: str, message: str = "", info: RunInfo | None = None) -> None:
+        self.info = (info or self.info).with_state(state, message)
+        save_run(self.results, self.info)
+
+
+def _close_after_stop(writer: ResultsWriter) -> None:
+    """Write what the run has buffered; a write that fails now only leaves those items to a resume."""
+    try:
+        writer.close()
+    except Exception as exc:
+        log.warning("the last %d record(s) were not written (%s); a resume measures them again",
+                    writer.buffered, exc)  # fmt: skip
 
 
 def _measure(
@@ -272,8 +307,7 @@ def _measure(
     resources: ResourceSpec,
     measure: MeasureSpec,
     *,
-    info: RunInfo,
-    results: Path,
+    run_file: _RunFile,
     resumed: bool,
     out: SubmitResult,
     pools: list[Pool],
@@ -282,10 +316,10 @@ def _measure(
     progress: Progress,
     options: RunOptions,
     strategy: str,
-) -> RunInfo:
+) -> None:
     """Start the pools and compile processes (into ``pools`` and ``builders``, for the caller to stop),
-    dispatch each pool's work until it is done, saying what is coming and what came; return the run's
-    metadata as it now stands."""
+    dispatch each pool's work until it is done, saying what is coming and what came, the run's
+    metadata saved as it goes. ``IncompleteRun`` if dispatch ended with any item still without a row."""
 
     def on_records(records: list[Record]) -> None:
         writer.append_item(records)  # an item's records (a comparison's arms) reach disk together
@@ -293,6 +327,7 @@ def _measure(
             out.statuses[record.status] += 1
             progress.record(record)
 
+    info, results = run_file.info, run_file.results
     names = list(info.pools) or choose_pools(resources.accelerator_type, resources.num_gpus)
     ahead = bool(options.compile_ahead)
     compile_options = options.compile_options or CompileOptions()
@@ -303,7 +338,7 @@ def _measure(
     lanes, info, out.num_skipped_done = _lanes(pools, works, info, results, resumed=resumed)
     info, builds = start_builds(lanes, pools, builders, info=info, options=compile_options, setup=setup,
                                 on_compiles=lambda *counts: progress.compiles(*counts))  # fmt: skip
-    save_run(results, info.with_state("running"))
+    run_file.save("running", info=info)
     todo = info.num_planned - out.num_skipped_done
     log.info("run %s: ~%d record(s) to come (%s search) from %d worker(s) in pool(s) %s "
              "(compile ahead: %s)", info.run_id, todo, strategy, out.placement.num_workers,
@@ -319,9 +354,20 @@ def _measure(
     )
     if builds is not None:
         note_builds(info, builds)
+    run_file.save("running", info=info)
+    missing = sum(w.missing() for w in works.values())
+    if missing:
+        again = (
+            f"finish it with `tunectl submit --resume {info.run_id} --results {results}`"
+            if info.kind == "tune"
+            else "run it again"
+        )
+        raise IncompleteRun(
+            f"run {info.run_id} ended with {missing} item(s) still without a row, so it is not "
+            f"marked finished; {again}"
+        )
     log.info("run %s finished: %d record(s), %d worker failure(s), %d item(s) requeued",
              info.run_id, stats.num_records, stats.num_worker_failures, stats.num_requeued)  # fmt: skip
-    return info
 
 
 def _release(pools: list[Pool], builders: list[tuple[Any, str]], owns_ray: bool) -> None:

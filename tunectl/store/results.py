@@ -96,6 +96,11 @@ class ResultsWriter:
         self._seq = 0
         self.rows_written = 0
 
+    @property
+    def buffered(self) -> int:
+        """Records appended and not yet written."""
+        return len(self._buffer)
+
     def append(self, record: Record) -> None:
         """One plain item's record (a comparison's arms go through ``append_item`` together)."""
         self.append_item([record])
