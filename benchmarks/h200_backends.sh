@@ -23,6 +23,9 @@ page_spec() {  # the decode spec at one page size
   sed -E "s/^page_size = \[[0-9, ]+\]/page_size = $1/" "$SPEC" > "$copy"
   echo "$copy"
 }
+spans() {  # declare the spans serving meets in a decode spec copy: batch 1-256, 1k-32k tokens
+  sed -i -E 's/^\[shapes.batch\]$/[shapes.batch]\nrange = [1, 256]/; s/^\[shapes.kv_len\]$/[shapes.kv_len]\nrange = [1024, 32768]/' "$1"
+}
 save() { (cd "$(dirname "$RES")" && tar czf "$OUT/h200-results.tar.gz" "$(basename "$RES")"); }
 case "${1:?step}" in
   smoke)
@@ -44,7 +47,8 @@ case "${1:?step}" in
     spec=$(page_spec "$page")
     # The same grid with the spans serving meets declared (batch 1-256, 1k-32k tokens), refinement off:
     # held-out shapes are drawn inside them; the bundle is the grid's as tuned.
-    sed -i -E 's/^\[shapes.batch\]$/[shapes.batch]\nrange = [1, 256]/; s/^\[shapes.kv_len\]$/[shapes.kv_len]\nrange = [1024, 32768]/; s/^strategy = "halving"$/strategy = "halving"\nrefine_budget = 0/' "$spec"
+    spans "$spec"
+    sed -i -E 's/^strategy = "halving"$/strategy = "halving"\nrefine_budget = 0/' "$spec"
     run=${RUN:-$(tunectl runs --results "$RES" --json | python -c "
 import json, sys
 runs = [r for r in json.load(sys.stdin) if r['state'] == 'finished' and r['name'] == 'h200-flash-decode']
@@ -61,7 +65,8 @@ print(sorted(runs, key=lambda r: r['created_at'])[-1]['run_id'])")}
     # once finished, its bundle is checked at the same 24 held-out shapes as the holdout step's.
     page=${2:?page}
     spec=$(page_spec "$page")
-    sed -i -E "s/^name = .*/name = \"h200-decode-refined\"/; s/^\[shapes.batch\]$/[shapes.batch]\nrange = [1, 256]/; s/^\[shapes.kv_len\]$/[shapes.kv_len]\nrange = [1024, 32768]\nstep = $page/; s/^strategy = \"halving\"$/strategy = \"halving\"\nrefine_budget = ${REFINE_BUDGET:-16}/" "$spec"
+    spans "$spec"
+    sed -i -E "s/^name = .*/name = \"h200-decode-refined\"/; s/^(range = \[1024, 32768\])$/\1\nstep = $page/; s/^strategy = \"halving\"$/strategy = \"halving\"\nrefine_budget = ${REFINE_BUDGET:-16}/" "$spec"
     unfinished=$(tunectl runs --results "$RES" --json | python -c "
 import json, sys
 runs = [r for r in json.load(sys.stdin) if r['state'] != 'finished' and r['name'] == 'h200-decode-refined']
@@ -76,7 +81,7 @@ print(runs[-1]['run_id'] if runs else '')")
     save
     [ -n "$run" ] || { echo "refined grid not finished: run this step again to resume it"; exit 0; }
     holdout=$(page_spec "$page")  # the holdout step's spec: the same shapes drawn
-    sed -i -E 's/^\[shapes.batch\]$/[shapes.batch]\nrange = [1, 256]/; s/^\[shapes.kv_len\]$/[shapes.kv_len]\nrange = [1024, 32768]/' "$holdout"
+    spans "$holdout"
     tunectl export bundle --results "$RES" --run "$run" --name "h200-decode-refined-p$page" --version 1 \
       --out "$RES/bundles" 2>&1 | tail -n 3
     timeout 480 tunectl validate "$RES/bundles/h200-decode-refined-p$page/1" --spec "$holdout" --holdout 24 \
