@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tests.decode_keys import flash_static
 from tunectl.core.keys import key_text, make_key
 from tunectl.core.plan import comparison
 from tunectl.core.record import Phase
@@ -23,17 +24,7 @@ from tunectl.core.spec import MeasureSpec
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
-STATIC = {
-    "causal": True,
-    "dtype": "bfloat16",
-    "head_dim": 128,
-    "num_kv_heads": 8,
-    "num_q_heads": 32,
-    "page_size": 128,
-    "sinks": False,
-    "softcap": 0.0,
-    "window": (-1, -1),
-}
+STATIC = flash_static(page_size=128)
 SHAPE = {"batch": 14, "kv_len": 1452, "q_len": 1}
 # the spec's measurement (configs/h200/flash_decode.toml): graphs, a cold L2, the difference method
 SETTINGS = MeasureSpec(

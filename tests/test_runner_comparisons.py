@@ -3,6 +3,7 @@ each such arm carries its own status, and the other arms are still compared."""
 
 from __future__ import annotations
 
+from tests.decode_keys import flash_static
 from tunectl.core.keys import make_key
 from tunectl.core.plan import comparison
 from tunectl.core.record import Phase, Status
@@ -58,8 +59,7 @@ def test_a_comparison_at_an_untuned_point_leaves_the_inputs_as_built_and_checks_
 
     from tunectl.tasks.registry import get_task
 
-    static = {"causal": True, "dtype": "bfloat16", "head_dim": 128, "num_kv_heads": 8, "num_q_heads": 32,
-              "page_size": 128, "sinks": False, "softcap": 0.0, "window": (-1, -1)}  # fmt: skip
+    static = flash_static(page_size=128)
     shape = {"batch": 14, "kv_len": 1452, "q_len": 1}
     arms = [
         {"backend": "sdpa"},
