@@ -140,7 +140,7 @@ def build(device: str) -> list[dict[str, Any]]:
         t0 = time.perf_counter()
         try:
             packages.build(static, shape, config, device)
-            path = _flex.aot_package(packages.name, packages._key(static, shape, config), device)
+            path = _flex.aot_package(packages.name, packages.compile_key(static, shape, config), device)
             row["package"] = path is not None and path.is_file()
         except Exception as exc:
             row["package"], row["build_error"] = False, _flex.why(exc)

@@ -57,7 +57,7 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 def package(config: dict[str, Any]) -> Path:
     task = FlexPrefill()
-    path = _flex.aot_package(task.name, task._key(STATIC, SHAPE, config), "cpu")
+    path = _flex.aot_package(task.name, task.compile_key(STATIC, SHAPE, config), "cpu")
     assert path is not None
     return path
 
@@ -81,8 +81,8 @@ def test_a_build_writes_one_package_named_by_the_compile_key(cache: Path) -> Non
     assert path.is_file() and path.is_relative_to(cache / "flex_prefill" / "aot")
     assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temp file left beside it
     assert package(OTHER) != path  # another option set, another package
-    model = _flex.load_package(path, FlexPrefill()._key(STATIC, SHAPE, CONFIG), "cpu")
-    assert model.get_metadata()["tunectl_compile_key"] == FlexPrefill()._key(STATIC, SHAPE, CONFIG)
+    model = _flex.load_package(path, FlexPrefill().compile_key(STATIC, SHAPE, CONFIG), "cpu")
+    assert model.get_metadata()["tunectl_compile_key"] == FlexPrefill().compile_key(STATIC, SHAPE, CONFIG)
 
 
 def test_a_prepare_loads_the_package_without_tracing_and_matches_the_reference(cache: Path) -> None:
@@ -143,7 +143,7 @@ def test_a_package_for_another_kernel_is_refused_by_name(cache: Path) -> None:
 def test_the_check_in_a_process_of_its_own_passes_a_good_package_and_fails_a_wrong_one(cache: Path) -> None:
     request = {"task": "flex_prefill", "static": STATIC, "shape": SHAPE, "config": CONFIG,
                "path": str(package(CONFIG)), "device": "cpu"}  # fmt: skip
-    _flex.check_package({**request, "key": FlexPrefill()._key(STATIC, SHAPE, CONFIG)})
+    _flex.check_package({**request, "key": FlexPrefill().compile_key(STATIC, SHAPE, CONFIG)})
     with pytest.raises(RuntimeError, match=r"failed its check: ValueError: .*another kernel"):
         _flex.check_package({**request, "key": "some other key"})
 

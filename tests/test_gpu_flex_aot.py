@@ -41,7 +41,7 @@ CONFIGS = [
 
 def package(config: dict[str, Any]) -> Path:
     task = FlexPrefill()
-    path = _flex.aot_package(task.name, task._key(STATIC, SHAPE, config), "cuda")
+    path = _flex.aot_package(task.name, task.compile_key(STATIC, SHAPE, config), "cuda")
     assert path is not None
     return path
 

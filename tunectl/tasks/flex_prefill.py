@@ -62,11 +62,8 @@ class FlexPrefill(Task):
     def default_config(self, static: Params) -> dict[str, Any]:
         return {}
 
-    def compile_key(self, static: Params, shape: Params, config: Params) -> str | None:
+    def compile_key(self, static: Params, shape: Params, config: Params) -> str:
         """Flex compiles one kernel per static shape and kernel-option set."""
-        return self._key(static, shape, config)
-
-    def _key(self, static: Params, shape: Params, config: Params) -> str:
         return key_of(static, shape, config)
 
     def build(self, static: Params, shape: Params, config: Params, device: str) -> None:
@@ -75,7 +72,7 @@ class FlexPrefill(Task):
         its check, the torch.compile kernel into Inductor's caches (prepared and called once)."""
         options = self._options(config)
         inputs = self._inputs_for_build(static, shape, device)
-        key = self._key(static, shape, config)
+        key = self.compile_key(static, shape, config)
         wanted = _flex.aot_wanted(self.aot) and _flex.usable(self.name, device)
         path = _flex.aot_package(self.name, key, device) if wanted else None
         if path is not None and not (path.is_file() and _flex.intact(path)):
@@ -188,7 +185,7 @@ class FlexPrefill(Task):
 
         def build() -> Callable[[], Any]:  # on first call: prepare stays off the device
             if _flex.aot_wanted(self.aot):
-                key = self._key(static, shape, config)
+                key = self.compile_key(static, shape, config)
                 call = _flex.packaged(self.name, key, device, point, self.aot_args(static, inputs))
                 if call is not None:
                     return call
