@@ -55,7 +55,7 @@ runs = [r for r in json.load(sys.stdin) if r['state'] == 'finished' and r['name'
 print(sorted(runs, key=lambda r: r['created_at'])[-1]['run_id'])")}
     tunectl export bundle --results "$RES" --run "$run" --name "h200-decode-p$page" --version 1 \
       --out "$RES/bundles" 2>&1 | tail -n 3
-    timeout 480 tunectl validate "$RES/bundles/h200-decode-p$page/1" --spec "$spec" --holdout 24 --seed 0 \
+    timeout "${VALIDATE_TIMEOUT:-480}" tunectl validate "$RES/bundles/h200-decode-p$page/1" --spec "$spec" --holdout 24 --seed 0 \
       --results "$RES" 2>&1 | grep -v '^\(compile process\|flash_decode:\|\"num_q_heads\|supported on\)' | tail -n 80 | tee "$OUT/holdout-p$page.txt"
     save
     ;;
@@ -84,7 +84,7 @@ print(runs[-1]['run_id'] if runs else '')")
     spans "$holdout"
     tunectl export bundle --results "$RES" --run "$run" --name "h200-decode-refined-p$page" --version 1 \
       --out "$RES/bundles" 2>&1 | tail -n 3
-    timeout 480 tunectl validate "$RES/bundles/h200-decode-refined-p$page/1" --spec "$holdout" --holdout 24 \
+    timeout "${VALIDATE_TIMEOUT:-480}" tunectl validate "$RES/bundles/h200-decode-refined-p$page/1" --spec "$holdout" --holdout 24 \
       --seed 0 --results "$RES" 2>&1 | grep -v '^\(compile process\|flash_decode:\|\"num_q_heads\|supported on\)' \
       | tail -n 80 | tee "$OUT/holdout-refined-p$page.txt"
     save
