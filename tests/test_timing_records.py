@@ -15,8 +15,7 @@ from tunectl.core.record import Record, Status, Timing
 from tunectl.core.spec import MeasureSpec, parse_spec
 from tunectl.decide.select import select_winners
 from tunectl.store.results import ResultsWriter, read_results
-from tunectl.tasks.drift import PROBE_SETTINGS
-from tunectl.tasks.harness import Sampler
+from tunectl.tasks.drift import PROBE_SETTINGS, Probe
 from tunectl.tasks.runner import ItemRunner
 
 FAST = MeasureSpec(warmup=0, min_samples=3, max_samples=6, max_seconds=0.05)
@@ -71,19 +70,17 @@ def test_a_row_without_a_timing_reads_as_replay() -> None:
         Record.from_row({**row, "timing": "bogus"})
 
 
-def _shifting_probe(slow_calls: range) -> Callable[[str], Sampler]:
-    """A probe whose device reads 20 % slow during the given calls (fake timing, real guard)."""
+def _shifting_probe(slow_calls: range) -> Callable[[str], Probe]:
+    """A probe whose device reads 20 % slow during the given samples (fake timing, real guard), per
+    call whatever the window."""
     calls = 0
 
-    def make(device: str) -> Sampler:
-        def sample() -> float:
-            nonlocal calls
-            calls += 1
-            return 120.0 if calls in slow_calls else 100.0
+    def sample() -> float:
+        nonlocal calls
+        calls += 1
+        return 120.0 if calls in slow_calls else 100.0
 
-        return sample
-
-    return make
+    return lambda device: lambda window_calls: sample
 
 
 def _measure_item(runner: ItemRunner, settings: MeasureSpec) -> Record:
@@ -121,7 +118,7 @@ def test_a_spec_names_a_bad_timing_or_drift_choice(key: str, value: str) -> None
 
 
 def test_a_probe_that_cannot_be_built_leaves_the_measurement_unguarded() -> None:
-    def no_probe(device: str) -> Sampler:
+    def no_probe(device: str) -> Probe:
         raise RuntimeError("out of memory")
 
     runner = ItemRunner("cpu", probe=no_probe)

@@ -21,6 +21,15 @@ default fails, and it needs no compiling. The probe is timed (``PROBE_SETTINGS``
   clean probes on both sides). The sample after a look is run and dropped: the look's copy has
   evicted what a warm-L2 measurement keeps in the cache.
 
+A probe sample lasts as long as the measurement's samples (``calls`` probe calls in one timed
+window, up to ``PROBE_SPAN_MAX_US``; its reading is per call). A neighbour process shares the GPU in
+time slices: a window shorter than a slice rarely meets a switch, so a single ~200 µs
+probe read clean through a burst that doubled a 15 ms kernel (an H200, cuDNN SDPA at 64 x 8192, 2.09x
+with no flag). A window as long as the measured sample meets as many switches as it does. The looks
+and the probe after a measurement are sized by its latest sample (its wall time: the first samples
+of a config can be far longer), the probe before it by the previous measurement's at the point (one
+call at a point's first item, which is the reference; readings per call compare across sizes).
+
 The probe *moved* when its two medians lie each outside the other's p20-p80 band and differ by more
 than ``max(MIN_SHIFT, NOISE_FACTOR x the larger relative noise)``: 3 % or three times the noise.
 Then the measurement just made is made again, up to ``MAX_REMEASURES`` times, each followed by
@@ -41,6 +50,7 @@ still gets exactly one row.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
@@ -48,6 +58,9 @@ from typing import Any
 
 from tunectl.core.spec import MeasureSpec
 from tunectl.tasks.harness import Sampler, Stats, measure
+
+#: the probe's sampler for ``calls`` back-to-back probe calls timed as one window (µs per call)
+Probe = Callable[[int], Sampler]
 
 MIN_SHIFT = 0.03
 NOISE_FACTOR = 3.0
@@ -59,6 +72,7 @@ WAIT_STEP_S = 1.0
 PROBE_SETTINGS = MeasureSpec(warmup=1, min_samples=10, max_samples=200, noise_target=0.005, max_seconds=0.05)
 #: a look inside a measurement: a handful of probe samples, their median against the reference
 LOOK_SETTINGS = MeasureSpec(warmup=0, min_samples=5, max_samples=5, noise_target=1.0, max_seconds=0.02)
+PROBE_SPAN_MAX_US = 20_000.0  # a probe sample spans a measured sample up to this long (module doc)
 _PROBE_COPY_L2S = 2  # the copied buffer, in L2 sizes: it streams from memory, not from the cache
 _PROBE_MATMUL_N = 4096  # bf16: ~140 µs of tensor-core work on an H200
 _CPU_PROBE_BYTES = 8 << 20
@@ -98,14 +112,14 @@ class Guarded:
 class DriftGuard:
     """Times the probe around a worker's measurements and measures again what a shift touched.
 
-    ``action``: ``remeasure`` (flag and measure again) or ``flag`` (flag only). ``max_wait_s``: how
-    long a shift is waited out (0 on a CPU, whose neighbours come and go with no clock to recover).
-    One per worker.
+    ``probe(calls)``: the probe's sampler for ``calls`` calls in one timed window. ``action``:
+    ``remeasure`` (flag and measure again) or ``flag`` (flag only). ``max_wait_s``: how long a shift is
+    waited out (0 on a CPU, whose neighbours come and go with no clock to recover). One per worker.
     """
 
     def __init__(
         self,
-        probe: Sampler,
+        probe: Probe,
         *,
         action: str = "remeasure",
         settings: MeasureSpec = PROBE_SETTINGS,
@@ -118,6 +132,8 @@ class DriftGuard:
         self.probe, self.action, self.settings = probe, action, settings
         self._sleep, self._clock = sleep, clock
         self.max_wait_s = max_wait_s
+        self._samplers: dict[int, Sampler] = {}
+        self._calls = 1  # probe calls per probe sample (module doc)
         self._point: Hashable = None
         self._reference: Stats | None = None
         self._lasting = False  # a shift at this point outlived the re-measurements
@@ -127,7 +143,7 @@ class DriftGuard:
         probe (and measured again while the probe had moved, within the limits of the module doc)."""
         fresh = point != self._point or self._reference is None
         if fresh:
-            self._point, self._lasting = point, False
+            self._point, self._lasting, self._calls = point, False, 1
             self._reference = self._time_probe()
         reference = self._reference
         assert reference is not None
@@ -167,15 +183,29 @@ class DriftGuard:
         def watched() -> float:
             nonlocal last
             if self._clock() - last >= LOOK_EVERY_S:
-                looks.append(measure(self.probe, LOOK_SETTINGS))
+                looks.append(measure(self._probe(), LOOK_SETTINGS))
                 sample()  # run and dropped (module doc)
                 last = self._clock()
-            return sample()
+            start = self._clock()
+            us = sample()
+            self._size_probe(self._clock() - start)
+            return us
 
         return watched
 
+    def _size_probe(self, sample_s: float) -> None:
+        """Probe samples of as many calls as span ``sample_s`` (up to ``PROBE_SPAN_MAX_US``)."""
+        assert self._reference is not None
+        span_us = min(sample_s * 1e6, PROBE_SPAN_MAX_US)
+        self._calls = max(1, math.ceil(span_us / max(self._reference.median_us, 1e-3)))
+
+    def _probe(self) -> Sampler:
+        if self._calls not in self._samplers:
+            self._samplers[self._calls] = self.probe(self._calls)
+        return self._samplers[self._calls]
+
     def _time_probe(self) -> Stats:
-        return measure(self.probe, self.settings)
+        return measure(self._probe(), self.settings)
 
     def _came_back(self, reference: Stats) -> bool:
         """Wait (up to max_wait_s, probing every WAIT_STEP_S) for the probe to be back at ``reference``."""
@@ -208,12 +238,23 @@ def probe_kernel(device: str) -> Callable[[], Any]:
     return probe
 
 
-def probe_sampler(device: str) -> Sampler:
-    """The probe's sampler: eager calls between events with a warm L2 on a GPU (the probe streams its
-    copy from memory whatever the cache holds), the clock on a CPU; the same method at every check of
-    a worker's life. Not a CUDA graph: a graph of the probe's matrix product, captured beside the
-    measured kernels' graphs, left the next kernel of the worker reading freed memory on an H200
-    (an illegal address), and a ~200 µs probe pays nothing measurable for its launch."""
+def probe_sampler(device: str) -> Probe:
+    """The probe's samplers, one per number of calls in a timed window: eager calls between events with
+    a warm L2 on a GPU (the probe streams its copy from memory whatever the cache holds), the clock on
+    a CPU; the same method at every check of a worker's life. Not a CUDA graph: a graph of the probe's
+    matrix product, captured beside the measured kernels' graphs, left the next kernel of the worker
+    reading freed memory on an H200 (an illegal address), and a ~200 µs probe pays nothing measurable
+    for its launch."""
     from tunectl.tasks.timing import make_sampler
 
-    return make_sampler(probe_kernel(device), device, "eager", "warm")
+    kernel = probe_kernel(device)
+
+    def sized(calls: int) -> Sampler:
+        def window() -> None:
+            for _ in range(calls):
+                kernel()
+
+        timed = make_sampler(window, device, "eager", "warm")
+        return lambda: timed() / calls
+
+    return sized

@@ -21,7 +21,7 @@ from tunectl.core.plan import WorkItem, member_id
 from tunectl.core.record import Record
 from tunectl.core.spec import MeasureSpec
 from tunectl.tasks.base import InvalidConfig, TuningTask
-from tunectl.tasks.drift import MAX_WAIT_S, DriftGuard, probe_sampler
+from tunectl.tasks.drift import MAX_WAIT_S, DriftGuard, Probe, probe_sampler
 from tunectl.tasks.env import env_json, environment
 from tunectl.tasks.harness import Sampler, interleave, measure, scaled
 from tunectl.tasks.nvml import read_state, record_fields
@@ -48,8 +48,8 @@ class CudaContextPoisoned(RuntimeError):
 class ItemRunner:
     """Evaluates work items on one device. One per worker process."""
 
-    def __init__(self, device: str = "cpu", *, probe: Callable[[str], Sampler] = probe_sampler) -> None:
-        """``probe`` makes the drift guard's probe sampler for a device (``tunectl.tasks.drift``)."""
+    def __init__(self, device: str = "cpu", *, probe: Callable[[str], Probe] = probe_sampler) -> None:
+        """``probe`` makes the drift guard's probe samplers for a device (``tunectl.tasks.drift``)."""
         self.device = device
         self._make_probe = probe
         self._guard: DriftGuard | None = None
