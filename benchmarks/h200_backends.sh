@@ -27,6 +27,13 @@ spans() {  # declare the spans serving meets in a decode spec copy: batch 1-256,
   sed -i -E 's/^\[shapes.batch\]$/[shapes.batch]\nrange = [1, 256]/; s/^\[shapes.kv_len\]$/[shapes.kv_len]\nrange = [1024, 32768]/' "$1"
 }
 save() { (cd "$(dirname "$RES")" && tar czf "$OUT/h200-results.tar.gz" "$(basename "$RES")"); }
+submit() {  # tunectl submit within $1 seconds; its output to a file, not a pipe: a submit stopped at the
+  # limit can leave Ray processes holding a pipe open (a 60 s wait for a dead GCS), so they are stopped
+  local limit=$1; shift
+  timeout "$limit" tunectl submit "$@" --results "$RES" --yes > /tmp/submit.log 2>&1
+  [ $? -eq 124 ] && { echo "submit stopped at ${limit} s"; ray stop --force > /dev/null 2>&1; }
+  grep -v '^[│┃┏┡└]' /tmp/submit.log | tail -n 12
+}
 case "${1:?step}" in
   smoke)
     timeout 300 python -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_kernels.py \
@@ -39,7 +46,7 @@ case "${1:?step}" in
   grid)
     spec=$(page_spec "${2:?page}")
     echo "== submit $spec"
-    timeout 560 tunectl submit "$spec" --results "$RES" --yes 2>&1 | grep -v '^[│┃┏┡└]' | tail -n 12
+    submit 560 "$spec"
     save
     ;;
   holdout)
@@ -72,8 +79,7 @@ import json, sys
 runs = [r for r in json.load(sys.stdin) if r['state'] != 'finished' and r['name'] == 'h200-decode-refined']
 print(runs[0]['run_id'] if runs else '')")
     if [ -n "$unfinished" ]; then args=(--resume "$unfinished"); else args=("$spec"); fi
-    timeout "${REFINE_TIMEOUT:-540}" tunectl submit "${args[@]}" --results "$RES" --yes 2>&1 \
-      | grep -v '^[│┃┏┡└]' | tail -n 12
+    submit "${REFINE_TIMEOUT:-540}" "${args[@]}"
     run=$(tunectl runs --results "$RES" --json | python -c "
 import json, sys
 runs = [r for r in json.load(sys.stdin) if r['state'] == 'finished' and r['name'] == 'h200-decode-refined']
@@ -94,7 +100,7 @@ print(runs[-1]['run_id'] if runs else '')")
     # shapes are), one item each, so a config that kills its worker is named by its own crash row.
     spec=$(page_spec "${2:?page}")
     sed -i -E 's/^name = .*/name = "h200-odd-shapes"/; s/^values = \[1, 4, 16, 64, 256\]/values = [14]/; s/^values = \[1024, 8192, 32768\]/values = [1452]/; s/^strategy = "halving"$/strategy = "grid"/' "$spec"
-    timeout "${ODD_TIMEOUT:-280}" tunectl submit "$spec" --results "$RES" --yes 2>&1 | grep -v '^[│┃┏┡└]' | tail -n 12
+    submit "${ODD_TIMEOUT:-280}" "$spec"
     tunectl failures --results "$RES" --json > "$OUT/odd-p$2.json"
     python -c "import json, sys
 for f in json.load(open(sys.argv[1])): print(f['status'], f['config_key'], (f.get('message') or '')[:160])" \
