@@ -6,8 +6,8 @@
 Each ``--holdout`` names a bundle and the run ``tunectl validate BUNDLE --holdout N`` recorded for it;
 the table reads that run's records again (no measuring): the shapes it measured, the pick the bundle
 serves at each (looked up as the validation did, under the run's own spec), and pick / oracle from
-its interleaved comparison. ``--tuning`` adds what each bundle's tuning run cost (records, the
-measured time in them, the span of the run). Prints Markdown.
+its interleaved comparison. ``--tuning`` adds what each bundle's tuning run cost (its records and
+points, and the span from its first item's start to its last's finish). Prints Markdown.
 """
 
 from __future__ import annotations
