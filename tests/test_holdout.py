@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -124,3 +125,43 @@ def test_a_holdout_where_no_comparison_succeeded_says_so_and_where_to_look() -> 
     text = console.export_text()
     assert "not compared: 2 crash, 1 error; `tunectl failures --run r1 --results res` lists why" in text
     assert "no held-out shape was measured" in text
+
+
+def test_a_stopped_holdout_run_is_finished_by_resume_with_one_row_per_arm(
+    ray_two_gpus: None, tmp_path: Path
+) -> None:
+    from tests.test_faults import raw_row_count
+    from tests.test_faults_driver import _InterruptedAt
+    from tests.test_refine import SPEC
+    from tunectl.core.errors import UserError
+    from tunectl.orchestrator.submit import RunStopped, submit
+    from tunectl.orchestrator.validate import HoldoutRun, validate_holdout
+    from tunectl.store.runs import load_run
+
+    spec = tmp_path / "r.toml"
+    spec.write_text(SPEC.replace('[shapes.kv_len]\nvalues = [1024]\nbucket = "ceil"', RANGED_KV))
+    results, store = tmp_path / "res", tmp_path / "b"
+    submit(str(spec), results)
+    out = CliRunner().invoke(app, ["export", "bundle", "--results", str(results), "--name", "r", "--version",
+                                   "1", "--out", str(store)])  # fmt: skip
+    assert out.exit_code == 0, out.output
+    bundle = store / "r" / "1"
+
+    def holdout(**kw: Any) -> HoldoutRun:
+        return validate_holdout(bundle, spec, results, num_shapes=3, rounds=3, **kw)
+
+    with pytest.raises(RunStopped) as stopped:
+        holdout(seed=1, progress=_InterruptedAt(2))
+    run_id = stopped.value.run_id
+    planned = load_run(results, run_id).num_planned
+    assert 2 <= raw_row_count(results, run_id) < planned
+    with pytest.raises(UserError, match="planned other items"):
+        holdout(seed=2, resume=run_id)
+
+    done = holdout(seed=1, resume=run_id)
+    assert done.run_id == run_id and load_run(results, run_id).state == "finished"
+    rows = read_results(results, [run_id])
+    assert raw_row_count(results, run_id) == len({r.item_id for r in rows}) == planned
+    again = holdout(seed=1, resume=run_id)  # finished: its verdict is read, nothing measured
+    assert raw_row_count(results, run_id) == planned
+    assert again.holdout.ratios == done.holdout.ratios and done.holdout.ratios

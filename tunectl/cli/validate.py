@@ -44,6 +44,14 @@ def validate_cmd(
     margin: Annotated[
         float, typer.Option(help="With --holdout: the pick loses where it is slower than the best by more.")
     ] = 0.02,
+    resume: Annotated[
+        str | None,
+        typer.Option(
+            help="Finish this stopped validation run (the same BUNDLE, SPEC and options) instead of "
+            "starting one; a finished run's verdict is printed from its records.",
+            metavar="RUN_ID",
+        ),
+    ] = None,
 ) -> None:
     """Run every point of SPEC as a stack of layers with BUNDLE's config and with the default,
     interleaved; report per-point and geometric-mean speedup with 95 % intervals. Exits 1 when the
@@ -58,13 +66,13 @@ def validate_cmd(
     """
     if holdout is not None:
         _holdout(bundle, spec, results, holdout, seed=seed, margin=margin, rounds=rounds, address=address,
-                 num_gpus=num_gpus)  # fmt: skip
+                 num_gpus=num_gpus, resume=resume)  # fmt: skip
         return
     from tunectl.orchestrator.validate import validate
 
     console = Console()
     run = _measured(console, "validation", results, lambda bar: validate(
-        bundle, spec, results, layers=layers, rounds=rounds, progress=bar,
+        bundle, spec, results, layers=layers, rounds=rounds, progress=bar, resume=resume,
         address=address, num_gpus=num_gpus, connect_fn=connect_trapping_cancel,
     ))  # fmt: skip
     print_validation(console, [run])
@@ -74,14 +82,14 @@ def validate_cmd(
 
 def _holdout(
     bundle: str, spec: Path, results: Path, num_shapes: int, *, seed: int, margin: float, rounds: int,
-    address: str | None, num_gpus: int | None,
+    address: str | None, num_gpus: int | None, resume: str | None,
 ) -> None:  # fmt: skip
     from tunectl.orchestrator.validate import validate_holdout
 
     console = Console()
     run = _measured(console, "holdout", results, lambda bar: validate_holdout(
         bundle, spec, results, num_shapes=num_shapes, seed=seed, rounds=rounds, margin=margin,
-        progress=bar, address=address, num_gpus=num_gpus, connect_fn=connect_trapping_cancel,
+        progress=bar, resume=resume, address=address, num_gpus=num_gpus, connect_fn=connect_trapping_cancel,
     ))  # fmt: skip
     print_holdout(console, run, results)
     if run.holdout.failed or not run.holdout.ratios:
@@ -96,8 +104,10 @@ def _measured(console: Console, what: str, results: Path, measure: Callable[[Run
             return measure(bar)
     except KeyboardInterrupt as exc:
         run_id = getattr(exc, "run_id", None)
-        stopped = f"{what} run {run_id} stopped" if run_id else "stopped before the run started"
-        raise fail(f"{stopped}; what was measured is kept in {results}; validate again", 130) from None
+        if run_id:
+            raise fail(f"{what} run {run_id} stopped; what was measured is kept in {results}; finish it "
+                       f"with the same command and --resume {run_id}", 130) from None  # fmt: skip
+        raise fail(f"stopped before the {what} run started; validate again", 130) from None
     finally:
         bar.stop()
 

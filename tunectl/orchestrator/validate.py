@@ -7,6 +7,8 @@ the bundle chose a config other than the default (``tunectl.decide.validate``).
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,7 +45,7 @@ from tunectl.orchestrator.submit import Progress, RunOptions, new_run, run
 from tunectl.runtime import Bundle
 from tunectl.store.bundle import MANIFEST, publish, publish_local
 from tunectl.store.results import read_results
-from tunectl.store.runs import load_run
+from tunectl.store.runs import RunInfo, driver_alive, load_run
 from tunectl.store.stores import open_store, read_bundle
 
 
@@ -67,11 +69,14 @@ def validate(
     layers: int = DEFAULT_LAYERS,
     rounds: int = DEFAULT_ROUNDS,
     progress: Progress | None = None,
+    resume: str | None = None,
     **options: Any,
 ) -> ValidationRun:
     """Run ``spec``'s points as ``layers``-layer stacks, ``bundle``'s configs against the defaults.
 
     ``bundle``: a loaded bundle, or where to load one; ``spec``: a Spec, or a spec file's path.
+    ``resume``: a stopped validation run of the same bundle, spec and options to finish (a finished
+    one's verdict is read from its records).
     ``options``: ``tunectl.orchestrator.submit.RunOptions`` fields (address, num_gpus, connect_fn, ...).
     """
     if layers < 1 or rounds < 2:
@@ -81,7 +86,9 @@ def validate(
     items, skipped = plan_validation(spec, loaded, layers=layers, rounds=rounds, task=get_task(spec.task))
     if not items:
         return ValidationRun(None, spec.path, Validation((), layers, rounds), tuple(skipped))
-    run_id, records = _run_fixed(spec, items, Path(results), "validate", len(items), progress, options)
+    run_id, records = _run_fixed(
+        spec, items, Path(results), "validate", len(items), progress, options, resume=resume
+    )
     return ValidationRun(run_id, spec.path, read_validation(records), tuple(skipped))
 
 
@@ -93,14 +100,48 @@ def _run_fixed(
     num_planned: int,
     progress: Progress | None,
     options: Any,
+    resume: str | None = None,
 ) -> tuple[str, list[Record]]:
-    """Run ``items`` as they are, as a run of ``kind``: its id and its records."""
-    info = new_run(spec, results=results, num_planned=num_planned, kind=kind)
+    """Run ``items`` as they are, as a run of ``kind``: its id and its records. ``resume``: finish that
+    stopped run of the same items instead (a finished one is only read)."""
+    digest = plan_digest(items)
+    if resume is None:
+        info = dataclasses.replace(
+            new_run(spec, results=results, num_planned=num_planned, kind=kind), plan_digest=digest
+        )
+    else:
+        info = _resumable(results, resume, kind, spec, digest)
+        if info.state == "finished":
+            return info.run_id, read_results(results, run_ids=[info.run_id])
     out = run(
         lambda pool: FixedItems(items, pool), spec.resources, spec.measure, results=results, info=info,
-        progress=progress, options=RunOptions(**options),
+        resumed=resume is not None, progress=progress, options=RunOptions(**options),
     )  # fmt: skip
     return out.run_id, read_results(results, run_ids=[out.run_id])
+
+
+def plan_digest(items: Sequence[WorkItem]) -> str:
+    """What a run of fixed ``items`` plans, in a few characters: the digest of their record ids."""
+    ids = sorted(rid for item in items for rid in item.record_ids())
+    return hashlib.sha256("\n".join(ids).encode()).hexdigest()[:16]
+
+
+def _resumable(results: Path, run_id: str, kind: str, spec: Spec, digest: str) -> RunInfo:
+    """Run ``run_id``'s metadata, if a resume with these items may finish it (or read it, finished)."""
+    info = load_run(results, run_id)
+    if info.kind != kind:
+        raise UserError(f"run {run_id} is a {info.kind} run, not a {kind} run; --resume takes a {kind} run")
+    if info.spec_text != spec.text:
+        raise UserError(f"run {run_id} was started with another spec ({info.spec_path}); give that one")
+    if info.plan_digest != digest:
+        raise UserError(
+            f"run {run_id} planned other items (another bundle, seed, number of shapes, layers or "
+            "rounds); give the options it was started with, or leave out --resume"
+        )
+    if info.state == "running" and driver_alive(info):
+        raise UserError(f"run {run_id} is still running (pid {info.driver_pid}); stop it first: "
+                        f"`tunectl cancel {run_id}`")  # fmt: skip
+    return info
 
 
 @dataclass(frozen=True)
@@ -121,10 +162,12 @@ def validate_holdout(
     rounds: int = DEFAULT_ROUNDS,
     margin: float = DEFAULT_MARGIN,
     progress: Progress | None = None,
+    resume: str | None = None,
     **options: Any,
 ) -> HoldoutRun:
     """Measure ``bundle``'s picks at ``num_shapes`` shapes drawn inside ``spec``'s ranges and not tuned,
     against the default and every selectable config there (``tunectl.decide.holdout``), as a run of its own.
+    ``resume``: as ``validate``'s.
 
     ``options``: ``tunectl.orchestrator.submit.RunOptions`` fields (address, num_gpus, connect_fn, ...).
     """
@@ -145,7 +188,7 @@ def validate_holdout(
     if not items:
         return HoldoutRun(None, spec.path, Holdout((), margin), tuple(skipped))
     planned = sum(len(i.arms) for i in items)
-    run_id, records = _run_fixed(spec, items, Path(results), "holdout", planned, progress, options)
+    run_id, records = _run_fixed(spec, items, Path(results), "holdout", planned, progress, options, resume)
     return HoldoutRun(run_id, spec.path, read_holdout(records, picks, margin), tuple(skipped))
 
 

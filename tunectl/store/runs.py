@@ -59,6 +59,9 @@ class RunInfo:
     compile: dict[str, Any] = field(default_factory=dict)
     #: what selection and export need from the task, fixed at plan time (None: a run written before)
     facts: RunFacts | None = None
+    #: a run whose items are fixed up front (a validation): a digest of their record ids, by which a
+    #: resume knows it plans the same items ("": a tuning run, or one written before)
+    plan_digest: str = ""
 
     def with_state(self, state: str, message: str = "") -> RunInfo:
         assert state in STATES, state
