@@ -10,6 +10,7 @@
 #   bash benchmarks/h200_backends.sh odd 128     # every config, item by item, at a length off the page
 #   bash benchmarks/h200_backends.sh refined 128 # the grid with refinement (again to resume), then holdout
 #   bash benchmarks/h200_backends.sh tables      # h200.md and lightllm.md from everything in $RES
+# VALIDATE_TIMEOUT bounds a holdout check; VALIDATE_RESUME=RUN_ID finishes one that a limit stopped.
 set -uo pipefail
 source /tmp/tunectl-site/env.sh
 python -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "editable install failed"
@@ -62,7 +63,7 @@ runs = [r for r in json.load(sys.stdin) if r['state'] == 'finished' and r['name'
 print(sorted(runs, key=lambda r: r['created_at'])[-1]['run_id'])")}
     tunectl export bundle --results "$RES" --run "$run" --name "h200-decode-p$page" --version 1 \
       --out "$RES/bundles" 2>&1 | tail -n 3
-    timeout "${VALIDATE_TIMEOUT:-480}" tunectl validate "$RES/bundles/h200-decode-p$page/1" --spec "$spec" --holdout 24 --seed 0 \
+    timeout "${VALIDATE_TIMEOUT:-480}" tunectl validate "$RES/bundles/h200-decode-p$page/1" --spec "$spec" --holdout 24 --seed 0 ${VALIDATE_RESUME:+--resume "$VALIDATE_RESUME"} \
       --results "$RES" 2>&1 | grep -v '^\(compile process\|flash_decode:\|\"num_q_heads\|supported on\)' | tail -n 80 | tee "$OUT/holdout-p$page.txt"
     save
     ;;
@@ -90,7 +91,7 @@ print(runs[-1]['run_id'] if runs else '')")
     spans "$holdout"
     tunectl export bundle --results "$RES" --run "$run" --name "h200-decode-refined-p$page" --version 1 \
       --out "$RES/bundles" 2>&1 | tail -n 3
-    timeout "${VALIDATE_TIMEOUT:-480}" tunectl validate "$RES/bundles/h200-decode-refined-p$page/1" --spec "$holdout" --holdout 24 \
+    timeout "${VALIDATE_TIMEOUT:-480}" tunectl validate "$RES/bundles/h200-decode-refined-p$page/1" --spec "$holdout" --holdout 24 ${VALIDATE_RESUME:+--resume "$VALIDATE_RESUME"} \
       --seed 0 --results "$RES" 2>&1 | grep -v '^\(compile process\|flash_decode:\|\"num_q_heads\|supported on\)' \
       | tail -n 80 | tee "$OUT/holdout-refined-p$page.txt"
     save
