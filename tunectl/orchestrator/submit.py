@@ -170,7 +170,9 @@ def _spec_for(
             f"run {resume} is still running (pid {info.driver_pid}); stop it first: `tunectl cancel {resume}`"
         )
     if info.kind != "tune":
-        raise UserError(f"run {resume} is a {info.kind} run: `tunectl validate ... --resume {resume}` finishes it")
+        raise UserError(
+            f"run {resume} is a {info.kind} run: `tunectl validate ... --resume {resume}` finishes it"
+        )
     return parse_spec(info.spec_text, info.spec_path, info.name), info
 
 
