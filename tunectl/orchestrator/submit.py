@@ -165,15 +165,21 @@ def _spec_for(
         )
     if info.state == "finished":
         raise UserError(f"run {resume} already finished; nothing to resume")
-    if info.state == "running" and driver_alive(info):
-        raise UserError(
-            f"run {resume} is still running (pid {info.driver_pid}); stop it first: `tunectl cancel {resume}`"
-        )
+    refuse_if_running(info)
     if info.kind != "tune":
         raise UserError(
             f"run {resume} is a {info.kind} run: `tunectl validate ... --resume {resume}` finishes it"
         )
     return parse_spec(info.spec_text, info.spec_path, info.name), info
+
+
+def refuse_if_running(info: RunInfo) -> None:
+    """A resume of ``info`` is refused while the driver that runs it is alive."""
+    if info.state == "running" and driver_alive(info):
+        raise UserError(
+            f"run {info.run_id} is still running (pid {info.driver_pid}); stop it first: "
+            f"`tunectl cancel {info.run_id}`"
+        )
 
 
 def new_run(

@@ -41,11 +41,11 @@ from tunectl.formats.export import (
     Scope,
     prepare_bundle,
 )
-from tunectl.orchestrator.submit import Progress, RunOptions, new_run, run
+from tunectl.orchestrator.submit import Progress, RunOptions, new_run, refuse_if_running, run
 from tunectl.runtime import Bundle
 from tunectl.store.bundle import MANIFEST, publish, publish_local
 from tunectl.store.results import read_results
-from tunectl.store.runs import RunInfo, driver_alive, load_run
+from tunectl.store.runs import RunInfo, load_run
 from tunectl.store.stores import open_store, read_bundle
 
 
@@ -138,9 +138,7 @@ def _resumable(results: Path, run_id: str, kind: str, spec: Spec, digest: str) -
             f"run {run_id} planned other items (another bundle, seed, number of shapes, layers or "
             "rounds); give the options it was started with, or leave out --resume"
         )
-    if info.state == "running" and driver_alive(info):
-        raise UserError(f"run {run_id} is still running (pid {info.driver_pid}); stop it first: "
-                        f"`tunectl cancel {run_id}`")  # fmt: skip
+    refuse_if_running(info)
     return info
 
 
