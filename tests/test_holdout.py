@@ -10,20 +10,24 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from tests.test_refine import _spec
+from tests.test_faults import raw_row_count
+from tests.test_faults_driver import _InterruptedAt
+from tests.test_refine import SPEC, _spec
 from tunectl.cli import app
+from tunectl.core.errors import UserError
 from tunectl.core.keys import key_text, make_key
 from tunectl.core.record import Record
 from tunectl.decide.holdout import HeldOut, Holdout, draw_shapes, read_holdout
+from tunectl.orchestrator.submit import RunStopped, submit
+from tunectl.orchestrator.validate import HoldoutRun, validate_holdout
 from tunectl.store.results import read_results
+from tunectl.store.runs import load_run
 
 ROOT = Path(__file__).resolve().parents[1]
 RANGED_KV = '[shapes.kv_len]\nrange = [1024, 8192]\nvalues = [1024]\nstep = 512\nbucket = "ceil"'
 
 
 def _ranged() -> object:
-    from tests.test_refine import SPEC
-
     return _spec("", SPEC.replace('[shapes.kv_len]\nvalues = [1024]\nbucket = "ceil"', RANGED_KV))
 
 
@@ -130,14 +134,6 @@ def test_a_holdout_where_no_comparison_succeeded_says_so_and_where_to_look() -> 
 def test_a_stopped_holdout_run_is_finished_by_resume_with_one_row_per_arm(
     ray_two_gpus: None, tmp_path: Path
 ) -> None:
-    from tests.test_faults import raw_row_count
-    from tests.test_faults_driver import _InterruptedAt
-    from tests.test_refine import SPEC
-    from tunectl.core.errors import UserError
-    from tunectl.orchestrator.submit import RunStopped, submit
-    from tunectl.orchestrator.validate import HoldoutRun, validate_holdout
-    from tunectl.store.runs import load_run
-
     spec = tmp_path / "r.toml"
     spec.write_text(SPEC.replace('[shapes.kv_len]\nvalues = [1024]\nbucket = "ceil"', RANGED_KV))
     results, store = tmp_path / "res", tmp_path / "b"

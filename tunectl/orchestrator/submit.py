@@ -163,13 +163,13 @@ def _spec_for(
             f"run {resume} was started with another spec ({info.spec_path}); --resume finishes it with "
             f"its own: leave out {given}, or drop --resume to start a new run"
         )
-    if info.state == "finished":
-        raise UserError(f"run {resume} already finished; nothing to resume")
-    refuse_if_running(info)
     if info.kind != "tune":
         raise UserError(
             f"run {resume} is a {info.kind} run: `tunectl validate ... --resume {resume}` finishes it"
         )
+    if info.state == "finished":
+        raise UserError(f"run {resume} already finished; nothing to resume")
+    refuse_if_running(info)
     return parse_spec(info.spec_text, info.spec_path, info.name), info
 
 
