@@ -1,10 +1,11 @@
-"""Check an AOTInductor package in a process of its own before it is published: it loads, runs on the
+"""Check a FlexAttention package in a process of its own before it is published: it loads, runs on the
 point's inputs and matches the task's reference.
 
-A compile process runs this rather than loading the package itself: loading a package can kill the
-process that does it (on an H200 with torch 2.11+cu130, ``aoti_load_package`` died of a segmentation
-fault for every package, a one-line model's too), and a compile process that dies takes its kernel
-down with it (``tunectl.orchestrator.builds``). Here a death is only this process's.
+A compile process runs this rather than loading the package itself: loading a compiled artifact can
+kill the process that does it (on an H200 with torch 2.11+cu130, AOTInductor's ``aoti_load_package``
+died of a segmentation fault for every package, a one-line model's too), and a compile process that
+dies takes its kernel down with it (``tunectl.orchestrator.builds``). Here a death is only this
+process's.
 
     python -m tunectl.tasks._aot_check '{"task": ..., "static": ..., "shape": ..., "config": ...,
                                          "path": ..., "key": ..., "device": ...}'
@@ -53,8 +54,8 @@ def check(request: dict[str, Any]) -> None:
     task: Any = get_task(request["task"])
     static, shape, device = request["static"], request["shape"], request["device"]
     inputs = task.build_inputs(static, shape, device)
-    model = load_package(Path(request["path"]), request["key"], device)
-    out = model(*task.aot_args(static, inputs))
+    bind = load_package(Path(request["path"]), request["key"], device)
+    out = bind(*task.aot_args(static, inputs))()
     synchronize(device)
     atol, rtol = task.tolerance(static)
     err, ok = _compare(out, task.reference(static, shape, inputs), atol, rtol)

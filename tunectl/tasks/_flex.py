@@ -7,24 +7,27 @@ on that point and dropped when it moves on, so guard checks stay short and the r
 never what decides which kernel runs.
 
 Ahead-of-time packages. A compile process can build a point's FlexAttention call for one kernel-option
-set into an AOTInductor package (``torch.export`` of the call, block mask as inputs, then
-``aoti_compile_and_package``) under the compile cache (``TUNECTL_COMPILE_CACHE``), named by the task's
-compile key and the target (torch version, device kind and architecture). A worker that finds it loads
-it (``aoti_load_package``): no Dynamo tracing, no FX-graph cache lookup, which per config cost a worker
-190-290 ms on an H200 even with Inductor's caches warm. A package is written to a temp file beside its
-place, loaded and run against the reference in a process of its own (``tunectl.tasks._aot_check``),
-and only then renamed into place, so concurrent builders never leave a half-written or untried one.
-Where that process dies of a signal or hangs, loading packages is broken on this target (seen on an
-H200 with torch 2.11.0+cu130: a segmentation fault inside ``aoti_load_package``, for any package):
-a marker in the cache turns packages off for the target, and builds go the torch.compile way. A
-package that is missing, fails to load or was built for another kernel leaves the worker on the
-torch.compile path, whose output the harness checks as ever. Off by default (that crash);
-``TUNECTL_FLEX_AOT=1`` turns it on.
+set into a package under the compile cache (``TUNECTL_COMPILE_CACHE``), named by the task's compile
+key and the target (torch version, device kind and architecture): Dynamo captures the call (block mask
+as inputs) once, and Inductor compiles the captured graph into a standalone artifact
+(``torch._inductor.standalone_compile``), saved beside a small JSON that names the kernel, the order in
+which the graph takes the call's tensors, and the artifact's SHA-256. A worker that finds both loads
+the artifact (``CompiledArtifact.load``): no Dynamo tracing, no FX-graph cache lookup, which per config
+cost a worker 190-290 ms on an H200 even with Inductor's caches warm. A package is written to temp files
+beside its place, loaded and run against the reference in a process of its own
+(``tunectl.tasks._aot_check``), and only then renamed into place, its JSON last, so concurrent builders
+never leave a half-written or untried one. Where that process dies of a signal or hangs, loading
+packages is broken on this target: a marker in the cache turns packages off for the target, and builds
+go the torch.compile way. (AOTInductor's packages, the first format, died of a segmentation fault in
+``aoti_load_package`` on an H200 with torch 2.11.0+cu130, for any package.) A package that is missing,
+damaged, fails to load or was built for another kernel leaves the worker on the torch.compile path,
+whose output the harness checks as ever. On by default; ``TUNECTL_FLEX_AOT=0`` turns it off.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import secrets
@@ -32,7 +35,6 @@ import signal
 import subprocess
 import sys
 import typing
-import zipfile
 from collections import Counter
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -65,9 +67,7 @@ _state: dict[str, Any] = {"compiled": None, "point": None, "packages": {}}
 
 #: the switch of ahead-of-time packages (see module doc)
 AOT_ENV = "TUNECTL_FLEX_AOT"
-_ON = ("1", "true", "yes", "on")
-#: the package metadata entry naming the kernel a package was built for
-_KEY_FIELD = "tunectl_compile_key"
+_OFF = ("0", "false", "no", "off")
 #: how prepares got their kernel in this process: ``loaded`` (a package), ``absent`` (none built),
 #: ``failed`` (one that did not load or run), ``unusable`` (packages are off here: ``usable``); all
 #: but the first went the torch.compile way
@@ -145,12 +145,10 @@ def _enter(point: object) -> None:
 
 def aot_wanted(option: bool | None = None) -> bool:
     """Whether to build and load ahead-of-time packages: ``option`` (the task's) when given, else
-    ``$TUNECTL_FLEX_AOT``; off by default (on the H200 image's torch 2.11 a package builds but its
-    load dies of a segmentation fault: module doc)."""
+    ``$TUNECTL_FLEX_AOT``; on unless that says 0 (or false, no, off)."""
     if option is not None:
         return option
-    value = os.environ.get(AOT_ENV, "").strip().lower()
-    return value in _ON
+    return os.environ.get(AOT_ENV, "").strip().lower() not in _OFF
 
 
 def aot_target(device: str) -> str:
@@ -171,7 +169,7 @@ def aot_package(task: str, key: str, device: str) -> Path | None:
     if root is None:
         return None
     digest = hashlib.sha256(f"{key}\n{aot_target(device)}".encode()).hexdigest()[:32]
-    return root / task / "aot" / f"{digest}.pt2"
+    return root / task / "aot" / f"{digest}.inductor"
 
 
 def exportable(mask_mod_for: Callable[[Any], Any], sparse_block: int, *, enable_gqa: bool,
@@ -218,22 +216,57 @@ class Unusable(Exception):
 def build_package(
     module: Any, args: tuple[Any, ...], path: Path, key: str, check: Callable[[Path], None]
 ) -> None:
-    """Export ``module(*args)`` and compile it into the package ``path``, published (renamed into
-    place) only once ``check(temp_path)`` passed. Raises what export, compile or the check raise."""
+    """Capture ``module(*args)`` with Dynamo and compile the graph into the package ``path`` (its
+    artifact, and its JSON at ``_meta(path)``), published (renamed into place, the JSON last) only once
+    ``check(temp_path)`` passed. Raises what capture, compile or the check raise."""
     import torch
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.{secrets.token_hex(4)}.tmp.pt2")
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    flat = _tensors(args)
+    order: list[int] = []
+
+    def compile_graph(graph: Any, example_inputs: list[Any]) -> Any:
+        order[:] = [_position(flat, x) for x in example_inputs]
+        artifact = torch._inductor.standalone_compile(graph, example_inputs, dynamic_shapes="from_example_inputs")
+        artifact.save(path=str(tmp), format="binary")
+        return artifact
+
     try:
-        exported = torch.export.export(module, args)
-        configs: dict[str, Any] = {"aot_inductor.metadata": {_KEY_FIELD: key}}
-        torch._inductor.aoti_compile_and_package(exported, package_path=str(tmp), inductor_configs=configs)
+        torch.compile(module, backend=compile_graph, fullgraph=True, dynamic=False)(*args)
+        if not tmp.is_file():
+            raise RuntimeError("Dynamo captured no graph to compile")
+        atomic_write(_meta(tmp), canonical_json({"key": key, "inputs": order, "sha256": _sha256(tmp)}).encode())
         check(tmp)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         move(tmp, path)
+        move(_meta(tmp), _meta(path))
     finally:
         tmp.unlink(missing_ok=True)
+        _meta(tmp).unlink(missing_ok=True)
+
+
+def _tensors(args: tuple[Any, ...]) -> list[Any]:
+    """The tensors of a call's arguments (tuples opened), in order: what a package's graph takes."""
+    return [x for a in args for x in (_tensors(a) if isinstance(a, tuple) else [a])]
+
+
+def _position(flat: list[Any], tensor: Any) -> int:
+    for i, x in enumerate(flat):
+        if x is tensor:
+            return i
+    raise ValueError("the captured graph takes a tensor that is not among the call's arguments")
+
+
+def _meta(path: Path) -> Path:
+    """A package's JSON: the kernel it was built for, its graph's input order, its artifact's SHA-256."""
+    return path.with_name(path.name + ".json")
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 #: what checks a package in a process of its own (``tunectl.tasks._aot_check``), and for how long
@@ -289,28 +322,41 @@ def _unusable_marker(task: str, device: str) -> Path | None:
 
 
 def intact(path: Path) -> bool:
-    """Whether ``path`` is a whole package archive (every member's checksum right)."""
+    """Whether ``path`` is a whole package: its JSON is there and names the artifact's checksum."""
     try:
-        with zipfile.ZipFile(path) as archive:
-            return archive.testzip() is None
-    except (OSError, zipfile.BadZipFile):
+        meta = json.loads(_meta(path).read_text())
+        return bool(meta.get("sha256") == _sha256(path))
+    except (OSError, ValueError, AttributeError):
         return False
 
 
-def load_package(path: Path, key: str, device: str) -> Callable[..., Any]:
-    """The compiled call in the package ``path``, on ``device``. Raises if it cannot be loaded or
-    was built for another kernel than ``key``."""
+def load_package(path: Path, key: str, device: str) -> Callable[..., Callable[[], Any]]:
+    """The compiled call in the package ``path``: given the call's arguments (as the module built took
+    them), the call on them. Raises if it cannot be loaded, is damaged, or was built for another kernel
+    than ``key``."""
     import torch
 
-    index = -1
+    meta = json.loads(_meta(path).read_text())
+    if meta.get("key") != key:
+        raise ValueError(f"{path.name} was built for another kernel ({str(meta.get('key'))[:80]!r})")
+    if meta.get("sha256") != _sha256(path):
+        raise ValueError(f"{path.name} is damaged (its checksum differs from its JSON's)")
     if device.startswith("cuda"):
-        where = torch.device(device)
-        index = torch.cuda.current_device() if where.index is None else where.index
-    model = torch._inductor.aoti_load_package(str(path), device_index=index)
-    built_for = model.get_metadata().get(_KEY_FIELD)
-    if built_for != key:
-        raise ValueError(f"{path.name} was built for another kernel ({str(built_for)[:80]!r})")
-    return model
+        torch.cuda.set_device(torch.device(device))
+    artifact = torch._inductor.CompiledArtifact.load(path=str(path), format="binary")
+    order = [int(i) for i in meta["inputs"]]
+
+    def bind(*args: Any) -> Callable[[], Any]:
+        flat = _tensors(args)
+        inputs = [flat[i] for i in order]
+
+        def call() -> Any:
+            [out] = artifact(*inputs)
+            return out
+
+        return call
+
+    return bind
 
 
 def packaged(
@@ -328,17 +374,16 @@ def packaged(
         return None
     _enter(point)
     try:
-        model = _state["packages"].get(path)
-        if model is None:
-            model = load_package(path, key, device)
-        model(*args)
+        bind = _state["packages"].get(path) or load_package(path, key, device)
+        call = bind(*args)
+        call()
     except Exception as exc:
         aot_loads["failed"] += 1
         log.warning("package %s did not load (%s); compiling instead", path, why(exc))
         return None
-    _state["packages"][path] = model
+    _state["packages"][path] = bind
     aot_loads["loaded"] += 1
-    return lambda: model(*args)
+    return call
 
 
 def why(exc: BaseException) -> str:
