@@ -1,9 +1,11 @@
-"""FlexAttention kernels built ahead into AOTInductor packages, on the CPU (Inductor compiles flex for
-the CPU too): a build writes the package under the compile cache, a prepare loads it without Dynamo,
-and a missing, damaged or foreign package leaves the worker on the torch.compile way, still right."""
+"""FlexAttention kernels built ahead into packages (Inductor standalone artifacts), on the CPU (Inductor
+compiles flex for the CPU too): a build writes the package under the compile cache, a prepare loads it
+without Dynamo, and a missing, damaged or foreign package leaves the worker on the torch.compile way,
+still right."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -62,6 +64,10 @@ def package(config: dict[str, Any]) -> Path:
     return path
 
 
+def meta_of(path: Path) -> Path:
+    return path.with_name(f"{path.name}.json")
+
+
 def run(task: FlexPrefill, config: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     """Prepare and call ``config`` on a new point's inputs, as a worker does; (output, inputs)."""
     _flex._enter(object())  # a worker arriving at the point: nothing compiled or loaded yet
@@ -79,10 +85,13 @@ def captured() -> int:
 def test_a_build_writes_one_package_named_by_the_compile_key(cache: Path) -> None:
     path = package(CONFIG)
     assert path.is_file() and path.is_relative_to(cache / "flex_prefill" / "aot")
-    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temp file left beside it
+    # the artifact and its JSON, no temp file left beside them
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name, f"{path.name}.json"]
     assert package(OTHER) != path  # another option set, another package
-    model = _flex.load_package(path, FlexPrefill().compile_key(STATIC, SHAPE, CONFIG), "cpu")
-    assert model.get_metadata()["tunectl_compile_key"] == FlexPrefill().compile_key(STATIC, SHAPE, CONFIG)
+    meta = json.loads(meta_of(path).read_text())
+    assert meta["key"] == FlexPrefill().compile_key(STATIC, SHAPE, CONFIG)
+    assert sorted(meta["inputs"]) == list(range(8))  # q, k, v, document ids, 4 block-mask tensors
+    assert _flex.intact(path)
 
 
 def test_a_prepare_loads_the_package_without_tracing_and_matches_the_reference(cache: Path) -> None:
@@ -110,29 +119,41 @@ def test_a_second_build_keeps_the_package_it_finds(cache: Path) -> None:
     assert path.stat().st_ino == inode
 
 
-@pytest.mark.parametrize("damage", ["missing", "garbage", "truncated", "another kernel's"])
+@pytest.mark.parametrize("damage", ["missing", "no JSON", "garbage", "truncated", "another kernel's"])
 def test_a_package_that_is_not_there_or_not_this_kernels_leaves_the_worker_compiling(
     cache: Path, damage: str
 ) -> None:
     path = package(OTHER)
-    path.unlink(missing_ok=True)
-    good = package(CONFIG).read_bytes()
+    good = package(CONFIG)
+    if damage != "missing":  # CONFIG's package where OTHER's belongs: its JSON names CONFIG's kernel
+        path.write_bytes(good.read_bytes())
+        if damage != "no JSON":
+            meta_of(path).write_bytes(meta_of(good).read_bytes())
     if damage == "garbage":
         path.write_bytes(b"not a package")
     elif damage == "truncated":
-        path.write_bytes(good[: len(good) // 2])
-    elif damage == "another kernel's":
-        path.write_bytes(good)  # a whole package, of CONFIG
+        path.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
     task = FlexPrefill(compile_on_cpu=False, aot=True)  # the fallback runs flex eagerly: quick
     before = dict(_flex.aot_loads)
     try:
         out, inputs = run(task, OTHER)
     finally:
         path.unlink(missing_ok=True)
+        meta_of(path).unlink(missing_ok=True)
     outcome = "absent" if damage == "missing" else "failed"
     assert _flex.aot_loads[outcome] == before.get(outcome, 0) + 1
     assert _flex.aot_loads["loaded"] == before.get("loaded", 0)
     torch.testing.assert_close(out, task.reference(STATIC, SHAPE, inputs), atol=1e-5, rtol=1e-5)
+
+
+def test_a_damaged_or_foreign_package_is_refused_with_the_reason(cache: Path, tmp_path: Path) -> None:
+    key = FlexPrefill().compile_key(STATIC, SHAPE, CONFIG)
+    copy = tmp_path / package(CONFIG).name
+    copy.write_bytes(package(CONFIG).read_bytes()[:-1] + b"x")
+    meta_of(copy).write_bytes(meta_of(package(CONFIG)).read_bytes())
+    assert not _flex.intact(copy)
+    with pytest.raises(ValueError, match="damaged"):
+        _flex.load_package(copy, key, "cpu")
 
 
 def test_a_package_for_another_kernel_is_refused_by_name(cache: Path) -> None:
@@ -164,14 +185,14 @@ def test_a_load_that_kills_or_hangs_its_process_turns_packages_off_for_the_targe
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     monkeypatch.setattr(_flex, "CHECK_COMMAND", _SEGFAULT if loader == "crashes" else _HANG)
     monkeypatch.setattr(_flex, "CHECK_TIMEOUT_S", 3.0)
-    compiles: list[str] = []
-    real = torch._inductor.aoti_compile_and_package
+    compiles: list[Any] = []
+    real = torch._inductor.standalone_compile
 
-    def counted(exported: Any, **kwargs: Any) -> str:
-        compiles.append(kwargs["package_path"])
-        return real(exported, **kwargs)
+    def counted(graph: Any, example_inputs: Any, **kwargs: Any) -> Any:
+        compiles.append(graph)
+        return real(graph, example_inputs, **kwargs)
 
-    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", counted)
+    monkeypatch.setattr(torch._inductor, "standalone_compile", counted)
     task = FlexPrefill(compile_on_cpu=False, aot=True)
     task.build(STATIC, SHAPE, CONFIG, "cpu")
     assert len(compiles) == 1 and not package(CONFIG).exists()
@@ -181,7 +202,10 @@ def test_a_load_that_kills_or_hangs_its_process_turns_packages_off_for_the_targe
 
     task.build(STATIC, SHAPE, OTHER, "cpu")
     assert len(compiles) == 1  # no second try on this target
-    shutil.copy(next(cache.rglob("*.pt2")), package(CONFIG))  # a package from before: not loaded either
+    built = cache / package(CONFIG).relative_to(tmp_path)  # a package from before: not loaded either
+    shutil.copy(built, package(CONFIG))
+    shutil.copy(meta_of(built), meta_of(package(CONFIG)))
+    assert _flex.intact(package(CONFIG))
     before = _flex.aot_loads["unusable"]
     out, inputs = run(task, CONFIG)
     assert _flex.aot_loads["unusable"] == before + 1
@@ -212,19 +236,18 @@ def test_a_build_that_finds_a_damaged_package_builds_it_again(
     torch.testing.assert_close(out, task.reference(STATIC, SHAPE, inputs), atol=1e-5, rtol=1e-5)
 
 
-def test_a_failed_aot_compile_publishes_nothing_and_builds_the_compiled_kernel(
+def test_a_failed_package_compile_publishes_nothing_and_builds_the_compiled_kernel(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The AOT compiler failing (stood in for: it raises after writing part of its output) leaves no
-    package and no temp file; the build then goes the torch.compile way, as without packages."""
+    """Inductor failing on the captured graph (stood in for: it raises) leaves no package and no temp
+    file; the build then goes the torch.compile way, as without packages."""
     import torch._inductor
 
-    def broken(exported: Any, *, package_path: str, inductor_configs: Any) -> str:
-        Path(package_path).write_bytes(b"partial")
-        raise RuntimeError("C++ compile failed")
+    def broken(graph: Any, example_inputs: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("Inductor failed")
 
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
-    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", broken)
+    monkeypatch.setattr(torch._inductor, "standalone_compile", broken)
     task = FlexPrefill(compile_on_cpu=False, aot=True)
     prepared: list[Any] = []
     original = task.prepare
@@ -261,7 +284,7 @@ def test_invalid_options_are_refused_before_anything_is_built(
     assert list(tmp_path.iterdir()) == []
 
 
-def test_the_exported_call_carries_the_kernel_options() -> None:
+def test_the_captured_call_carries_the_kernel_options() -> None:
     task = FlexPrefill()
     inputs = task.build_inputs(STATIC, SHAPE, "cpu")
     module = _flex.exportable(
@@ -270,8 +293,14 @@ def test_the_exported_call_carries_the_kernel_options() -> None:
         enable_gqa=True,
         options={"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2},
     )
-    exported = torch.export.export(module, task.aot_args(STATIC, inputs))
-    (node,) = [n for n in exported.graph.nodes if "flex_attention" in str(n.target)]
+    graphs: list[Any] = []
+
+    def capture(graph: Any, example_inputs: Any) -> Any:
+        graphs.append(graph)
+        return graph.forward
+
+    torch.compile(module, backend=capture, fullgraph=True, dynamic=False)(*task.aot_args(STATIC, inputs))
+    (node,) = [n for n in graphs[0].graph.nodes if "flex_attention" in str(n.target)]
     options = next(a for a in node.args if isinstance(a, dict))
     assert {k: options[k] for k in ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")} == {
         "BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2,
@@ -280,10 +309,10 @@ def test_the_exported_call_carries_the_kernel_options() -> None:
 
 @pytest.mark.parametrize(
     ("env", "option", "wanted"),
-    [(None, None, False), ("0", None, False), ("maybe", None, False), ("1", None, True), ("on", None, True),
+    [(None, None, True), ("0", None, False), ("off", None, False), ("1", None, True), ("on", None, True),
      ("0", True, True), ("1", False, False)],
 )  # fmt: skip
-def test_packages_are_off_by_default_and_switchable(
+def test_packages_are_on_by_default_and_switchable(
     monkeypatch: pytest.MonkeyPatch, env: str | None, option: bool | None, wanted: bool
 ) -> None:
     if env is None:

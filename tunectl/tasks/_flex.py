@@ -228,7 +228,9 @@ def build_package(
 
     def compile_graph(graph: Any, example_inputs: list[Any]) -> Any:
         order[:] = [_position(flat, x) for x in example_inputs]
-        artifact = torch._inductor.standalone_compile(graph, example_inputs, dynamic_shapes="from_example_inputs")
+        artifact = torch._inductor.standalone_compile(
+            graph, example_inputs, dynamic_shapes="from_example_inputs"
+        )
         artifact.save(path=str(tmp), format="binary")
         return artifact
 
@@ -236,7 +238,8 @@ def build_package(
         torch.compile(module, backend=compile_graph, fullgraph=True, dynamic=False)(*args)
         if not tmp.is_file():
             raise RuntimeError("Dynamo captured no graph to compile")
-        atomic_write(_meta(tmp), canonical_json({"key": key, "inputs": order, "sha256": _sha256(tmp)}).encode())
+        meta = {"key": key, "inputs": order, "sha256": _sha256(tmp)}
+        atomic_write(_meta(tmp), canonical_json(meta).encode())
         check(tmp)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
@@ -341,8 +344,6 @@ def load_package(path: Path, key: str, device: str) -> Callable[..., Callable[[]
         raise ValueError(f"{path.name} was built for another kernel ({str(meta.get('key'))[:80]!r})")
     if meta.get("sha256") != _sha256(path):
         raise ValueError(f"{path.name} is damaged (its checksum differs from its JSON's)")
-    if device.startswith("cuda"):
-        torch.cuda.set_device(torch.device(device))
     artifact = torch._inductor.CompiledArtifact.load(path=str(path), format="binary")
     order = [int(i) for i in meta["inputs"]]
 
