@@ -85,8 +85,10 @@ def captured() -> int:
 def test_a_build_writes_one_package_named_by_the_compile_key(cache: Path) -> None:
     path = package(CONFIG)
     assert path.is_file() and path.is_relative_to(cache / "flex_prefill" / "aot")
-    # the artifact and its JSON, no temp file left beside them
-    assert sorted(p.name for p in path.parent.iterdir()) == [path.name, f"{path.name}.json"]
+    # the artifact and its JSON, no temp file left beside them (and the mark of a target proven)
+    assert sorted(p.name for p in path.parent.iterdir() if not p.name.startswith("proven-")) == [
+        path.name, f"{path.name}.json",
+    ]  # fmt: skip
     assert package(OTHER) != path  # another option set, another package
     meta = json.loads(meta_of(path).read_text())
     assert meta["key"] == FlexPrefill().compile_key(STATIC, SHAPE, CONFIG)
@@ -331,3 +333,46 @@ def test_the_switch_reaches_workers_and_compile_processes_when_the_driver_sets_i
     assert _flex.AOT_ENV not in cache_env(tmp_path)
     monkeypatch.setenv(_flex.AOT_ENV, "0")
     assert cache_env(tmp_path)[_flex.AOT_ENV] == "0"
+
+
+def test_after_the_first_package_of_a_target_later_ones_are_checked_in_the_builder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the first package runs the check process; a later one, with that process now one that
+    would crash, is still published: its builder loaded and ran it, and it gave the built output."""
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    task = FlexPrefill(compile_on_cpu=False, aot=True)
+    task.build(STATIC, SHAPE, CONFIG, "cpu")
+    assert _flex.intact(package(CONFIG)) and list(package(CONFIG).parent.glob("proven-*.txt"))
+    monkeypatch.setattr(_flex, "CHECK_COMMAND", _SEGFAULT)
+    task.build(STATIC, SHAPE, OTHER, "cpu")
+    assert _flex.intact(package(OTHER)) and _flex.usable(task.name, "cpu")
+
+
+def test_a_later_package_whose_loaded_output_differs_from_its_build_is_not_published(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The builder's own check can fail: a package whose load computes something else (stood in for:
+    the loaded call's output is off by one ulp somewhere) is dropped, and the build compiles instead."""
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    task = FlexPrefill(compile_on_cpu=False, aot=True)
+    task.build(STATIC, SHAPE, CONFIG, "cpu")
+    real = _flex.load_package
+
+    def off(path: Path, key: str, device: str) -> Any:
+        bind = real(path, key, device)
+
+        def call(*args: Any) -> Any:
+            out = bind(*args)()
+            return lambda: out.flatten().index_add(0, torch.tensor([7]), torch.tensor([1e-6])).view_as(out)
+
+        return call
+
+    monkeypatch.setattr(_flex, "load_package", off)
+    task.build(STATIC, SHAPE, OTHER, "cpu")
+    assert (
+        not package(OTHER).exists()
+        and not (tmp_path / "flex_prefill" / "aot" / f"{package(OTHER).name}.json").exists()
+    )
+    assert _flex.usable(task.name, "cpu")  # a bad package, not a bad target
+    assert "output differs from the kernel it was built from" in caplog.text

@@ -14,14 +14,16 @@ as inputs) once, and Inductor compiles the captured graph into a standalone arti
 which the graph takes the call's tensors, and the artifact's SHA-256. A worker that finds both loads
 the artifact (``CompiledArtifact.load``): no Dynamo tracing, no FX-graph cache lookup, which per config
 cost a worker 190-290 ms on an H200 even with Inductor's caches warm. A package is written to temp files
-beside its place, loaded and run against the reference in a process of its own
-(``tunectl.tasks._aot_check``), and only then renamed into place, its JSON last, so concurrent builders
-never leave a half-written or untried one. Where that process dies of a signal or hangs, loading
-packages is broken on this target: a marker in the cache turns packages off for the target, and builds
-go the torch.compile way. (AOTInductor's packages, the first format, died of a segmentation fault in
-``aoti_load_package`` on an H200 with torch 2.11.0+cu130, for any package.) A package that is missing,
-damaged, fails to load or was built for another kernel leaves the worker on the torch.compile path,
-whose output the harness checks as ever. On by default; ``TUNECTL_FLEX_AOT=0`` turns it off.
+beside its place, checked, and only then renamed into place, its JSON last, so concurrent builders
+never leave a half-written or untried one. The first package of a target is checked in a process of
+its own (``tunectl.tasks._aot_check``: loaded, run against the reference); where that process dies of
+a signal or hangs, loading packages is broken on this target: a marker in the cache turns packages off
+for the target, and builds go the torch.compile way. Once one passed there, each later package is
+loaded and run by its builder, and must give, bit for bit, what its kernel gave when it was built.
+(AOTInductor's packages, the first format, died of a segmentation fault in ``aoti_load_package`` on
+an H200 with torch 2.11.0+cu130, for any package.) A package that is missing, damaged, fails to load
+or was built for another kernel leaves the worker on the torch.compile path, whose output the
+harness checks as ever. On by default; ``TUNECTL_FLEX_AOT=0`` turns it off.
 """
 
 from __future__ import annotations
@@ -214,11 +216,12 @@ class Unusable(Exception):
 
 
 def build_package(
-    module: Any, args: tuple[Any, ...], path: Path, key: str, check: Callable[[Path], None]
+    module: Any, args: tuple[Any, ...], path: Path, key: str, check: Callable[[Path, Any], None]
 ) -> None:
     """Capture ``module(*args)`` with Dynamo and compile the graph into the package ``path`` (its
     artifact, and its JSON at ``_meta(path)``), published (renamed into place, the JSON last) only once
-    ``check(temp_path)`` passed. Raises what capture, compile or the check raise."""
+    ``check(temp_path, output)`` passed, ``output`` being what the captured call returned. Raises what
+    capture, compile or the check raise."""
     import torch
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -235,12 +238,12 @@ def build_package(
         return artifact
 
     try:
-        torch.compile(module, backend=compile_graph, fullgraph=True, dynamic=False)(*args)
+        output = torch.compile(module, backend=compile_graph, fullgraph=True, dynamic=False)(*args)
         if not tmp.is_file():
             raise RuntimeError("Dynamo captured no graph to compile")
         meta = {"key": key, "inputs": order, "sha256": _sha256(tmp)}
         atomic_write(_meta(tmp), canonical_json(meta).encode())
-        check(tmp)
+        check(tmp, output)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         move(tmp, path)
@@ -301,27 +304,45 @@ def check_package(request: Mapping[str, Any], timeout_s: float | None = None) ->
         )
 
 
+def check_new_package(
+    request: Mapping[str, Any], tmp: Path, args: tuple[Any, ...], output: Any
+) -> None:
+    """The check of a new package (at ``tmp``) before it is published. The first on a target, per
+    compile cache, is loaded and run in a process of its own against the reference (``check_package``):
+    loading may kill the process that does it. Once one passed there, loading is known to work on the
+    target, and each later package is loaded and run here, on the build's ``args``; it must give
+    ``output``, what the captured call gave when it was built (the same kernel: equal, bit for bit).
+    That keeps the slow part (a new interpreter, the reference) off all builds but the first."""
+    task, device = request["task"], request["device"]
+    if not _marker(task, device, "proven").exists():
+        check_package({**request, "path": str(tmp)})
+        atomic_write(_marker(task, device, "proven"), f"{aot_target(device)}\n".encode(), make_parents=True)
+        return
+    out = load_package(tmp, request["key"], device)(*args)()
+    if not (out.shape == output.shape and bool((out == output).all())):
+        raise RuntimeError("the package's output differs from the kernel it was built from")
+
+
 def usable(task: str, device: str) -> bool:
     """False once loading a package has crashed or hung here (``mark_unusable``), for this target."""
-    marker = _unusable_marker(task, device)
-    return marker is None or not marker.exists()
+    return cache_dir() is None or not _marker(task, device, "unusable").exists()
 
 
 def mark_unusable(task: str, device: str, reason: str) -> None:
     """Packages are off for ``task`` on this target, in this compile cache, from now on: every later
     build compiles for torch.compile only, and workers load none."""
-    marker = _unusable_marker(task, device)
-    if marker is not None:
-        atomic_write(marker, f"{aot_target(device)}: {reason}\n".encode(), make_parents=True)
-    log.warning("AOTInductor packages are off for %s on %s: %s", task, aot_target(device), reason)
+    if cache_dir() is not None:
+        atomic_write(_marker(task, device, "unusable"), f"{aot_target(device)}: {reason}\n".encode(),
+                     make_parents=True)  # fmt: skip
+    log.warning("FlexAttention packages are off for %s on %s: %s", task, aot_target(device), reason)
 
 
-def _unusable_marker(task: str, device: str) -> Path | None:
+def _marker(task: str, device: str, kind: str) -> Path:
+    """What the compile cache knows of packages on this target: ``unusable`` or ``proven``."""
     root = cache_dir()
-    if root is None:
-        return None
+    assert root is not None, "packages live in a compile cache"
     digest = hashlib.sha256(aot_target(device).encode()).hexdigest()[:16]
-    return root / task / "aot" / f"unusable-{digest}.txt"
+    return root / task / "aot" / f"{kind}-{digest}.txt"
 
 
 def intact(path: Path) -> bool:

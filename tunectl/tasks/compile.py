@@ -36,7 +36,7 @@ from tunectl.core.files import canonical_json
 from tunectl.tasks.base import TuningTask
 
 #: where a task of our own keeps what it builds (the fault-injection task's stand-in compiler, the
-#: FlexAttention tasks' AOTInductor packages)
+#: FlexAttention tasks' packages)
 CACHE_ENV = "TUNECTL_COMPILE_CACHE"
 #: switches of how tasks build and load kernels, passed from a run's driver to its workers and compile
 #: processes where the driver has them set (``TUNECTL_FLEX_AOT``: see ``tunectl.tasks._flex``)

@@ -13,9 +13,10 @@ and BACKEND where the installed torch offers it). The default config is empty: I
 The block mask (128 x 128 blocks) is built once per point and shared by every option set; options
 whose tiles do not divide its blocks are invalid. Compiled per static shape (see tunectl.tasks._flex).
 
-A compile process builds each kernel into an AOTInductor package (``build``) that a worker loads
-instead of tracing and compiling (``tunectl.tasks._flex``: off by default; ``TUNECTL_FLEX_AOT=1``
-or the task's ``aot`` option); without one, or where it does not load, the worker compiles as before.
+A compile process builds each kernel into a package (``build``: an Inductor standalone artifact) that a
+worker loads instead of tracing and compiling (``tunectl.tasks._flex``: on by default;
+``TUNECTL_FLEX_AOT=0`` or the task's ``aot`` option turns it off); without one, or where it does not
+load, the worker compiles as before.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class FlexPrefill(Task):
     }
 
     def __init__(self, compile_on_cpu: bool = True, aot: bool | None = None) -> None:
-        """``aot``: build and load ahead-of-time packages (None: ``TUNECTL_FLEX_AOT``, else off)."""
+        """``aot``: build and load ahead-of-time packages (None: as ``TUNECTL_FLEX_AOT`` says, else on)."""
         self.compile_on_cpu = compile_on_cpu
         self.aot = aot
         self._build_point: tuple[Any, dict[str, Any]] | None = None  # a compile process's inputs
@@ -67,7 +68,7 @@ class FlexPrefill(Task):
         return key_of(static, shape, config)
 
     def build(self, static: Params, shape: Params, config: Params, device: str) -> None:
-        """Build the kernel ahead: its AOTInductor package where packages are wanted and a compile cache
+        """Build the kernel ahead: its package where packages are wanted and a compile cache
         is set (a whole one already there is kept), else, or where the package cannot be made or fails
         its check, the torch.compile kernel into Inductor's caches (prepared and called once)."""
         options = self._options(config)
@@ -77,11 +78,12 @@ class FlexPrefill(Task):
         path = _flex.aot_package(self.name, key, device) if wanted else None
         if path is not None and not (path.is_file() and _flex.intact(path)):
             path.unlink(missing_ok=True)  # damaged: built again
+            args = self.aot_args(static, inputs)
             request = {"task": self.name, "static": dict(static), "shape": dict(shape),
                        "config": dict(config), "key": key, "device": device}  # fmt: skip
 
-            def check(tmp: Path) -> None:
-                _flex.check_package({**request, "path": str(tmp)})
+            def check(tmp: Path, output: Any) -> None:
+                _flex.check_new_package(request, tmp, args, output)
 
             module = _flex.exportable(
                 lambda doc_id: make_mask_mod(static, doc_id),
@@ -90,7 +92,7 @@ class FlexPrefill(Task):
                 options=options,
             )
             try:
-                _flex.build_package(module, self.aot_args(static, inputs), path, key, check)
+                _flex.build_package(module, args, path, key, check)
             except _flex.Unusable as exc:
                 _flex.mark_unusable(self.name, device, str(exc))
             except Exception as exc:
