@@ -1,6 +1,6 @@
-"""What a worker spends getting a FlexAttention kernel that a compile process built: an AOTInductor
-package loaded, against torch.compile with Inductor's caches warm (Dynamo tracing, the FX-graph cache
-lookup, loading the module).
+"""What a worker spends getting a FlexAttention kernel that a compile process built: a package (an
+Inductor standalone artifact) loaded, against torch.compile with Inductor's caches warm (Dynamo tracing,
+the FX-graph cache lookup, loading the module).
 
 One prefill point and its option sets (on CUDA: configs/h200/flex_prefill.toml's static key at
 document-causal, batch 2 x 4096, and that spec's configs; on the CPU: a small point and a few sets).
