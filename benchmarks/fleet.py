@@ -69,13 +69,15 @@ def run_figures(results: Path, warmup: int) -> dict[str, Any]:
     for row in rows:
         if row["worker"]:
             workers[row["worker"]].append(row)
-    busy = {}
+    busy, split = {}, defaultdict(float)
     for name, mine in workers.items():
         span = max(ts(r["finished_at"]) for r in mine) - min(ts(r["started_at"]) for r in mine)
         kernel = sum(
             (r["num_samples"] + 1 + warmup) * r["mean_us"] / 1e6 for r in mine if r["status"] == "ok"
         )
         busy[name] = round(kernel / span, 3) if span > 0 else 0.0
+        for part, seconds in worker_time(mine, span, kernel).items():
+            split[part] += seconds
     span = max(ts(r["finished_at"]) for r in rows) - min(ts(r["started_at"]) for r in rows)
     statuses: dict[str, int] = defaultdict(int)
     for row in rows:
@@ -88,6 +90,7 @@ def run_figures(results: Path, warmup: int) -> dict[str, Any]:
         "kernels_built": info.compile.get("built", 0), "kernels": info.compile.get("keys", 0),
         "compile_processes": info.compile.get("compile_processes", 0),
         "busy_fraction": busy, "statuses": dict(statuses),
+        "worker_time_s": {part: round(v, 2) for part, v in split.items()},
         "per_kernel_build_s": info.compile.get("per_kernel_seconds", {}),
         "per_item": [
             {"kernel": kernel_of(row), "phase": row["phase"], "worker": row["worker"],
@@ -142,6 +145,28 @@ def cmd_sweeps(args: argparse.Namespace) -> None:
     print(sweeps_table(done))
 
 
+#: where a worker's span went, from its rows (``Record``: compile_ms, setup_ms, measure_ms, guard_ms)
+TIME_PARTS = ("loading", "point set-up", "measuring", "of which guard", "of which kernel", "other")
+
+
+def worker_time(rows: list[dict[str, Any]], span: float, kernel: float) -> dict[str, float]:
+    """Seconds of one worker's ``span`` in each of ``TIME_PARTS``; a comparison's rows share one set-up
+    and one measurement (counted once per group). ``kernel``: its time inside timed calls. Rows from
+    before records carried set-up and measurement times count as other."""
+    once: dict[str, dict[str, Any]] = {}
+    for i, row in enumerate(rows):
+        once.setdefault(row["group_id"] or f"item {i}", row)
+    seconds = {
+        "loading": sum((r["compile_ms"] or 0.0) for r in rows) / 1e3,
+        "point set-up": sum((r.get("setup_ms") or 0.0) for r in once.values()) / 1e3,
+        "measuring": sum((r.get("measure_ms") or 0.0) for r in once.values()) / 1e3,
+        "of which guard": sum((r.get("guard_ms") or 0.0) for r in once.values()) / 1e3,
+        "of which kernel": kernel,
+    }
+    seconds["other"] = span - seconds["loading"] - seconds["point set-up"] - seconds["measuring"]
+    return seconds
+
+
 def sweeps_table(runs: list[dict[str, Any]]) -> str:
     lines = [
         "| grid | caches | GPUs | records | span | records/s | vs 1 GPU | compile in workers | "
@@ -159,6 +184,13 @@ def sweeps_table(runs: list[dict[str, Any]]) -> str:
             f"{r['builder_compile_s']:.1f} s ({r['compile_processes']} processes) | "
             f"{r['kernels_built']}/{r['kernels']} | {busy} |"
         )
+    split = [r for r in runs if r.get("worker_time_s")]
+    if split:  # where the workers' spans went (summed over workers)
+        lines += ["", "| grid | caches | GPUs | " + " | ".join(TIME_PARTS) + " |",
+                  "|---|---|---|" + "---|" * len(TIME_PARTS)]  # fmt: skip
+        for r in split:
+            parts = " | ".join(f"{r['worker_time_s'].get(p, 0.0):.1f} s" for p in TIME_PARTS)
+            lines.append(f"| {r['grid']} | {r['caches']} | {r['gpus']} | {parts} |")
     return "\n".join(lines)
 
 

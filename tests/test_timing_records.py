@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -52,6 +53,7 @@ def test_the_timing_method_and_drift_fields_survive_parquet(tmp_path: Path) -> N
     record = dataclasses.replace(
         _record('{"c":"a"}', 9.5, timing=Timing.DIFFERENCE, finished=5.0),
         probe_us=201.5, reference_ratio=1.21, drift=True, remeasured=2, throttle_reasons=0x4,
+        setup_ms=12.5, measure_ms=40.0, guard_ms=9.0,
     )  # fmt: skip
     writer = ResultsWriter(tmp_path)
     writer.append(record)
@@ -60,6 +62,7 @@ def test_the_timing_method_and_drift_fields_survive_parquet(tmp_path: Path) -> N
     assert back.timing is Timing.DIFFERENCE and back.to_row()["timing"] == "difference"
     assert (back.probe_us, back.reference_ratio, back.drift, back.remeasured) == (201.5, 1.21, True, 2)
     assert back.throttle_reasons == 0x4
+    assert (back.setup_ms, back.measure_ms, back.guard_ms) == (12.5, 40.0, 9.0)
 
 
 def test_a_row_without_a_timing_reads_as_replay() -> None:
@@ -124,3 +127,36 @@ def test_a_probe_that_cannot_be_built_leaves_the_measurement_unguarded() -> None
     runner = ItemRunner("cpu", probe=no_probe)
     first, second = _measure_item(runner, FAST), _measure_item(runner, FAST)
     assert first.probe_us is None and second.probe_us is None  # ok rows, tried once, not per item
+
+
+def _slow_probe(sleep_s: float) -> Callable[[str], Probe]:
+    """A steady probe whose every sample takes ``sleep_s`` of real time."""
+
+    def sample() -> float:
+        time.sleep(sleep_s)
+        return 100.0
+
+    return lambda device: lambda window_calls: sample
+
+
+def test_a_row_says_where_its_worker_spent_the_item(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Setting up the point (first item there only), the measurement's wall time, and the guard's share
+    of it, each at least what the fakes spent in them (real sleeps)."""
+    runner = ItemRunner("cpu", probe=_slow_probe(0.002))
+    task = runner._task("fault_injection")
+    build = task.build_inputs
+
+    def slow_build(*args: object) -> object:
+        time.sleep(0.03)
+        return build(*args)
+
+    monkeypatch.setattr(task, "build_inputs", slow_build)
+    first, second = _measure_item(runner, FAST), _measure_item(runner, FAST)
+    assert first.setup_ms is not None and first.setup_ms >= 30.0
+    assert second.setup_ms == 0.0  # the same point: its inputs were kept
+    per_probe = PROBE_SETTINGS.warmup + PROBE_SETTINGS.min_samples
+    for record in (first, second):
+        assert record.measure_ms is not None and record.guard_ms is not None and record.num_samples
+        assert record.guard_ms >= 2 * per_probe * 2.0 * 0.9  # a probe before and after, 2 ms a sample
+        assert record.measure_ms >= record.guard_ms + record.num_samples * 1.0  # 1 ms kernel calls
+        assert record.measure_ms <= (record.finished_at - record.started_at) * 1e3

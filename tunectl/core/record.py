@@ -116,6 +116,13 @@ class Record:
     rel_noise: float | None = None
     max_abs_err: float | None = None
     compile_ms: float | None = None
+    # Where the worker's time on the item went, besides compile_ms (preparing the kernel and its first,
+    # checked call): building the point's inputs and reference (0 where the worker already held them),
+    # the measurement's wall time (warm-up, samples, re-measures; for a comparison, all its rounds,
+    # the same on every arm), and of that the drift guard's probes, looks and waits.
+    setup_ms: float | None = None
+    measure_ms: float | None = None
+    guard_ms: float | None = None
     bytes_moved: int | None = None
     measure_mode: TimingMethod = TimingMethod.NONE
     timing: Timing = Timing.REPLAY

@@ -304,9 +304,7 @@ def check_package(request: Mapping[str, Any], timeout_s: float | None = None) ->
         )
 
 
-def check_new_package(
-    request: Mapping[str, Any], tmp: Path, args: tuple[Any, ...], output: Any
-) -> None:
+def check_new_package(request: Mapping[str, Any], tmp: Path, args: tuple[Any, ...], output: Any) -> None:
     """The check of a new package (at ``tmp``) before it is published. The first on a target, per
     compile cache, is loaded and run in a process of its own against the reference (``check_package``):
     loading may kill the process that does it. Once one passed there, loading is known to work on the

@@ -54,13 +54,14 @@ import math
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from tunectl.core.spec import MeasureSpec
 from tunectl.tasks.harness import Sampler, Stats, measure
 
 #: the probe's sampler for ``calls`` back-to-back probe calls timed as one window (µs per call)
 Probe = Callable[[int], Sampler]
+T = TypeVar("T")
 
 MIN_SHIFT = 0.03
 NOISE_FACTOR = 3.0
@@ -99,6 +100,7 @@ class Guarded:
     reference_ratio: float
     drift: bool
     remeasured: int
+    guard_s: float  # spent in the guard's probes, looks and waits
 
     def fields(self) -> dict[str, Any]:
         return {
@@ -106,6 +108,7 @@ class Guarded:
             "reference_ratio": self.reference_ratio,
             "drift": self.drift,
             "remeasured": self.remeasured,
+            "guard_ms": self.guard_s * 1e3,
         }
 
 
@@ -137,10 +140,12 @@ class DriftGuard:
         self._point: Hashable = None
         self._reference: Stats | None = None
         self._lasting = False  # a shift at this point outlived the re-measurements
+        self._spent = 0.0  # seconds in probes, looks and waits during the current measurement
 
     def measure(self, point: Hashable, sample: Sampler, settings: MeasureSpec) -> Guarded:
         """``sample`` measured as ``settings`` say at ``point``, checked against the point's reference
         probe (and measured again while the probe had moved, within the limits of the module doc)."""
+        self._spent = 0.0
         fresh = point != self._point or self._reference is None
         if fresh:
             self._point, self._lasting, self._calls = point, False, 1
@@ -160,7 +165,8 @@ class DriftGuard:
         shifted = moved(reference, probe)
         if shifted and retries:
             self._lasting = True
-        return Guarded(stats, probe.median_us, probe.median_us / reference.median_us, shifted, remeasured)
+        ratio = probe.median_us / reference.median_us
+        return Guarded(stats, probe.median_us, ratio, shifted, remeasured, self._spent)
 
     def _bracketed(
         self, reference: Stats, sample: Sampler, settings: MeasureSpec, just_probed: bool = False
@@ -183,8 +189,8 @@ class DriftGuard:
         def watched() -> float:
             nonlocal last
             if self._clock() - last >= LOOK_EVERY_S:
-                looks.append(measure(self._probe(), LOOK_SETTINGS))
-                sample()  # run and dropped (module doc)
+                looks.append(self._timed(lambda: measure(self._probe(), LOOK_SETTINGS)))
+                self._timed(sample)  # run and dropped (module doc)
                 last = self._clock()
             start = self._clock()
             us = sample()
@@ -205,12 +211,20 @@ class DriftGuard:
         return self._samplers[self._calls]
 
     def _time_probe(self) -> Stats:
-        return measure(self._probe(), self.settings)
+        return self._timed(lambda: measure(self._probe(), self.settings))
+
+    def _timed(self, guard_work: Callable[[], T]) -> T:
+        """``guard_work()``, its time counted as the guard's."""
+        start = self._clock()
+        try:
+            return guard_work()
+        finally:
+            self._spent += self._clock() - start
 
     def _came_back(self, reference: Stats) -> bool:
         """Wait (up to max_wait_s, probing every WAIT_STEP_S) for the probe to be back at ``reference``."""
         for _ in range(int(self.max_wait_s / WAIT_STEP_S)):
-            self._sleep(WAIT_STEP_S)
+            self._timed(lambda: self._sleep(WAIT_STEP_S))
             if not moved(reference, self._time_probe()):
                 return True
         return False

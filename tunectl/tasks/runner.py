@@ -145,11 +145,12 @@ class ItemRunner:
         settings: MeasureSpec,
         mode: str,
     ) -> dict[str, Any]:
-        self._load_point(task, item)
+        setup = {"setup_ms": self._load_point(task, item) * 1e3}
         fn, prepare_s = self._prepare(task, item, static, shape, config)
         failed, checked = self._check(task, static, fn, prepare_s)
         if failed:
-            return checked
+            return {**checked, **setup}
+        started = time.perf_counter()
         sampler = make_sampler(fn, self.device, mode, settings.l2, settings.timing)
         before = read_state(self.device)
         guard = self._drift_guard(settings.drift)
@@ -159,6 +160,7 @@ class ItemRunner:
             guarded = guard.measure((item.task, *item.point), sampler, settings)
             stats, drift_fields = guarded.stats, guarded.fields()
         gpu_state = record_fields(before, read_state(self.device))
+        setup["measure_ms"] = (time.perf_counter() - started) * 1e3
         if stats.median_us <= 0:
             raise NotMeasurable(f"{NOT_MEASURABLE} (median {stats.median_us:.3g} us)")
         return {
@@ -174,6 +176,7 @@ class ItemRunner:
             "rel_noise": stats.rel_noise,
             **gpu_state,
             **drift_fields,
+            **setup,
         }
 
     def _drift_guard(self, action: str) -> DriftGuard | None:
@@ -192,15 +195,20 @@ class ItemRunner:
         self._guard.action = action
         return self._guard
 
-    def _load_point(self, task: TuningTask, item: WorkItem) -> None:
-        """Build the point's inputs and reference, unless the last item was at the same point."""
+    def _load_point(self, task: TuningTask, item: WorkItem) -> float:
+        """Build the point's inputs and reference, unless the last item was at the same point; the
+        seconds that took (0 if it did not)."""
         point = (item.task, item.static, item.shape)
-        if point != self._point:
-            self._point, self._inputs, self._reference = None, None, None  # free the old point first
-            static, shape = dict(item.static), dict(item.shape)
-            inputs = task.build_inputs(static, shape, self.device)
-            self._reference = task.reference(static, shape, inputs)
-            self._inputs, self._point = inputs, point
+        if point == self._point:
+            return 0.0
+        started = time.perf_counter()
+        self._point, self._inputs, self._reference = None, None, None  # free the old point first
+        static, shape = dict(item.static), dict(item.shape)
+        inputs = task.build_inputs(static, shape, self.device)
+        self._reference = task.reference(static, shape, inputs)
+        self._synchronize()
+        self._inputs, self._point = inputs, point
+        return time.perf_counter() - started
 
     def _check(
         self, task: TuningTask, static: dict[str, Any], fn: Callable[[], Any], prepare_s: float
@@ -226,7 +234,7 @@ class ItemRunner:
     ) -> list[dict[str, Any]]:
         """Fields per arm of a comparison item: each arm checked, then all timed in interleaved rounds."""
         static, shape = dict(item.static), dict(item.shape)
-        self._load_point(task, item)
+        setup_s = self._load_point(task, item)
         stacks = self._layer_inputs(task, item) if item.phase == "validate" else None
         fields: list[dict[str, Any]] = []
         samplers: dict[int, Sampler] = {}  # arms that passed the check
@@ -248,15 +256,18 @@ class ItemRunner:
             except Exception as exc:
                 fields[i:] = [self._failed(exc)]
         self.on_arm(None)
+        fields = [{**f, "setup_ms": setup_s * 1e3} for f in fields]
         if 0 not in samplers:  # no baseline: the arms that passed their check are not compared
             return [{**f, **_NO_BASELINE} if i in samplers else f for i, f in enumerate(fields)]
+        started = time.perf_counter()
         timed = list(samplers.values())
         if stacks is not None:
             timed.append(stack_sampler([_nothing] * item.layers, self.device, mode, with_calls=False))
         rounds = interleave(timed, item.rounds, settings, seed=int(item.item_id[:12], 16))
         times = round_times(rounds, item.layers if stacks is not None else 0)
+        measure_ms = (time.perf_counter() - started) * 1e3
         for (i, _), t, r in zip(samplers.items(), times, rounds, strict=False):
-            fields[i] = {**fields[i], **arm_stats(times[0], t, r)}
+            fields[i] = {**fields[i], **arm_stats(times[0], t, r), "measure_ms": measure_ms}
         return fields
 
     def _arm_sampler(
