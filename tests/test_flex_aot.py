@@ -289,7 +289,7 @@ def test_invalid_options_are_refused_before_anything_is_built(
 def test_the_captured_call_carries_the_kernel_options() -> None:
     task = FlexPrefill()
     inputs = task.build_inputs(STATIC, SHAPE, "cpu")
-    module = _flex.exportable(
+    module = _flex.packageable(
         lambda doc_id: make_mask_mod(STATIC, doc_id),
         128,
         enable_gqa=True,

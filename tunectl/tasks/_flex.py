@@ -174,11 +174,11 @@ def aot_package(task: str, key: str, device: str) -> Path | None:
     return root / task / "aot" / f"{digest}.inductor"
 
 
-def exportable(mask_mod_for: Callable[[Any], Any], sparse_block: int, *, enable_gqa: bool,
+def packageable(mask_mod_for: Callable[[Any], Any], sparse_block: int, *, enable_gqa: bool,
                options: Mapping[str, Any]) -> Any:  # fmt: skip
     """A module whose ``forward(q, k, v, mask_data, blocks)`` is ``flex_attention`` under the block
     mask with ``blocks`` (its kv_num_blocks, kv_indices[, full_kv_num_blocks, full_kv_indices]) and
-    the mask function ``mask_mod_for(mask_data)``, with kernel ``options``: what is exported."""
+    the mask function ``mask_mod_for(mask_data)``, with kernel ``options``: what a package is built from."""
     import torch
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
@@ -205,7 +205,7 @@ def exportable(mask_mod_for: Callable[[Any], Any], sparse_block: int, *, enable_
 
 
 def block_tensors(block_mask: Any) -> tuple[Any, ...]:
-    """The tensors of ``block_mask`` an exported call takes (``exportable``)."""
+    """The tensors of ``block_mask`` a package's call takes (``packageable``)."""
     full = (block_mask.full_kv_num_blocks, block_mask.full_kv_indices)
     kv = (block_mask.kv_num_blocks, block_mask.kv_indices)
     return kv if full[0] is None else kv + full

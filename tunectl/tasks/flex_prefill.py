@@ -85,7 +85,7 @@ class FlexPrefill(Task):
             def check(tmp: Path, output: Any) -> None:
                 _flex.check_new_package(request, tmp, args, output)
 
-            module = _flex.exportable(
+            module = _flex.packageable(
                 lambda doc_id: make_mask_mod(static, doc_id),
                 _SPARSE_BLOCK,
                 enable_gqa=static["num_q_heads"] != static["num_kv_heads"],
@@ -110,7 +110,7 @@ class FlexPrefill(Task):
         return self._build_point[1]
 
     def aot_args(self, static: Params, inputs: dict[str, Any]) -> tuple[Any, ...]:
-        """What the exported call takes: q, k, v, the document ids, the block mask's tensors."""
+        """What a package's call takes: q, k, v, the document ids, the block mask's tensors."""
         derived = inputs["derived"]
         if "block_mask" not in derived:
             derived["block_mask"] = self._block_mask(static, inputs)
