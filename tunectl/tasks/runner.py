@@ -145,11 +145,11 @@ class ItemRunner:
         settings: MeasureSpec,
         mode: str,
     ) -> dict[str, Any]:
-        setup = {"setup_ms": self._load_point(task, item) * 1e3}
+        spent = {"setup_ms": self._load_point(task, item) * 1e3}  # where the item's time went
         fn, prepare_s = self._prepare(task, item, static, shape, config)
         failed, checked = self._check(task, static, fn, prepare_s)
         if failed:
-            return {**checked, **setup}
+            return {**checked, **spent}
         started = time.perf_counter()
         sampler = make_sampler(fn, self.device, mode, settings.l2, settings.timing)
         before = read_state(self.device)
@@ -160,7 +160,7 @@ class ItemRunner:
             guarded = guard.measure((item.task, *item.point), sampler, settings)
             stats, drift_fields = guarded.stats, guarded.fields()
         gpu_state = record_fields(before, read_state(self.device))
-        setup["measure_ms"] = (time.perf_counter() - started) * 1e3
+        spent["measure_ms"] = (time.perf_counter() - started) * 1e3
         if stats.median_us <= 0:
             raise NotMeasurable(f"{NOT_MEASURABLE} (median {stats.median_us:.3g} us)")
         return {
@@ -176,7 +176,7 @@ class ItemRunner:
             "rel_noise": stats.rel_noise,
             **gpu_state,
             **drift_fields,
-            **setup,
+            **spent,
         }
 
     def _drift_guard(self, action: str) -> DriftGuard | None:
