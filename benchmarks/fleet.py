@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -79,6 +80,8 @@ def run_figures(results: Path, warmup: int) -> dict[str, Any]:
         for part, seconds in worker_time(mine, span, kernel).items():
             split[part] += seconds
     span = max(ts(r["finished_at"]) for r in rows) - min(ts(r["started_at"]) for r in rows)
+    grid_items = [r for r in rows if r["phase"] in ("measure", "screen")]
+    loads = [r["compile_ms"] for r in grid_items if r["compile_ms"] is not None]
     statuses: dict[str, int] = defaultdict(int)
     for row in rows:
         statuses[row["status"]] += 1
@@ -91,6 +94,7 @@ def run_figures(results: Path, warmup: int) -> dict[str, Any]:
         "compile_processes": info.compile.get("compile_processes", 0),
         "busy_fraction": busy, "statuses": dict(statuses),
         "worker_time_s": {part: round(v, 2) for part, v in split.items()},
+        "median_load_ms": round(statistics.median(loads), 1) if loads else None,
         "per_kernel_build_s": info.compile.get("per_kernel_seconds", {}),
         "per_item": [
             {"kernel": kernel_of(row), "phase": row["phase"], "worker": row["worker"],
@@ -186,16 +190,24 @@ def sweeps_table(runs: list[dict[str, Any]]) -> str:
         )
     split = [r for r in runs if r.get("worker_time_s")]
     if split:  # where the workers' spans went (summed over workers)
-        lines += ["", "| grid | caches | GPUs | " + " | ".join(TIME_PARTS) + " |",
-                  "|---|---|---|" + "---|" * len(TIME_PARTS)]  # fmt: skip
+        lines += ["", "| grid | caches | GPUs | median loading per item | " + " | ".join(TIME_PARTS) + " |",
+                  "|---|---|---|---|" + "---|" * len(TIME_PARTS)]  # fmt: skip
         for r in split:
             parts = " | ".join(f"{r['worker_time_s'].get(p, 0.0):.1f} s" for p in TIME_PARTS)
-            lines.append(f"| {r['grid']} | {r['caches']} | {r['gpus']} | {parts} |")
+            load = f"{r['median_load_ms']:.0f} ms" if r.get("median_load_ms") is not None else "-"
+            lines.append(f"| {r['grid']} | {r['caches']} | {r['gpus']} | {load} | {parts} |")
     return "\n".join(lines)
 
 
 def cmd_table(args: argparse.Namespace) -> None:
-    print(sweeps_table(json.loads(Path(args.sweeps).read_text())))
+    """The tables again from a sweeps JSON; ``--reread``: each run's figures read again from its results
+    beside the JSON (where they are), so figures added since the sweep show too."""
+    runs = json.loads(Path(args.sweeps).read_text())
+    for r in runs if args.reread else []:
+        results = Path(args.sweeps).parent / f"results-{r['grid']}-{r['gpus']}-{r['caches']}"
+        if results.is_dir():
+            r.update(run_figures(results, warmup_of(GRIDS[r["grid"]])))
+    print(sweeps_table(runs))
 
 
 # -- interference -------------------------------------------------------------------------------------
@@ -360,6 +372,7 @@ def main() -> None:
     )
     p = sub.add_parser("table")
     p.add_argument("--sweeps", required=True)
+    p.add_argument("--reread", action="store_true", help="read each run's figures again from its results")
     args = parser.parse_args()
     globals()[f"cmd_{args.what}"](args)
 
