@@ -16,7 +16,7 @@ from tunectl.core.record import Record, Status, Timing
 from tunectl.core.spec import MeasureSpec, parse_spec
 from tunectl.decide.select import select_winners
 from tunectl.store.results import ResultsWriter, read_results
-from tunectl.tasks.drift import PROBE_SETTINGS, Probe
+from tunectl.tasks.drift import CHECK_SETTINGS, PROBE_SETTINGS, Probe
 from tunectl.tasks.runner import ItemRunner
 
 FAST = MeasureSpec(warmup=0, min_samples=3, max_samples=6, max_seconds=0.05)
@@ -95,9 +95,11 @@ def _measure_item(runner: ItemRunner, settings: MeasureSpec) -> Record:
 
 
 def test_a_worker_measures_again_when_its_probe_moved_and_records_what_it_saw() -> None:
-    per_probe = PROBE_SETTINGS.warmup + PROBE_SETTINGS.min_samples  # steady samples stop at the minimum
-    # The reference probe is steady; the probe after the first measurement reads 20 % slow.
-    runner = ItemRunner("cpu", probe=_shifting_probe(range(per_probe + 1, 2 * per_probe + 1)))
+    # steady samples stop at the minimum
+    reference = PROBE_SETTINGS.warmup + PROBE_SETTINGS.min_samples
+    check = CHECK_SETTINGS.warmup + CHECK_SETTINGS.min_samples
+    # The reference probe is steady; the check after the first measurement reads 20 % slow.
+    runner = ItemRunner("cpu", probe=_shifting_probe(range(reference + 1, reference + check + 1)))
     record = _measure_item(runner, FAST)
     assert record.timing is Timing.REPLAY  # a CPU clock: nothing fixed per sample to take out
     assert (record.remeasured, record.drift) == (1, False)
@@ -154,9 +156,9 @@ def test_a_row_says_where_its_worker_spent_the_item(monkeypatch: pytest.MonkeyPa
     first, second = _measure_item(runner, FAST), _measure_item(runner, FAST)
     assert first.setup_ms is not None and first.setup_ms >= 30.0
     assert second.setup_ms == 0.0  # the same point: its inputs were kept
-    per_probe = PROBE_SETTINGS.warmup + PROBE_SETTINGS.min_samples
+    per_check = CHECK_SETTINGS.warmup + CHECK_SETTINGS.min_samples
     for record in (first, second):
         assert record.measure_ms is not None and record.guard_ms is not None and record.num_samples
-        assert record.guard_ms >= 2 * per_probe * 2.0 * 0.9  # a probe before and after, 2 ms a sample
+        assert record.guard_ms >= 2 * per_check * 2.0 * 0.9  # a probe before and after, 2 ms a sample
         assert record.measure_ms >= record.guard_ms + record.num_samples * 1.0  # 1 ms kernel calls
         assert record.measure_ms <= (record.finished_at - record.started_at) * 1e3

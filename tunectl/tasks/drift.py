@@ -8,12 +8,18 @@ The reference is a fixed *probe*: a copy of twice the L2 and a matrix product (o
 copy and product on a CPU), so a slower memory clock and a slower SM clock both move it. It is one
 kernel for the whole worker life, not the point's default config: it is the same at every point and
 on every worker (a report can set one worker's life beside another's), it runs where a point's
-default fails, and it needs no compiling. The probe is timed (``PROBE_SETTINGS``, a few ms):
+default fails, and it needs no compiling. The probe is timed:
 
 - when a worker starts on a point (its first item there, or the first after another point's), which
-  is the point's *reference*; and
-- before and after every measurement at the point, and, inside a measurement, a short look (a few
-  probe samples) every ``LOOK_EVERY_S`` between its samples. A measurement is judged by the probe
+  is the point's *reference*: at least ten samples, to half a percent of noise where 50 ms allow it
+  (``PROBE_SETTINGS``); and
+- before and after every measurement at the point, and, inside a measurement, every ``LOOK_EVERY_S``
+  between its samples: a *check* of at least five samples, to 1 % of noise, at most 30 ms
+  (``CHECK_SETTINGS``). A check is held to the reference's precision where it counts: a shift is
+  only called past 3 % (below), and a check whose noise is at most 1 % leaves that limit where it
+  is; a noisier one stops at 30 ms and widens the limit, as a longer one would have to. Checks as
+  long as the reference (up to 50 ms each side, on an H200 twice a short config's own measurement)
+  bought nothing the 3 % limit could use. A measurement is judged by the probe
   that strayed furthest: a shift that ends inside a measurement shows in the probe before it, one
   that starts inside it in the probe after, and one that comes and goes inside a long measurement
   in a look (on an H200 a neighbour's burst that ended mid-measurement, seen only after it, read a
@@ -69,10 +75,10 @@ MAX_REMEASURES = 2
 LOOK_EVERY_S = 0.5  # inside a measurement: a look at the probe at most this often (~1 ms each)
 MAX_WAIT_S = 30.0  # how long a worker waits for a shifted device to come back (well under a deadline)
 WAIT_STEP_S = 1.0
-#: about 10-50 samples of a ~200 µs probe on an H200: a few ms after each measurement
+#: a point's reference: 10-200 samples of the probe (module doc)
 PROBE_SETTINGS = MeasureSpec(warmup=1, min_samples=10, max_samples=200, noise_target=0.005, max_seconds=0.05)
-#: a look inside a measurement: a handful of probe samples, their median against the reference
-LOOK_SETTINGS = MeasureSpec(warmup=0, min_samples=5, max_samples=5, noise_target=1.0, max_seconds=0.02)
+#: a check before, inside (a look) and after each measurement, against the reference (module doc)
+CHECK_SETTINGS = MeasureSpec(warmup=0, min_samples=5, max_samples=20, noise_target=0.01, max_seconds=0.03)
 PROBE_SPAN_MAX_US = 20_000.0  # a probe sample spans a measured sample up to this long (module doc)
 _PROBE_COPY_L2S = 2  # the copied buffer, in L2 sizes: it streams from memory, not from the cache
 _PROBE_MATMUL_N = 4096  # bf16: ~140 µs of tensor-core work on an H200
@@ -117,7 +123,8 @@ class DriftGuard:
 
     ``probe(calls)``: the probe's sampler for ``calls`` calls in one timed window. ``action``:
     ``remeasure`` (flag and measure again) or ``flag`` (flag only). ``max_wait_s``: how long a shift is
-    waited out (0 on a CPU, whose neighbours come and go with no clock to recover). One per worker.
+    waited out (0 on a CPU, whose neighbours come and go with no clock to recover). ``settings`` and
+    ``check``: how a reference and a check sample the probe (module doc). One per worker.
     """
 
     def __init__(
@@ -126,13 +133,14 @@ class DriftGuard:
         *,
         action: str = "remeasure",
         settings: MeasureSpec = PROBE_SETTINGS,
+        check: MeasureSpec = CHECK_SETTINGS,
         max_wait_s: float = MAX_WAIT_S,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         if action not in ("remeasure", "flag"):
             raise ValueError(f"unknown drift action {action!r}; expected remeasure or flag")
-        self.probe, self.action, self.settings = probe, action, settings
+        self.probe, self.action, self.settings, self.check_settings = probe, action, settings, check
         self._sleep, self._clock = sleep, clock
         self.max_wait_s = max_wait_s
         self._samplers: dict[int, Sampler] = {}
@@ -174,10 +182,10 @@ class DriftGuard:
         """One measurement between two probes, with looks inside it, and the probe that strayed
         furthest from ``reference`` (module doc; ``just_probed``: the reference was timed just now, it
         is the one before)."""
-        before = reference if just_probed else self._time_probe()
+        before = reference if just_probed else self._check()
         looks: list[Stats] = []
         stats = measure(self._watched(sample, looks), settings)
-        probes = [before, *looks, self._time_probe()]
+        probes = [before, *looks, self._check()]
         return stats, max(
             probes, key=lambda p: (moved(reference, p), abs(p.median_us / reference.median_us - 1))
         )
@@ -189,7 +197,7 @@ class DriftGuard:
         def watched() -> float:
             nonlocal last
             if self._clock() - last >= LOOK_EVERY_S:
-                looks.append(self._timed(lambda: measure(self._probe(), LOOK_SETTINGS)))
+                looks.append(self._check())
                 self._timed(sample)  # run and dropped (module doc)
                 last = self._clock()
             start = self._clock()
@@ -211,7 +219,12 @@ class DriftGuard:
         return self._samplers[self._calls]
 
     def _time_probe(self) -> Stats:
+        """The probe timed for a reference (``settings``)."""
         return self._timed(lambda: measure(self._probe(), self.settings))
+
+    def _check(self) -> Stats:
+        """The probe timed for a check against the reference (``check_settings``)."""
+        return self._timed(lambda: measure(self._probe(), self.check_settings))
 
     def _timed(self, guard_work: Callable[[], T]) -> T:
         """``guard_work()``, its time counted as the guard's."""
