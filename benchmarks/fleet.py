@@ -73,9 +73,7 @@ def run_figures(results: Path, warmup: int) -> dict[str, Any]:
     busy, split = {}, defaultdict(float)
     for name, mine in workers.items():
         span = max(ts(r["finished_at"]) for r in mine) - min(ts(r["started_at"]) for r in mine)
-        kernel = sum(
-            (r["num_samples"] + 1 + warmup) * r["mean_us"] / 1e6 for r in mine if r["status"] == "ok"
-        )
+        kernel = sum(kernel_seconds(r, warmup) for r in mine if r["status"] == "ok")
         busy[name] = round(kernel / span, 3) if span > 0 else 0.0
         for part, seconds in worker_time(mine, span, kernel).items():
             split[part] += seconds
@@ -103,6 +101,13 @@ def run_figures(results: Path, warmup: int) -> dict[str, Any]:
             for row in rows if row["worker"]
         ],
     }  # fmt: skip
+
+
+def kernel_seconds(row: dict[str, Any], warmup: int) -> float:
+    """The measured kernel's time inside a row's timed calls: its samples and warm-up, each of
+    ``calls_per_sample`` calls (1 in rows from before they said), and the checked first call."""
+    calls = (row["num_samples"] + warmup) * (row.get("calls_per_sample") or 1) + 1
+    return calls * row["mean_us"] / 1e6
 
 
 def kernel_of(row: dict[str, Any]) -> str | None:

@@ -10,7 +10,7 @@ guard's probes and looks, the samples themselves, the device-state reads, the re
 With ``--cache`` pointing at a run's compile cache (``tunectl submit --compile-cache``) the kernels load
 as a worker's would; without it they compile here, and loading dominates.
 
-    python benchmarks/item_cost.py configs/h200/flex_prefill.toml --cache /tmp/fleet-now-prefill/cache-prefill-1
+    python benchmarks/item_cost.py configs/h200/flex_prefill.toml --cache /tmp/fleet-x/cache-prefill-1
     python benchmarks/item_cost.py configs/quickstart.toml      # on the CPU
 """
 
@@ -92,7 +92,8 @@ def main() -> int:
         })  # fmt: skip
     wall = time.perf_counter() - started
     parts = cumulative(pstats.Stats(profile))
-    print(f"{len(items)} items on {device}, {wall:.1f} s in all ({wall / max(len(items), 1) * 1e3:.0f} ms each)\n")
+    each = wall / max(len(items), 1) * 1e3
+    print(f"{len(items)} items on {device}, {wall:.1f} s in all ({each:.0f} ms each)\n")
     print("| part | seconds | per item | calls |\n|---|---|---|---|")
     for name, (seconds, calls) in parts.items():
         print(f"| {name} | {seconds:.2f} | {seconds / max(len(items), 1) * 1e3:.1f} ms | {calls} |")

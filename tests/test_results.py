@@ -144,3 +144,25 @@ def test_a_crash_record_without_a_device_does_not_split_an_export(tmp_path: Path
     writer.close()
     prepared = prepare_bundle(tmp_path, "b", "1")
     assert [w.device_name for w in prepared.winners] == ["H200"]
+
+
+def test_every_field_reads_back_with_the_type_it_was_written_with(tmp_path: Path) -> None:
+    """The parts' column types come from ``Record``'s own fields: a whole number stays one, a flag a
+    flag, a time a float, so no field is stored as text for want of a name the store knows."""
+    from tunectl.core.record import record_types
+
+    values = {bool: True, int: 7, float: 2.5, str: "x"}
+    fixed = {"status": "ok", "phase": "final", "measure_mode": "graph", "timing": "difference"}
+    record = Record(**{
+        name: fixed.get(name, values[kind]) for name, kind in record_types().items()
+        if name not in ("started_at", "finished_at", "run_id", "task")
+    }, run_id="r1", task="t", started_at=1.5, finished_at=2.5)  # fmt: skip
+    writer = ResultsWriter(tmp_path)
+    writer.append(record)
+    writer.close()
+    [back] = read_results(tmp_path)
+    assert back == record
+    for name, kind in record_types().items():  # an enum's value is its text; no bool reads as an int
+        assert type(getattr(back, name)) is kind or (kind is str and isinstance(getattr(back, name), str)), (
+            name
+        )

@@ -102,6 +102,7 @@ def test_a_worker_measures_again_when_its_probe_moved_and_records_what_it_saw() 
     runner = ItemRunner("cpu", probe=_shifting_probe(range(reference + 1, reference + check + 1)))
     record = _measure_item(runner, FAST)
     assert record.timing is Timing.REPLAY  # a CPU clock: nothing fixed per sample to take out
+    assert record.calls_per_sample == 1  # a CPU sample times one call
     assert (record.remeasured, record.drift) == (1, False)
     assert (record.probe_us, record.reference_ratio) == (100.0, 1.0)
 

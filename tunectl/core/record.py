@@ -10,6 +10,7 @@ record is made, so an unknown status never reaches a file. Text exists only at t
 from __future__ import annotations
 
 import datetime as dt
+import typing
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
 from enum import StrEnum
@@ -113,6 +114,9 @@ class Record:
     min_us: float | None = None
     max_us: float | None = None
     num_samples: int | None = None
+    # kernel calls one sample timed: K of the difference method, a warm-L2 replay's calls, else 1 (a
+    # validation's sample: one stack of ``layers`` calls)
+    calls_per_sample: int | None = None
     rel_noise: float | None = None
     max_abs_err: float | None = None
     compile_ms: float | None = None
@@ -216,6 +220,19 @@ class Record:
 Point = tuple[str, str, str, str]  # (task, device name, static key text, shape key text)
 _NULL_READS_AS = {"phase": str(Phase.MEASURE), "timing": str(Timing.REPLAY)}
 RECORD_FIELDS = tuple(f.name for f in fields(Record))
+
+
+def record_types() -> dict[str, type]:
+    """Each field of ``Record`` and the plain type it holds: ``bool``, ``int``, ``float`` or ``str``
+    (an enum's values are text; an optional field's type is the one it holds when set)."""
+    out: dict[str, type] = {}
+    for name, hint in typing.get_type_hints(Record).items():
+        kinds = [k for k in typing.get_args(hint) or (hint,) if k is not type(None)]
+        (kind,) = kinds
+        out[name] = str if issubclass(kind, str) else kind
+    return out
+
+
 _TIMESTAMPS = ("started_at", "finished_at")
 
 K = TypeVar("K", bound=Hashable)

@@ -24,7 +24,7 @@ from typing import Any
 
 from tunectl.core.errors import ResultsError, UserError
 from tunectl.core.files import atomic_write, move
-from tunectl.core.record import RECORD_FIELDS, Record, latest
+from tunectl.core.record import Record, latest, record_types
 
 SCHEMA_VERSION = 1
 PARTITIONS = ("task", "run_id")
@@ -45,37 +45,19 @@ __all__ = [
 ]
 _TIMESTAMPS = ("started_at", "finished_at")
 log = logging.getLogger("tunectl.store.results")
-_FLOAT_SUFFIXES = ("_us", "_ms", "_noise", "_err", "_mhz", "_c", "_w")
 
 
 def _schema() -> Any:
+    """The parts' schema, from ``Record``'s fields: a column per field (the partitions left out), its
+    type the field's (a timestamp for the start and finish, a string for an enum)."""
     import pyarrow as pa
 
-    types = {
-        "is_default": pa.bool_(),
-        "throttled": pa.bool_(),
-        "drift": pa.bool_(),
-        "remeasured": pa.int64(),
-        "throttle_reasons": pa.int64(),
-        "reference_ratio": pa.float64(),
-        "num_samples": pa.int64(),
-        "bytes_moved": pa.int64(),
-        "rung": pa.int64(),
-        "rounds": pa.int64(),
-        "layers": pa.int64(),
-    }
+    arrow = {bool: pa.bool_(), int: pa.int64(), float: pa.float64(), str: pa.string()}
     cols = []
-    for name in RECORD_FIELDS:
+    for name, kind in record_types().items():
         if name in PARTITIONS:
             continue
-        if name in _TIMESTAMPS:
-            cols.append(pa.field(name, pa.timestamp("us", tz="UTC")))
-        elif name in types:
-            cols.append(pa.field(name, types[name]))
-        elif name.startswith("speedup") or name.endswith(_FLOAT_SUFFIXES):
-            cols.append(pa.field(name, pa.float64()))
-        else:
-            cols.append(pa.field(name, pa.string()))
+        cols.append(pa.field(name, pa.timestamp("us", tz="UTC") if name in _TIMESTAMPS else arrow[kind]))
     return pa.schema(cols, metadata={"tunectl.schema_version": str(SCHEMA_VERSION)})
 
 

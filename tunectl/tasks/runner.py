@@ -173,6 +173,7 @@ class ItemRunner:
             "min_us": stats.min_us,
             "max_us": stats.max_us,
             "num_samples": stats.num_samples,
+            "calls_per_sample": calls_per_sample(sampler),
             "rel_noise": stats.rel_noise,
             **gpu_state,
             **drift_fields,
@@ -266,8 +267,9 @@ class ItemRunner:
         rounds = interleave(timed, item.rounds, settings, seed=int(item.item_id[:12], 16))
         times = round_times(rounds, item.layers if stacks is not None else 0)
         measure_ms = (time.perf_counter() - started) * 1e3
-        for (i, _), t, r in zip(samplers.items(), times, rounds, strict=False):
-            fields[i] = {**fields[i], **arm_stats(times[0], t, r), "measure_ms": measure_ms}
+        for (i, sampler), t, r in zip(samplers.items(), times, rounds, strict=False):
+            fields[i] = {**fields[i], **arm_stats(times[0], t, r), "measure_ms": measure_ms,
+                         "calls_per_sample": calls_per_sample(sampler)}  # fmt: skip
         return fields
 
     def _arm_sampler(
@@ -339,6 +341,11 @@ def _compare(out: Any, ref: Any, atol: float, rtol: float) -> tuple[float, bool]
         return float("inf"), False
     ok = bool((diff <= atol + rtol * ref.double().to(out.device).abs()).all())
     return err, ok
+
+
+def calls_per_sample(sampler: Sampler) -> int:
+    """How many kernel calls one of ``sampler``'s samples times (``tunectl.tasks.difference``)."""
+    return int(getattr(sampler, "num_calls", 1))
 
 
 def timed_prepare(
