@@ -23,7 +23,6 @@ THROTTLE_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80  # SwPowerCap, HwSlowdown, SwTher
 _PERF_POLICIES = (0, 1)  # NVML_PERF_POLICY_POWER, NVML_PERF_POLICY_THERMAL
 
 _handles: dict[str, Any] = {}
-_initialised = False
 
 
 @dataclass(frozen=True)
@@ -99,13 +98,9 @@ def is_throttled(before: GpuState | None, after: GpuState | None) -> bool | None
 
 
 def _nvml() -> Any:
-    """pynvml, initialised once per process (an init per reading cost milliseconds on an H200 host)."""
     import pynvml
 
-    global _initialised
-    if not _initialised:
-        pynvml.nvmlInit()
-        _initialised = True
+    pynvml.nvmlInit()  # idempotent: NVML counts its inits
     return pynvml
 
 
