@@ -146,7 +146,7 @@ def test_prepare_leaves_the_device_alone_until_the_first_call() -> None:
     flex = task.prepare(STATIC, SHAPE, {"backend": "flex"}, inputs)
     assert inputs["derived"] == {}  # the block mask is made by the first call, not by prepare
     flex()
-    assert set(inputs["derived"]) == {"flex"}
+    assert set(inputs["derived"]) == {"flex", "page_maps"}
 
 
 def test_sinks_and_softcap_are_invalid_where_a_backend_has_none() -> None:

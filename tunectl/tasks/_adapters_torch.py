@@ -100,26 +100,28 @@ def _sdpa_mask(static: Params, kv_len: int, q_len: int, device: Any) -> Any:
 
 
 def flex_decode(
-    static: Params, config: Params, inputs: dict[str, Any], point: object, compiled: bool
-) -> Callable[[], Any]:
+    static: Params, config: Params, inputs: dict[str, Any], point: object, compiled: bool,
+    package: tuple[str, str] | None = None,
+) -> Callable[[], Any]:  # fmt: skip
+    """The Flex call over the page pool; ``package``: (task, compile key) of a package to load instead
+    of tracing (``tunectl.tasks._flex``), where a compile process built one."""
     if inputs["sinks"] is not None:
         raise InvalidConfig("FlexAttention has no attention sinks")
-    options = _flex.kernel_options(config, tuple(_flex.KERNEL_OPTIONS))
-    page = inputs["k_cache"].shape[1]
-    _flex.check_block_sizes(options, _FLEX_Q_BLOCK, page)
-    kc, vc = inputs["k_cache"], inputs["v_cache"]
-    num_pages, _, hkv, d = kc.shape
-    q = inputs["q"].transpose(1, 2)  # [batch, hq, q_len, d]
-    k = kc.view(1, num_pages * page, hkv, d).transpose(1, 2)  # the pool as one shared sequence
-    v = vc.view(1, num_pages * page, hkv, d).transpose(1, 2)
+    options = flex_decode_options(config, inputs)
+    device = str(inputs["q"].device)
 
     def build() -> Callable[[], Any]:
+        if package is not None:
+            call = _flex.packaged(*package, device, point, flex_decode_args(static, inputs))
+            if call is not None:
+                return call
         derived = inputs["derived"]
         if "flex" not in derived:  # one block mask per point, shared by every kernel-option set
             derived["flex"] = (paged_block_mask(static, inputs), _softcap_mod(float(static["softcap"])))
         block_mask, score_mod = derived["flex"]
-        flex = _flex.flex_for(str(q.device), point, compiled)
-        kwargs: dict[str, Any] = {"block_mask": block_mask, "enable_gqa": q.shape[1] != hkv}
+        flex = _flex.flex_for(device, point, compiled)
+        q, k, v = pool_views(inputs)
+        kwargs: dict[str, Any] = {"block_mask": block_mask, "enable_gqa": q.shape[1] != k.shape[1]}
         if score_mod is not None:
             kwargs["score_mod"] = score_mod
         if options:
@@ -127,6 +129,76 @@ def flex_decode(
         return lambda: flex(q, k, v, **kwargs).transpose(1, 2)
 
     return lazily(build)
+
+
+def flex_decode_options(config: Params, inputs: dict[str, Any]) -> dict[str, Any]:
+    """The kernel options of a Flex decode config; InvalidConfig where flex cannot take them here."""
+    options = _flex.kernel_options(config, tuple(_flex.KERNEL_OPTIONS))
+    _flex.check_block_sizes(options, _FLEX_Q_BLOCK, inputs["k_cache"].shape[1])
+    return options
+
+
+def pool_views(inputs: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """q as ``[batch, hq, q_len, d]``, and K and V as one sequence of the whole pool
+    ``[1, hkv, num_pages * page, d]`` (views: nothing is copied)."""
+    kc, vc = inputs["k_cache"], inputs["v_cache"]
+    num_pages, page, hkv, d = kc.shape
+    return (
+        inputs["q"].transpose(1, 2),
+        kc.view(1, num_pages * page, hkv, d).transpose(1, 2),
+        vc.view(1, num_pages * page, hkv, d).transpose(1, 2),
+    )
+
+
+def flex_decode_args(static: Params, inputs: dict[str, Any]) -> tuple[Any, ...]:
+    """What a Flex decode package's call takes (``flex_decode_module``): q, the K and V caches, the
+    pool's page maps and the block mask's tensors, each made once per point."""
+    derived = inputs["derived"]
+    if "flex" not in derived:
+        derived["flex"] = (paged_block_mask(static, inputs), _softcap_mod(float(static["softcap"])))
+    return (inputs["q"], inputs["k_cache"], inputs["v_cache"], _page_maps(inputs),
+            _flex.block_tensors(derived["flex"][0]))  # fmt: skip
+
+
+def flex_decode_module(static: Params, config: Params, inputs: dict[str, Any]) -> Any:
+    """A module whose ``forward(*flex_decode_args(...))`` is the Flex decode call of ``config`` at the
+    inputs' point (views, block mask, mask and score functions inside it): what a package is built
+    from. The point's sizes (page, lengths) are part of the kernel, as its compile key says."""
+    import torch
+    from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+    options = flex_decode_options(config, inputs)
+    kernel_options: Any = options or None
+    score_mod = _softcap_mod(float(static["softcap"]))
+    page, kv_len, q_len = inputs["k_cache"].shape[1], inputs["kv_len"], inputs["q_len"]
+
+    class FlexDecodeCall(torch.nn.Module):
+        def forward(self, q: Any, kc: Any, vc: Any, maps: tuple[Any, Any], blocks: tuple[Any, ...]) -> Any:
+            q4, k, v = pool_views({"q": q, "k_cache": kc, "v_cache": vc})
+            full = blocks[2:] or (None, None)
+            block_mask = BlockMask.from_kv_blocks(
+                blocks[0],
+                blocks[1],
+                full[0],
+                full[1],
+                BLOCK_SIZE=(_FLEX_Q_BLOCK, page),
+                mask_mod=_paged_mask_mod(static, maps, page=page, kv_len=kv_len, q_len=q_len),
+                seq_lengths=(q_len, k.shape[2]),
+                compute_q_blocks=False,  # what the backward pass needs, not the forward
+            )
+            gqa = q4.shape[1] != k.shape[1]
+            out = flex_attention(
+                q4,
+                k,
+                v,
+                block_mask=block_mask,
+                score_mod=score_mod,
+                enable_gqa=gqa,
+                kernel_options=kernel_options,
+            )
+            return out.transpose(1, 2)
+
+    return FlexDecodeCall()
 
 
 def _softcap_mod(softcap: float) -> Any:
@@ -174,24 +246,37 @@ def paged_block_mask(static: Params, inputs: dict[str, Any]) -> Any:
         full_num,
         full_idx,
         BLOCK_SIZE=(_FLEX_Q_BLOCK, page),
-        mask_mod=_paged_mask_mod(static, table, num_pages, page=page, kv_len=kv_len, q_len=q_len),
+        mask_mod=_paged_mask_mod(static, _page_maps(inputs), page=page, kv_len=kv_len, q_len=q_len),
         seq_lengths=(q_len, num_pages * page),
     )
 
 
-def _paged_mask_mod(static: Params, table: Any, num_pages: int, *, page: int, kv_len: int, q_len: int) -> Any:
-    """The mask_mod over the pool: a physical slot maps back to (its sequence, its position) through
-    per-page tables of owner and logical page, then the causal and window rules apply."""
-    import torch
+def _page_maps(inputs: dict[str, Any]) -> tuple[Any, Any]:
+    """(owner, logical) per physical page of the pool: the sequence that owns it and its index in that
+    sequence's pages (made once per point)."""
+    derived = inputs["derived"]
+    if "page_maps" not in derived:
+        import torch
 
-    batch, pages_per_seq = table.shape
-    device = table.device
-    owner = torch.arange(batch, device=device, dtype=torch.int32).repeat_interleave(pages_per_seq)
-    logical = torch.arange(pages_per_seq, device=device, dtype=torch.int32).repeat(batch)
-    page_owner = torch.empty(num_pages, dtype=torch.int32, device=device)
-    page_logical = torch.empty(num_pages, dtype=torch.int32, device=device)
-    flat = table.flatten().long()
-    page_owner[flat], page_logical[flat] = owner, logical
+        table, num_pages = inputs["page_table"], inputs["k_cache"].shape[0]
+        batch, pages_per_seq = table.shape
+        device = table.device
+        owner = torch.arange(batch, device=device, dtype=torch.int32).repeat_interleave(pages_per_seq)
+        logical = torch.arange(pages_per_seq, device=device, dtype=torch.int32).repeat(batch)
+        page_owner = torch.empty(num_pages, dtype=torch.int32, device=device)
+        page_logical = torch.empty(num_pages, dtype=torch.int32, device=device)
+        flat = table.flatten().long()
+        page_owner[flat], page_logical[flat] = owner, logical
+        derived["page_maps"] = (page_owner, page_logical)
+    maps: tuple[Any, Any] = derived["page_maps"]
+    return maps
+
+
+def _paged_mask_mod(static: Params, maps: tuple[Any, Any], *, page: int, kv_len: int, q_len: int) -> Any:
+    """The mask_mod over the pool: a physical slot maps back to (its sequence, its position) through
+    the per-page ``maps`` of owner and logical page (``_page_maps``), then the causal and window rules
+    apply."""
+    page_owner, page_logical = maps
     left, right = static["window"]
     causal = bool(static["causal"])
     offset = kv_len - q_len

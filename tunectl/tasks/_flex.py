@@ -253,6 +253,35 @@ def build_package(
         _meta(tmp).unlink(missing_ok=True)
 
 
+def build_packaged(request: Mapping[str, Any], made: Callable[[], tuple[Any, tuple[Any, ...]]],
+                   wanted: bool = True) -> bool:  # fmt: skip
+    """Build the package of ``request``'s kernel (its task, static, shape, config, compile key and
+    device) where packages are ``wanted``, usable on the target and a compile cache is set, unless a
+    whole one is there already; True where a whole package is there after. ``made()``: the module to
+    capture and its call's arguments (built only when a package is to be made). A package that
+    cannot be made or fails its check is logged and left out (the caller builds for torch.compile);
+    a check that crashed or hung turns packages off for the target (``mark_unusable``)."""
+    task, key, device = request["task"], request["key"], request["device"]
+    path = aot_package(task, key, device) if wanted and usable(task, device) else None
+    if path is None:
+        return False
+    if path.is_file() and intact(path):
+        return True
+    path.unlink(missing_ok=True)  # damaged: built again
+    try:
+        module, args = made()
+
+        def check(tmp: Path, output: Any) -> None:
+            check_new_package(request, tmp, args, output)
+
+        build_package(module, args, path, key, check)
+    except Unusable as exc:
+        mark_unusable(task, device, str(exc))
+    except Exception as exc:
+        log.warning("no package for %s (%s); building for torch.compile", key, why(exc))
+    return path.is_file()
+
+
 def _tensors(args: tuple[Any, ...]) -> list[Any]:
     """The tensors of a call's arguments (tuples opened), in order: what a package's graph takes."""
     return [x for a in args for x in (_tensors(a) if isinstance(a, tuple) else [a])]

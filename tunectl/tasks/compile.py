@@ -19,9 +19,10 @@ What a task declares for this (``tunectl.tasks.base.Task`` gives the defaults: n
   item's own; a kernel that does not depend on the shape builds at the smallest point of its key)
 - ``warm_up(device) -> None``: the per-process start-up of its libraries (imports), done once when a
   worker starts rather than inside the first item that needs it
-- optionally ``build(static, shape, config, device) -> None``, found with ``getattr``: its own way to
-  compile into the caches; without it, ``build`` below prepares the item and calls it once, which is
-  what a task whose kernels compile on their first call wants
+- optionally ``build(static, shape, config, device, inputs=None) -> None``, found with ``getattr``: its
+  own way to compile into the caches (at the build shape, with that point's inputs where the caller
+  holds them); without it, ``build`` below prepares the item and calls it once, which is what a task
+  whose kernels compile on their first call wants
 """
 
 from __future__ import annotations
@@ -83,15 +84,13 @@ def build(task: TuningTask, static: Mapping[str, Any], shape: Mapping[str, Any],
     ``inputs_for(static, shape)``: the point's inputs, from a caller that keeps them across builds.
     """
     started = time.perf_counter()
-    own = getattr(task, "build", None)
-    if own is not None:
-        own(dict(static), dict(shape), dict(config), device)
-        return time.perf_counter() - started
     shape = task.build_shape(dict(static), dict(shape), dict(config))
-    if inputs_for is None:
-        inputs = task.build_inputs(dict(static), shape, device)
-    else:
-        inputs = inputs_for(static, shape)
+    own = getattr(task, "build", None)
+    held = None if inputs_for is None else inputs_for(static, shape)
+    if own is not None:  # given the point's inputs where the caller keeps them, else making its own
+        own(dict(static), shape, dict(config), device, held)
+        return time.perf_counter() - started
+    inputs = task.build_inputs(dict(static), shape, device) if held is None else held
     task.prepare(dict(static), shape, dict(config), inputs)()
     synchronize(device)
     return time.perf_counter() - started

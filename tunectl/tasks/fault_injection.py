@@ -75,7 +75,7 @@ class FaultInjection(Task):
             return None
         return key_of({k: config.get(k) for k in _COMPILE_PARAMS})
 
-    def build(self, static: Params, shape: Params, config: Params, device: str) -> None:
+    def build(self, static: Params, shape: Params, config: Params, device: str, inputs: Any = None) -> None:
         """The stand-in compiler alone, as a compile process runs it (the kernel is not run)."""
         _compile(config)
 

@@ -48,7 +48,7 @@ from tunectl.core.params import Rule
 from tunectl.tasks import _adapters_triton, _flex
 from tunectl.tasks._masks import visible
 from tunectl.tasks.base import DTYPE_TOLERANCE, InvalidConfig, Params, Task
-from tunectl.tasks.compile import key_of, warm_up_libraries
+from tunectl.tasks.compile import key_of, synchronize, warm_up_libraries
 
 BACKEND_OPTIONS: dict[str, tuple[str, ...]] = {
     "fa4": ("pack_gqa", "num_splits"),
@@ -161,6 +161,36 @@ class FlashDecode(Task):
             return {**shape, "batch": 1, "kv_len": max(shape["q_len"], static["page_size"])}
         return dict(shape)
 
+    def build(
+        self, static: Params, shape: Params, config: Params, device: str, inputs: dict[str, Any] | None = None
+    ) -> None:
+        """Build a kernel ahead at ``shape`` (its build shape): a Flex config's package where packages
+        are wanted and can be made (``tunectl.tasks._flex``), else its first call, which compiles into
+        the libraries' caches (what every other backend's build is). ``inputs``: the point's, where the
+        caller holds them."""
+        from tunectl.tasks._adapters_torch import flex_decode_args, flex_decode_module, flex_decode_options
+
+        key = self.compile_key(static, shape, config)
+        inputs = self.build_inputs(static, shape, device) if inputs is None else inputs
+        if config.get("backend") == "flex" and inputs["sinks"] is None and key is not None:
+            flex_decode_options(config, inputs)  # an invalid config is that, not a failed package
+            request = {"task": self.name, "static": dict(static), "shape": dict(shape),
+                       "config": dict(config), "key": key, "device": device}  # fmt: skip
+
+            def made() -> tuple[Any, tuple[Any, ...]]:
+                return flex_decode_module(static, config, inputs), flex_decode_args(static, inputs)
+
+            if _flex.build_packaged(request, made, _flex.aot_wanted()):
+                return
+        self.prepare(static, shape, config, inputs)()
+        synchronize(device)
+
+    def aot_args(self, static: Params, inputs: dict[str, Any]) -> tuple[Any, ...]:
+        """What a Flex decode package's call takes (``_adapters_torch.flex_decode_args``)."""
+        from tunectl.tasks._adapters_torch import flex_decode_args
+
+        return flex_decode_args(static, inputs)
+
     def warm_up(self, device: str) -> None:
         """Import the kernel libraries once per worker, before its first item."""
         if device.startswith("cuda"):
@@ -244,7 +274,9 @@ class FlashDecode(Task):
             from tunectl.tasks._adapters_torch import flex_decode
 
             compiled = device.startswith("cuda") or self.compile_flex_on_cpu
-            return flex_decode(static, config, inputs, (self.name, static, shape), compiled)
+            key = self.compile_key(static, shape, config)
+            package = (self.name, key) if compiled and key is not None and _flex.aot_wanted() else None
+            return flex_decode(static, config, inputs, (self.name, static, shape), compiled, package)
         if backend == "triton":
             return _adapters_triton.prepare(static, config, inputs)
         if backend == "flashinfer":

@@ -22,7 +22,6 @@ load, the worker compiles as before.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any, ClassVar
 
 from tunectl.core.params import Rule
@@ -58,7 +57,6 @@ class FlexPrefill(Task):
         """``aot``: build and load ahead-of-time packages (None: as ``TUNECTL_FLEX_AOT`` says, else on)."""
         self.compile_on_cpu = compile_on_cpu
         self.aot = aot
-        self._build_point: tuple[Any, dict[str, Any]] | None = None  # a compile process's inputs
 
     def default_config(self, static: Params) -> dict[str, Any]:
         return {}
@@ -67,47 +65,30 @@ class FlexPrefill(Task):
         """Flex compiles one kernel per static shape and kernel-option set."""
         return key_of(static, shape, config)
 
-    def build(self, static: Params, shape: Params, config: Params, device: str) -> None:
+    def build(
+        self, static: Params, shape: Params, config: Params, device: str, inputs: dict[str, Any] | None = None
+    ) -> None:
         """Build the kernel ahead: its package where packages are wanted and a compile cache
         is set (a whole one already there is kept), else, or where the package cannot be made or fails
-        its check, the torch.compile kernel into Inductor's caches (prepared and called once)."""
+        its check, the torch.compile kernel into Inductor's caches (prepared and called once).
+        ``inputs``: the point's, where the caller holds them."""
         options = self._options(config)
-        inputs = self._inputs_for_build(static, shape, device)
-        key = self.compile_key(static, shape, config)
-        wanted = _flex.aot_wanted(self.aot) and _flex.usable(self.name, device)
-        path = _flex.aot_package(self.name, key, device) if wanted else None
-        if path is not None and not (path.is_file() and _flex.intact(path)):
-            path.unlink(missing_ok=True)  # damaged: built again
-            args = self.aot_args(static, inputs)
-            request = {"task": self.name, "static": dict(static), "shape": dict(shape),
-                       "config": dict(config), "key": key, "device": device}  # fmt: skip
+        inputs = self.build_inputs(static, shape, device) if inputs is None else inputs
+        request = {"task": self.name, "static": dict(static), "shape": dict(shape), "config": dict(config),
+                   "key": self.compile_key(static, shape, config), "device": device}  # fmt: skip
 
-            def check(tmp: Path, output: Any) -> None:
-                _flex.check_new_package(request, tmp, args, output)
-
+        def made() -> tuple[Any, tuple[Any, ...]]:
             module = _flex.packageable(
                 lambda doc_id: make_mask_mod(static, doc_id),
                 _SPARSE_BLOCK,
                 enable_gqa=static["num_q_heads"] != static["num_kv_heads"],
                 options=options,
             )
-            try:
-                _flex.build_package(module, args, path, key, check)
-            except _flex.Unusable as exc:
-                _flex.mark_unusable(self.name, device, str(exc))
-            except Exception as exc:
-                _flex.log.warning("no package for %s (%s); building for torch.compile", key, _flex.why(exc))
-        if path is None or not path.is_file():
+            return module, self.aot_args(static, inputs)
+
+        if not _flex.build_packaged(request, made, _flex.aot_wanted(self.aot)):
             self.prepare(static, shape, config, inputs)()
             synchronize(device)
-
-    def _inputs_for_build(self, static: Params, shape: Params, device: str) -> dict[str, Any]:
-        """The point's inputs, kept while consecutive builds share the point (as a worker keeps them)."""
-        point = (sorted(static.items()), sorted(shape.items()), device)
-        if self._build_point is None or self._build_point[0] != point:
-            self._build_point = None  # free the last point's first
-            self._build_point = (point, self.build_inputs(static, shape, device))
-        return self._build_point[1]
 
     def aot_args(self, static: Params, inputs: dict[str, Any]) -> tuple[Any, ...]:
         """What a package's call takes: q, k, v, the document ids, the block mask's tensors."""
