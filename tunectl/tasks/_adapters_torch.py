@@ -115,10 +115,7 @@ def flex_decode(
             call = _flex.packaged(*package, device, point, flex_decode_args(static, inputs))
             if call is not None:
                 return call
-        derived = inputs["derived"]
-        if "flex" not in derived:  # one block mask per point, shared by every kernel-option set
-            derived["flex"] = (paged_block_mask(static, inputs), _softcap_mod(float(static["softcap"])))
-        block_mask, score_mod = derived["flex"]
+        block_mask, score_mod = _point_flex(static, inputs)
         flex = _flex.flex_for(device, point, compiled)
         q, k, v = pool_views(inputs)
         kwargs: dict[str, Any] = {"block_mask": block_mask, "enable_gqa": q.shape[1] != k.shape[1]}
@@ -153,11 +150,17 @@ def pool_views(inputs: dict[str, Any]) -> tuple[Any, Any, Any]:
 def flex_decode_args(static: Params, inputs: dict[str, Any]) -> tuple[Any, ...]:
     """What a Flex decode package's call takes (``flex_decode_module``): q, the K and V caches, the
     pool's page maps and the block mask's tensors, each made once per point."""
+    return (inputs["q"], inputs["k_cache"], inputs["v_cache"], _page_maps(inputs),
+            _flex.block_tensors(_point_flex(static, inputs)[0]))  # fmt: skip
+
+
+def _point_flex(static: Params, inputs: dict[str, Any]) -> tuple[Any, Any]:
+    """The point's block mask and score function: made once per point, shared by every option set."""
     derived = inputs["derived"]
     if "flex" not in derived:
         derived["flex"] = (paged_block_mask(static, inputs), _softcap_mod(float(static["softcap"])))
-    return (inputs["q"], inputs["k_cache"], inputs["v_cache"], _page_maps(inputs),
-            _flex.block_tensors(derived["flex"][0]))  # fmt: skip
+    parts: tuple[Any, Any] = derived["flex"]
+    return parts
 
 
 def flex_decode_module(static: Params, config: Params, inputs: dict[str, Any]) -> Any:
