@@ -165,41 +165,28 @@ def _point_flex(static: Params, inputs: dict[str, Any]) -> tuple[Any, Any]:
 
 def flex_decode_module(static: Params, config: Params, inputs: dict[str, Any]) -> Any:
     """A module whose ``forward(*flex_decode_args(...))`` is the Flex decode call of ``config`` at the
-    inputs' point (views, block mask, mask and score functions inside it): what a package is built
-    from. The point's sizes (page, lengths) are part of the kernel, as its compile key says."""
+    inputs' point (the pool's views around ``_flex.packageable``'s call, with the paged mask and the
+    score function): what a package is built from. The point's sizes (page, lengths) are part of the
+    kernel, as its compile key says."""
     import torch
-    from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-    options = flex_decode_options(config, inputs)
-    kernel_options: Any = options or None
-    score_mod = _softcap_mod(float(static["softcap"]))
     page, kv_len, q_len = inputs["k_cache"].shape[1], inputs["kv_len"], inputs["q_len"]
+    call = _flex.packageable(
+        lambda maps: _paged_mask_mod(static, maps, page=page, kv_len=kv_len, q_len=q_len),
+        (_FLEX_Q_BLOCK, page),
+        enable_gqa=static["num_q_heads"] != static["num_kv_heads"],
+        options=flex_decode_options(config, inputs),
+        score_mod=_softcap_mod(float(static["softcap"])),
+    )
 
     class FlexDecodeCall(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.call = call
+
         def forward(self, q: Any, kc: Any, vc: Any, maps: tuple[Any, Any], blocks: tuple[Any, ...]) -> Any:
             q4, k, v = pool_views({"q": q, "k_cache": kc, "v_cache": vc})
-            full = blocks[2:] or (None, None)
-            block_mask = BlockMask.from_kv_blocks(
-                blocks[0],
-                blocks[1],
-                full[0],
-                full[1],
-                BLOCK_SIZE=(_FLEX_Q_BLOCK, page),
-                mask_mod=_paged_mask_mod(static, maps, page=page, kv_len=kv_len, q_len=q_len),
-                seq_lengths=(q_len, k.shape[2]),
-                compute_q_blocks=False,  # what the backward pass needs, not the forward
-            )
-            gqa = q4.shape[1] != k.shape[1]
-            out = flex_attention(
-                q4,
-                k,
-                v,
-                block_mask=block_mask,
-                score_mod=score_mod,
-                enable_gqa=gqa,
-                kernel_options=kernel_options,
-            )
-            return out.transpose(1, 2)
+            return self.call(q4, k, v, maps, blocks).transpose(1, 2)
 
     return FlexDecodeCall()
 

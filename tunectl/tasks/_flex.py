@@ -174,11 +174,12 @@ def aot_package(task: str, key: str, device: str) -> Path | None:
     return root / task / "aot" / f"{digest}.inductor"
 
 
-def packageable(mask_mod_for: Callable[[Any], Any], sparse_block: int, *, enable_gqa: bool,
-               options: Mapping[str, Any]) -> Any:  # fmt: skip
+def packageable(mask_mod_for: Callable[[Any], Any], block_size: int | tuple[int, int], *, enable_gqa: bool,
+                options: Mapping[str, Any], score_mod: Any = None) -> Any:  # fmt: skip
     """A module whose ``forward(q, k, v, mask_data, blocks)`` is ``flex_attention`` under the block
-    mask with ``blocks`` (its kv_num_blocks, kv_indices[, full_kv_num_blocks, full_kv_indices]) and
-    the mask function ``mask_mod_for(mask_data)``, with kernel ``options``: what a package is built from."""
+    mask with ``blocks`` (its kv_num_blocks, kv_indices[, full_kv_num_blocks, full_kv_indices]) of
+    ``block_size`` and the mask function ``mask_mod_for(mask_data)``, with ``score_mod`` and kernel
+    ``options``: what a package is built from."""
     import torch
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
@@ -192,14 +193,13 @@ def packageable(mask_mod_for: Callable[[Any], Any], sparse_block: int, *, enable
                 blocks[1],
                 full[0],
                 full[1],
-                BLOCK_SIZE=sparse_block,
+                BLOCK_SIZE=block_size,
                 mask_mod=mask_mod_for(mask_data),
                 seq_lengths=(q.shape[2], k.shape[2]),
                 compute_q_blocks=False,  # what the backward pass needs, not the forward
             )
-            return flex_attention(
-                q, k, v, block_mask=block_mask, enable_gqa=enable_gqa, kernel_options=kernel_options
-            )
+            return flex_attention(q, k, v, block_mask=block_mask, score_mod=score_mod, enable_gqa=enable_gqa,
+                                  kernel_options=kernel_options)  # fmt: skip
 
     return FlexCall()
 
