@@ -72,7 +72,7 @@ T = TypeVar("T")
 MIN_SHIFT = 0.03
 NOISE_FACTOR = 3.0
 MAX_REMEASURES = 2
-LOOK_EVERY_S = 0.5  # inside a measurement: a look at the probe at most this often (~1 ms each)
+LOOK_EVERY_S = 0.5  # inside a measurement: a look (a check of the probe) at most this often
 MAX_WAIT_S = 30.0  # how long a worker waits for a shifted device to come back (well under a deadline)
 WAIT_STEP_S = 1.0
 #: a point's reference: 10-200 samples of the probe (module doc)
