@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tunectl.tasks import _flex
-from tunectl.tasks.compile import CACHE_ENV
+from tunectl.tasks.compile import CACHE_ENV, build
 from tunectl.tasks.flex_prefill import FlexPrefill, make_mask_mod
 
 torch = pytest.importorskip("torch")
@@ -48,7 +48,7 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     before = os.environ.get(CACHE_ENV)
     os.environ[CACHE_ENV] = str(root)
     try:
-        FlexPrefill(aot=True).build(STATIC, SHAPE, CONFIG, "cpu")
+        build(FlexPrefill(aot=True), STATIC, SHAPE, CONFIG, "cpu")
         yield root
     finally:
         if before is None:
@@ -117,7 +117,7 @@ def test_with_packages_off_the_same_prepare_traces(cache: Path) -> None:
 def test_a_second_build_keeps_the_package_it_finds(cache: Path) -> None:
     path = package(CONFIG)
     inode = path.stat().st_ino
-    FlexPrefill(aot=True).build(STATIC, SHAPE, CONFIG, "cpu")
+    build(FlexPrefill(aot=True), STATIC, SHAPE, CONFIG, "cpu")
     assert path.stat().st_ino == inode
 
 
@@ -196,13 +196,13 @@ def test_a_load_that_kills_or_hangs_its_process_turns_packages_off_for_the_targe
 
     monkeypatch.setattr(torch._inductor, "standalone_compile", counted)
     task = FlexPrefill(compile_on_cpu=False, aot=True)
-    task.build(STATIC, SHAPE, CONFIG, "cpu")
+    build(task, STATIC, SHAPE, CONFIG, "cpu")
     assert len(compiles) == 1 and not package(CONFIG).exists()
     assert not _flex.usable(task.name, "cpu")
     (marker,) = package(CONFIG).parent.glob("unusable-*.txt")
     assert ("SIGSEGV" if loader == "crashes" else "did not finish") in marker.read_text()
 
-    task.build(STATIC, SHAPE, OTHER, "cpu")
+    build(task, STATIC, SHAPE, OTHER, "cpu")
     assert len(compiles) == 1  # no second try on this target
     built = cache / package(CONFIG).relative_to(tmp_path)  # a package from before: not loaded either
     shutil.copy(built, package(CONFIG))
@@ -231,7 +231,7 @@ def test_a_build_that_finds_a_damaged_package_builds_it_again(
     path.parent.mkdir(parents=True)
     path.write_bytes(b"left half-written by hand")
     task = FlexPrefill(aot=True)
-    task.build(STATIC, SHAPE, CONFIG, "cpu")
+    build(task, STATIC, SHAPE, CONFIG, "cpu")
     loaded = _flex.aot_loads["loaded"]
     out, inputs = run(task, CONFIG)
     assert _flex.aot_loads["loaded"] == loaded + 1
@@ -259,7 +259,7 @@ def test_a_failed_package_compile_publishes_nothing_and_builds_the_compiled_kern
         return original(*args)
 
     monkeypatch.setattr(task, "prepare", prepare)
-    task.build(STATIC, SHAPE, CONFIG, "cpu")
+    build(task, STATIC, SHAPE, CONFIG, "cpu")
     assert prepared == [CONFIG]  # built (and run) the torch.compile way instead
     assert list(package(CONFIG).parent.iterdir()) == []
 
@@ -268,7 +268,7 @@ def test_without_a_compile_cache_a_build_makes_no_package(monkeypatch: pytest.Mo
     monkeypatch.delenv(CACHE_ENV, raising=False)
     assert _flex.aot_package("flex_prefill", "key", "cpu") is None
     task = FlexPrefill(compile_on_cpu=False, aot=True)
-    task.build(STATIC, SHAPE, CONFIG, "cpu")  # the torch.compile way (here eager): no error
+    build(task, STATIC, SHAPE, CONFIG, "cpu")  # the torch.compile way (here eager): no error
     before = _flex.aot_loads["absent"]
     out, inputs = run(task, CONFIG)
     assert _flex.aot_loads["absent"] == before + 1
@@ -282,7 +282,7 @@ def test_invalid_options_are_refused_before_anything_is_built(
 
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     with pytest.raises(InvalidConfig, match="does not divide"):
-        FlexPrefill(aot=True).build(STATIC, SHAPE, {"BLOCK_M": 256}, "cpu")
+        build(FlexPrefill(aot=True), STATIC, SHAPE, {"BLOCK_M": 256}, "cpu")
     assert list(tmp_path.iterdir()) == []
 
 
@@ -342,10 +342,10 @@ def test_after_the_first_package_of_a_target_later_ones_are_checked_in_the_build
     would crash, is still published: its builder loaded and ran it, and it gave the built output."""
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     task = FlexPrefill(compile_on_cpu=False, aot=True)
-    task.build(STATIC, SHAPE, CONFIG, "cpu")
+    build(task, STATIC, SHAPE, CONFIG, "cpu")
     assert _flex.intact(package(CONFIG)) and list(package(CONFIG).parent.glob("proven-*.txt"))
     monkeypatch.setattr(_flex, "CHECK_COMMAND", _SEGFAULT)
-    task.build(STATIC, SHAPE, OTHER, "cpu")
+    build(task, STATIC, SHAPE, OTHER, "cpu")
     assert _flex.intact(package(OTHER)) and _flex.usable(task.name, "cpu")
 
 
@@ -356,7 +356,7 @@ def test_a_later_package_whose_loaded_output_differs_from_its_build_is_not_publi
     the loaded call's output is off by one ulp somewhere) is dropped, and the build compiles instead."""
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     task = FlexPrefill(compile_on_cpu=False, aot=True)
-    task.build(STATIC, SHAPE, CONFIG, "cpu")
+    build(task, STATIC, SHAPE, CONFIG, "cpu")
     real = _flex.load_package
 
     def off(path: Path, key: str, device: str) -> Any:
@@ -369,7 +369,7 @@ def test_a_later_package_whose_loaded_output_differs_from_its_build_is_not_publi
         return call
 
     monkeypatch.setattr(_flex, "load_package", off)
-    task.build(STATIC, SHAPE, OTHER, "cpu")
+    build(task, STATIC, SHAPE, OTHER, "cpu")
     assert (
         not package(OTHER).exists()
         and not (tmp_path / "flex_prefill" / "aot" / f"{package(OTHER).name}.json").exists()

@@ -13,7 +13,7 @@ import pytest
 from tests.decode_keys import flash_static
 from tunectl.tasks import _flex
 from tunectl.tasks.base import InvalidConfig
-from tunectl.tasks.compile import CACHE_ENV
+from tunectl.tasks.compile import CACHE_ENV, build
 from tunectl.tasks.flash_decode import FlashDecode
 
 torch = pytest.importorskip("torch")
@@ -54,7 +54,7 @@ def test_a_built_decode_package_loads_without_tracing_and_matches_the_reference(
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     static = {**STATIC, **VARIANTS[variant]}
     shape = {**SHAPE, "q_len": 2} if "two queries" in variant else SHAPE
-    FlashDecode().build(static, shape, FLEX, "cpu")
+    build(FlashDecode(), static, shape, FLEX, "cpu")
     path = package(static, shape)
     assert path.is_file() and _flex.intact(path)
 
@@ -75,7 +75,7 @@ def test_without_a_package_the_worker_traces_and_is_right(
     worker's prepare goes through Dynamo."""
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     monkeypatch.setenv(_flex.AOT_ENV, "0")
-    FlashDecode().build(STATIC, SHAPE, FLEX, "cpu")
+    build(FlashDecode(), STATIC, SHAPE, FLEX, "cpu")
     assert not package(STATIC, SHAPE).exists()
     task = FlashDecode()
     _flex._enter(object())
@@ -98,7 +98,7 @@ def test_a_config_flex_cannot_run_is_invalid_in_the_build_and_packages_nothing(
 ) -> None:
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     with pytest.raises(InvalidConfig, match=why):
-        FlashDecode().build(static, SHAPE, config, "cpu")
+        build(FlashDecode(), static, SHAPE, config, "cpu")
     assert not list(tmp_path.rglob("*.inductor"))
 
 
@@ -106,5 +106,5 @@ def test_other_backends_build_by_their_first_call_and_package_nothing(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
-    FlashDecode().build(STATIC, SHAPE, {"backend": "sdpa"}, "cpu")  # runs; nothing to package
+    build(FlashDecode(), STATIC, SHAPE, {"backend": "sdpa"}, "cpu")  # runs; nothing to package
     assert not list(tmp_path.rglob("*.inductor"))

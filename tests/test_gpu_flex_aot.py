@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tunectl.tasks import _flex
-from tunectl.tasks.compile import CACHE_ENV
+from tunectl.tasks.compile import CACHE_ENV, build
 from tunectl.tasks.flex_prefill import FlexPrefill
 
 torch = pytest.importorskip("torch")
@@ -54,7 +54,7 @@ def test_a_built_package_loads_without_dynamo_with_its_options_and_is_right(
     from torch._dynamo.utils import counters
 
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
-    FlexPrefill().build(STATIC, SHAPE, config, "cuda:0")
+    build(FlexPrefill(), STATIC, SHAPE, config, "cuda:0")
     task = FlexPrefill()
     _flex._enter(object())
     inputs = task.build_inputs(STATIC, SHAPE, "cuda")
@@ -81,7 +81,7 @@ def test_packages_off_builds_for_torch_compile_and_packages_nothing(
 ) -> None:
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     monkeypatch.setenv(_flex.AOT_ENV, "0")
-    FlexPrefill().build(STATIC, SHAPE, CONFIGS[0], "cuda:0")
+    build(FlexPrefill(), STATIC, SHAPE, CONFIGS[0], "cuda:0")
     assert not package(CONFIGS[0]).parent.exists()
     task = FlexPrefill()
     _flex._enter(object())

@@ -10,6 +10,7 @@ record is made, so an unknown status never reaches a file. Text exists only at t
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import typing
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
@@ -222,6 +223,7 @@ _NULL_READS_AS = {"phase": str(Phase.MEASURE), "timing": str(Timing.REPLAY)}
 RECORD_FIELDS = tuple(f.name for f in fields(Record))
 
 
+@functools.cache
 def record_types() -> dict[str, type]:
     """Each field of ``Record`` and the plain type it holds: ``bool``, ``int``, ``float`` or ``str``
     (an enum's values are text; an optional field's type is the one it holds when set)."""

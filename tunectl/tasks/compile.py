@@ -19,10 +19,10 @@ What a task declares for this (``tunectl.tasks.base.Task`` gives the defaults: n
   item's own; a kernel that does not depend on the shape builds at the smallest point of its key)
 - ``warm_up(device) -> None``: the per-process start-up of its libraries (imports), done once when a
   worker starts rather than inside the first item that needs it
-- optionally ``build(static, shape, config, device, inputs=None) -> None``, found with ``getattr``: its
-  own way to compile into the caches (at the build shape, with that point's inputs where the caller
-  holds them); without it, ``build`` below prepares the item and calls it once, which is what a task
-  whose kernels compile on their first call wants
+- optionally ``build_ahead(static, shape, config, device, inputs) -> bool``, found with ``getattr``:
+  its own way to build the kernel at the build shape (a package, a stand-in compiler), True where it
+  did; otherwise ``build`` below prepares the item and calls it once, which is what a task whose
+  kernels compile on their first call wants
 """
 
 from __future__ import annotations
@@ -85,14 +85,13 @@ def build(task: TuningTask, static: Mapping[str, Any], shape: Mapping[str, Any],
     """
     started = time.perf_counter()
     shape = task.build_shape(dict(static), dict(shape), dict(config))
-    own = getattr(task, "build", None)
-    held = None if inputs_for is None else inputs_for(static, shape)
-    if own is not None:  # given the point's inputs where the caller keeps them, else making its own
-        own(dict(static), shape, dict(config), device, held)
-        return time.perf_counter() - started
-    inputs = task.build_inputs(dict(static), shape, device) if held is None else held
-    task.prepare(dict(static), shape, dict(config), inputs)()
-    synchronize(device)
+    inputs = (
+        task.build_inputs(dict(static), shape, device) if inputs_for is None else inputs_for(static, shape)
+    )
+    ahead = getattr(task, "build_ahead", None)
+    if ahead is None or not ahead(dict(static), shape, dict(config), device, inputs):
+        task.prepare(dict(static), shape, dict(config), inputs)()
+        synchronize(device)
     return time.perf_counter() - started
 
 

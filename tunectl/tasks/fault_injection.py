@@ -75,9 +75,10 @@ class FaultInjection(Task):
             return None
         return key_of({k: config.get(k) for k in _COMPILE_PARAMS})
 
-    def build(self, static: Params, shape: Params, config: Params, device: str, inputs: Any = None) -> None:
+    def build_ahead(self, static: Params, shape: Params, config: Params, device: str, inputs: Any) -> bool:
         """The stand-in compiler alone, as a compile process runs it (the kernel is not run)."""
         _compile(config)
+        return True
 
     def build_inputs(self, static: Params, shape: Params, device: str) -> dict[str, Any]:
         import torch

@@ -48,7 +48,7 @@ from tunectl.core.params import Rule
 from tunectl.tasks import _adapters_triton, _flex
 from tunectl.tasks._masks import visible
 from tunectl.tasks.base import DTYPE_TOLERANCE, InvalidConfig, Params, Task
-from tunectl.tasks.compile import key_of, synchronize, warm_up_libraries
+from tunectl.tasks.compile import key_of, warm_up_libraries
 
 BACKEND_OPTIONS: dict[str, tuple[str, ...]] = {
     "fa4": ("pack_gqa", "num_splits"),
@@ -161,29 +161,24 @@ class FlashDecode(Task):
             return {**shape, "batch": 1, "kv_len": max(shape["q_len"], static["page_size"])}
         return dict(shape)
 
-    def build(
-        self, static: Params, shape: Params, config: Params, device: str, inputs: dict[str, Any] | None = None
-    ) -> None:
-        """Build a kernel ahead at ``shape`` (its build shape): a Flex config's package where packages
-        are wanted and can be made (``tunectl.tasks._flex``), else its first call, which compiles into
-        the libraries' caches (what every other backend's build is). ``inputs``: the point's, where the
-        caller holds them."""
+    def build_ahead(
+        self, static: Params, shape: Params, config: Params, device: str, inputs: dict[str, Any]
+    ) -> bool:
+        """A Flex config's package where packages are wanted and can be made (``tunectl.tasks._flex``);
+        False for every other case (``tunectl.tasks.compile.build`` then calls the kernel once, which
+        compiles it into its library's caches)."""
         from tunectl.tasks._adapters_torch import flex_decode_args, flex_decode_module, flex_decode_options
 
-        key = self.compile_key(static, shape, config)
-        inputs = self.build_inputs(static, shape, device) if inputs is None else inputs
-        if config.get("backend") == "flex" and inputs["sinks"] is None and key is not None:
-            flex_decode_options(config, inputs)  # an invalid config is that, not a failed package
-            request = {"task": self.name, "static": dict(static), "shape": dict(shape),
-                       "config": dict(config), "key": key, "device": device}  # fmt: skip
+        if config.get("backend") != "flex" or inputs["sinks"] is not None:
+            return False
+        flex_decode_options(config, inputs)  # an invalid config is that, not a failed package
+        request = {"task": self.name, "static": dict(static), "shape": dict(shape), "config": dict(config),
+                   "key": self.compile_key(static, shape, config), "device": device}  # fmt: skip
 
-            def made() -> tuple[Any, tuple[Any, ...]]:
-                return flex_decode_module(static, config, inputs), flex_decode_args(static, inputs)
+        def made() -> tuple[Any, tuple[Any, ...]]:
+            return flex_decode_module(static, config, inputs), flex_decode_args(static, inputs)
 
-            if _flex.build_packaged(request, made, _flex.aot_wanted()):
-                return
-        self.prepare(static, shape, config, inputs)()
-        synchronize(device)
+        return _flex.build_packaged(request, made, _flex.aot_wanted())
 
     def aot_args(self, static: Params, inputs: dict[str, Any]) -> tuple[Any, ...]:
         """What a Flex decode package's call takes (``_adapters_torch.flex_decode_args``)."""

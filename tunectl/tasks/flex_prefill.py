@@ -13,7 +13,7 @@ and BACKEND where the installed torch offers it). The default config is empty: I
 The block mask (128 x 128 blocks) is built once per point and shared by every option set; options
 whose tiles do not divide its blocks are invalid. Compiled per static shape (see tunectl.tasks._flex).
 
-A compile process builds each kernel into a package (``build``: an Inductor standalone artifact) that a
+A compile process builds each kernel into a package (``build_ahead``: an Inductor standalone artifact) that a
 worker loads instead of tracing and compiling (``tunectl.tasks._flex``: on by default;
 ``TUNECTL_FLEX_AOT=0`` or the task's ``aot`` option turns it off); without one, or where it does not
 load, the worker compiles as before.
@@ -28,7 +28,7 @@ from tunectl.core.params import Rule
 from tunectl.tasks import _flex
 from tunectl.tasks._lazy import lazily
 from tunectl.tasks.base import DTYPE_TOLERANCE, InvalidConfig, Params, Task
-from tunectl.tasks.compile import key_of, synchronize, warm_up_libraries
+from tunectl.tasks.compile import key_of, warm_up_libraries
 
 MASKS = ("causal", "document_causal", "sliding_window")
 _SPARSE_BLOCK = 128
@@ -65,15 +65,13 @@ class FlexPrefill(Task):
         """Flex compiles one kernel per static shape and kernel-option set."""
         return key_of(static, shape, config)
 
-    def build(
-        self, static: Params, shape: Params, config: Params, device: str, inputs: dict[str, Any] | None = None
-    ) -> None:
-        """Build the kernel ahead: its package where packages are wanted and a compile cache
-        is set (a whole one already there is kept), else, or where the package cannot be made or fails
-        its check, the torch.compile kernel into Inductor's caches (prepared and called once).
-        ``inputs``: the point's, where the caller holds them."""
+    def build_ahead(
+        self, static: Params, shape: Params, config: Params, device: str, inputs: dict[str, Any]
+    ) -> bool:
+        """Build the kernel's package where packages are wanted and a compile cache is set (a whole one
+        already there is kept); False where there is none after (``tunectl.tasks.compile.build`` then
+        builds the torch.compile kernel into Inductor's caches)."""
         options = self._options(config)
-        inputs = self.build_inputs(static, shape, device) if inputs is None else inputs
         request = {"task": self.name, "static": dict(static), "shape": dict(shape), "config": dict(config),
                    "key": self.compile_key(static, shape, config), "device": device}  # fmt: skip
 
@@ -86,9 +84,7 @@ class FlexPrefill(Task):
             )
             return module, self.aot_args(static, inputs)
 
-        if not _flex.build_packaged(request, made, _flex.aot_wanted(self.aot)):
-            self.prepare(static, shape, config, inputs)()
-            synchronize(device)
+        return _flex.build_packaged(request, made, _flex.aot_wanted(self.aot))
 
     def aot_args(self, static: Params, inputs: dict[str, Any]) -> tuple[Any, ...]:
         """What a package's call takes: q, k, v, the document ids, the block mask's tensors."""
