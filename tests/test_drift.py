@@ -12,7 +12,7 @@ import pytest
 
 from tunectl.core.spec import MeasureSpec
 from tunectl.tasks import drift
-from tunectl.tasks.drift import MAX_WAIT_S, DriftGuard, Guarded, moved
+from tunectl.tasks.drift import CHECK_REUSE_S, MAX_WAIT_S, DriftGuard, Guarded, moved
 from tunectl.tasks.harness import summarise
 
 SETTINGS = MeasureSpec(warmup=0, min_samples=10, max_samples=50, noise_target=0.01, max_seconds=10.0)
@@ -65,8 +65,9 @@ def test_the_guard_catches_an_injected_slowdown_and_the_remeasure_corrects_it() 
     device = SlowingDevice()
     guard = DriftGuard(device.probe, action="remeasure", settings=SETTINGS, sleep=device.sleep)
     before = point_measurements(guard, device, "p", 2)
-    # Slow through the next measurement and the probe after it (10 samples each, 20 % longer), then not.
-    device.slow_for(10 * 1.2 * (CALL_US + PROBE_US) + 1)
+    # Slow through the next measurement (10 samples) and the check after it (5), 20 % longer, then not;
+    # the clean check after the last item stands for the check before this one.
+    device.slow_for(1.2 * (10 * CALL_US + 5 * PROBE_US) + 1)
     [hit] = point_measurements(guard, device, "p", 1)
     after = point_measurements(guard, device, "p", 2)
     assert [g.remeasured for g in before] == [0, 0] and not any(g.drift for g in before)
@@ -116,10 +117,16 @@ def test_an_unknown_action_is_refused() -> None:
         DriftGuard(lambda calls: lambda: 1.0, action="ignore")
 
 
+def device_clock(device: SlowingDevice) -> Callable[[], float]:
+    return lambda: device.now_us / 1e6
+
+
 def test_a_shift_that_ends_inside_a_measurement_shows_in_the_probe_before_it() -> None:
     device = SlowingDevice()
-    guard = DriftGuard(device.probe, action="remeasure", settings=SETTINGS, sleep=device.sleep)
+    guard = DriftGuard(device.probe, action="remeasure", settings=SETTINGS, sleep=device.sleep,
+                       clock=device_clock(device))  # fmt: skip
     point_measurements(guard, device, "p", 1)
+    device.sleep(2 * CHECK_REUSE_S)  # the last check is too old to stand for the next one's
     call, calls = device.kernel(CALL_US), 0
 
     def call_in_a_passing_burst() -> float:
@@ -133,6 +140,34 @@ def test_a_shift_that_ends_inside_a_measurement_shows_in_the_probe_before_it() -
     hit = guard.measure("p", call_in_a_passing_burst, SETTINGS)
     assert hit.remeasured == 1 and not hit.drift
     assert hit.stats.median_us == pytest.approx(CALL_US)
+
+
+def test_a_young_clean_check_after_a_measurement_is_the_check_before_the_next() -> None:
+    device = SlowingDevice()
+    probes: list[int] = []
+
+    def counted(calls: int) -> Callable[[], float]:
+        sample = device.probe(calls)
+        return lambda: (probes.append(1), sample())[1]
+
+    guard = DriftGuard(counted, action="flag", settings=SETTINGS, sleep=device.sleep,
+                       clock=device_clock(device))  # fmt: skip
+
+    def probe_samples_of_one_item() -> int:
+        probes.clear()
+        point_measurements(guard, device, "p", 1)
+        return len(probes)
+
+    # a reference is 10 probe samples (SETTINGS), a check 5 (steady readings meet the noise target)
+    assert probe_samples_of_one_item() == 10 + 5, "the reference is the first item's check before it"
+    assert probe_samples_of_one_item() == 5, "the last item's check after it is this one's before it"
+    device.sleep(2 * CHECK_REUSE_S)
+    assert probe_samples_of_one_item() == 5 + 5, "an old check is not reused"
+    device.slow_for(float("inf"))
+    [flagged] = point_measurements(guard, device, "p", 1)
+    device.slow_until = device.now_us
+    assert flagged.drift
+    assert probe_samples_of_one_item() == 5 + 5, "a check that saw a shift is not reused"
 
 
 def test_a_burst_inside_a_long_measurement_is_seen_by_a_look_between_its_samples() -> None:

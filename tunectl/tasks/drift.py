@@ -15,12 +15,15 @@ default fails, and it needs no compiling. The probe is timed:
   (``PROBE_SETTINGS``); and
 - before and after every measurement at the point, and, inside a measurement, every ``LOOK_EVERY_S``
   between its samples: a *check* of at least five samples, to 1 % of noise, at most 30 ms
-  (``CHECK_SETTINGS``). A check is held to the reference's precision where it counts: a shift is
-  only called past 3 % (below), and a check whose noise is at most 1 % leaves that limit where it
-  is; a noisier one stops at 30 ms and widens the limit, as a longer one would have to. Checks as
-  long as the reference (up to 50 ms each side, on an H200 twice a short config's own measurement)
-  bought nothing the 3 % limit could use. A measurement is judged by the probe
-  that strayed furthest: a shift that ends inside a measurement shows in the probe before it, one
+  (``CHECK_SETTINGS``). The check after one measurement is the check before the next where it is
+  younger than ``CHECK_REUSE_S`` and found the probe where the reference has it: items follow each
+  other within tens of milliseconds, and a fresh check there saw the same device (the checks stay
+  spaced as the looks inside a long measurement are). A check is held to the reference's precision
+  where it counts: a shift is only called past 3 % (below), and a check whose noise is at most 1 %
+  leaves that limit where it is; a noisier one stops at 30 ms and widens the limit, as a longer one
+  would have to. Checks as long as the reference (up to 50 ms each side, on an H200 twice a short
+  config's own measurement) bought nothing the 3 % limit could use. A measurement is judged by the
+  probe that strayed furthest: a shift that ends inside a measurement shows in the probe before it, one
   that starts inside it in the probe after, and one that comes and goes inside a long measurement
   in a look (on an H200 a neighbour's burst that ended mid-measurement, seen only after it, read a
   config 2.3x slow with no flag; a 3 s burst inside a 15 ms kernel's measurement read 2.07x with
@@ -73,6 +76,7 @@ MIN_SHIFT = 0.03
 NOISE_FACTOR = 3.0
 MAX_REMEASURES = 2
 LOOK_EVERY_S = 0.5  # inside a measurement: a look (a check of the probe) at most this often
+CHECK_REUSE_S = 0.25  # a clean check after a measurement stands for the next one's check before it
 MAX_WAIT_S = 30.0  # how long a worker waits for a shifted device to come back (well under a deadline)
 WAIT_STEP_S = 1.0
 #: a point's reference: 10-200 samples of the probe (module doc)
@@ -149,6 +153,7 @@ class DriftGuard:
         self._reference: Stats | None = None
         self._lasting = False  # a shift at this point outlived the re-measurements
         self._spent = 0.0  # seconds in probes, looks and waits during the current measurement
+        self._last_check: tuple[float, Stats] | None = None  # (when it ended, the check) after a measurement
 
     def measure(self, point: Hashable, sample: Sampler, settings: MeasureSpec) -> Guarded:
         """``sample`` measured as ``settings`` say at ``point``, checked against the point's reference
@@ -156,7 +161,7 @@ class DriftGuard:
         self._spent = 0.0
         fresh = point != self._point or self._reference is None
         if fresh:
-            self._point, self._lasting, self._calls = point, False, 1
+            self._point, self._lasting, self._calls, self._last_check = point, False, 1, None
             self._reference = self._time_probe()
         reference = self._reference
         assert reference is not None
@@ -182,13 +187,24 @@ class DriftGuard:
         """One measurement between two probes, with looks inside it, and the probe that strayed
         furthest from ``reference`` (module doc; ``just_probed``: the reference was timed just now, it
         is the one before)."""
-        before = reference if just_probed else self._check()
+        before = reference if just_probed else self._recent_check(reference) or self._check()
         looks: list[Stats] = []
         stats = measure(self._watched(sample, looks), settings)
-        probes = [before, *looks, self._check()]
+        after = self._check()
+        self._last_check = (self._clock(), after)
+        probes = [before, *looks, after]
         return stats, max(
             probes, key=lambda p: (moved(reference, p), abs(p.median_us / reference.median_us - 1))
         )
+
+    def _recent_check(self, reference: Stats) -> Stats | None:
+        """The check after the last measurement at this point, if it is young and clean (module doc)."""
+        if self._last_check is None:
+            return None
+        ended, check = self._last_check
+        if self._clock() - ended > CHECK_REUSE_S or moved(reference, check):
+            return None
+        return check
 
     def _watched(self, sample: Sampler, looks: list[Stats]) -> Sampler:
         """``sample``, with a look at the probe (into ``looks``) between samples every LOOK_EVERY_S."""
