@@ -237,6 +237,20 @@ def test_a_worker_waits_rather_than_compile_a_kernel_being_built() -> None:
     assert queue.pop(None, set(), rank) is items[0]
 
 
+def test_a_lookahead_is_only_an_item_whose_kernel_is_built() -> None:
+    items = [item(4, v) for v in (0, 1, 2)]
+    queue = WorkQueue(items)
+    built = {items[2].item_id}
+
+    def rank(i: WorkItem) -> int:
+        return READY if i.item_id in built else CLAIMABLE
+
+    assert queue.pop_same_point(items[0].point, rank) is items[2], "the built one, past an unbuilt one"
+    assert queue.pop_same_point(items[0].point, rank) is None, "none built: nothing is prepared ahead"
+    assert queue.pop_same_point(items[0].point) is items[0], "without compile processes, the next in line"
+    assert len(queue) == 1
+
+
 # -- whole runs on 2 logical GPUs ---------------------------------------------------------------------
 
 

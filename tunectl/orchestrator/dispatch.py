@@ -234,7 +234,7 @@ class _Dispatcher:
             item = admitted
             lookahead = None
             if self.options.compile_ahead and not self.blame.is_suspect(item):
-                lookahead = slot.reserved = queue.pop_same_point(item.point)
+                lookahead = slot.reserved = queue.pop_same_point(item.point, self._rank_on(slot))
             if not slot.calls:
                 slot.head_since = time.monotonic()
             slot.point = item.point

@@ -84,8 +84,15 @@ class WorkQueue:
                 claimable = key, best[1]
         return claimable
 
-    def pop_same_point(self, point: Any) -> WorkItem | None:
-        return self._take(point, 0) if point in self.groups else None
+    def pop_same_point(self, point: Any, rank: Callable[[WorkItem], int] | None = None) -> WorkItem | None:
+        """The next item at ``point``, for a worker to prepare ahead; with ``rank``, only one whose
+        kernel is built (a worker loads ahead, never compiles beside a measurement)."""
+        if point not in self.groups:
+            return None
+        if rank is None:
+            return self._take(point, 0)
+        best = self._best(point, rank)
+        return self._take(point, best[1]) if best is not None and best[0] == 0 else None
 
     def _take(self, key: Any, index: int) -> WorkItem:
         group = self.groups[key]
