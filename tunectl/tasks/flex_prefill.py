@@ -95,8 +95,11 @@ class FlexPrefill(Task):
         return (inputs["q"], inputs["k"], inputs["v"], inputs["doc_id"], blocks)
 
     def warm_up(self, device: str) -> None:
+        """Import, before the first item, what a first load would: Inductor, Flex, and the flash-attn-4
+        modules that ``BACKEND = "FLASH"`` kernels import (an H200 worker's first such load took 4.4 s)."""
         if device.startswith("cuda"):
-            warm_up_libraries(("torch._inductor.compile_fx", "torch.nn.attention.flex_attention"))
+            warm_up_libraries(("torch._inductor.compile_fx", "torch.nn.attention.flex_attention",
+                               "flash_attn.cute.interface", "flash_attn.cute.block_sparsity"))  # fmt: skip
 
     def check_point(self, static: Params, shape: Params) -> str | None:
         if static["dtype"] not in _ITEMSIZE:
