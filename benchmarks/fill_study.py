@@ -20,13 +20,17 @@ did not run at the point counts as failed.
 
 ``--bundle-out DIR`` instead exports each run as a bundle whose unmeasured cells are filled by
 ``interp`` (``DIR/interp-RUN/1``; export's own code, its filling replaced here only), for
-``benchmarks/holdout_table.py`` to score at held-out shapes beside the bundle export made.
+``benchmarks/holdout_table.py`` to score at held-out shapes beside the bundle export made. With
+``--fill hedge`` (``DIR/hedge-RUN/1``) every cell, measured or not, serves the config whose worst
+loss over the tuned corners of the region the cell serves (with ``ceil``: the cell's values and the
+grid values below them) is least, where that beats the cell's own choice by more than the margin.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import math
 import statistics
 import sys
@@ -122,20 +126,44 @@ def run_data(results: Path, run: str) -> tuple[list[Winner], dict[Key, dict[Key,
     return winners, times, margin_of(facts)
 
 
-def interp_bundle(results: Path, run: str, out: Path) -> None:
-    """Export ``run`` as export does, every filled cell chosen by ``interp`` instead."""
+def hedge(cell: Key, cells: Sequence[Key], times: Times, margin: float, own: Key, winners: set[Key]) -> Key:
+    """The config, of the tuned points' ``winners``, least bad at the worst tuned corner of the region
+    ``cell`` serves (module doc)."""
+    values: dict[str, set[int]] = {}
+    for c in cells:
+        for dim, v in sizes(c).items():
+            values.setdefault(dim, set()).add(v)
+    sides = [[(dim, v), *[(dim, max(b)) for b in [[x for x in values[dim] if x < v]] if b]]
+             for dim, v in sizes(cell).items()]  # fmt: skip
+    measured = {frozenset(sizes(s).items()): s for s in times}
+    corners = [measured[k] for k in map(frozenset, itertools.product(*sides)) if k in measured]
+    configs = set.intersection(winners, *(set(times[c]) for c in corners)) if corners else set()
+    loss = {x: max(times[c][x] / min(times[c].values()) for c in corners) for x in configs}
+    best = min(loss, key=loss.__getitem__, default=own)
+    return best if loss.get(best, math.inf) * (1.0 + margin) < loss.get(own, math.inf) else own
+
+
+def refilled_bundle(results: Path, run: str, out: Path, fill: str) -> None:
+    """Export ``run`` as export does, its cells chosen by ``fill`` (``interp``: the filled ones only)."""
     from tunectl.formats import export
 
     _, times, margin = run_data(results, run)
-    choose, real_cover = METHODS["interp"], export.cover
+    real_cover = export.cover
 
     def cover(selected: Sequence[Winner], **kwargs: object) -> object:
         coverage = real_cover(selected, **kwargs)  # type: ignore[arg-type]
         out_winners = []
         for w in coverage.winners:
-            if w.served_by is not None:
-                tuned = {t.shape: t for t in selected if t.task == w.task and t.static == w.static}
-                config = choose(w.shape, tuned, times.get(w.static, {}), margin)
+            tuned = {t.shape: t for t in selected if t.task == w.task and t.static == w.static}
+            if fill == "hedge":
+                cells = [c.shape for c in coverage.winners if (c.task, c.static) == (w.task, w.static)]
+                configs = {t.config for t in tuned.values()}
+                config = hedge(w.shape, cells, times.get(w.static, {}), margin, w.config, configs)
+            elif w.served_by is not None:
+                config = METHODS["interp"](w.shape, tuned, times.get(w.static, {}), margin)
+            else:
+                config = w.config
+            if config != w.config:
                 source = next(t for t in tuned.values() if t.config == config)
                 w = dataclasses.replace(
                     source, shape=w.shape, served_by=source.shape, served_why=w.served_why
@@ -145,9 +173,8 @@ def interp_bundle(results: Path, run: str, out: Path) -> None:
 
     export.cover = cover  # type: ignore[assignment]
     try:
-        done = export.export_bundle(
-            results, f"interp-{run}", "1", out=out, scope=export.Scope(run_ids=(run,))
-        )
+        scope = export.Scope(run_ids=(run,))
+        done = export.export_bundle(results, f"{fill}-{run}", "1", out=out, scope=scope)
     finally:
         export.cover = real_cover
     print(f"{run}: {done.location}")
@@ -187,11 +214,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", required=True, type=Path)
     parser.add_argument("--run", action="append", required=True, help="a tuning run (repeat)")
-    parser.add_argument("--bundle-out", type=Path, help="export interp-filled bundles here instead")
+    parser.add_argument("--bundle-out", type=Path, help="export refilled bundles here instead")
+    parser.add_argument("--fill", choices=("interp", "hedge"), default="interp", help="with --bundle-out")
     args = parser.parse_args()
     if args.bundle_out:
         for run in args.run:
-            interp_bundle(args.results, run, args.bundle_out)
+            refilled_bundle(args.results, run, args.bundle_out, args.fill)
         return 0
     print("| run | method | points | median | p95 | worst | geomean | lose > 2 % | did not run |")
     print("|---|---|---|---|---|---|---|---|---|")

@@ -304,24 +304,32 @@ def cmd_interference(args: argparse.Namespace) -> None:
         finally:
             for proc in load:
                 proc.kill()
-    print(interference_table(phases))
+    print(agreement_table(phases["idle-1"], phases["busy"], phases["idle-2"], ("idle", "busy")))
 
 
-def interference_table(phases: dict[str, Path]) -> str:
+def agreement_table(first: Path, test: Path, again: Path, names: tuple[str, str]) -> str:
+    """Each config's median in the runs under ``test`` against the runs before and after it (``first``,
+    ``again``): the ratio, and whether it lies within twice the larger of the rows' noise and the
+    two baseline runs' difference. ``names``: what the baseline and the test are called. Rows of a
+    grid item only (finals are comparisons of their own)."""
+    from tunectl.core.record import Record
     from tunectl.store.results import read_results
 
-    rows = {
-        phase: {(r["shape_key"], r["config_key"]): r for r in read_results(d) if r["status"] == "ok"}
-        for phase, d in phases.items()
-    }
+    rows = [
+        {(r["shape_key"], r["config_key"]): r for r in map(Record.to_row, read_results(d))
+         if r["status"] == "ok" and r["phase"] in ("measure", "screen")}
+        for d in (first, test, again)
+    ]  # fmt: skip
+    base_name, test_name = names
     lines = [
-        "| shape | config | idle µs | busy µs | idle again µs | busy / idle | noise (idle, busy) | within |",
+        f"| shape | config | {base_name} µs | {test_name} µs | {base_name} again µs "
+        f"| {test_name} / {base_name} | noise ({base_name}, {test_name}) | within |",
         "|---|---|---|---|---|---|---|---|",
     ]
     within = total = 0
     ratios = []
-    for key, idle in sorted(rows["idle-1"].items()):
-        busy, again = rows["busy"].get(key), rows["idle-2"].get(key)
+    for key, idle in sorted(rows[0].items()):
+        busy, again = rows[1].get(key), rows[2].get(key)
         if busy is None or again is None:
             continue
         base = (idle["median_us"] + again["median_us"]) / 2
@@ -339,9 +347,19 @@ def interference_table(phases: dict[str, Path]) -> str:
 
     if ratios:
         median, low, high = statistics.median(ratios), min(ratios), max(ratios)
-        lines.append(f"\n{within} of {total} configs within noise; busy / idle median {median:.3f}, "
-                     f"range {low:.3f}-{high:.3f}")  # fmt: skip
+        lines.append(f"\n{within} of {total} configs within noise; {test_name} / {base_name} median "
+                     f"{median:.3f}, range {low:.3f}-{high:.3f}")  # fmt: skip
     return "\n".join(lines)
+
+
+def cmd_agree(args: argparse.Namespace) -> None:
+    """Two settings of one grid, side by side: each run's figures and the per-config agreement."""
+    spec = GRIDS[args.grid]
+    named = (("warm", args.first), (args.name, args.test), ("warm again", args.again))
+    runs = [{"grid": args.grid, "gpus": 1, "caches": name, **run_figures(Path(d), warmup_of(spec))}
+            for name, d in named]  # fmt: skip
+    print(sweeps_table(runs) + "\n")
+    print(agreement_table(Path(args.first), Path(args.test), Path(args.again), ("warm", args.name)))
 
 
 # -- simulation ---------------------------------------------------------------------------------------
@@ -369,6 +387,12 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--load", type=int, default=8, help="compile processes kept busy")
     p.add_argument("--settle-s", type=float, default=20.0)
+    p = sub.add_parser("agree", help="a setting against runs before and after it without it")
+    p.add_argument("--grid", required=True, choices=list(GRIDS))
+    p.add_argument("--first", required=True, help="results of the run before, without the setting")
+    p.add_argument("--test", required=True, help="results of the run with it")
+    p.add_argument("--again", required=True, help="results of the run after, without it")
+    p.add_argument("--name", default="loaded ahead", help="what the setting is called")
     p = sub.add_parser("simulate")
     p.add_argument("--sweeps", required=True)
     p.add_argument("--builders-per-gpu", type=int, default=4)
