@@ -147,8 +147,8 @@ CompileAheadOption = Annotated[
     bool | None,
     typer.Option(
         "--compile-ahead/--no-compile-ahead",
-        help="Prepare the next config while timing the current one (keeps the GPU busy during "
-        "compiles; only for tasks whose prepare is host-only). Default: off.",
+        help="Prepare the next config of the point while timing the current one (with compile "
+        "processes: only one whose kernel is built, so it is loaded, never compiled). Default: off.",
     ),
 ]
 CompileWorkersOption = Annotated[

@@ -92,9 +92,10 @@ class SubmitResult:
 class RunOptions:
     """How a run reaches its cluster and paces itself; nothing here changes what it measures.
 
-    ``compile_ahead``: prepare the next item in a background thread while timing the current one. Off
-    unless asked for: a preparation that launches device work or holds the interpreter lock while
-    a kernel is timed skews that time (seen on the H200: single timed calls stretched up to 1000x).
+    ``compile_ahead``: prepare the next item in a background thread while timing the current one (with
+    compile processes, only an item whose kernel is built). Off unless asked for: compiling beside a
+    timed kernel skewed it (on the H200, single timed calls stretched up to 1000x); loading a built
+    kernel ahead did not, and bought nothing measurable (``benchmarks/results/orchestration.md``).
     """
 
     address: str | None = None
