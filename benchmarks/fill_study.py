@@ -24,6 +24,7 @@ did not run at the point counts as failed.
 ``--fill hedge`` (``DIR/hedge-RUN/1``) every cell, measured or not, serves the config whose worst
 loss over the tuned corners of the region the cell serves (with ``ceil``: the cell's values and the
 grid values below them) is least, where that beats the cell's own choice by more than the margin.
+``--fill enclosing``: each filled cell from the nearest tuned point at or above it in every dimension.
 """
 
 from __future__ import annotations
@@ -143,6 +144,14 @@ def hedge(cell: Key, cells: Sequence[Key], times: Times, margin: float, own: Key
     return best if loss.get(best, math.inf) * (1.0 + margin) < loss.get(own, math.inf) else own
 
 
+def enclosing(cell: Key, shapes: Sequence[Key]) -> Key:
+    """The nearest of the tuned shapes at or above ``cell`` in every dimension (what served its region
+    under ``ceil`` before refinement split it), else the nearest of all."""
+    here = sizes(cell)
+    above = [s for s in shapes if all(v >= here[d] for d, v in sizes(s).items())]
+    return nearest(cell, above or shapes)
+
+
 def refilled_bundle(results: Path, run: str, out: Path, fill: str) -> None:
     """Export ``run`` as export does, its cells chosen by ``fill`` (``interp``: the filled ones only)."""
     from tunectl.formats import export
@@ -159,6 +168,8 @@ def refilled_bundle(results: Path, run: str, out: Path, fill: str) -> None:
                 cells = [c.shape for c in coverage.winners if (c.task, c.static) == (w.task, w.static)]
                 configs = {t.config for t in tuned.values()}
                 config = hedge(w.shape, cells, times.get(w.static, {}), margin, w.config, configs)
+            elif w.served_by is not None and fill == "enclosing":
+                config = tuned[enclosing(w.shape, list(tuned))].config
             elif w.served_by is not None:
                 config = METHODS["interp"](w.shape, tuned, times.get(w.static, {}), margin)
             else:
@@ -215,7 +226,9 @@ def main() -> int:
     parser.add_argument("--results", required=True, type=Path)
     parser.add_argument("--run", action="append", required=True, help="a tuning run (repeat)")
     parser.add_argument("--bundle-out", type=Path, help="export refilled bundles here instead")
-    parser.add_argument("--fill", choices=("interp", "hedge"), default="interp", help="with --bundle-out")
+    parser.add_argument(
+        "--fill", choices=("interp", "hedge", "enclosing"), default="interp", help="with --bundle-out"
+    )
     args = parser.parse_args()
     if args.bundle_out:
         for run in args.run:

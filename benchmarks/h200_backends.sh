@@ -74,16 +74,16 @@ print(sorted(runs, key=lambda r: r['created_at'])[-1]['run_id'])")}
     page=${2:?page}
     spec=$(page_spec "$page")
     spans "$spec"
-    sed -i -E "s/^name = .*/name = \"h200-decode-refined\"/; s/^(range = \[1024, 32768\])$/\1\nstep = $page/; s/^strategy = \"halving\"$/strategy = \"halving\"\nrefine_budget = ${REFINE_BUDGET:-16}/" "$spec"
+    sed -i -E "s/^name = .*/name = \"h200-decode-refined-p$page\"/; s/^(range = \[1024, 32768\])$/\1\nstep = $page/; s/^strategy = \"halving\"$/strategy = \"halving\"\nrefine_budget = ${REFINE_BUDGET:-16}/" "$spec"
     unfinished=$(tunectl runs --results "$RES" --json | python -c "
 import json, sys
-runs = [r for r in json.load(sys.stdin) if r['state'] != 'finished' and r['name'] == 'h200-decode-refined']
+runs = [r for r in json.load(sys.stdin) if r['state'] != 'finished' and r['name'] == 'h200-decode-refined-p$page']
 print(runs[0]['run_id'] if runs else '')")
     if [ -n "$unfinished" ]; then args=(--resume "$unfinished"); else args=("$spec"); fi
     submit "${REFINE_TIMEOUT:-540}" "${args[@]}"
     run=$(tunectl runs --results "$RES" --json | python -c "
 import json, sys
-runs = [r for r in json.load(sys.stdin) if r['state'] == 'finished' and r['name'] == 'h200-decode-refined']
+runs = [r for r in json.load(sys.stdin) if r['state'] == 'finished' and r['name'] == 'h200-decode-refined-p$page']
 print(runs[-1]['run_id'] if runs else '')")
     save
     [ -n "$run" ] || { echo "refined grid not finished: run this step again to resume it"; exit 0; }
