@@ -6,6 +6,8 @@
 #   bash benchmarks/fleet_h200.sh one-prefill      # one GPU: compile processes against workers compiling themselves
 #   bash benchmarks/fleet_h200.sh one-decode       # the same for the decode grid
 #   bash benchmarks/fleet_h200.sh interference     # decode configs timed with compile processes idle / busy
+#   bash benchmarks/fleet_h200.sh ahead-decode     # one GPU, warm caches: loading ahead against runs without it
+#   bash benchmarks/fleet_h200.sh ahead-prefill    # the same for the flex_prefill grid
 # Each step leaves its tables, its JSON and its results datasets (without the caches) in $OUT.
 set -uo pipefail
 source /tmp/tunectl-site/env.sh
@@ -27,6 +29,20 @@ case "$step" in
     grid=${step#one-}
     sweep "now-$grid" 240 --grids "$grid" --gpus 1
     sweep "before-$grid" 300 --grids "$grid" --gpus 1 --compile-workers 0
+    ;;
+  ahead-decode|ahead-prefill)
+    grid=${step#ahead-}
+    sweep "ahead-$grid" 240 --grids "$grid" --gpus 1   # cold, then warm: the caches the runs below use
+    spec=$(python -c "import sys; sys.path.insert(0, 'benchmarks'); import fleet; print(fleet.GRIDS['$grid'])")
+    dir=/tmp/fleet-ahead-$grid
+    for run in ahead again; do
+      extra=(); [ "$run" = ahead ] && extra=(--compile-ahead)
+      timeout 200 tunectl submit "$spec" --results "$dir/results-$grid-1-$run" \
+        --compile-cache "$dir/cache-$grid-1" "${extra[@]}" > /dev/null 2>&1 || echo "$run: submit failed"
+    done
+    python benchmarks/fleet.py agree --grid "$grid" --first "$dir/results-$grid-1-warm" \
+      --test "$dir/results-$grid-1-ahead" --again "$dir/results-$grid-1-again" | tee "$OUT/ahead-$grid.md"
+    (cd /tmp && tar czf "$OUT/ahead-$grid-results.tar.gz" "fleet-ahead-$grid"/results-*)
     ;;
   interference)
     timeout 300 python benchmarks/fleet.py interference --out /tmp/fleet-interference 2>&1 | tee "$OUT/interference.md"
