@@ -253,16 +253,18 @@ def build_package(
         _meta(tmp).unlink(missing_ok=True)
 
 
-def build_packaged(request: Mapping[str, Any], made: Callable[[], tuple[Any, tuple[Any, ...]]],
+def build_packaged(task: str, static: Mapping[str, Any], shape: Mapping[str, Any], config: Mapping[str, Any],
+                   key: str | None, device: str, made: Callable[[], tuple[Any, tuple[Any, ...]]],
                    wanted: bool = True) -> bool:  # fmt: skip
-    """Build the package of ``request``'s kernel (its task, static, shape, config, compile key and
-    device) where packages are ``wanted``, usable on the target and a compile cache is set, unless a
-    whole one is there already; True where a whole package is there after. ``made()``: the module to
-    capture and its call's arguments (built only when a package is to be made). A package that
+    """Build the package of ``task``'s kernel at (static, shape, config), compile key ``key``, where
+    packages are ``wanted``, usable on ``device``'s target and a compile cache is set, unless a whole
+    one is there already (none without a key); True where a whole package is there after. ``made()``:
+    the module to capture and its call's arguments (built only when a package is to be made). A package that
     cannot be made or fails its check is logged and left out (the caller builds for torch.compile);
     a check that crashed or hung turns packages off for the target (``mark_unusable``)."""
-    task, key, device = request["task"], request["key"], request["device"]
-    path = aot_package(task, key, device) if wanted and usable(task, device) else None
+    if not wanted or key is None or not usable(task, device):
+        return False
+    path = aot_package(task, key, device)
     if path is None:
         return False
     if path.is_file() and intact(path):
@@ -270,6 +272,8 @@ def build_packaged(request: Mapping[str, Any], made: Callable[[], tuple[Any, tup
     path.unlink(missing_ok=True)  # damaged: built again
     try:
         module, args = made()
+        request = {"task": task, "static": dict(static), "shape": dict(shape), "config": dict(config),
+                   "key": key, "device": device}  # fmt: skip
 
         def check(tmp: Path, output: Any) -> None:
             check_new_package(request, tmp, args, output)

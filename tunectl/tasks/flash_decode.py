@@ -167,18 +167,17 @@ class FlashDecode(Task):
         """A Flex config's package where packages are wanted and can be made (``tunectl.tasks._flex``);
         False for every other case (``tunectl.tasks.compile.build`` then calls the kernel once, which
         compiles it into its library's caches)."""
-        from tunectl.tasks._adapters_torch import flex_decode_args, flex_decode_module, flex_decode_options
+        from tunectl.tasks._adapters_torch import flex_decode_module, flex_decode_options
 
         if config.get("backend") != "flex" or inputs["sinks"] is not None:
             return False
         flex_decode_options(config, inputs)  # an invalid config is that, not a failed package
-        request = {"task": self.name, "static": dict(static), "shape": dict(shape), "config": dict(config),
-                   "key": self.compile_key(static, shape, config), "device": device}  # fmt: skip
 
         def made() -> tuple[Any, tuple[Any, ...]]:
-            return flex_decode_module(static, config, inputs), flex_decode_args(static, inputs)
+            return flex_decode_module(static, config, inputs), self.aot_args(static, inputs)
 
-        return _flex.build_packaged(request, made, _flex.aot_wanted())
+        key = self.compile_key(static, shape, config)
+        return _flex.build_packaged(self.name, static, shape, config, key, device, made, _flex.aot_wanted())
 
     def aot_args(self, static: Params, inputs: dict[str, Any]) -> tuple[Any, ...]:
         """What a Flex decode package's call takes (``_adapters_torch.flex_decode_args``)."""

@@ -72,8 +72,6 @@ class FlexPrefill(Task):
         already there is kept); False where there is none after (``tunectl.tasks.compile.build`` then
         builds the torch.compile kernel into Inductor's caches)."""
         options = self._options(config)
-        request = {"task": self.name, "static": dict(static), "shape": dict(shape), "config": dict(config),
-                   "key": self.compile_key(static, shape, config), "device": device}  # fmt: skip
 
         def made() -> tuple[Any, tuple[Any, ...]]:
             module = _flex.packageable(
@@ -84,7 +82,10 @@ class FlexPrefill(Task):
             )
             return module, self.aot_args(static, inputs)
 
-        return _flex.build_packaged(request, made, _flex.aot_wanted(self.aot))
+        key = self.compile_key(static, shape, config)
+        return _flex.build_packaged(
+            self.name, static, shape, config, key, device, made, _flex.aot_wanted(self.aot)
+        )
 
     def aot_args(self, static: Params, inputs: dict[str, Any]) -> tuple[Any, ...]:
         """What a package's call takes: q, k, v, the document ids, the block mask's tensors."""
