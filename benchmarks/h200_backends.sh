@@ -9,6 +9,7 @@
 #   bash benchmarks/h200_backends.sh holdout 128 # export, then random untuned shapes measured
 #   bash benchmarks/h200_backends.sh odd 128     # every config, item by item, at a length off the page
 #   bash benchmarks/h200_backends.sh refined 128 # the grid with refinement (again to resume), then holdout
+#   bash benchmarks/h200_backends.sh dense 128   # a dense grid (16 batches x 6 lengths), then holdout
 #   bash benchmarks/h200_backends.sh tables      # h200.md and lightllm.md from everything in $RES
 # VALIDATE_TIMEOUT bounds a holdout check; VALIDATE_RESUME=RUN_ID finishes one that a limit stopped.
 set -uo pipefail
@@ -34,6 +35,12 @@ submit() {  # tunectl submit within $1 seconds; its output to a file, not a pipe
   timeout "$limit" tunectl submit "$@" --results "$RES" --yes > /tmp/submit.log 2>&1
   [ $? -eq 124 ] && { echo "submit stopped at ${limit} s"; ray stop --force > /dev/null 2>&1; }
   grep -v '^[│┃┏┡└]' /tmp/submit.log | tail -n 12
+}
+finished_run() {  # the newest run named $1 whose state is (==) or is not (!=) finished; empty if none
+  tunectl runs --results "$RES" --json | python -c "
+import json, sys
+runs = [r for r in json.load(sys.stdin) if (r['state'] == 'finished') == ('$2' == '==') and r['name'] == '$1']
+print(sorted(runs, key=lambda r: r['created_at'])[-1]['run_id'] if runs else '')"
 }
 case "${1:?step}" in
   smoke)
@@ -75,16 +82,10 @@ print(sorted(runs, key=lambda r: r['created_at'])[-1]['run_id'])")}
     spec=$(page_spec "$page")
     spans "$spec"
     sed -i -E "s/^name = .*/name = \"h200-decode-refined-p$page\"/; s/^(range = \[1024, 32768\])$/\1\nstep = $page/; s/^strategy = \"halving\"$/strategy = \"halving\"\nrefine_budget = ${REFINE_BUDGET:-16}/" "$spec"
-    unfinished=$(tunectl runs --results "$RES" --json | python -c "
-import json, sys
-runs = [r for r in json.load(sys.stdin) if r['state'] != 'finished' and r['name'] == 'h200-decode-refined-p$page']
-print(runs[0]['run_id'] if runs else '')")
+    unfinished=$(finished_run "h200-decode-refined-p$page" "!=")
     if [ -n "$unfinished" ]; then args=(--resume "$unfinished"); else args=("$spec"); fi
     submit "${REFINE_TIMEOUT:-540}" "${args[@]}"
-    run=$(tunectl runs --results "$RES" --json | python -c "
-import json, sys
-runs = [r for r in json.load(sys.stdin) if r['state'] == 'finished' and r['name'] == 'h200-decode-refined-p$page']
-print(runs[-1]['run_id'] if runs else '')")
+    run=$(finished_run "h200-decode-refined-p$page" "==")
     save
     [ -n "$run" ] || { echo "refined grid not finished: run this step again to resume it"; exit 0; }
     holdout=$(page_spec "$page")  # the holdout step's spec: the same shapes drawn
@@ -94,6 +95,31 @@ print(runs[-1]['run_id'] if runs else '')")
     timeout "${VALIDATE_TIMEOUT:-480}" tunectl validate "$RES/bundles/h200-decode-refined-p$page/1" --spec "$holdout" --holdout 24 ${VALIDATE_RESUME:+--resume "$VALIDATE_RESUME"} \
       --seed 0 --results "$RES" 2>&1 | grep -v '^\(compile process\|flash_decode:\|\"num_q_heads\|supported on\)' \
       | tail -n 80 | tee "$OUT/holdout-refined-p$page.txt"
+    save
+    ;;
+  dense)
+    # The "after" measured everywhere instead of refined: 16 batch values (1-256, ratio <= 2, the
+    # multiples of 8 KV heads that waves of 132 SMs change at) x 6 lengths (1k-32k, ratio 2), no
+    # refinement; resumed by the next call when it outlasts one; then checked at the holdout step's
+    # 24 shapes (the same spec and seed, so the same shapes are drawn).
+    page=${2:?page}
+    spec=$(page_spec "$page")
+    spans "$spec"
+    sed -i -E "s/^name = .*/name = \"h200-decode-dense-p$page\"/; s/^values = \[1, 4, 16, 64, 256\]/values = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256]/; s/^values = \[1024, 8192, 32768\]/values = [1024, 2048, 4096, 8192, 16384, 32768]/; s/^strategy = \"halving\"$/strategy = \"halving\"\nrefine_budget = 0/" "$spec"
+    unfinished=$(finished_run "h200-decode-dense-p$page" "!=")
+    if [ -n "$unfinished" ]; then args=(--resume "$unfinished"); else args=("$spec"); fi
+    submit "${DENSE_TIMEOUT:-540}" "${args[@]}"
+    run=$(finished_run "h200-decode-dense-p$page" "==")
+    save
+    [ -n "$run" ] || { echo "dense grid not finished: run this step again to resume it"; exit 0; }
+    holdout=$(page_spec "$page")
+    spans "$holdout"
+    sed -i -E 's/^strategy = "halving"$/strategy = "halving"\nrefine_budget = 0/' "$holdout"
+    tunectl export bundle --results "$RES" --run "$run" --name "h200-decode-dense-p$page" --version 1 \
+      --out "$RES/bundles" 2>&1 | tail -n 3
+    timeout "${VALIDATE_TIMEOUT:-480}" tunectl validate "$RES/bundles/h200-decode-dense-p$page/1" --spec "$holdout" --holdout 24 ${VALIDATE_RESUME:+--resume "$VALIDATE_RESUME"} \
+      --seed 0 --results "$RES" 2>&1 | grep -v '^\(compile process\|flash_decode:\|\"num_q_heads\|supported on\)' \
+      | tail -n 80 | tee "$OUT/holdout-dense-p$page.txt"
     save
     ;;
   odd)
