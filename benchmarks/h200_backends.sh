@@ -12,6 +12,7 @@
 #   bash benchmarks/h200_backends.sh dense 128   # a dense grid (16 batches x 6 lengths), then holdout
 #   bash benchmarks/h200_backends.sh tables      # h200.md and lightllm.md from everything in $RES
 # VALIDATE_TIMEOUT bounds a holdout check; VALIDATE_RESUME=RUN_ID finishes one that a limit stopped.
+# DEADLINE (epoch seconds) bounds the dense step's grid and check together instead.
 set -uo pipefail
 source /tmp/tunectl-site/env.sh
 python -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "editable install failed"
@@ -36,10 +37,13 @@ submit() {  # tunectl submit within $1 seconds; its output to a file, not a pipe
   [ $? -eq 124 ] && { echo "submit stopped at ${limit} s"; ray stop --force > /dev/null 2>&1; }
   grep -v '^[│┃┏┡└]' /tmp/submit.log | tail -n 12
 }
+left() {  # seconds a step may take: $1, or what is left before DEADLINE where one is set
+  if [ -n "${DEADLINE:-}" ]; then echo $(( DEADLINE - $(date +%s) > 1 ? DEADLINE - $(date +%s) : 1 )); else echo "$1"; fi
+}
 finished_run() {  # the newest run named $1 whose state is (==) or is not (!=) finished; empty if none
   tunectl runs --results "$RES" --json | python -c "
 import json, sys
-runs = [r for r in json.load(sys.stdin) if (r['state'] == 'finished') == ('$2' == '==') and r['name'] == '$1']
+runs = [r for r in json.load(sys.stdin) if (r['state'] == 'finished') == ('$2' == '==') and r['name'] == '$1' and r['kind'] == 'tune']
 print(sorted(runs, key=lambda r: r['created_at'])[-1]['run_id'] if runs else '')"
 }
 case "${1:?step}" in
@@ -108,7 +112,7 @@ print(sorted(runs, key=lambda r: r['created_at'])[-1]['run_id'])")}
     sed -i -E "s/^name = .*/name = \"h200-decode-dense-p$page\"/; s/^values = \[1, 4, 16, 64, 256\]/values = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256]/; s/^values = \[1024, 8192, 32768\]/values = [1024, 2048, 4096, 8192, 16384, 32768]/; s/^strategy = \"halving\"$/strategy = \"halving\"\nrefine_budget = 0/" "$spec"
     unfinished=$(finished_run "h200-decode-dense-p$page" "!=")
     if [ -n "$unfinished" ]; then args=(--resume "$unfinished"); else args=("$spec"); fi
-    submit "${DENSE_TIMEOUT:-540}" "${args[@]}"
+    submit "$(left "${DENSE_TIMEOUT:-540}")" "${args[@]}"
     run=$(finished_run "h200-decode-dense-p$page" "==")
     save
     [ -n "$run" ] || { echo "dense grid not finished: run this step again to resume it"; exit 0; }
@@ -117,7 +121,7 @@ print(sorted(runs, key=lambda r: r['created_at'])[-1]['run_id'])")}
     sed -i -E 's/^strategy = "halving"$/strategy = "halving"\nrefine_budget = 0/' "$holdout"
     tunectl export bundle --results "$RES" --run "$run" --name "h200-decode-dense-p$page" --version 1 \
       --out "$RES/bundles" 2>&1 | tail -n 3
-    timeout "${VALIDATE_TIMEOUT:-480}" tunectl validate "$RES/bundles/h200-decode-dense-p$page/1" --spec "$holdout" --holdout 24 ${VALIDATE_RESUME:+--resume "$VALIDATE_RESUME"} \
+    timeout "$(left "${VALIDATE_TIMEOUT:-480}")" tunectl validate "$RES/bundles/h200-decode-dense-p$page/1" --spec "$holdout" --holdout 24 ${VALIDATE_RESUME:+--resume "$VALIDATE_RESUME"} \
       --seed 0 --results "$RES" 2>&1 | grep -v '^\(compile process\|flash_decode:\|\"num_q_heads\|supported on\)' \
       | tail -n 80 | tee "$OUT/holdout-dense-p$page.txt"
     save
