@@ -9,6 +9,7 @@
 #   bash benchmarks/h200_backends.sh holdout 128 # export, then random untuned shapes measured
 #   bash benchmarks/h200_backends.sh odd 128     # every config, item by item, at a length off the page
 #   bash benchmarks/h200_backends.sh refined 128 # the grid with refinement (again to resume), then holdout
+#     (REFINE_BUDGET points, 16; REFINE_SHORTLIST=k: refined points measure their neighbours' k fastest)
 #   bash benchmarks/h200_backends.sh dense 128   # a dense grid (16 batches x 6 lengths), then holdout
 #   bash benchmarks/h200_backends.sh tables      # h200.md and lightllm.md from everything in $RES
 # VALIDATE_TIMEOUT bounds a holdout check; VALIDATE_RESUME=RUN_ID finishes one that a limit stopped.
@@ -40,11 +41,18 @@ submit() {  # tunectl submit within $1 seconds; its output to a file, not a pipe
 left() {  # seconds a step may take: $1, or what is left before DEADLINE where one is set
   if [ -n "${DEADLINE:-}" ]; then echo $(( DEADLINE - $(date +%s) > 1 ? DEADLINE - $(date +%s) : 1 )); else echo "$1"; fi
 }
-finished_run() {  # the newest run named $1 whose state is (==) or is not (!=) finished; empty if none
-  tunectl runs --results "$RES" --json | python -c "
+finished_run() {  # the newest tuning run named $1 whose state is (==) or is not (!=) finished, if any
+  tunectl runs --results "$RES" --json 2>/dev/null | python -c "
 import json, sys
-runs = [r for r in json.load(sys.stdin) if (r['state'] == 'finished') == ('$2' == '==') and r['name'] == '$1' and r['kind'] == 'tune']
+text = sys.stdin.read()
+runs = [r for r in (json.loads(text) if text.strip() else []) if (r['state'] == 'finished') == ('$2' == '==') and r['name'] == '$1' and r['kind'] == 'tune']
 print(sorted(runs, key=lambda r: r['created_at'])[-1]['run_id'] if runs else '')"
+}
+tune_step() {  # the tuning run named $1 (spec $2) resumed, or started, within $3 seconds; none once finished
+  [ -n "$(finished_run "$1" "==")" ] && return
+  local unfinished
+  unfinished=$(finished_run "$1" "!=")
+  if [ -n "$unfinished" ]; then submit "$3" --resume "$unfinished"; else submit "$3" "$2"; fi
 }
 case "${1:?step}" in
   smoke)
@@ -85,34 +93,31 @@ print(sorted(runs, key=lambda r: r['created_at'])[-1]['run_id'])")}
     page=${2:?page}
     spec=$(page_spec "$page")
     spans "$spec"
-    sed -i -E "s/^name = .*/name = \"h200-decode-refined-p$page\"/; s/^(range = \[1024, 32768\])$/\1\nstep = $page/; s/^strategy = \"halving\"$/strategy = \"halving\"\nrefine_budget = ${REFINE_BUDGET:-16}/" "$spec"
-    unfinished=$(finished_run "h200-decode-refined-p$page" "!=")
-    if [ -n "$unfinished" ]; then args=(--resume "$unfinished"); else args=("$spec"); fi
-    submit "${REFINE_TIMEOUT:-540}" "${args[@]}"
-    run=$(finished_run "h200-decode-refined-p$page" "==")
+    name="h200-decode-refined-p$page${REFINE_SHORTLIST:+-short$REFINE_SHORTLIST}"
+    sed -i -E "s/^name = .*/name = \"$name\"/; s/^(range = \[1024, 32768\])$/\1\nstep = $page/; s/^strategy = \"halving\"$/strategy = \"halving\"\nrefine_budget = ${REFINE_BUDGET:-16}\nrefine_shortlist = ${REFINE_SHORTLIST:-0}/" "$spec"
+    tune_step "$name" "$spec" "${REFINE_TIMEOUT:-540}"
+    run=$(finished_run "$name" "==")
     save
     [ -n "$run" ] || { echo "refined grid not finished: run this step again to resume it"; exit 0; }
     holdout=$(page_spec "$page")  # the holdout step's spec: the same shapes drawn
     spans "$holdout"
-    tunectl export bundle --results "$RES" --run "$run" --name "h200-decode-refined-p$page" --version 1 \
+    tunectl export bundle --results "$RES" --run "$run" --name "$name" --version 1 \
       --out "$RES/bundles" 2>&1 | tail -n 3
-    timeout "${VALIDATE_TIMEOUT:-480}" tunectl validate "$RES/bundles/h200-decode-refined-p$page/1" --spec "$holdout" --holdout 24 ${VALIDATE_RESUME:+--resume "$VALIDATE_RESUME"} \
+    timeout "${VALIDATE_TIMEOUT:-480}" tunectl validate "$RES/bundles/$name/1" --spec "$holdout" --holdout 24 ${VALIDATE_RESUME:+--resume "$VALIDATE_RESUME"} \
       --seed 0 --results "$RES" 2>&1 | grep -v '^\(compile process\|flash_decode:\|\"num_q_heads\|supported on\)' \
-      | tail -n 80 | tee "$OUT/holdout-refined-p$page.txt"
+      | tail -n 80 | tee "$OUT/holdout-$name.txt"
     save
     ;;
   dense)
-    # The "after" measured everywhere instead of refined: 16 batch values (1-256, ratio <= 2, the
-    # multiples of 8 KV heads that waves of 132 SMs change at) x 6 lengths (1k-32k, ratio 2), no
-    # refinement; resumed by the next call when it outlasts one; then checked at the holdout step's
-    # 24 shapes (the same spec and seed, so the same shapes are drawn).
+    # The "after" measured everywhere instead of refined: 16 batch values (1-256, each at most twice
+    # the one below) x 6 lengths (1k-32k, ratio 2), no refinement; resumed by the next call when it
+    # outlasts one; then checked at the holdout step's 24 shapes (the same spec and seed, so the same
+    # shapes are drawn).
     page=${2:?page}
     spec=$(page_spec "$page")
     spans "$spec"
     sed -i -E "s/^name = .*/name = \"h200-decode-dense-p$page\"/; s/^values = \[1, 4, 16, 64, 256\]/values = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256]/; s/^values = \[1024, 8192, 32768\]/values = [1024, 2048, 4096, 8192, 16384, 32768]/; s/^strategy = \"halving\"$/strategy = \"halving\"\nrefine_budget = 0/" "$spec"
-    unfinished=$(finished_run "h200-decode-dense-p$page" "!=")
-    if [ -n "$unfinished" ]; then args=(--resume "$unfinished"); else args=("$spec"); fi
-    submit "$(left "${DENSE_TIMEOUT:-540}")" "${args[@]}"
+    tune_step "h200-decode-dense-p$page" "$spec" "$(left "${DENSE_TIMEOUT:-540}")"
     run=$(finished_run "h200-decode-dense-p$page" "==")
     save
     [ -n "$run" ] || { echo "dense grid not finished: run this step again to resume it"; exit 0; }

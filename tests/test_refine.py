@@ -221,3 +221,66 @@ def test_refined_work_is_missing_items_until_every_level_is_measured() -> None:
     records = drive(done)
     assert done.missing() == 0
     assert len(batches(records)) > len(spec.shapes[0].values), "refinement planned points of its own"
+
+
+SHORTLIST = "[search]\nrefine_shortlist = 1\n"
+MANY = SPEC.replace("per_batch_ms = 0.05", "per_batch_ms = [0.05, 0.06, 0.2, 0.5]")
+
+
+def test_a_shortlisted_refined_point_measures_the_default_and_its_neighbours_fastest() -> None:
+    spec = _spec(SHORTLIST, base=MANY)
+    records = drive(work_of(spec))
+    configs: dict[int, set[str]] = {}
+    for r in records:
+        configs.setdefault(dict(r.shape)["batch"], set()).add(r.config_key)
+    [default] = {r.config_key for r in records if r.is_default}
+    [fastest] = {r.config_key for r in records if dict(r.config)["per_batch_ms"] == 0.05}
+    assert all(len(configs[b]) == 5 for b in (1, 8, 64))  # the starting grid: every config
+    refined_batches = set(configs) - {1, 8, 64}
+    assert refined_batches
+    for b in refined_batches:  # the neighbours' fastest is per_batch 0.05 or the default
+        assert configs[b] <= {default, fastest}, (b, configs[b])
+        assert default in configs[b]
+    # fewer measurements than every config at every point, and the breakpoint is still closed in on
+    tuned = sorted(configs)
+    assert min(b for b in tuned if b > 20) - max(b for b in tuned if b < 20) <= 4, tuned
+    everything = drive(work_of(_spec(base=MANY)))
+    assert batches(everything) == tuned
+    assert len(records) < len(everything)
+
+
+def test_a_resumed_shortlisted_refinement_plans_the_same_items() -> None:
+    spec = _spec(SHORTLIST, base=MANY)
+    whole = drive(work_of(spec))
+    for stop in (5, 20, len(whole) // 2):
+        resumed = drive(work_of(spec), records=drive(work_of(spec), stop_after=stop))
+        ids = Counter(r.item_id for r in resumed)
+        assert max(ids.values()) == 1 and set(ids) == {r.item_id for r in whole}
+
+
+def test_fastest_ranks_each_config_by_its_highest_fidelity_look() -> None:
+    from tunectl.core.record import Phase
+    from tunectl.decide.refine import fastest
+    from tunectl.decide.search import Point
+
+    a, b, c = (make_key({"per_batch_ms": x}) for x in (0.1, 0.2, 0.3))
+    point = Point(make_key({}), make_key({"batch": 8}), (a, b, c))
+
+    def rec(iid: str, config: Key, us: float, phase: Phase, rung: int | None = None, ok: bool = True) -> None:
+        point.records[iid] = Record(run_id="r", item_id=iid, task="cost_model", static_key="{}",
+                                    shape_key=key_text(point.shape), config_key=key_text(config),
+                                    is_default=config == a, status="ok" if ok else "error",
+                                    median_us=us, phase=phase, rung=rung)  # fmt: skip
+
+    rec("a0", a, 50.0, Phase.SCREEN, rung=0)  # a's quick look read fast; its full measurement did not
+    rec("a1", a, 300.0, Phase.MEASURE)
+    rec("b0", b, 200.0, Phase.SCREEN, rung=0)
+    rec("b1", b, 100.0, Phase.SCREEN, rung=1)
+    rec("c0", c, 10.0, Phase.SCREEN, rung=0, ok=False)  # a failed look never ranks
+    assert fastest(point, 2, lambda s, cfg: True) == [b, a]
+    assert fastest(point, 1, lambda s, cfg: cfg != b) == [a]
+
+
+def test_a_refine_shortlist_must_be_a_whole_number() -> None:
+    with pytest.raises(SpecError, match="refine_shortlist"):
+        _spec("[search]\nrefine_shortlist = 1.5\n")

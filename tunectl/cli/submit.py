@@ -327,7 +327,9 @@ def _print_dry_run(spec: Path, results: Path) -> None:
     budget = spec_.search.refine_budget
     if spec_.ranges() and budget > 0:
         extra = f"{budget:.0f}" if budget >= 1 else f"{budget:.0%} of the starting"
-        console.print(f"then refinement: up to {extra} point(s) per static key where neighbours disagree")
+        short = spec_.search.refine_shortlist
+        each = f", each measuring the default and its neighbours' {short} fastest" if short else ""
+        console.print(f"then refinement: up to {extra} point(s) per static key where neighbours differ{each}")
     if planned.seconds is None:
         console.print(f"no earlier run of {planned.count.spec.task} in {results}: no time estimate")
     else:

@@ -31,6 +31,7 @@ accelerator_type = "H200"
 strategy = "halving"                # grid | halving
 finalists = 3
 refine_budget = 16                  # extra points per static key where a range is declared (decide/refine)
+refine_shortlist = 3                # a refined point measures the default and each neighbour's 3 fastest
 
 [default]                           # optional: the baseline config (else the task's own default)
 num_splits = 1
@@ -92,6 +93,9 @@ class SearchSpec:
     min_budget: float = 0.1  # halving: the first rung's share of the spec's measurement time
     # refinement: extra points per static key (>= 1), or a share of the starting points (< 1); 0: off
     refine_budget: float = 16.0
+    # refinement: a refined point measures the default and the k fastest configs of each tuned point
+    # next to it (along each refined dimension); 0: every config
+    refine_shortlist: int = 0
 
     def rung_budget(self, rung: int) -> float:
         """Halving: a look's share of a full measurement at ``rung``."""
@@ -120,6 +124,7 @@ TABLE_RULES: dict[str, Rule] = {
     "search.eta": Rule.integer(2),
     "search.min_budget": Rule.number(0, 1, low_open=True),
     "search.refine_budget": Rule.number(0),
+    "search.refine_shortlist": Rule.integer(0),
     "select.margin": Rule.number(0, 1),
 }
 

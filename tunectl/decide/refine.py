@@ -10,6 +10,15 @@ points are measured like the starting ones (by the spec's strategy, grid or halv
 and the next level is planned once they finish, until neighbours agree, no midpoint is left, or
 ``[search] refine_budget`` extra points of that static key were planned.
 
+With ``[search] refine_shortlist = k`` a refined point measures only the default and, of each tuned
+point next to it (the nearest below and above along each refined dimension, the others fixed), the
+``k`` configs with the lowest single-timing median there (each config's highest-fidelity look).
+Between tuned points the best config is nearly always among its neighbours' few fastest (on the
+H200's decode grids, each of 24 held-out shapes had a config within 3 % of the best of all among the
+3 fastest at the points around it: ``benchmarks/results/holdout_h200.md``), so a refined point
+costs a few configs' measurements instead of every config's, and a budget buys several times the
+points.
+
 It is a layer over ``tunectl.decide.search.Search``, not a strategy of its own: a strategy decides how one
 point's configs are measured, refinement decides which points exist, so it composes with grid and
 halving alike. Every decision is a function of records already written (each level is planned from
@@ -25,7 +34,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from tunectl.core.keys import Key, make_key, value_order
 from tunectl.core.plan import Plan, WorkItem
-from tunectl.core.record import Record
+from tunectl.core.record import Phase, Record, latest
 from tunectl.core.shapes import ShapeDim
 from tunectl.core.spec import DEFAULT_MARGIN
 from tunectl.decide.coverage import sizes
@@ -102,6 +111,33 @@ def point_winner(point: Point, selectable: Callable[[Key, Key], bool], margin: f
     return winners[0] if winners else None
 
 
+def fastest(point: Point, k: int, selectable: Callable[[Key, Key], bool]) -> list[Key]:
+    """The ``k`` selectable configs with the lowest median at ``point``, each config ranked by its
+    highest-fidelity single timing (a full measurement over a screening look, a later rung over an
+    earlier one); ties in a fixed order."""
+    timed = [r for r in point.records.values()
+             if r.ok and r.median_us and r.phase in (Phase.MEASURE, Phase.SCREEN)
+             and selectable(point.static, r.config)]  # fmt: skip
+    rank = lambda r: (r.phase is Phase.MEASURE, r.rung or 0, r.num_samples or 0)  # noqa: E731
+    best = latest(timed, lambda r: r.config, rank)
+    return sorted(best, key=lambda c: (best[c].median_us, value_order(c)))[:k]
+
+
+def neighbours(shape: Key, points: Sequence[Point], dims: Sequence[ShapeDim]) -> list[Point]:
+    """The points nearest ``shape`` below and above along each of ``dims``, the other values equal."""
+    here = sizes(shape)
+    out: list[Point] = []
+    for dim in dims:
+        v = here[dim.name]
+        line = [(sizes(p.shape)[dim.name], p) for p in points
+                if all(x == here.get(n) for n, x in sizes(p.shape).items() if n != dim.name)]  # fmt: skip
+        below = [t for t in line if t[0] < v]
+        above = [t for t in line if t[0] > v]
+        out += [max(below, key=lambda t: t[0])[1]] if below else []
+        out += [min(above, key=lambda t: t[0])[1]] if above else []
+    return out
+
+
 class Refined:
     """A run's work: ``search``'s items, then the refined points' as each level is planned.
 
@@ -113,6 +149,7 @@ class Refined:
         self.search = search
         self.dims = [d for d in plan.spec.shapes if d.range is not None]
         self.margin = DEFAULT_MARGIN if margin is None else margin
+        self.shortlist = plan.spec.search.refine_shortlist
         self._selectable = plan.facts.selectable
         self._check = check_point
         budget = plan.spec.search.refine_budget
@@ -181,8 +218,17 @@ class Refined:
         if why is not None:
             self.refused[static][shape] = why
             return []
-        point = self.search.add_point(static, shape, self.search.configs_at(static))
+        point = self.search.add_point(static, shape, self._configs(static, shape))
         return self.search.issue(point)
+
+    def _configs(self, static: Key, shape: Key) -> tuple[Key, ...]:
+        """What a refined point measures: every config, or the default and its neighbours' fastest."""
+        configs = self.search.configs_at(static)
+        if self.shortlist <= 0:
+            return configs
+        near = neighbours(shape, self.search.points_at(static), self.dims)
+        wanted = {c for p in near for c in fastest(p, self.shortlist, self._selectable)}
+        return tuple(c for i, c in enumerate(configs) if i == 0 or c in wanted) if wanted else configs
 
 
 def refined(search: Search, plan: Plan, check_point: CheckPoint) -> Search | Refined:

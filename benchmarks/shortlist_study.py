@@ -1,0 +1,107 @@
+"""Which configs must a point between tuned points try? Scored at held-out shapes, from recorded runs.
+
+For each shape of a holdout run (``tunectl validate --holdout``: every selectable config timed there
+in one interleaved comparison), the candidates are the ``k`` fastest configs at tuned points of a
+tuning run around it, ranked by each config's single-timing median there (its full measurement,
+else its look at the highest halving rung, as ``fill_study.run_data`` reads them):
+
+- ``ceil``: the point whose cell serves the shape under ``ceil`` (what export's lookup uses);
+- ``around``: the tuned points bracketing it in every dimension (up to 4 in two dimensions).
+
+The score is the best candidate's time at the shape over the fastest config's there (1.0: the
+shortlist held the best config). It says how short a list a point between tuned points may measure
+and still find what serving should run there; ``k = 1`` with ``ceil`` is the fastest config of the
+serving cell's point, before finals and the margin rule.
+
+    tar xzf benchmarks/results/h200_results.tar.gz -C /tmp
+    PYTHONPATH=. python benchmarks/shortlist_study.py --results /tmp/res2 \
+        --tuning r20261202-132019-a416c3 --holdout r20261202-133935-e6f40f
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import statistics
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fill_study import run_data
+
+from tunectl.core.keys import Key, make_key
+from tunectl.core.record import Phase, Record
+from tunectl.decide.coverage import sizes
+from tunectl.decide.select import latest_comparisons
+from tunectl.store.results import read_results
+
+
+def bracket(value: int, grid: Sequence[int]) -> list[int]:
+    """The grid values just below and just above ``value`` (one where it is a value or outside)."""
+    i = bisect.bisect_left(grid, value)
+    return sorted({grid[max(0, i - 1)], grid[min(i, len(grid) - 1)]})
+
+
+def ceil_of(value: int, grid: Sequence[int]) -> int:
+    return next((g for g in grid if g >= value), grid[-1])
+
+
+def around(shape: Key, tuned: Sequence[Key], how: str) -> list[Key]:
+    """The tuned shapes that ``how`` (``ceil`` or ``around``) takes candidates from."""
+    here = sizes(shape)
+    values = {dim: sorted({sizes(s)[dim] for s in tuned}) for dim in here}
+    if how == "ceil":
+        return [make_key({**dict(shape), **{d: ceil_of(v, values[d]) for d, v in here.items()}})]
+    keys = [dict(shape)]
+    for dim, v in here.items():
+        keys = [{**k, dim: b} for k in keys for b in bracket(v, values[dim])]
+    return [make_key(k) for k in keys]
+
+
+def shortlist(times: Mapping[Key, Mapping[Key, float]], shape: Key, k: int, how: str) -> set[Key]:
+    """The ``k`` fastest configs at each tuned point ``how`` takes candidates from for ``shape``."""
+    found: set[Key] = set()
+    for point in around(shape, list(times), how):
+        there = times.get(point, {})
+        found |= set(sorted(there, key=there.__getitem__)[:k])
+    return found
+
+
+def score(arms: Sequence[Record], candidates: set[Key]) -> float | None:
+    """The best candidate's time over the fastest config's, from one held-out comparison."""
+    ok = {r.config: (1.0 if r.is_default else r.speedup or 0.0) for r in arms if r.ok}
+    found = [ok[c] for c in candidates if ok.get(c)]
+    return max(ok.values()) / max(found) if found else None
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", type=Path, required=True)
+    parser.add_argument("--tuning", required=True, help="the tuning run (one static key)")
+    parser.add_argument("--holdout", action="append", required=True, help="a holdout run (repeat)")
+    parser.add_argument("--k", type=int, nargs="+", default=[1, 2, 3, 4])
+    args = parser.parse_args(argv)
+    _, by_static, _ = run_data(args.results, args.tuning)
+    print(
+        "| holdout run | candidates | k | shapes | configs in the list (mean) | median | worst | geomean "
+        "| within 3 % |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for run in args.holdout:
+        records = [r for r in read_results(args.results, [run]) if r.phase == Phase.HOLDOUT]
+        held = list(latest_comparisons(records, Phase.HOLDOUT).values())
+        for how in ("ceil", "around"):
+            for k in args.k:
+                lists = [(a, shortlist(by_static.get(a[0].static, {}), a[0].shape, k, how)) for a in held]
+                got = [s for arms, short in lists if (s := score(arms, short)) is not None]
+                if got:
+                    tried = statistics.mean(len(short) for _, short in lists)
+                    print(f"| {run} | {how} | {k} | {len(got)} | {tried:.1f} | {statistics.median(got):.3f} "
+                          f"| {max(got):.3f} | {statistics.geometric_mean(got):.3f} "
+                          f"| {sum(s <= 1.03 for s in got)} of {len(got)} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
