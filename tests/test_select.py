@@ -206,3 +206,35 @@ def test_near_ties_order_configs_by_value_not_text() -> None:
         _final('{"BLOCK_M":64,"num_warps":4}', 1.21, 0.01),
     ]
     assert dict(select_winners(rows)[0].config) == {"BLOCK_M": 64, "num_warps": 4}
+
+
+def _at(row: dict[str, Any], batch: int) -> dict[str, Any]:
+    shape = f'{{"batch":{batch}}}'
+    return {**row, "shape_key": shape, "item_id": f"{row['item_id']}@{shape}", "group_id": f"g@{batch}"}
+
+
+def test_a_near_tie_goes_to_the_config_that_holds_up_at_the_neighbouring_points() -> None:
+    # At batch 8, c=2 and c=3 tie within 2 % (c=2 first in canonical order). At batch 4 and 16, c=2
+    # is 30 % slower than the fastest and c=3 is the fastest: the shapes between them want c=3.
+    finals = [_at(_final('{"c":1}', 1.0, 0.0, default=True), 8),
+              _at(_final('{"c":2}', 1.31, 0.02), 8), _at(_final('{"c":3}', 1.30, 0.02), 8)]  # fmt: skip
+    times = (('{"c":1}', 100.0), ('{"c":2}', 65.0), ('{"c":3}', 50.0))
+    beside = [_at(_row(c, t, default=c == '{"c":1}'), b) for b in (4, 16) for c, t in times]
+    winners = {w.shape: w.config for w in select_winners(finals + beside)}
+    assert dict(winners[(("batch", 8),)]) == {"c": 3}
+    # Without neighbours, or where they cannot tell the near-ties apart, canonical order decides.
+    assert dict(select_winners(finals)[0].config) == {"c": 2}
+    even = [{**r, "median_us": 50.0} if r["config_key"] != '{"c":1}' else r for r in beside]
+    assert dict({w.shape: w.config for w in select_winners(finals + even)}[(("batch", 8),)]) == {"c": 2}
+    # Neighbours only break near-ties: outside the tie tolerance the faster config at the point wins.
+    apart = [finals[0], _at(_final('{"c":2}', 1.40, 0.02), 8), finals[2]]
+    assert dict({w.shape: w.config for w in select_winners(apart + beside)}[(("batch", 8),)]) == {"c": 2}
+
+
+def test_neighbours_are_of_the_same_static_key_and_differ_in_one_dimension() -> None:
+    finals = [_at(_final('{"c":1}', 1.0, 0.0, default=True), 8),
+              _at(_final('{"c":2}', 1.31, 0.02), 8), _at(_final('{"c":3}', 1.30, 0.02), 8)]  # fmt: skip
+    elsewhere = [{**_at(_row(c, t, default=c == '{"c":1}'), 4), "static_key": '{"d":2}'}
+                 for c, t in (('{"c":1}', 100.0), ('{"c":2}', 65.0), ('{"c":3}', 50.0))]  # fmt: skip
+    winners = {(w.static, w.shape): w.config for w in select_winners(finals + elsewhere)}
+    assert dict(winners[((("d", 1),), (("batch", 8),))]) == {"c": 2}

@@ -9,9 +9,15 @@ device, ``phase == "final"``), the latest finals decide: a non-default config wi
 whole 95 % interval of its paired speedup lies above ``1 + margin``, the practical-equivalence
 margin (default 2 %, ``[select] margin`` or ``export bundle --margin``): a gain smaller than that
 does not hold from one GPU of a model to the next, so the default keeps its place. Among those, every config
-within ``tie`` of the best speedup is a near-tie, and the first of them in canonical order (by
-option name, then value) wins, so two runs on the same GPU, or two ranks of one server, choose the
-same config even when noise reorders near-ties. Otherwise the default keeps its place.
+within ``tie`` of the best speedup is a near-tie, and noise alone would decide between them. The
+near-tie that holds up best at the neighbouring points wins (the nearest tuned points below and
+above along each shape dimension: the geometric mean of its single timing there over the fastest
+config's there), then the first in canonical order (by option name, then value), so two runs on the
+same GPU, or two ranks of one server, choose the same config even when noise reorders near-ties. A
+point serves the shapes between it and its neighbours: of configs equal at the point, the one that
+is also good beside it serves them better (on the H200's decode grids, fixed-split kernels tied at
+round batch sizes and lost 5-25 % between them to a kernel that plans its split per shape;
+``benchmarks/results/holdout_h200.md``). Otherwise the default keeps its place.
 
 Without finals, single measurements decide: a non-default config wins only when its median beats the
 default's by more than the noise of both and the margin (``median * (1 + noise + margin) < default
@@ -33,6 +39,7 @@ plan-time facts (``tunectl.core.plan.RunFacts``), never from a task.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -122,15 +129,18 @@ def select_winners(
     for record in records:
         if record.phase is not Phase.FINAL and record.phase in SELECTED_PHASES:
             singles.setdefault(record.point, []).append(record)
+    groups = {at: list(latest(rows, key=lambda r: r.config_key, rank=_fidelity).values())
+              for at, rows in singles.items()}  # fmt: skip
+    lines = _Lines(groups, {at: rows[0].shape for at, rows in [*groups.items(), *finals.items()] if rows})
     winners = []
     for point in singles.keys() | finals.keys():
-        group = list(latest(singles.get(point, []), key=lambda r: r.config_key, rank=_fidelity).values())
+        group = groups.get(point, [])
         final = finals.get(point, [])
 
         def eligible(r: Record) -> bool:
             return r.ok and selectable(r.task, r.static, r.config)
 
-        choice = _from_finals(final, eligible, margin, tie) if final else None
+        choice = _from_finals(final, eligible, margin, tie, lines.loss(point)) if final else None
         choice = choice or _from_singles(group, eligible, margin)
         if choice is not None:
             winners.append(_winner(choice, group or final))
@@ -198,8 +208,58 @@ def _finished(arms: list[Record], group_id: str) -> tuple[float, str]:
     return (max(r.finished_at for r in arms), group_id)
 
 
+class _Lines:
+    """Each point's neighbours (the nearest points below and above along each shape dimension, the
+    other values equal, of the same task, device and static key) and the single timings there."""
+
+    def __init__(self, groups: dict[Point, list[Record]], shapes: dict[Point, Key]) -> None:
+        self.times = {at: {r.config_key: r.median_us for r in rows if r.ok and r.median_us}
+                      for at, rows in groups.items()}  # fmt: skip
+        self.shapes = shapes
+        self.by_static: dict[tuple[str, str, str], list[Point]] = {}
+        for at in self.shapes:
+            self.by_static.setdefault(at[:3], []).append(at)
+
+    def neighbours(self, point: Point) -> list[Point]:
+        here = dict(self.shapes.get(point, ()))
+        out: list[Point] = []
+        for dim, value in here.items():
+            if type(value) is not int:
+                continue
+            line = []
+            for other in self.by_static.get(point[:3], []):
+                there = dict(self.shapes[other])
+                v = there.get(dim)
+                if (
+                    type(v) is int
+                    and v != value
+                    and all(there.get(n) == x for n, x in here.items() if n != dim)
+                ):
+                    line.append((v, other))
+            below = [t for t in line if t[0] < value]
+            above = [t for t in line if t[0] > value]
+            out += [max(below)[1]] if below else []
+            out += [min(above)[1]] if above else []
+        return out
+
+    def loss(self, point: Point) -> Callable[[str], float]:
+        """Per config: the geometric mean, over the neighbours that timed it, of its time there over
+        the fastest config's there (1.0: fastest at every one); infinity where none timed it."""
+        near = [self.times[n] for n in self.neighbours(point) if self.times.get(n)]
+
+        def of(config_key: str) -> float:
+            ratios = [t[config_key] / min(t.values()) for t in near if config_key in t]
+            return math.prod(ratios) ** (1.0 / len(ratios)) if ratios else math.inf
+
+        return of
+
+
 def _from_finals(
-    group: list[Record], eligible: Callable[[Record], bool], margin: float, tie: float
+    group: list[Record],
+    eligible: Callable[[Record], bool],
+    margin: float,
+    tie: float,
+    loss: Callable[[str], float] = lambda _config: math.inf,
 ) -> Choice | None:
     """The finals' verdict, or None where they cannot give one (the default failed in them)."""
     default = next((r for r in group if r.is_default), None)
@@ -214,7 +274,7 @@ def _from_finals(
         return default, default, {"speedup": 1.0, "speedup_lo": lo, "speedup_hi": hi, **basis}
     top = max(map(_speedup, beat))
     tied = [r for r in beat if _speedup(r) * (1.0 + tie) >= top]
-    best = min(tied, key=lambda r: value_order(r.config))  # by value: 64 before 128
+    best = min(tied, key=lambda r: (loss(r.config_key), value_order(r.config)))  # by value: 64 before 128
     return best, default, {"speedup": best.speedup, "speedup_lo": best.speedup_lo,
                            "speedup_hi": best.speedup_hi, **basis}  # fmt: skip
 
