@@ -13,7 +13,7 @@
 #   bash benchmarks/h200_backends.sh dense 128   # a dense grid (16 batches x 6 lengths), then holdout
 #   bash benchmarks/h200_backends.sh tables      # h200.md and lightllm.md from everything in $RES
 # VALIDATE_TIMEOUT bounds a holdout check; VALIDATE_RESUME=RUN_ID finishes one that a limit stopped.
-# DEADLINE (epoch seconds) bounds the dense step's grid and check together instead.
+# DEADLINE (epoch seconds) bounds the refined and dense steps' tuning and every check together instead.
 set -uo pipefail
 source /tmp/tunectl-site/env.sh
 python -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "editable install failed"
@@ -54,6 +54,26 @@ tune_step() {  # the tuning run named $1 (spec $2) resumed, or started, within $
   unfinished=$(finished_run "$1" "!=")
   if [ -n "$unfinished" ]; then submit "$3" --resume "$unfinished"; else submit "$3" "$2"; fi
 }
+check_bundle() {  # run $2 exported as bundle $1, timed at 24 held-out shapes of page $3 (seed 0: the
+  # same shapes for every bundle of the page), within VALIDATE_TIMEOUT or what is left before DEADLINE
+  local name=$1 run=$2 holdout
+  holdout=$(page_spec "$3")
+  spans "$holdout"  # held-out shapes are drawn inside the spans serving meets: batch 1-256, 1k-32k
+  sed -i -E 's/^strategy = "halving"$/strategy = "halving"\nrefine_budget = 0/' "$holdout"
+  tunectl export bundle --results "$RES" --run "$run" --name "$name" --version 1 --out "$RES/bundles" 2>&1 | tail -n 3
+  timeout "$(left "${VALIDATE_TIMEOUT:-480}")" tunectl validate "$RES/bundles/$name/1" --spec "$holdout" \
+    --holdout 24 --seed 0 ${VALIDATE_RESUME:+--resume "$VALIDATE_RESUME"} --results "$RES" 2>&1 \
+    | grep -v '^\(compile process\|flash_decode:\|\"num_q_heads\|supported on\)' | tail -n 80 | tee "$OUT/holdout-$name.txt"
+  save
+}
+tune_then_check() {  # tune_step $1 $2 $3, then check_bundle once the run finished (page $4)
+  tune_step "$1" "$2" "$3"
+  local run
+  run=$(finished_run "$1" "==")
+  save
+  [ -n "$run" ] || { echo "$1 not finished: run this step again to resume it"; return 0; }
+  check_bundle "$1" "$run" "$4"
+}
 case "${1:?step}" in
   smoke)
     timeout 300 python -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_kernels.py \
@@ -70,21 +90,9 @@ case "${1:?step}" in
     save
     ;;
   holdout)
+    # The grid's bundle as tuned (RUN, else the newest finished decode grid), checked at 24 shapes.
     page=${2:?page}
-    spec=$(page_spec "$page")
-    # The same grid with the spans serving meets declared (batch 1-256, 1k-32k tokens), refinement off:
-    # held-out shapes are drawn inside them; the bundle is the grid's as tuned.
-    spans "$spec"
-    sed -i -E 's/^strategy = "halving"$/strategy = "halving"\nrefine_budget = 0/' "$spec"
-    run=${RUN:-$(tunectl runs --results "$RES" --json | python -c "
-import json, sys
-runs = [r for r in json.load(sys.stdin) if r['state'] == 'finished' and r['name'] == 'h200-flash-decode']
-print(sorted(runs, key=lambda r: r['created_at'])[-1]['run_id'])")}
-    tunectl export bundle --results "$RES" --run "$run" --name "h200-decode-p$page" --version 1 \
-      --out "$RES/bundles" 2>&1 | tail -n 3
-    timeout "${VALIDATE_TIMEOUT:-480}" tunectl validate "$RES/bundles/h200-decode-p$page/1" --spec "$spec" --holdout 24 --seed 0 ${VALIDATE_RESUME:+--resume "$VALIDATE_RESUME"} \
-      --results "$RES" 2>&1 | grep -v '^\(compile process\|flash_decode:\|\"num_q_heads\|supported on\)' | tail -n 80 | tee "$OUT/holdout-p$page.txt"
-    save
+    check_bundle "h200-decode-p$page" "${RUN:-$(finished_run h200-flash-decode "==")}" "$page"
     ;;
   refined)
     # The "after" of the held-out table: the same grid with the spans declared and refinement on
@@ -95,41 +103,17 @@ print(sorted(runs, key=lambda r: r['created_at'])[-1]['run_id'])")}
     spans "$spec"
     name="h200-decode-refined-p$page${REFINE_SHORTLIST:+-short$REFINE_SHORTLIST}"
     sed -i -E "s/^name = .*/name = \"$name\"/; s/^(range = \[1024, 32768\])$/\1\nstep = $page/; s/^strategy = \"halving\"$/strategy = \"halving\"\nrefine_budget = ${REFINE_BUDGET:-16}\nrefine_shortlist = ${REFINE_SHORTLIST:-0}/" "$spec"
-    tune_step "$name" "$spec" "${REFINE_TIMEOUT:-540}"
-    run=$(finished_run "$name" "==")
-    save
-    [ -n "$run" ] || { echo "refined grid not finished: run this step again to resume it"; exit 0; }
-    holdout=$(page_spec "$page")  # the holdout step's spec: the same shapes drawn
-    spans "$holdout"
-    tunectl export bundle --results "$RES" --run "$run" --name "$name" --version 1 \
-      --out "$RES/bundles" 2>&1 | tail -n 3
-    timeout "${VALIDATE_TIMEOUT:-480}" tunectl validate "$RES/bundles/$name/1" --spec "$holdout" --holdout 24 ${VALIDATE_RESUME:+--resume "$VALIDATE_RESUME"} \
-      --seed 0 --results "$RES" 2>&1 | grep -v '^\(compile process\|flash_decode:\|\"num_q_heads\|supported on\)' \
-      | tail -n 80 | tee "$OUT/holdout-$name.txt"
-    save
+    tune_then_check "$name" "$spec" "$(left "${REFINE_TIMEOUT:-540}")" "$page"
     ;;
   dense)
     # The "after" measured everywhere instead of refined: 16 batch values (1-256, each at most twice
     # the one below) x 6 lengths (1k-32k, ratio 2), no refinement; resumed by the next call when it
-    # outlasts one; then checked at the holdout step's 24 shapes (the same spec and seed, so the same
-    # shapes are drawn).
+    # outlasts one; then checked at the holdout step's 24 shapes.
     page=${2:?page}
     spec=$(page_spec "$page")
     spans "$spec"
     sed -i -E "s/^name = .*/name = \"h200-decode-dense-p$page\"/; s/^values = \[1, 4, 16, 64, 256\]/values = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256]/; s/^values = \[1024, 8192, 32768\]/values = [1024, 2048, 4096, 8192, 16384, 32768]/; s/^strategy = \"halving\"$/strategy = \"halving\"\nrefine_budget = 0/" "$spec"
-    tune_step "h200-decode-dense-p$page" "$spec" "$(left "${DENSE_TIMEOUT:-540}")"
-    run=$(finished_run "h200-decode-dense-p$page" "==")
-    save
-    [ -n "$run" ] || { echo "dense grid not finished: run this step again to resume it"; exit 0; }
-    holdout=$(page_spec "$page")
-    spans "$holdout"
-    sed -i -E 's/^strategy = "halving"$/strategy = "halving"\nrefine_budget = 0/' "$holdout"
-    tunectl export bundle --results "$RES" --run "$run" --name "h200-decode-dense-p$page" --version 1 \
-      --out "$RES/bundles" 2>&1 | tail -n 3
-    timeout "$(left "${VALIDATE_TIMEOUT:-480}")" tunectl validate "$RES/bundles/h200-decode-dense-p$page/1" --spec "$holdout" --holdout 24 ${VALIDATE_RESUME:+--resume "$VALIDATE_RESUME"} \
-      --seed 0 --results "$RES" 2>&1 | grep -v '^\(compile process\|flash_decode:\|\"num_q_heads\|supported on\)' \
-      | tail -n 80 | tee "$OUT/holdout-dense-p$page.txt"
-    save
+    tune_then_check "h200-decode-dense-p$page" "$spec" "$(left "${DENSE_TIMEOUT:-540}")" "$page"
     ;;
   odd)
     # Every config of the grid at one point whose length is not a whole number of pages (as held-out
