@@ -220,10 +220,12 @@ def test_a_near_tie_goes_to_the_config_that_holds_up_at_the_neighbouring_points(
               _at(_final('{"c":2}', 1.31, 0.02), 8), _at(_final('{"c":3}', 1.30, 0.02), 8)]  # fmt: skip
     times = (('{"c":1}', 100.0), ('{"c":2}', 65.0), ('{"c":3}', 50.0))
     beside = [_at(_row(c, t, default=c == '{"c":1}'), b) for b in (4, 16) for c, t in times]
-    winners = {w.shape: w.config for w in select_winners(finals + beside)}
-    assert dict(winners[(("batch", 8),)]) == {"c": 3}
+    winners = {w.shape: w for w in select_winners(finals + beside)}
+    assert dict(winners[(("batch", 8),)].config) == {"c": 3}
+    assert winners[(("batch", 8),)].reason.endswith("of 2 near-ties, chosen by neighbours")
     # Without neighbours, or where they cannot tell the near-ties apart, canonical order decides.
     assert dict(select_winners(finals)[0].config) == {"c": 2}
+    assert select_winners(finals)[0].reason.endswith("of 2 near-ties, chosen by canonical order")
     even = [{**r, "median_us": 50.0} if r["config_key"] != '{"c":1}' else r for r in beside]
     assert dict({w.shape: w.config for w in select_winners(finals + even)}[(("batch", 8),)]) == {"c": 2}
     # Neighbours only break near-ties: outside the tie tolerance the faster config at the point wins.

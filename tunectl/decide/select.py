@@ -75,6 +75,8 @@ class Winner:
     rounds: int | None = None
     served_by: Key | None = None  # a filled entry: the tuned point whose winner serves this shape
     served_why: str = ""  # why this shape has no result of its own
+    near_ties: int = 0  # finalists within the tie tolerance of the best, besides this one
+    tie_by: str = ""  # what chose among them: "neighbours" or "canonical order"
 
     @property
     def reason(self) -> str:
@@ -93,7 +95,8 @@ class Winner:
             how = f"in {self.rounds} interleaved rounds"
             if self.is_default:
                 return f"default: no finalist beat it beyond noise {how} (best {interval} lower bound <= 1)"
-            return f"{self.speedup:.3f}x over the default, 95% interval {interval}, {how}"
+            ties = f"; of {self.near_ties + 1} near-ties, chosen by {self.tie_by}" if self.near_ties else ""
+            return f"{self.speedup:.3f}x over the default, 95% interval {interval}, {how}{ties}"
         if self.is_default:
             return "default: no config beat it by more than the measured noise"
         return f"{self.speedup:.3f}x over the default (p20-p80 band {interval}), beyond both configs' noise"
@@ -274,9 +277,16 @@ def _from_finals(
         return default, default, {"speedup": 1.0, "speedup_lo": lo, "speedup_hi": hi, **basis}
     top = max(map(_speedup, beat))
     tied = [r for r in beat if _speedup(r) * (1.0 + tie) >= top]
-    best = min(tied, key=lambda r: (loss(r.config_key), value_order(r.config)))  # by value: 64 before 128
+    held_up = {r.config_key: loss(r.config_key) for r in tied}
+    best = min(tied, key=lambda r: (held_up[r.config_key], value_order(r.config)))  # by value: 64 before 128
+    by = (
+        "neighbours"
+        if sum(v == held_up[best.config_key] for v in held_up.values()) == 1
+        else "canonical order"
+    )
     return best, default, {"speedup": best.speedup, "speedup_lo": best.speedup_lo,
-                           "speedup_hi": best.speedup_hi, **basis}  # fmt: skip
+                           "speedup_hi": best.speedup_hi, "near_ties": len(tied) - 1, "tie_by": by,
+                           **basis}  # fmt: skip
 
 
 def _speedup(record: Record) -> float:
