@@ -11,12 +11,13 @@ One ``[shapes.<name>]`` table of a spec (``tunectl.core.spec``) reads into a ``S
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from tunectl.core.buckets import POLICIES, is_pow2
 from tunectl.core.errors import SpecError
+from tunectl.core.keys import Key
 
 #: bucket policies that map every value between two tuned points to one of them (what a range needs)
 RANGE_POLICIES = ("floor", "ceil", "nearest")
@@ -84,3 +85,26 @@ def _span(value: object, path: str, fld: str) -> tuple[int, int] | None:
     if value[0] >= value[1]:
         raise SpecError(path, fld, f"lo must be below hi, not [{value[0]}, {value[1]}]")
     return (value[0], value[1])
+
+
+def line_neighbours(shape: Key, shapes: Iterable[Key], dims: Iterable[str] | None = None) -> list[Key]:
+    """Of ``shapes``, the nearest below and the nearest above ``shape`` along each integer dimension
+    (of ``dims``; default every one), the other values equal: dimension by dimension, below first."""
+    here = dict(shape)
+    shapes = list(shapes)
+    out: list[Key] = []
+    for dim in here if dims is None else dims:
+        value = here.get(dim)
+        if type(value) is not int:
+            continue
+        line: list[tuple[int, Key]] = []
+        for other in shapes:
+            there = dict(other)
+            v = there.get(dim)
+            if type(v) is int and v != value and all(there.get(n) == x for n, x in here.items() if n != dim):
+                line.append((v, other))
+        below = [t for t in line if t[0] < value]
+        above = [t for t in line if t[0] > value]
+        out += [max(below, key=lambda t: t[0])[1]] if below else []
+        out += [min(above, key=lambda t: t[0])[1]] if above else []
+    return out

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from tunectl.core.keys import Key, make_key, value_order
 from tunectl.core.plan import Plan, WorkItem
 from tunectl.core.record import Phase, Record, latest
-from tunectl.core.shapes import ShapeDim
+from tunectl.core.shapes import ShapeDim, line_neighbours
 from tunectl.core.spec import DEFAULT_MARGIN
 from tunectl.decide.coverage import sizes
 from tunectl.decide.search import Point, Search
@@ -125,17 +125,8 @@ def fastest(point: Point, k: int, selectable: Callable[[Key, Key], bool]) -> lis
 
 def neighbours(shape: Key, points: Sequence[Point], dims: Sequence[ShapeDim]) -> list[Point]:
     """The points nearest ``shape`` below and above along each of ``dims``, the other values equal."""
-    here = sizes(shape)
-    out: list[Point] = []
-    for dim in dims:
-        v = here[dim.name]
-        line = [(sizes(p.shape)[dim.name], p) for p in points
-                if all(x == here.get(n) for n, x in sizes(p.shape).items() if n != dim.name)]  # fmt: skip
-        below = [t for t in line if t[0] < v]
-        above = [t for t in line if t[0] > v]
-        out += [max(below, key=lambda t: t[0])[1]] if below else []
-        out += [min(above, key=lambda t: t[0])[1]] if above else []
-    return out
+    at = {p.shape: p for p in points}
+    return [at[s] for s in line_neighbours(shape, at, [d.name for d in dims])]
 
 
 class Refined:

@@ -46,6 +46,7 @@ from typing import Any
 
 from tunectl.core.keys import Key, key_text, value_order
 from tunectl.core.record import SELECTED_PHASES, Phase, Point, Record, Status, latest
+from tunectl.core.shapes import line_neighbours
 from tunectl.core.spec import DEFAULT_MARGIN
 
 __all__ = ["SELECTED_PHASES", "Selectable", "Winner", "latest_comparisons", "one_timing", "select_winners"]
@@ -224,26 +225,11 @@ class _Lines:
             self.by_static.setdefault(at[:3], []).append(at)
 
     def neighbours(self, point: Point) -> list[Point]:
-        here = dict(self.shapes.get(point, ()))
-        out: list[Point] = []
-        for dim, value in here.items():
-            if type(value) is not int:
-                continue
-            line = []
-            for other in self.by_static.get(point[:3], []):
-                there = dict(self.shapes[other])
-                v = there.get(dim)
-                if (
-                    type(v) is int
-                    and v != value
-                    and all(there.get(n) == x for n, x in here.items() if n != dim)
-                ):
-                    line.append((v, other))
-            below = [t for t in line if t[0] < value]
-            above = [t for t in line if t[0] > value]
-            out += [max(below)[1]] if below else []
-            out += [min(above)[1]] if above else []
-        return out
+        here = self.shapes.get(point)
+        if here is None:
+            return []
+        at = {self.shapes[p]: p for p in self.by_static[point[:3]]}
+        return [at[s] for s in line_neighbours(here, at)]
 
     def loss(self, point: Point) -> Callable[[str], float]:
         """Per config: the geometric mean, over the neighbours that timed it, of its time there over
