@@ -284,3 +284,18 @@ def test_fastest_ranks_each_config_by_its_highest_fidelity_look() -> None:
 def test_a_refine_shortlist_must_be_a_whole_number() -> None:
     with pytest.raises(SpecError, match="refine_shortlist"):
         _spec("[search]\nrefine_shortlist = 1.5\n")
+
+
+def test_line_neighbours_are_the_nearest_on_each_side_with_the_other_values_equal() -> None:
+    from tunectl.core.shapes import line_neighbours
+
+    grid = [make_key({"batch": b, "kv_len": k, "mask": "causal"}) for b in (1, 4, 16) for k in (1024, 8192)]
+    grid.append(make_key({"batch": 8, "kv_len": 1024, "mask": "full"}))  # another mask: never a neighbour
+    here = make_key({"batch": 8, "kv_len": 1024, "mask": "causal"})
+    found = [(dict(s)["batch"], dict(s)["kv_len"]) for s in line_neighbours(here, grid)]
+    assert found == [(4, 1024), (16, 1024)]  # no batch-8 causal point at another length
+    assert [(dict(s)["batch"], dict(s)["kv_len"]) for s in line_neighbours(here, grid, ["batch"])] == [
+        (4, 1024), (16, 1024)]  # fmt: skip
+    at_edge = make_key({"batch": 16, "kv_len": 8192, "mask": "causal"})
+    assert [(dict(s)["batch"], dict(s)["kv_len"]) for s in line_neighbours(at_edge, grid)] == [
+        (4, 8192), (16, 1024)]  # fmt: skip
