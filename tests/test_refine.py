@@ -266,17 +266,17 @@ def test_fastest_ranks_each_config_by_its_highest_fidelity_look() -> None:
     a, b, c = (make_key({"per_batch_ms": x}) for x in (0.1, 0.2, 0.3))
     point = Point(make_key({}), make_key({"batch": 8}), (a, b, c))
 
-    def rec(iid: str, config: Key, us: float, phase: Phase, rung: int | None = None, ok: bool = True) -> None:
+    def rec(iid: str, config: Key, us: float, phase: Phase, at: float, ok: bool = True) -> None:
         point.records[iid] = Record(run_id="r", item_id=iid, task="cost_model", static_key="{}",
                                     shape_key=key_text(point.shape), config_key=key_text(config),
                                     is_default=config == a, status="ok" if ok else "error",
-                                    median_us=us, phase=phase, rung=rung)  # fmt: skip
+                                    median_us=us, phase=phase, finished_at=at)  # fmt: skip
 
-    rec("a0", a, 50.0, Phase.SCREEN, rung=0)  # a's quick look read fast; its full measurement did not
-    rec("a1", a, 300.0, Phase.MEASURE)
-    rec("b0", b, 200.0, Phase.SCREEN, rung=0)
-    rec("b1", b, 100.0, Phase.SCREEN, rung=1)
-    rec("c0", c, 10.0, Phase.SCREEN, rung=0, ok=False)  # a failed look never ranks
+    rec("a1", a, 300.0, Phase.MEASURE, at=1.0)  # a's full measurement, then a quick look that read fast
+    rec("a0", a, 50.0, Phase.SCREEN, at=2.0)
+    rec("b1", b, 100.0, Phase.SCREEN, at=4.0)  # b's later look counts over its first
+    rec("b0", b, 200.0, Phase.SCREEN, at=3.0)
+    rec("c0", c, 10.0, Phase.SCREEN, at=5.0, ok=False)  # a failed look never ranks
     assert fastest(point, 2, lambda s, cfg: True) == [b, a]
     assert fastest(point, 1, lambda s, cfg: cfg != b) == [a]
 

@@ -12,10 +12,10 @@ and the next level is planned once they finish, until neighbours agree, no midpo
 
 With ``[search] refine_shortlist = k`` a refined point measures only the default and, of each tuned
 point next to it (the nearest below and above along each refined dimension, the others fixed), the
-``k`` configs with the lowest single-timing median there (each config's highest-fidelity look).
+``k`` configs with the lowest single-timing median there (the record selection counts, ``fidelity``).
 Between tuned points the best config is nearly always among its neighbours' few fastest (on the
-H200's decode grids, each of 24 held-out shapes had a config within 3 % of the best of all among the
-3 fastest at the points around it: ``benchmarks/results/holdout_h200.md``), so a refined point
+H200's decode grids, 24 of 24 held-out shapes at page 128 and 23 of 24 at page 16 had a config within
+3 % of the best among the 3 fastest at the points around it: ``benchmarks/results/holdout_h200.md``), so a refined point
 costs a few configs' measurements instead of every config's, and a budget buys several times the
 points.
 
@@ -39,7 +39,7 @@ from tunectl.core.shapes import ShapeDim, line_neighbours
 from tunectl.core.spec import DEFAULT_MARGIN
 from tunectl.decide.coverage import sizes
 from tunectl.decide.search import Point, Search
-from tunectl.decide.select import Winner, select_winners
+from tunectl.decide.select import Winner, fidelity, select_winners
 
 CheckPoint = Callable[[Key, Key], "str | None"]  # (static, shape) -> why the task cannot run it, or None
 
@@ -112,14 +112,13 @@ def point_winner(point: Point, selectable: Callable[[Key, Key], bool], margin: f
 
 
 def fastest(point: Point, k: int, selectable: Callable[[Key, Key], bool]) -> list[Key]:
-    """The ``k`` selectable configs with the lowest median at ``point``, each config ranked by its
-    highest-fidelity single timing (a full measurement over a screening look, a later rung over an
-    earlier one); ties in a fixed order."""
+    """The ``k`` selectable configs with the lowest median at ``point``, each config by the record
+    selection counts (``tunectl.decide.select.fidelity``: a full measurement over a screening look,
+    then the later one); ties in a fixed order."""
     timed = [r for r in point.records.values()
              if r.ok and r.median_us and r.phase in (Phase.MEASURE, Phase.SCREEN)
              and selectable(point.static, r.config)]  # fmt: skip
-    rank = lambda r: (r.phase is Phase.MEASURE, r.rung or 0, r.num_samples or 0)  # noqa: E731
-    best = latest(timed, lambda r: r.config, rank)
+    best = latest(timed, lambda r: r.config, fidelity)
     return sorted(best, key=lambda c: (best[c].median_us, value_order(c)))[:k]
 
 

@@ -49,7 +49,15 @@ from tunectl.core.record import SELECTED_PHASES, Phase, Point, Record, Status, l
 from tunectl.core.shapes import line_neighbours
 from tunectl.core.spec import DEFAULT_MARGIN
 
-__all__ = ["SELECTED_PHASES", "Selectable", "Winner", "latest_comparisons", "one_timing", "select_winners"]
+__all__ = [
+    "SELECTED_PHASES",
+    "Selectable",
+    "Winner",
+    "fidelity",
+    "latest_comparisons",
+    "one_timing",
+    "select_winners",
+]
 
 
 @dataclass(frozen=True)
@@ -111,7 +119,7 @@ def every_config(task: str, static: Key, config: Key) -> bool:
     return True
 
 
-def _fidelity(record: Record) -> tuple[int, tuple[float, str, str]]:
+def fidelity(record: Record) -> tuple[int, tuple[float, str, str]]:
     """A full measurement counts over a screening look; then the later one (then a fixed order)."""
     return (0 if record.phase is Phase.SCREEN else 1, _order(record))
 
@@ -133,7 +141,7 @@ def select_winners(
     for record in records:
         if record.phase is not Phase.FINAL and record.phase in SELECTED_PHASES:
             singles.setdefault(record.point, []).append(record)
-    groups = {at: list(latest(rows, key=lambda r: r.config_key, rank=_fidelity).values())
+    groups = {at: list(latest(rows, key=lambda r: r.config_key, rank=fidelity).values())
               for at, rows in singles.items()}  # fmt: skip
     lines = _Lines(groups, {at: rows[0].shape for at, rows in [*groups.items(), *finals.items()] if rows})
     winners = []
@@ -248,7 +256,7 @@ def _from_finals(
     eligible: Callable[[Record], bool],
     margin: float,
     tie: float,
-    loss: Callable[[str], float] = lambda _config: math.inf,
+    loss: Callable[[str], float],
 ) -> Choice | None:
     """The finals' verdict, or None where they cannot give one (the default failed in them)."""
     default = next((r for r in group if r.is_default), None)
