@@ -15,9 +15,9 @@ point next to it (the nearest below and above along each refined dimension, the 
 ``k`` configs with the lowest single-timing median there (the record selection counts, ``fidelity``).
 Between tuned points the best config is nearly always among its neighbours' few fastest (on the
 H200's decode grids, 24 of 24 held-out shapes at page 128 and 23 of 24 at page 16 had a config within
-3 % of the best among the 3 fastest at the points around it: ``benchmarks/results/holdout_h200.md``), so a refined point
-costs a few configs' measurements instead of every config's, and a budget buys several times the
-points.
+3 % of the best among the 3 fastest at the points around it: ``benchmarks/results/holdout_h200.md``),
+so a refined point costs a few configs' measurements instead of every config's, and a budget buys
+several times the points.
 
 It is a layer over ``tunectl.decide.search.Search``, not a strategy of its own: a strategy decides how one
 point's configs are measured, refinement decides which points exist, so it composes with grid and
