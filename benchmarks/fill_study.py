@@ -3,7 +3,9 @@
 Each tuned point of a run is left out in turn and chosen for from the other points, as export fills
 a cell nobody measured, by:
 
-- ``nearest``: the winner of the nearest tuned point (log2 distance; what export does);
+- ``nearest``: the winner of the nearest tuned point (log2 distance; what export did until 2026-12-02);
+- ``lines``: export's rule (``coverage.source_for``): a segment whose two ends agree, else the nearest
+  point on a line through the cell, else the nearest of all;
 - ``interp``: the winners of the points that bracket it along each dimension (the others fixed) are
   candidates; each one's time there is estimated from its own times at those points (linear in log
   time against log size between a dimension's two sides; one side's time where only one has it),
@@ -42,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tunectl.core.keys import Key
 from tunectl.core.record import Phase, Record, latest
-from tunectl.decide.coverage import nearest, sizes
+from tunectl.decide.coverage import nearest, sizes, source_for
 from tunectl.decide.select import Winner
 from tunectl.formats.export import facts_of, margin_of, select_from
 from tunectl.store.results import read_results
@@ -108,7 +110,16 @@ def by_nearest(cell: Key, tuned: Mapping[Key, Winner], times: Times, margin: flo
     return tuned[nearest(cell, list(tuned))].config
 
 
-METHODS = {"nearest": by_nearest, "interp": by_interpolation(True), "interp-flat": by_interpolation(False)}
+def by_lines(cell: Key, tuned: Mapping[Key, Winner], times: Times, margin: float) -> Key:
+    return tuned[source_for(cell, tuned)].config
+
+
+METHODS = {
+    "nearest": by_nearest,
+    "lines": by_lines,
+    "interp": by_interpolation(True),
+    "interp-flat": by_interpolation(False),
+}
 
 
 def run_data(results: Path, run: str) -> tuple[list[Winner], dict[Key, dict[Key, dict[Key, float]]], float]:

@@ -15,11 +15,11 @@ from typer.testing import CliRunner
 
 from tests.test_refine import SPEC, _spec, _winner, drive, work_of
 from tunectl.cli import app
-from tunectl.core.keys import make_key
+from tunectl.core.keys import Key, make_key
 from tunectl.core.plan import plan
 from tunectl.core.record import Record
-from tunectl.decide.coverage import cover, nearest
-from tunectl.decide.select import select_winners
+from tunectl.decide.coverage import cover, nearest, source_for
+from tunectl.decide.select import Winner, select_winners
 from tunectl.runtime import load_bundle
 from tunectl.store.results import ResultsWriter
 from tunectl.store.runs import RunInfo, save_run
@@ -66,11 +66,11 @@ def test_refined_points_are_entries_and_lookup_uses_them(tmp_path: Path) -> None
     assert bundle.lookup("cost_model", **static, batch=40, kv_len=1000) == DEFAULT
 
 
-def test_cells_refined_at_another_kv_length_are_served_by_the_nearest_tuned_point(tmp_path: Path) -> None:
+def test_cells_refined_at_another_kv_length_are_served_by_a_tuned_point(tmp_path: Path) -> None:
     write_run(tmp_path / "res", TWO_KV)
     code, output = export(tmp_path / "res", tmp_path / "b")
     assert code == 0, output
-    assert "served by the nearest tuned point" in output and "no entry" not in output
+    assert "served by a tuned point beside them" in output and "no entry" not in output
     bundle = load_bundle(tmp_path / "b" / "r" / "1")
     info = bundle.task_info("cost_model")["shape_params"]
     static = {"capacity": 1000000}
@@ -78,7 +78,7 @@ def test_cells_refined_at_another_kv_length_are_served_by_the_nearest_tuned_poin
         for kv in (1024, 2000, 4096):
             assert bundle.lookup("cost_model", **static, batch=batch, kv_len=kv) is not None, (batch, kv)
     filled = [e for e in bundle.entries("cost_model") if e["served_by"]]
-    assert filled and all("served by the nearest tuned point" in e["reason"] for e in filled)
+    assert filled and all("served by the tuned point" in e["reason"] for e in filled)
     assert len(list(bundle.entries("cost_model"))) == len(info["batch"]["points"]) * len(
         info["kv_len"]["points"]
     )
@@ -121,6 +121,34 @@ def test_nearest_is_by_log_distance_ties_in_value_order() -> None:
     ]
     assert nearest(make_key({"batch": 24, "kv": 1024}), shapes) == shapes[0]
     assert nearest(make_key({"batch": 32, "kv": 1024}), shapes[:2]) == shapes[0]
+
+
+def _tuned(*points: tuple[dict[str, float], int, int]) -> dict[Key, Winner]:
+    """Winners of ``config`` at (batch, kv) points, by shape."""
+    winners = [
+        dataclasses.replace(_winner(c, b, 1.5), shape=make_key({"batch": b, "kv": kv})) for c, b, kv in points
+    ]
+    return {w.shape: w for w in winners}
+
+
+def test_a_cell_between_two_points_that_agree_is_served_by_them_not_by_a_nearer_diagonal() -> None:
+    a, b, c = {"fixed_ms": 1.0}, {"per_batch_ms": 0.05}, {"per_kv_ms": 0.01}
+    cell = make_key({"batch": 16, "kv": 2816})
+    tuned = _tuned((a, 16, 1024), (a, 16, 8192), (b, 13, 2816), (c, 28, 2816))
+    # (13, 2816) is nearest, but 16 x 1024 and 16 x 8192 agree: the segment between them is settled.
+    assert nearest(cell, list(tuned)) == make_key({"batch": 13, "kv": 2816})
+    assert source_for(cell, tuned) == make_key({"batch": 16, "kv": 1024})
+    filled = {w.shape: w for w in cover(list(tuned.values()), policies={}, ranges={}).winners}
+    assert filled[cell].served_by == make_key({"batch": 16, "kv": 1024}) and filled[cell].config == make_key(
+        a
+    )
+    # Where no bracket agrees, a point on a line through the cell serves before a nearer diagonal one.
+    tuned = _tuned((a, 16, 1024), (c, 16, 8192), (b, 14, 3072))
+    assert nearest(cell, list(tuned)) == make_key({"batch": 14, "kv": 3072})
+    assert source_for(cell, tuned) == make_key({"batch": 16, "kv": 1024})
+    # With nothing on a line through it, the nearest of all.
+    tuned = _tuned((a, 8, 1024), (b, 14, 3072))
+    assert source_for(cell, tuned) == make_key({"batch": 14, "kv": 3072})
 
 
 def test_the_margin_keeps_the_default_unless_the_whole_interval_clears_it() -> None:

@@ -61,7 +61,7 @@ def export_bundle_cmd(
         bool,
         typer.Option(
             help="Serve each bucket cell that has no result of its own (not run, or refined elsewhere) "
-            "from the nearest tuned point; --no-fill leaves it answering None."
+            "from a tuned point beside it; --no-fill leaves it answering None."
         ),
     ] = True,
     strict: Annotated[
@@ -94,7 +94,7 @@ def export_bundle_cmd(
     typer.echo(
         f"published {name}/{version} at {res.location}: {len(res.winners)} entries "
         f"from {len(res.source_runs)} run(s)"
-        + (f", {filled} served by the nearest tuned point" if filled else "")
+        + (f", {filled} served by a tuned point beside them" if filled else "")
     )
     for hole in res.holes:
         typer.echo(hole.line())

@@ -5,9 +5,11 @@ then asks for the entry at (static key, bucket, bucket, ...). Two things can lea
 one: a cell of that grid where a static key has no result of its own (refinement added batch 24 at
 one kv length only; the task could not run the point, such as a KV cache over the memory it allows;
 every config failed there), and the ends of a declared range that the policy cannot reach (``ceil``
-above the largest tuned value). ``cover`` fills each such cell with the entry of the nearest
-tuned point of the same static key (by distance in log2 of each dimension), recorded as such in the
-entry (``served_by``, and its reason), or, when filling is off, lists it; range ends it lists always.
+above the largest tuned value). ``cover`` fills each such cell with the entry of a tuned point of
+the same static key beside it (``source_for``: the nearer end of a segment through the cell whose two
+ends agree, else the nearest point on a line through it, else the nearest of all, by distance in log2
+of each dimension), recorded as such in the entry (``served_by``, and its reason), or, when filling
+is off, lists it; range ends it lists always.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 
 from tunectl.core.buckets import make_bucketer
 from tunectl.core.keys import Key, key_text, make_key, value_order
+from tunectl.core.shapes import line_neighbours
 from tunectl.decide.select import Winner
 
 
@@ -55,7 +58,7 @@ def cover(
     unmeasured: Mapping[tuple[str, Key, Key], str] = {},
     fill: bool = True,
 ) -> Coverage:
-    """``winners`` with every grid cell of each (task, static key) filled from its nearest tuned point
+    """``winners`` with every grid cell of each (task, static key) filled from a tuned point beside it
     (``fill``), and the regions that still answer None.
 
     ``policies`` / ``ranges``: per task, each dimension's bucket policy / declared (lo, hi).
@@ -79,7 +82,7 @@ def cover(
                 if not fill:
                     holes.append(Hole(task, static, key_text(cell), why))
                     continue
-                source = tuned[nearest(cell, list(tuned))]
+                source = tuned[source_for(cell, tuned)]
                 out.append(dataclasses.replace(source, shape=cell, served_by=source.shape, served_why=why))
     return Coverage(tuple(out), tuple(holes))
 
@@ -90,6 +93,34 @@ def sizes(shape: Key) -> dict[str, int]:
     for name, value in shape:
         assert isinstance(value, int), f"{name}={value!r} is not a size"
         out[name] = value
+    return out
+
+
+def source_for(cell: Key, tuned: Mapping[Key, Winner]) -> Key:
+    """The tuned point whose winner serves ``cell``: where the tuned points on each side of it along a
+    dimension (the other values equal) chose the same config, the segment between them is settled
+    (refinement stops splitting where neighbours agree), so the nearer of those two serves it; else
+    the nearest tuned point on a line through the cell; else the nearest of all."""
+    around = line_neighbours(cell, tuned)
+    settled = [
+        s
+        for below, above in _brackets(cell, around)
+        if tuned[below].config == tuned[above].config
+        for s in (below, above)
+    ]
+    return nearest(cell, settled or around or list(tuned))
+
+
+def _brackets(cell: Key, around: Sequence[Key]) -> list[tuple[Key, Key]]:
+    """The (below, above) pairs of ``around`` that enclose ``cell`` along one dimension."""
+    here = sizes(cell)
+    out = []
+    for dim, value in here.items():
+        line = [s for s in around if sizes(s)[dim] != value]
+        below = [s for s in line if sizes(s)[dim] < value]
+        above = [s for s in line if sizes(s)[dim] > value]
+        if below and above:
+            out.append((below[0], above[0]))
     return out
 
 

@@ -93,7 +93,7 @@ class Winner:
         if self.served_by is None:
             return self._reason
         source = key_text(self.served_by)
-        return f"served by the nearest tuned point {source} ({self.served_why} here); there: {self._reason}"
+        return f"served by the tuned point {source} ({self.served_why} here); there: {self._reason}"
 
     @property
     def _reason(self) -> str:

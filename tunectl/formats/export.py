@@ -163,7 +163,7 @@ ALL_RESULTS = Scope()
 @dataclass(frozen=True)
 class Choices:
     """How winners become entries: the margin (None: the runs' own), filling cells that have no
-    result of their own from the nearest tuned point, and refusing a bundle that leaves holes."""
+    result of their own from a tuned point beside them, and refusing a bundle that leaves holes."""
 
     margin: float | None = None
     fill: bool = True
@@ -213,7 +213,7 @@ def prepare_bundle(
     choices: Choices = DEFAULT_CHOICES,
 ) -> PreparedBundle:
     """The files of bundle ``name/version``: the winners selected from ``results``, every grid cell
-    without a result of its own filled from its nearest tuned point (``choices.fill``)."""
+    without a result of its own filled from a tuned point beside it (``choices.fill``)."""
     check_name("name", name)
     check_name("version", version)
     records = _exported(results, scope)
