@@ -14,13 +14,14 @@ import socket
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from tunectl.core.keys import key_text
 from tunectl.core.plan import WorkItem, member_id
 from tunectl.core.record import Record
 from tunectl.core.spec import MeasureSpec
 from tunectl.tasks.base import InvalidConfig, TuningTask
+from tunectl.tasks.compile import release
 from tunectl.tasks.drift import MAX_WAIT_S, DriftGuard, Probe, probe_sampler
 from tunectl.tasks.env import env_json, environment
 from tunectl.tasks.harness import Sampler, interleave, measure, scaled
@@ -39,6 +40,12 @@ _CRASHED_ARM = {
     "message": "the worker process died while this config was checked at this point; "
     "the comparison went on without it",
 }
+
+
+T = TypeVar("T")
+
+#: how long a point's set-up waits for device memory held by other processes before its items fail
+MEMORY_WAIT_S = 60.0
 
 
 class CudaContextPoisoned(RuntimeError):
@@ -205,11 +212,37 @@ class ItemRunner:
         started = time.perf_counter()
         self._point, self._inputs, self._reference = None, None, None  # free the old point first
         static, shape = dict(item.static), dict(item.shape)
-        inputs = task.build_inputs(static, shape, self.device)
-        self._reference = task.reference(static, shape, inputs)
-        self._synchronize()
+
+        def build() -> tuple[Any, Any]:
+            inputs = task.build_inputs(static, shape, self.device)
+            reference = task.reference(static, shape, inputs)
+            self._synchronize()
+            return inputs, reference
+
+        inputs, self._reference = self._when_memory_frees(build)
         self._inputs, self._point = inputs, point
         return time.perf_counter() - started
+
+    def _when_memory_frees(self, build: Callable[[], T]) -> T:
+        """``build()``; while it runs out of device memory that other processes hold (compile processes
+        building beside this worker give theirs back after each build), wait and try again, for up to
+        ``MEMORY_WAIT_S``; past that, raise as it does."""
+        waited, pause = 0.0, 0.25
+        while True:
+            try:
+                return build()
+            except Exception as exc:
+                if type(exc).__name__ != "OutOfMemoryError" or waited >= MEMORY_WAIT_S:
+                    raise
+                log.warning(
+                    "out of device memory on %s, waiting %.2f s: %s",
+                    self.device,
+                    pause,
+                    (str(exc).splitlines() or [""])[0],
+                )
+            release(self.device)  # outside the handler: the failed attempt's tensors are gone by now
+            time.sleep(pause)
+            waited, pause = waited + pause, min(2 * pause, 4.0)
 
     def _check(
         self, task: TuningTask, static: dict[str, Any], fn: Callable[[], Any], prepare_s: float

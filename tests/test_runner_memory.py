@@ -1,0 +1,71 @@
+"""A point's set-up that runs out of device memory held by other processes (compile processes building
+beside the worker) waits for it and tries again, for a bounded time, instead of failing every item
+of the point. The allocation failure is faked (this machine has no GPU); the waiting is the runner's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tunectl.core.keys import make_key
+from tunectl.core.plan import WorkItem
+from tunectl.core.record import Status
+from tunectl.core.spec import MeasureSpec
+from tunectl.tasks import runner as runner_module
+from tunectl.tasks.registry import get_task
+from tunectl.tasks.runner import ItemRunner
+
+SETTINGS = MeasureSpec(warmup=1, min_samples=3, max_samples=5, max_seconds=0.2)
+
+
+class OutOfMemoryError(RuntimeError):
+    """Named as torch's: the runner tells a device allocation failure by its type's name."""
+
+
+class ShortOfMemory:
+    """The fault-injection task, whose inputs fail to allocate the first ``failures`` times."""
+
+    def __init__(self, failures: int, error: type[Exception] = OutOfMemoryError) -> None:
+        self.inner, self.failures, self.error, self.calls = get_task("fault_injection"), failures, error, 0
+
+    def build_inputs(self, static: Any, shape: Any, device: str) -> Any:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise self.error("CUDA out of memory. Tried to allocate 2.00 GiB. Process 10511 has 42.76 GiB")
+        return self.inner.build_inputs(static, shape, device)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def _run(task: ShortOfMemory, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, list[float]]:
+    pauses: list[float] = []
+    monkeypatch.setattr(runner_module.time, "sleep", pauses.append)
+    runner = ItemRunner("cpu")
+    runner._tasks["fault_injection"] = task  # type: ignore[assignment]
+    item = WorkItem(
+        "a", "fault_injection", make_key({}), make_key({"n": 64}), make_key({"fault": "none"}), True
+    )
+    return runner.run("r", item, SETTINGS), pauses
+
+
+def test_a_point_waits_for_device_memory_others_hold_then_measures(monkeypatch: pytest.MonkeyPatch) -> None:
+    task = ShortOfMemory(failures=3)
+    record, pauses = _run(task, monkeypatch)
+    assert record.status is Status.OK and record.median_us
+    assert task.calls == 4 and pauses == [0.25, 0.5, 1.0]
+
+
+def test_memory_that_never_frees_fails_the_item_after_the_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runner_module, "MEMORY_WAIT_S", 5.0)
+    task = ShortOfMemory(failures=1000)
+    record, pauses = _run(task, monkeypatch)
+    assert record.status is Status.ERROR and "OutOfMemoryError" in record.message
+    assert pauses == [0.25, 0.5, 1.0, 2.0, 4.0] and task.calls == len(pauses) + 1
+
+
+def test_other_failures_are_not_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    task = ShortOfMemory(failures=1, error=RuntimeError)
+    record, pauses = _run(task, monkeypatch)
+    assert record.status is Status.ERROR and pauses == [] and task.calls == 1
