@@ -26,7 +26,8 @@ did not run at the point counts as failed.
 ``--fill hedge`` (``DIR/hedge-RUN/1``) every cell, measured or not, serves the config whose worst
 loss over the tuned corners of the region the cell serves (with ``ceil``: the cell's values and the
 grid values below them) is least, where that beats the cell's own choice by more than the margin.
-``--fill enclosing``: each filled cell from the nearest tuned point at or above it in every dimension.
+``--fill enclosing``: each filled cell from the nearest tuned point at or above it in every dimension;
+``--fill nearest``: from the nearest tuned point of all (export's rule until 2026-12-02).
 """
 
 from __future__ import annotations
@@ -181,6 +182,8 @@ def refilled_bundle(results: Path, run: str, out: Path, fill: str) -> None:
                 config = hedge(w.shape, cells, times.get(w.static, {}), margin, w.config, configs)
             elif w.served_by is not None and fill == "enclosing":
                 config = tuned[enclosing(w.shape, list(tuned))].config
+            elif w.served_by is not None and fill == "nearest":
+                config = tuned[nearest(w.shape, list(tuned))].config
             elif w.served_by is not None:
                 config = METHODS["interp"](w.shape, tuned, times.get(w.static, {}), margin)
             else:
@@ -238,7 +241,10 @@ def main() -> int:
     parser.add_argument("--run", action="append", required=True, help="a tuning run (repeat)")
     parser.add_argument("--bundle-out", type=Path, help="export refilled bundles here instead")
     parser.add_argument(
-        "--fill", choices=("interp", "hedge", "enclosing"), default="interp", help="with --bundle-out"
+        "--fill",
+        choices=("interp", "hedge", "enclosing", "nearest"),
+        default="interp",
+        help="with --bundle-out",
     )
     args = parser.parse_args()
     if args.bundle_out:
