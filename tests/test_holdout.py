@@ -161,3 +161,30 @@ def test_a_stopped_holdout_run_is_finished_by_resume_with_one_row_per_arm(
     again = holdout(seed=1, resume=run_id)  # finished: its verdict is read, nothing measured
     assert raw_row_count(results, run_id) == planned
     assert again.holdout.ratios == done.holdout.ratios and done.holdout.ratios
+
+
+def test_the_table_says_a_shared_static_key_and_shape_parameter_once() -> None:
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from tunectl.cli.validate import print_holdout
+
+    def shown(*statics: dict[str, object]) -> list[str]:
+        pick, oracle = make_key({"c": "a"}), make_key({"c": "b"})
+        shapes = tuple(
+            HeldOut(make_key(statics[i % len(statics)]), make_key({"batch": b, "q_len": 1}), pick, oracle, r)
+            for i, (b, r) in enumerate(((3, 1.01), (9, 1.2), (21, 1.0)))
+        )
+        console = Console(record=True, width=120)
+        run = SimpleNamespace(holdout=Holdout(shapes), run_id="r1", spec="s.toml", skipped=[])
+        print_holdout(console, run, Path("res"))
+        return console.export_text().splitlines()
+
+    lines = shown({"page_size": 128, "dtype": "bfloat16"})
+    rows = [line for line in lines if "batch=" in line]
+    assert len(rows) == 3 and not any("page_size" in r or "q_len" in r for r in rows)
+    assert sum("dtype=bfloat16 page_size=128" in line for line in lines) == 1
+    assert any("every shape: q_len=1" in line for line in lines)
+    two = shown({"page_size": 128}, {"page_size": 16})
+    assert sum("page_size=" in line for line in two) == 3  # a static column, one per row

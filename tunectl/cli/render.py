@@ -91,20 +91,27 @@ def validation_table(validation: Any, title: str) -> Table:
 
 
 def holdout_table(holdout: Any, title: str) -> Table:
-    """Per held-out shape: the bundle's pick, the fastest config there, and pick / oracle."""
+    """Per held-out shape: the bundle's pick, the fastest config there, and pick / oracle. A static key
+    or shape parameter that is the same on every row is said once, under the table."""
+    shapes = holdout.shapes
+    one_static = len({h.static for h in shapes}) == 1
+    same_shape = _constant(h.shape for h in shapes)
     table = Table(title=title, title_justify="left")
-    for col in ("shape", "static", "pick", "oracle"):
+    for col in ("shape", *([] if one_static else ["static"]), "pick", "oracle"):
         table.add_column(col, overflow="fold", min_width=8)
     table.add_column("pick / oracle", justify="right", no_wrap=True)
-    for h in holdout.shapes:
+    for h in shapes:
         ratio = "-" if h.ratio is None else f"{h.ratio:.3f}"
         if h.loses(holdout.margin):
             ratio = f"[red]{ratio}[/]"
         oracle = "-" if h.oracle is None else ("(pick)" if h.oracle == h.pick else compact(h.oracle))
+        static = [] if one_static else [compact(h.static)]
         table.add_row(
-            compact(h.shape), compact(h.static), compact(h.pick), oracle, ratio if h.ratio else h.status
+            compact(h.shape, same_shape), *static, compact(h.pick), oracle, ratio if h.ratio else h.status
         )
-    table.caption = (
-        "pick / oracle: the pick's time over the fastest config's (1.000: the pick was the fastest)"
-    )
+    notes = [compact(shapes[0].static)] if one_static and shapes else []
+    if same_shape:
+        notes.append("every shape: " + " ".join(f"{k}={v}" for k, v in same_shape.items()))
+    notes.append("pick / oracle: the pick's time over the fastest config's (1.000: the pick was the fastest)")
+    table.caption = "\n".join(notes)
     return table
