@@ -45,27 +45,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tunectl.core.keys import Key
 from tunectl.core.record import Phase, Record, latest
+from tunectl.core.shapes import line_brackets
 from tunectl.decide.coverage import nearest, sizes, source_for
 from tunectl.decide.select import Winner
 from tunectl.formats.export import facts_of, margin_of, select_from
 from tunectl.store.results import read_results
 
 Times = Mapping[Key, Mapping[Key, float]]  # shape -> config -> median µs
-
-
-def brackets(cell: Key, shapes: Sequence[Key]) -> list[tuple[Key | None, Key | None]]:
-    """Per dimension, the shapes on the line through ``cell`` just below and just above it."""
-    here = sizes(cell)
-    pairs = []
-    for dim in here:
-        line = [s for s in shapes if all(v == here[d] for d, v in sizes(s).items() if d != dim)]
-        below = [s for s in line if sizes(s)[dim] < here[dim]]
-        above = [s for s in line if sizes(s)[dim] > here[dim]]
-        lo = max(below, key=lambda s: sizes(s)[dim]) if below else None
-        hi = min(above, key=lambda s: sizes(s)[dim]) if above else None
-        if lo is not None or hi is not None:
-            pairs.append((lo, hi))
-    return pairs
 
 
 def estimate(cell: Key, config: Key, pairs: Sequence[tuple[Key | None, Key | None]], times: Times,
@@ -96,7 +82,7 @@ def estimate(cell: Key, config: Key, pairs: Sequence[tuple[Key | None, Key | Non
 def by_interpolation(weighted: bool) -> Callable[[Key, Mapping[Key, Winner], Times, float], Key]:
     def choose(cell: Key, tuned: Mapping[Key, Winner], times: Times, margin: float) -> Key:
         mine = tuned[nearest(cell, list(tuned))].config
-        pairs = brackets(cell, list(tuned))
+        pairs = line_brackets(cell, tuned)
         candidates = {tuned[s].config for pair in pairs for s in pair if s is not None} | {mine}
         guesses = {c: estimate(cell, c, pairs, times, weighted) for c in candidates}
         if guesses.get(mine) is None:

@@ -87,12 +87,15 @@ def _span(value: object, path: str, fld: str) -> tuple[int, int] | None:
     return (value[0], value[1])
 
 
-def line_neighbours(shape: Key, shapes: Iterable[Key], dims: Iterable[str] | None = None) -> list[Key]:
+def line_brackets(
+    shape: Key, shapes: Iterable[Key], dims: Iterable[str] | None = None
+) -> list[tuple[Key | None, Key | None]]:
     """Of ``shapes``, the nearest below and the nearest above ``shape`` along each integer dimension
-    (of ``dims``; default every one), the other values equal: dimension by dimension, below first."""
+    (of ``dims``; default every one), the other values equal: a (below, above) pair per dimension
+    that has either, None for a missing side."""
     here = dict(shape)
     shapes = list(shapes)
-    out: list[Key] = []
+    out: list[tuple[Key | None, Key | None]] = []
     for dim in here if dims is None else dims:
         value = here.get(dim)
         if type(value) is not int:
@@ -103,8 +106,13 @@ def line_neighbours(shape: Key, shapes: Iterable[Key], dims: Iterable[str] | Non
             v = there.get(dim)
             if type(v) is int and v != value and all(there.get(n) == x for n, x in here.items() if n != dim):
                 line.append((v, other))
-        below = [t for t in line if t[0] < value]
-        above = [t for t in line if t[0] > value]
-        out += [max(below, key=lambda t: t[0])[1]] if below else []
-        out += [min(above, key=lambda t: t[0])[1]] if above else []
+        below = max((t for t in line if t[0] < value), key=lambda t: t[0], default=None)
+        above = min((t for t in line if t[0] > value), key=lambda t: t[0], default=None)
+        if below or above:
+            out.append((below[1] if below else None, above[1] if above else None))
     return out
+
+
+def line_neighbours(shape: Key, shapes: Iterable[Key], dims: Iterable[str] | None = None) -> list[Key]:
+    """``line_brackets``' shapes in one list: dimension by dimension, below first."""
+    return [s for pair in line_brackets(shape, shapes, dims) for s in pair if s is not None]

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from tunectl.core.buckets import make_bucketer
 from tunectl.core.keys import Key, key_text, make_key, value_order
-from tunectl.core.shapes import line_neighbours
+from tunectl.core.shapes import line_brackets
 from tunectl.decide.select import Winner
 
 
@@ -101,27 +101,15 @@ def source_for(cell: Key, tuned: Mapping[Key, Winner]) -> Key:
     dimension (the other values equal) chose the same config, the segment between them is settled
     (refinement stops splitting where neighbours agree), so the nearer of those two serves it; else
     the nearest tuned point on a line through the cell; else the nearest of all."""
-    around = line_neighbours(cell, tuned)
+    pairs = line_brackets(cell, tuned)
     settled = [
         s
-        for below, above in _brackets(cell, around)
-        if tuned[below].config == tuned[above].config
-        for s in (below, above)
+        for lo, hi in pairs
+        if lo is not None and hi is not None and tuned[lo].config == tuned[hi].config
+        for s in (lo, hi)
     ]
+    around = [s for pair in pairs for s in pair if s is not None]
     return nearest(cell, settled or around or list(tuned))
-
-
-def _brackets(cell: Key, around: Sequence[Key]) -> list[tuple[Key, Key]]:
-    """The (below, above) pairs of ``around`` that enclose ``cell`` along one dimension."""
-    here = sizes(cell)
-    out = []
-    for dim, value in here.items():
-        line = [s for s in around if sizes(s)[dim] != value]
-        below = [s for s in line if sizes(s)[dim] < value]
-        above = [s for s in line if sizes(s)[dim] > value]
-        if below and above:
-            out.append((below[0], above[0]))
-    return out
 
 
 def nearest(cell: Key, shapes: Sequence[Key]) -> Key:

@@ -79,7 +79,7 @@ class Builder:
             message = failure_message(exc)
             # Out of device memory here (beside the measuring workers) says nothing of the kernel: its
             # worker compiles it itself, as without compile processes.
-            failed = own_point and type(exc).__name__ != "OutOfMemoryError"
+            failed = own_point and not build_api.out_of_memory(exc)
             return BuildResult(key, "compile_error" if failed else "ok", 0.0, message, host)
         finally:
             build_api.release(self.device)

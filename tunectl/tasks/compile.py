@@ -117,6 +117,12 @@ def build_device(index: int) -> str:
     return f"cuda:{index % count}" if count else "cpu"
 
 
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is a device allocation failure (torch's ``OutOfMemoryError``, told by name so
+    that nothing here imports torch)."""
+    return type(exc).__name__ == "OutOfMemoryError"
+
+
 def release(device: str) -> None:
     """Give the device memory a build cached back (the measuring workers share the device)."""
     if device.startswith("cuda"):

@@ -21,7 +21,7 @@ from tunectl.core.plan import WorkItem, member_id
 from tunectl.core.record import Record
 from tunectl.core.spec import MeasureSpec
 from tunectl.tasks.base import InvalidConfig, TuningTask
-from tunectl.tasks.compile import release
+from tunectl.tasks.compile import out_of_memory, release
 from tunectl.tasks.drift import MAX_WAIT_S, DriftGuard, Probe, probe_sampler
 from tunectl.tasks.env import env_json, environment
 from tunectl.tasks.harness import Sampler, interleave, measure, scaled
@@ -232,7 +232,7 @@ class ItemRunner:
             try:
                 return build()
             except Exception as exc:
-                if type(exc).__name__ != "OutOfMemoryError" or waited >= MEMORY_WAIT_S:
+                if not out_of_memory(exc) or waited >= MEMORY_WAIT_S:
                     raise
                 log.warning(
                     "out of device memory on %s, waiting %.2f s: %s",
