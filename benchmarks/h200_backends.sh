@@ -11,6 +11,8 @@
 #   bash benchmarks/h200_backends.sh refined 128 # the grid with refinement (again to resume), then holdout
 #     (REFINE_BUDGET points, 16; REFINE_SHORTLIST=k: refined points measure their neighbours' k fastest)
 #   bash benchmarks/h200_backends.sh dense 128   # a dense grid (16 batches x 6 lengths), then holdout
+#   bash benchmarks/h200_backends.sh memory      # device memory of compile processes' builds, alone
+#     (benchmarks/compile_memory.py) and in a page-16 run at large points, polled per process
 #   bash benchmarks/h200_backends.sh tables      # h200.md and lightllm.md from everything in $RES
 # VALIDATE_TIMEOUT bounds a holdout check; VALIDATE_RESUME=RUN_ID finishes one that a limit stopped.
 # DEADLINE (epoch seconds) bounds the refined and dense steps' tuning and every check together instead.
@@ -125,6 +127,32 @@ case "${1:?step}" in
     python -c "import json, sys
 for f in json.load(open(sys.argv[1])): print(f['status'], f['config_key'], (f.get('message') or '')[:160])" \
       "$OUT/odd-p$2.json" | grep -v '^invalid' | tee "$OUT/odd-p$2.txt"
+    save
+    ;;
+  memory)
+    # Builds one after another at growing points, as one compile process makes them; then a real run
+    # at the large page-16 points while every process's device memory is polled each second.
+    timeout 150 python benchmarks/compile_memory.py --page 16 --out "$OUT/compile-mem" \
+      --points 16x16384,32x16384,64x16384,96x16384,128x16384 --configs '[{"backend": "flex"}]' 2>&1 | grep '^{'
+    spec=$(page_spec 16)
+    sed -i -E 's/^name = .*/name = "h200-memory-p16"/; s/^values = \[1, 4, 16, 64, 256\]/values = [32, 64, 96, 128]/; s/^values = \[1024, 8192, 32768\]/values = [8192, 16384]/' "$spec"
+    ( while sleep 1; do nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits \
+        | while IFS=', ' read -r pid mib; do echo "$(date +%s) $mib $(ps -o args= -p "$pid" | cut -c1-40)"; done
+      done ) > "$OUT/memory-poll.txt" 2>/dev/null &
+    poller=$!
+    submit "$(left 300)" "$spec"
+    kill "$poller"
+    python - "$OUT/memory-poll.txt" <<'PY'
+import collections, sys
+most = collections.defaultdict(int)
+for line in open(sys.argv[1]):
+    _, mib, *name = line.split()
+    most[" ".join(name)] = max(most[" ".join(name)], int(mib))
+for name, mib in sorted(most.items(), key=lambda kv: -kv[1]):
+    print(f"{mib / 1024:7.1f} GiB  {name}")
+PY
+    tunectl failures --results "$RES" --json | python -c "import json, sys, collections
+print(collections.Counter((f['status'], (f.get('message') or '')[:60]) for f in json.load(sys.stdin)).most_common(8))"
     save
     ;;
   tables)
