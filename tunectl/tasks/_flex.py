@@ -226,11 +226,13 @@ def build_package(
 
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    flat = _tensors(args)
+    # Positions by identity, not the tensors: torch keeps the backend below (and what it refers to)
+    # for the life of the process, and the call's tensors are the point's inputs (gigabytes).
+    positions = {id(x): i for i, x in enumerate(_tensors(args))}
     order: list[int] = []
 
     def compile_graph(graph: Any, example_inputs: list[Any]) -> Any:
-        order[:] = [_position(flat, x) for x in example_inputs]
+        order[:] = [_position(positions, x) for x in example_inputs]
         artifact = torch._inductor.standalone_compile(
             graph, example_inputs, dynamic_shapes="from_example_inputs"
         )
@@ -291,10 +293,11 @@ def _tensors(args: tuple[Any, ...]) -> list[Any]:
     return [x for a in args for x in (_tensors(a) if isinstance(a, tuple) else [a])]
 
 
-def _position(flat: list[Any], tensor: Any) -> int:
-    for i, x in enumerate(flat):
-        if x is tensor:
-            return i
+def _position(positions: Mapping[int, int], tensor: Any) -> int:
+    """Where ``tensor`` is among the call's tensors (``positions``: index by ``id``, taken while the
+    call's arguments are alive)."""
+    if id(tensor) in positions:
+        return positions[id(tensor)]
     raise ValueError("the captured graph takes a tensor that is not among the call's arguments")
 
 
