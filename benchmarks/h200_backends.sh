@@ -11,6 +11,7 @@
 #   bash benchmarks/h200_backends.sh refined 128 # the grid with refinement (again to resume), then holdout
 #     (REFINE_BUDGET points, 16; REFINE_SHORTLIST=k: refined points measure their neighbours' k fastest)
 #   bash benchmarks/h200_backends.sh dense 128   # a dense grid (16 batches x 6 lengths), then holdout
+#     (REFINE_BUDGET=n: refined from the dense grid, n points at most)
 #   bash benchmarks/h200_backends.sh memory      # device memory of compile processes' builds, alone
 #     (benchmarks/compile_memory.py) and in a page-16 run at large points, polled per process
 #   bash benchmarks/h200_backends.sh tables      # h200.md and lightllm.md from everything in $RES
@@ -34,11 +35,29 @@ spans() {  # declare the spans serving meets in a decode spec copy: batch 1-256,
 }
 save() { (cd "$(dirname "$RES")" && tar czf "$OUT/h200-results.tar.gz" "$(basename "$RES")"); }
 submit() {  # tunectl submit within $1 seconds; its output to a file, not a pipe: a submit stopped at the
-  # limit can leave Ray processes holding a pipe open (a 60 s wait for a dead GCS), so they are stopped
-  local limit=$1; shift
+  # limit can leave Ray processes holding a pipe open (a 60 s wait for a dead GCS), so they are stopped.
+  # Every process's device memory is polled each second meanwhile (memory_peaks prints the peaks).
+  local limit=$1 poller; shift
+  ( while sleep 1; do nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits \
+      | while IFS=', ' read -r pid mib; do echo "$(date +%s) $mib $(ps -o args= -p "$pid" | cut -c1-40)"; done
+    done ) >> "$OUT/memory-poll.txt" 2>/dev/null &
+  poller=$!
   timeout "$limit" tunectl submit "$@" --results "$RES" --yes > /tmp/submit.log 2>&1
   [ $? -eq 124 ] && { echo "submit stopped at ${limit} s"; ray stop --force > /dev/null 2>&1; }
+  kill "$poller"
   grep -v '^[│┃┏┡└]' /tmp/submit.log | tail -n 12
+  memory_peaks
+}
+memory_peaks() {  # the most device memory each kind of process held in the polls so far
+  python - "$OUT/memory-poll.txt" <<'PY'
+import collections, sys
+most = collections.defaultdict(int)
+for line in open(sys.argv[1]):
+    _, mib, *name = line.split()
+    most[" ".join(name)] = max(most[" ".join(name)], int(mib))
+print("device memory, most held:", "; ".join(f"{name} {mib / 1024:.1f} GiB" for name, mib in
+      sorted(most.items(), key=lambda kv: -kv[1])[:5]))
+PY
 }
 left() {  # seconds a step may take: $1, or what is left before DEADLINE where one is set
   if [ -n "${DEADLINE:-}" ]; then echo $(( DEADLINE - $(date +%s) > 1 ? DEADLINE - $(date +%s) : 1 )); else echo "$1"; fi
@@ -109,13 +128,15 @@ case "${1:?step}" in
     ;;
   dense)
     # The "after" measured everywhere instead of refined: 16 batch values (1-256, each at most twice
-    # the one below) x 6 lengths (1k-32k, ratio 2), no refinement; resumed by the next call when it
-    # outlasts one; then checked at the holdout step's 24 shapes.
+    # the one below) x 6 lengths (1k-32k, ratio 2); with REFINE_BUDGET set, refined from there (named
+    # ...-dense-refined-...); resumed by the next call when it outlasts one; then checked at the
+    # holdout step's 24 shapes.
     page=${2:?page}
     spec=$(page_spec "$page")
     spans "$spec"
-    sed -i -E "s/^name = .*/name = \"h200-decode-dense-p$page\"/; s/^values = \[1, 4, 16, 64, 256\]/values = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256]/; s/^values = \[1024, 8192, 32768\]/values = [1024, 2048, 4096, 8192, 16384, 32768]/; s/^strategy = \"halving\"$/strategy = \"halving\"\nrefine_budget = 0/" "$spec"
-    tune_then_check "h200-decode-dense-p$page" "$spec" "$(left "${DENSE_TIMEOUT:-540}")" "$page"
+    name="h200-decode-dense${REFINE_BUDGET:+-refined}-p$page"
+    sed -i -E "s/^name = .*/name = \"$name\"/; s/^values = \[1, 4, 16, 64, 256\]/values = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256]/; s/^values = \[1024, 8192, 32768\]/values = [1024, 2048, 4096, 8192, 16384, 32768]/; s/^(range = \[1024, 32768\])$/\1\nstep = $page/; s/^strategy = \"halving\"$/strategy = \"halving\"\nrefine_budget = ${REFINE_BUDGET:-0}/" "$spec"
+    tune_then_check "$name" "$spec" "$(left "${DENSE_TIMEOUT:-540}")" "$page"
     ;;
   odd)
     # Every config of the grid at one point whose length is not a whole number of pages (as held-out
@@ -131,26 +152,12 @@ for f in json.load(open(sys.argv[1])): print(f['status'], f['config_key'], (f.ge
     ;;
   memory)
     # Builds one after another at growing points, as one compile process makes them; then a real run
-    # at the large page-16 points while every process's device memory is polled each second.
+    # at the large page-16 points (every process's device memory polled each second, as in each submit).
     timeout 150 python benchmarks/compile_memory.py --page 16 --out "$OUT/compile-mem" \
       --points 16x16384,32x16384,64x16384,96x16384,128x16384 --configs '[{"backend": "flex"}]' 2>&1 | grep '^{'
     spec=$(page_spec 16)
     sed -i -E 's/^name = .*/name = "h200-memory-p16"/; s/^values = \[1, 4, 16, 64, 256\]/values = [32, 64, 96, 128]/; s/^values = \[1024, 8192, 32768\]/values = [8192, 16384]/' "$spec"
-    ( while sleep 1; do nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits \
-        | while IFS=', ' read -r pid mib; do echo "$(date +%s) $mib $(ps -o args= -p "$pid" | cut -c1-40)"; done
-      done ) > "$OUT/memory-poll.txt" 2>/dev/null &
-    poller=$!
     submit "$(left 300)" "$spec"
-    kill "$poller"
-    python - "$OUT/memory-poll.txt" <<'PY'
-import collections, sys
-most = collections.defaultdict(int)
-for line in open(sys.argv[1]):
-    _, mib, *name = line.split()
-    most[" ".join(name)] = max(most[" ".join(name)], int(mib))
-for name, mib in sorted(most.items(), key=lambda kv: -kv[1]):
-    print(f"{mib / 1024:7.1f} GiB  {name}")
-PY
     tunectl failures --results "$RES" --json | python -c "import json, sys, collections
 print(collections.Counter((f['status'], (f.get('message') or '')[:60]) for f in json.load(sys.stdin)).most_common(8))"
     save
