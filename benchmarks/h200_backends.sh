@@ -42,7 +42,7 @@ submit() {  # tunectl submit within $1 seconds; its output to a file, not a pipe
       | while IFS=', ' read -r pid mib; do echo "$(date +%s) $mib $(ps -o args= -p "$pid" | cut -c1-40)"; done
     done ) >> "$OUT/memory-poll.txt" 2>/dev/null &
   poller=$!
-  timeout "$limit" tunectl submit "$@" --results "$RES" --yes > /tmp/submit.log 2>&1
+  timeout -k 15 "$limit" tunectl submit "$@" --results "$RES" --yes > /tmp/submit.log 2>&1
   [ $? -eq 124 ] && { echo "submit stopped at ${limit} s"; ray stop --force > /dev/null 2>&1; }
   kill "$poller"
   grep -v '^[│┃┏┡└]' /tmp/submit.log | tail -n 12
@@ -82,7 +82,7 @@ check_bundle() {  # run $2 exported as bundle $1, timed at 24 held-out shapes of
   spans "$holdout"  # held-out shapes are drawn inside the spans serving meets: batch 1-256, 1k-32k
   sed -i -E 's/^strategy = "halving"$/strategy = "halving"\nrefine_budget = 0/' "$holdout"
   tunectl export bundle --results "$RES" --run "$run" --name "$name" --version 1 --out "$RES/bundles" 2>&1 | tail -n 3
-  timeout "$(left "${VALIDATE_TIMEOUT:-480}")" tunectl validate "$RES/bundles/$name/1" --spec "$holdout" \
+  timeout -k 15 "$(left "${VALIDATE_TIMEOUT:-480}")" tunectl validate "$RES/bundles/$name/1" --spec "$holdout" \
     --holdout 24 --seed 0 ${VALIDATE_RESUME:+--resume "$VALIDATE_RESUME"} --results "$RES" 2>&1 \
     | grep -v '^\(compile process\|flash_decode:\|\"num_q_heads\|supported on\)' | tail -n 80 | tee "$OUT/holdout-$name.txt"
   save

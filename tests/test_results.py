@@ -118,14 +118,12 @@ def test_rows_from_before_phases_read_as_full_measurements(tmp_path: Path) -> No
     assert row.phase == "measure" and row.group_id == "" and row.run_id == "old"
 
 
-def test_a_crash_record_without_a_device_does_not_split_an_export(tmp_path: Path) -> None:
+def _tiny_run(root: Path, state: str) -> None:
+    """Run r1 of the tiny spec, recorded in ``state``, with one ok row and one crash row of one point."""
     from tests.conftest import TINY_SPEC
-    from tunectl.formats.export import prepare_bundle
     from tunectl.store.runs import RunInfo, save_run
 
-    save_run(
-        tmp_path, RunInfo("r1", "tiny", "decode_attention", "tiny.toml", TINY_SPEC, "finished", 2, 1.0, 1.0)
-    )
+    save_run(root, RunInfo("r1", "tiny", "decode_attention", "tiny.toml", TINY_SPEC, state, 2, 1.0, 1.0))
     at = {
         "run_id": "r1", "task": "decode_attention", "shape_key": '{"batch":1,"kv_len":64}',
         "static_key": '{"dtype":"float32","head_dim":16,"num_kv_heads":2,"num_q_heads":4,"page_size":8}',
@@ -138,12 +136,32 @@ def test_a_crash_record_without_a_device_does_not_split_an_export(tmp_path: Path
         **at, item_id="b", config_key='{"gather":"index","gqa":"grouped","num_splits":2}', is_default=False,
         status="crash",
     )  # fmt: skip
-    writer = ResultsWriter(tmp_path)
+    writer = ResultsWriter(root)
     writer.append(ok)
     writer.append(crash)
     writer.close()
+
+
+def test_a_crash_record_without_a_device_does_not_split_an_export(tmp_path: Path) -> None:
+    from tunectl.formats.export import prepare_bundle
+
+    _tiny_run(tmp_path, "finished")
     prepared = prepare_bundle(tmp_path, "b", "1")
     assert [w.device_name for w in prepared.winners] == ["H200"]
+    assert prepared.result("here").notes() == []
+
+
+@pytest.mark.parametrize("state", ["cancelled", "failed"])
+def test_an_export_from_a_run_that_did_not_finish_says_so_and_how_to_finish_it(
+    tmp_path: Path, state: str
+) -> None:
+    from tunectl.formats.export import prepare_bundle
+
+    _tiny_run(tmp_path, state)
+    prepared = prepare_bundle(tmp_path, "b", "1")
+    assert prepared.unfinished == (("r1", state),)
+    (note,) = prepared.result("here").notes()
+    assert f"run r1 is {state}, not finished" in note and "tunectl submit --resume r1" in note
 
 
 def test_every_field_reads_back_with_the_type_it_was_written_with(tmp_path: Path) -> None:

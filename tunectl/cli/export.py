@@ -96,8 +96,8 @@ def export_bundle_cmd(
         f"from {len(res.source_runs)} run(s)"
         + (f", {filled} served by a tuned point beside them" if filled else "")
     )
-    for hole in res.holes:
-        typer.echo(hole.line())
+    for line in res.notes():
+        typer.echo(line)
 
 
 def _export_validated(
@@ -128,8 +128,8 @@ def _export_validated(
         f"validated and published {name}/{version} at {res.location}: {len(res.winners)} entries "
         f"from {len(res.source_runs)} run(s)"
     )
-    for hole in res.holes:
-        typer.echo(hole.line())
+    for line in res.notes():
+        typer.echo(line)
 
 
 def _report(what: str, res: Any) -> None:

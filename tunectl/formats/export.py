@@ -23,7 +23,7 @@ from tunectl.decide.coverage import Hole, cover
 from tunectl.decide.select import Winner, select_winners
 from tunectl.store.bundle import TaskTable, build_files, check_name, publish
 from tunectl.store.results import read_results
-from tunectl.store.runs import load_run, run_exists, run_facts
+from tunectl.store.runs import effective_state, load_run, run_exists, run_facts
 from tunectl.store.stores import open_store
 
 log = logging.getLogger("tunectl.formats.export")
@@ -37,6 +37,15 @@ class ExportResult:
     winners: tuple[Winner, ...]
     source_runs: tuple[str, ...]
     holes: tuple[Hole, ...] = ()  # regions inside the declared ranges where lookup answers None
+    unfinished: tuple[tuple[str, str], ...] = ()  # (run id, state) of source runs that did not finish
+
+    def notes(self) -> list[str]:
+        """One line per region that answers None and per source run that did not finish."""
+        return [h.line() for h in self.holes] + [
+            f"run {run_id} is {state}, not finished: its entries come from what it measured; "
+            f"`tunectl submit --resume {run_id}` measures the rest (then export a new version)"
+            for run_id, state in self.unfinished
+        ]
 
     @property
     def path(self) -> Path:
@@ -190,7 +199,7 @@ def export_bundle(
         more = f" (and {len(prepared.holes) - 5} more)" if len(prepared.holes) > 5 else ""
         raise UserError(f"not published: {len(prepared.holes)} region(s) would answer None: {lines}{more}")
     location = publish(store, name, version, prepared.files)
-    return ExportResult(location, prepared.winners, prepared.source_runs, prepared.holes)
+    return prepared.result(location)
 
 
 @dataclass(frozen=True)
@@ -203,6 +212,11 @@ class PreparedBundle:
     winners: tuple[Winner, ...]
     source_runs: tuple[str, ...]
     holes: tuple[Hole, ...] = ()
+    unfinished: tuple[tuple[str, str], ...] = ()
+
+    def result(self, location: str) -> ExportResult:
+        """What publishing these files at ``location`` gives."""
+        return ExportResult(location, self.winners, self.source_runs, self.holes, self.unfinished)
 
 
 def prepare_bundle(
@@ -233,7 +247,19 @@ def prepare_bundle(
         for task_name in sorted({w.task for w in winners})
     ]
     files = build_files(name, version, tables, source_runs, _environment(records))
-    return PreparedBundle(name, version, files, tuple(winners), source_runs, coverage.holes)
+    return PreparedBundle(name, version, files, tuple(winners), source_runs, coverage.holes,
+                          unfinished_runs(results, source_runs))  # fmt: skip
+
+
+def unfinished_runs(results: str | Path, run_ids: Iterable[str]) -> tuple[tuple[str, str], ...]:
+    """(run id, state) of the tuning runs among ``run_ids`` that did not finish (stopped, cancelled,
+    failed, interrupted, or still running): their later rounds and points may be missing."""
+    out = []
+    for run_id in sorted(set(run_ids)):
+        info = load_run(results, run_id) if run_exists(results, run_id) else None
+        if info is not None and info.kind == "tune" and effective_state(info) != "finished":
+            out.append((run_id, effective_state(info)))
+    return tuple(out)
 
 
 def _policies(facts: Mapping[str, RunFacts], task: str) -> dict[str, str]:

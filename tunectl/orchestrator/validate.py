@@ -234,7 +234,7 @@ def export_validated(
             f"{where}{' ...' if len(losers) > 5 else ''}"
         )
     location = publish(store, name, version, prepared.files)
-    return ExportResult(location, prepared.winners, prepared.source_runs, prepared.holes), runs
+    return prepared.result(location), runs
 
 
 def _source_specs(results: str | Path, prepared: PreparedBundle) -> list[Spec]:
