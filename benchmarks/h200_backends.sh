@@ -49,6 +49,7 @@ submit() {  # tunectl submit within $1 seconds; its output to a file, not a pipe
   memory_peaks
 }
 memory_peaks() {  # the most device memory each kind of process held in the polls so far
+  [ -s "$OUT/memory-poll.txt" ] || return 0
   python - "$OUT/memory-poll.txt" <<'PY'
 import collections, sys
 most = collections.defaultdict(int)

@@ -91,7 +91,7 @@ def test_without_a_package_the_worker_traces_and_is_right(
 def test_a_build_keeps_nothing_of_its_points_inputs(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """A compile process builds point after point: once a point's inputs are let go, nothing of the
     build holds them (on the H200 a package's capture kept every point's KV cache, 4 GiB each at
-    64 x 16384, until compile processes held 32-44 GiB). The package is made and loads."""
+    64 x 16384, until compile processes held 35-44 GiB). The package is made and loads."""
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     task = FlashDecode()
     for batch in (2, 3):
