@@ -1,10 +1,11 @@
-"""Device memory a compile process's build takes, config by config, at one decode point.
+"""Device memory a compile process's build takes, config by config, at decode points built in turn.
 
 Builds each config as a compile process does (``tunectl.tasks.compile.build`` with the point's inputs
 kept across builds, a compile cache set, so FlexAttention configs are built into packages) and
-reports, per build: the seconds, the point's inputs, the peak this process allocated and reserved,
-and the peak the whole device used (polled, so a package's check in a process of its own counts).
-With ``--trace``, the largest allocations of each build are listed with where they were made.
+reports, per build: the seconds, the memory held before it (the point's inputs and what earlier
+builds left), the peak this process allocated and reserved, and the peak the whole device used
+(polled, so a package's check in a process of its own counts). With ``--trace``, the largest
+allocations of each build are listed with where they were made.
 
     python benchmarks/compile_memory.py --page 16 --points 16x16384,32x16384,64x16384 --out /tmp/compile-mem
 """
@@ -19,8 +20,10 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 GIB = 1 << 30
+DEVICE = "cuda:0"
 FLEX = ({"backend": "flex"}, {"backend": "flex", "num_stages": 3},
         {"backend": "flex", "num_warps": 4, "num_stages": 2})  # fmt: skip
 
@@ -47,32 +50,30 @@ def main() -> int:
               "page_size": args.page, "causal": True, "window": [-1, -1], "softcap": 0.0,
               "sinks": False}  # fmt: skip
     configs = json.loads(args.configs) if args.configs else list(FLEX)
-    device = "cuda:0"
-    free0, total = torch.cuda.mem_get_info()
     rows = []
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    inputs = None
     for point in args.points.split(","):
         batch, kv_len = (int(x) for x in point.split("x"))
         shape = {"batch": batch, "kv_len": kv_len, "q_len": 1}
         inputs = None  # as a compile process does: the old point's inputs go before the new ones come
-        inputs = task.build_inputs(static, dict(shape), device)
+        inputs = task.build_inputs(static, dict(shape), DEVICE)
         torch.cuda.synchronize()
-        held = torch.cuda.memory_allocated()
-        for config in configs:
-            rows.append(_build_one(args, task, static, shape, config, device, inputs, held, free0, total))
+        rows += [_build_one(task, static, shape, config, inputs, args.trace) for config in configs]
     (out / "compile_memory.json").write_text(json.dumps({"static": static, "rows": rows}, indent=1))
     return 0
 
 
-def _build_one(args, task, static, shape, config, device, inputs, held, free0, total) -> dict:  # type: ignore[no-untyped-def]
+def _build_one(task: Any, static: dict, shape: dict, config: Any, inputs: Any, trace: bool) -> dict:
     """One build, as a compile process runs it, with the memory it took and what it left behind."""
     import gc
 
     import torch
 
     from tunectl.tasks.compile import build, release
+
+    held = torch.cuda.memory_allocated()  # the point's inputs, and whatever earlier builds left
+    free0, total = torch.cuda.mem_get_info()
 
     torch.cuda.reset_peak_memory_stats()
     peak_used = [total - torch.cuda.mem_get_info()[0]]
@@ -84,11 +85,11 @@ def _build_one(args, task, static, shape, config, device, inputs, held, free0, t
 
     watcher = threading.Thread(target=poll, daemon=True)
     watcher.start()
-    if args.trace:
+    if trace:
         torch.cuda.memory._record_memory_history(max_entries=200000)
     started = time.perf_counter()
     try:
-        build(task, static, shape, config, device, lambda s, sh: inputs)
+        build(task, static, shape, config, DEVICE, lambda s, sh: inputs)
         status = "ok"
     except Exception as exc:  # a failed build is a row, not the end of the probe
         status = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
@@ -96,18 +97,18 @@ def _build_one(args, task, static, shape, config, device, inputs, held, free0, t
     stop.set()
     watcher.join()
     row = {"point": f"{shape['batch']}x{shape['kv_len']}", "config": config, "status": status,
-           "seconds": round(seconds, 1), "inputs_gib": round(held / GIB, 2),
+           "seconds": round(seconds, 1), "held_before_gib": round(held / GIB, 2),
            "peak_allocated_gib": round(torch.cuda.max_memory_allocated() / GIB, 2),
            "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / GIB, 2),
            "device_used_peak_gib": round(peak_used[0] / GIB, 2),
            "device_used_before_gib": round((total - free0) / GIB, 2)}  # fmt: skip
-    if args.trace:
+    if trace:
         row["largest"] = _largest(torch.cuda.memory._snapshot())
         torch.cuda.memory._record_memory_history(enabled=None)
-    release(device)
+    release(DEVICE)
     row["left_allocated_gib"] = round((torch.cuda.memory_allocated() - held) / GIB, 2)
     gc.collect()
-    release(device)
+    release(DEVICE)
     row["left_after_gc_gib"] = round((torch.cuda.memory_allocated() - held) / GIB, 2)
     row["device_used_after_gib"] = round((total - torch.cuda.mem_get_info()[0]) / GIB, 2)
     print(json.dumps({k: v for k, v in row.items() if k != "largest"}), flush=True)
