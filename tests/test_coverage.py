@@ -151,6 +151,27 @@ def test_a_cell_between_two_points_that_agree_is_served_by_them_not_by_a_nearer_
     assert source_for(cell, tuned) == make_key({"batch": 14, "kv": 3072})
 
 
+def test_a_cell_whose_corners_all_agree_is_served_by_them_not_by_a_far_point_on_its_line() -> None:
+    a, b = {"fixed_ms": 1.0}, {"per_batch_ms": 0.05}
+    cell = make_key({"batch": 30, "kv": 24576})
+    # Batch 30 was measured at 4096 only (b won there); the four points around the cell agree on a.
+    corners = [(a, 28, 16384), (a, 28, 32768), (a, 32, 16384), (a, 32, 32768)]
+    tuned = _tuned((b, 30, 4096), *corners)
+    assert source_for(cell, tuned) == make_key({"batch": 32, "kv": 32768})  # the nearest corner
+    # In a bundle: 64 x 24576 (b) puts the cell's kv on the grid, a point on its line too but farther.
+    grid = list(_tuned((b, 64, 24576)).values()) + list(tuned.values())
+    filled = {w.shape: w for w in cover(grid, policies={}, ranges={}).winners}
+    assert filled[cell].config == make_key(a)
+    assert filled[cell].served_by == make_key({"batch": 32, "kv": 32768})
+    # One corner disagreeing unsettles the box: the point on the cell's line serves again.
+    tuned = _tuned((b, 30, 4096), *corners[:3], (b, 32, 32768))
+    assert source_for(cell, tuned) == make_key({"batch": 30, "kv": 4096})
+    # A corner with no point at all (nothing above batch 32) leaves no box either.
+    cell = make_key({"batch": 40, "kv": 24576})
+    tuned = _tuned((b, 40, 4096), *corners)
+    assert source_for(cell, tuned) == make_key({"batch": 40, "kv": 4096})
+
+
 def test_the_margin_keeps_the_default_unless_the_whole_interval_clears_it() -> None:
     def final(config: dict[str, float], lo: float, hi: float, default: bool) -> Record:
         config_key = json.dumps(config, sort_keys=True, separators=(",", ":"))

@@ -7,9 +7,10 @@ one kv length only; the task could not run the point, such as a KV cache over th
 every config failed there), and the ends of a declared range that the policy cannot reach (``ceil``
 above the largest tuned value). ``cover`` fills each such cell with the entry of a tuned point of
 the same static key beside it (``source_for``: the nearer end of a segment through the cell whose two
-ends agree, else the nearest point on a line through it, else the nearest of all, by distance in log2
-of each dimension), recorded as such in the entry (``served_by``, and its reason), or, when filling
-is off, lists it; range ends it lists always.
+ends agree, else the nearest corner of a box around it whose corners all agree, else the nearest
+point on a line through it, else the nearest of all, by distance in log2 of each dimension),
+recorded as such in the entry (``served_by``, and its reason), or, when filling is off, lists it;
+range ends it lists always.
 """
 
 from __future__ import annotations
@@ -99,8 +100,10 @@ def sizes(shape: Key) -> dict[str, int]:
 def source_for(cell: Key, tuned: Mapping[Key, Winner]) -> Key:
     """The tuned point whose winner serves ``cell``: where the tuned points on each side of it along a
     dimension (the other values equal) chose the same config, the segment between them is settled
-    (refinement stops splitting where neighbours agree), so the nearer of those two serves it; else
-    the nearest tuned point on a line through the cell; else the nearest of all."""
+    (refinement stops splitting where neighbours agree), so the nearer of those two serves it; else,
+    where the nearest tuned point in every corner around the cell chose the same config, the box
+    they span is settled, so the nearest corner serves it; else the nearest tuned point on a line
+    through the cell; else the nearest of all."""
     pairs = line_brackets(cell, tuned)
     settled = [
         s
@@ -109,7 +112,24 @@ def source_for(cell: Key, tuned: Mapping[Key, Winner]) -> Key:
         for s in (lo, hi)
     ]
     around = [s for pair in pairs for s in pair if s is not None]
-    return nearest(cell, settled or around or list(tuned))
+    return nearest(cell, settled or _settled_corners(cell, tuned) or around or list(tuned))
+
+
+def _settled_corners(cell: Key, tuned: Mapping[Key, Winner]) -> list[Key]:
+    """The nearest tuned point in each corner around ``cell`` (at or below / at or above it in every
+    dimension), where every corner has one and all chose the same config; else none."""
+    here = sizes(cell)
+    corners = []
+    for sides in itertools.product((-1, 1), repeat=len(here)):
+        inside = [
+            s
+            for s in tuned
+            if all((v - here[d]) * side >= 0 for (d, v), side in zip(sizes(s).items(), sides, strict=True))
+        ]
+        if not inside:
+            return []
+        corners.append(nearest(cell, inside))
+    return corners if len({tuned[c].config for c in corners}) == 1 else []
 
 
 def nearest(cell: Key, shapes: Sequence[Key]) -> Key:
