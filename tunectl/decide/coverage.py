@@ -119,13 +119,11 @@ def _settled_corners(cell: Key, tuned: Mapping[Key, Winner]) -> list[Key]:
     """The nearest tuned point in each corner around ``cell`` (at or below / at or above it in every
     dimension), where every corner has one and all chose the same config; else none."""
     here = sizes(cell)
+    sized = {s: sizes(s) for s in tuned}
     corners = []
     for sides in itertools.product((-1, 1), repeat=len(here)):
-        inside = [
-            s
-            for s in tuned
-            if all((v - here[d]) * side >= 0 for (d, v), side in zip(sizes(s).items(), sides, strict=True))
-        ]
+        side_of = dict(zip(here, sides, strict=True))
+        inside = [s for s, at in sized.items() if all((at[d] - v) * side_of[d] >= 0 for d, v in here.items())]
         if not inside:
             return []
         corners.append(nearest(cell, inside))

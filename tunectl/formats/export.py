@@ -254,12 +254,9 @@ def prepare_bundle(
 def unfinished_runs(results: str | Path, run_ids: Iterable[str]) -> tuple[tuple[str, str], ...]:
     """(run id, state) of the tuning runs among ``run_ids`` that did not finish (stopped, cancelled,
     failed, interrupted, or still running): their later rounds and points may be missing."""
-    out = []
-    for run_id in sorted(set(run_ids)):
-        info = load_run(results, run_id) if run_exists(results, run_id) else None
-        if info is not None and info.kind == "tune" and effective_state(info) != "finished":
-            out.append((run_id, effective_state(info)))
-    return tuple(out)
+    tuning = [load_run(results, r) for r in sorted(set(run_ids)) if run_exists(results, r)]
+    states = [(info.run_id, effective_state(info)) for info in tuning if info.kind == "tune"]
+    return tuple((run_id, state) for run_id, state in states if state != "finished")
 
 
 def _policies(facts: Mapping[str, RunFacts], task: str) -> dict[str, str]:
