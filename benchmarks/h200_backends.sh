@@ -7,6 +7,7 @@
 #   bash benchmarks/h200_backends.sh drift       # the drift guard against an induced load
 #   bash benchmarks/h200_backends.sh grid 16     # the decode grid at one page size (16, then 128)
 #   bash benchmarks/h200_backends.sh holdout 128 # export, then random untuned shapes measured
+#     (HOLDOUT_SEED=s: other shapes; NAME=bundle: a bundle already in $RES/bundles)
 #   bash benchmarks/h200_backends.sh odd 128     # every config, item by item, at a length off the page
 #   bash benchmarks/h200_backends.sh refined 128 # the grid with refinement (again to resume), then holdout
 #     (REFINE_BUDGET points, 16; REFINE_SHORTLIST=k: refined points measure their neighbours' k fastest)
@@ -76,16 +77,18 @@ tune_step() {  # the tuning run named $1 (spec $2) resumed, or started, within $
   unfinished=$(finished_run "$1" "!=")
   if [ -n "$unfinished" ]; then submit "$3" --resume "$unfinished"; else submit "$3" "$2"; fi
 }
-check_bundle() {  # run $2 exported as bundle $1, timed at 24 held-out shapes of page $3 (seed 0: the
-  # same shapes for every bundle of the page), within VALIDATE_TIMEOUT or what is left before DEADLINE
-  local name=$1 run=$2 holdout
+check_bundle() {  # run $2 exported as bundle $1 (unless $RES/bundles holds it already), timed at 24
+  # held-out shapes of page $3 (seed HOLDOUT_SEED, 0 unless set: the same shapes for every bundle of
+  # the page), within VALIDATE_TIMEOUT or what is left before DEADLINE
+  local name=$1 run=$2 seed=${HOLDOUT_SEED:-0} holdout
   holdout=$(page_spec "$3")
   spans "$holdout"  # held-out shapes are drawn inside the spans serving meets: batch 1-256, 1k-32k
   sed -i -E 's/^strategy = "halving"$/strategy = "halving"\nrefine_budget = 0/' "$holdout"
-  tunectl export bundle --results "$RES" --run "$run" --name "$name" --version 1 --out "$RES/bundles" 2>&1 | tail -n 3
+  [ -d "$RES/bundles/$name/1" ] ||
+    tunectl export bundle --results "$RES" --run "$run" --name "$name" --version 1 --out "$RES/bundles" 2>&1 | tail -n 3
   timeout -k 15 "$(left "${VALIDATE_TIMEOUT:-480}")" tunectl validate "$RES/bundles/$name/1" --spec "$holdout" \
-    --holdout 24 --seed 0 ${VALIDATE_RESUME:+--resume "$VALIDATE_RESUME"} --results "$RES" 2>&1 \
-    | grep -v '^\(compile process\|flash_decode:\|\"num_q_heads\|supported on\)' | tail -n 80 | tee "$OUT/holdout-$name.txt"
+    --holdout 24 --seed "$seed" ${VALIDATE_RESUME:+--resume "$VALIDATE_RESUME"} --results "$RES" 2>&1 \
+    | grep -v '^\(compile process\|flash_decode:\|\"num_q_heads\|supported on\)' | tail -n 80 | tee "$OUT/holdout-$name-seed$seed.txt"
   save
 }
 tune_then_check() {  # tune_step $1 $2 $3, then check_bundle once the run finished (page $4)
@@ -112,9 +115,10 @@ case "${1:?step}" in
     save
     ;;
   holdout)
-    # The grid's bundle as tuned (RUN, else the newest finished decode grid), checked at 24 shapes.
+    # The grid's bundle as tuned (RUN, else the newest finished decode grid), checked at 24 shapes;
+    # NAME: another bundle's name (one in $RES/bundles is checked as it is, exported elsewhere).
     page=${2:?page}
-    check_bundle "h200-decode-p$page" "${RUN:-$(finished_run h200-flash-decode "==")}" "$page"
+    check_bundle "${NAME:-h200-decode-p$page}" "${RUN:-$(finished_run h200-flash-decode "==")}" "$page"
     ;;
   refined)
     # The "after" of the held-out table: the same grid with the spans declared and refinement on
