@@ -6,7 +6,7 @@ import logging
 
 import typer
 
-from tunectl.cli import bundle, doctor, export, imports, report, runs, submit, validate
+from tunectl.cli import bundle, doctor, export, imports, probe, report, runs, submit, validate
 
 app = typer.Typer(
     help=(
@@ -29,6 +29,7 @@ app.command(name="logs")(runs.logs_cmd)
 app.command(name="cancel")(runs.cancel_cmd)
 app.command(name="report")(report.report_cmd)
 app.command(name="validate")(validate.validate_cmd)
+app.command(name="probe")(probe.probe_cmd)
 app.add_typer(export.app, name="export")
 app.add_typer(bundle.app, name="bundle")
 app.add_typer(imports.app, name="import")

@@ -71,7 +71,7 @@ def validate_cmd(
     from tunectl.orchestrator.validate import validate
 
     console = Console()
-    run = _measured(console, "validation", results, lambda bar: validate(
+    run = measured(console, "validation", results, lambda bar: validate(
         bundle, spec, results, layers=layers, rounds=rounds, progress=bar, resume=resume,
         address=address, num_gpus=num_gpus, connect_fn=connect_trapping_cancel,
     ))  # fmt: skip
@@ -87,7 +87,7 @@ def _holdout(
     from tunectl.orchestrator.validate import validate_holdout
 
     console = Console()
-    run = _measured(console, "holdout", results, lambda bar: validate_holdout(
+    run = measured(console, "holdout", results, lambda bar: validate_holdout(
         bundle, spec, results, num_shapes=num_shapes, seed=seed, rounds=rounds, margin=margin,
         progress=bar, resume=resume, address=address, num_gpus=num_gpus, connect_fn=connect_trapping_cancel,
     ))  # fmt: skip
@@ -96,7 +96,7 @@ def _holdout(
         raise typer.Exit(1)
 
 
-def _measured(console: Console, what: str, results: Path, measure: Callable[[RunBar], R]) -> R:
+def measured(console: Console, what: str, results: Path, measure: Callable[[RunBar], R]) -> R:
     """``measure(bar)`` with a progress bar and library errors as one line; Ctrl-C says what is kept."""
     bar = RunBar(console)
     try:

@@ -50,6 +50,8 @@ class Phase(StrEnum):
     95 % interval). validate: a bundle's config against the default, each run as an L-layer stack
     (``layers``) with a cache-thrashing kernel between layers. holdout: at a shape that was not
     tuned, the default, a bundle's pick and the other configs in interleaved rounds (single calls).
+    probe: inside the region a tuned cell serves, the default and the cell's short list in
+    interleaved rounds (single calls; ``tunectl.decide.probes``).
     import: taken from another tuner's log, not measured by tunectl.
     """
 
@@ -59,6 +61,7 @@ class Phase(StrEnum):
     VALIDATE = "validate"
     IMPORT = "import"
     HOLDOUT = "holdout"
+    PROBE = "probe"
 
 
 class TimingMethod(StrEnum):

@@ -86,12 +86,15 @@ class Winner:
     served_why: str = ""  # why this shape has no result of its own
     near_ties: int = 0  # finalists within the tie tolerance of the best, besides this one
     tie_by: str = ""  # what chose among them: "neighbours" or "canonical order"
+    region: str = ""  # how the config held over the cell's region, where probes measured it
 
     @property
     def reason(self) -> str:
         """Why this config is the entry, in a line."""
+        if self.basis == "region":  # chosen by the probes of its region (tunectl.decide.probes)
+            return self.region
         if self.served_by is None:
-            return self._reason
+            return self._reason + (f"; {self.region}" if self.region else "")
         source = key_text(self.served_by)
         return f"served by the tuned point {source} ({self.served_why} here); there: {self._reason}"
 

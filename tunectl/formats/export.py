@@ -6,6 +6,7 @@ runs' plan-time facts (``tunectl.core.plan.RunFacts``).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections import Counter
@@ -14,12 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tunectl.core.buckets import make_bucketer
 from tunectl.core.errors import UserError
 from tunectl.core.keys import Key, key_json, value_order
 from tunectl.core.plan import RunFacts, selectable_in
-from tunectl.core.record import SELECTED_PHASES, Record
+from tunectl.core.record import SELECTED_PHASES, Phase, Record
 from tunectl.core.spec import DEFAULT_MARGIN
 from tunectl.decide.coverage import Hole, cover
+from tunectl.decide.probes import point_timings, regional
 from tunectl.decide.select import Winner, select_winners
 from tunectl.store.bundle import TaskTable, build_files, check_name, publish
 from tunectl.store.results import read_results
@@ -230,8 +233,8 @@ def prepare_bundle(
     without a result of its own filled from a tuned point beside it (``choices.fill``)."""
     check_name("name", name)
     check_name("version", version)
-    records = _exported(results, scope)
-    source_runs = tuple(sorted({r.run_id for r in records}))
+    records, probes = _exported(results, scope)
+    source_runs = tuple(sorted({r.run_id for r in [*records, *probes]}))
     facts = facts_of(results, source_runs)
     selected = select_from(records, facts, margin=choices.margin)
     if not selected:
@@ -242,11 +245,18 @@ def prepare_bundle(
         unmeasured=_failed_points(records, selected), fill=choices.fill,
     )  # fmt: skip
     winners = sorted(coverage.winners, key=lambda w: (w.task, value_order(w.static), value_order(w.shape)))
-    tables = [
-        _table(task_name, [w for w in winners if w.task == task_name], facts)
-        for task_name in sorted({w.task for w in winners})
-    ]
-    files = build_files(name, version, tables, source_runs, _environment(records))
+    tasks = sorted({w.task for w in winners})
+    tables = {t: _table(t, [w for w in winners if w.task == t], facts) for t in tasks}
+    if probes:  # each probed cell's config chosen over its region (tunectl.decide.probes)
+        bucketers = {
+            t: {dim: make_bucketer(s["policy"], s["points"]) for dim, s in table.shape_params.items()}
+            for t, table in tables.items()
+        }
+        timings = point_timings(records, selectable_in(facts.values()))
+        winners = regional(winners, probes, timings, bucketers, margin_of(facts, choices.margin))
+        tables = {t: dataclasses.replace(table, entries=tuple(entry_of(w) for w in winners if w.task == t))
+                  for t, table in tables.items()}  # fmt: skip
+    files = build_files(name, version, list(tables.values()), source_runs, _environment(records))
     return PreparedBundle(name, version, files, tuple(winners), source_runs, coverage.holes,
                           unfinished_runs(results, source_runs))  # fmt: skip
 
@@ -277,10 +287,11 @@ def _failed_points(records: Sequence[Record], winners: Sequence[Winner]) -> dict
     }
 
 
-def _exported(results: str | Path, scope: Scope) -> list[Record]:
-    """The records a bundle is selected from: one device's single-call measurements."""
-    records = read_results(results, run_ids=scope.run_ids, task=scope.task)
-    records = [r for r in records if r.phase in SELECTED_PHASES]
+def _exported(results: str | Path, scope: Scope) -> tuple[list[Record], list[Record]]:
+    """The records a bundle is selected from (one device's single-call measurements), and the
+    probes of its cells' regions (``tunectl probe``) on that device."""
+    rows = read_results(results, run_ids=scope.run_ids, task=scope.task)
+    records = [r for r in rows if r.phase in SELECTED_PHASES]
     records = _bucketable(records, asked_for_runs=scope.run_ids is not None)
     if scope.device is not None:
         records = [r for r in records if r.device_name == scope.device]
@@ -291,7 +302,8 @@ def _exported(results: str | Path, scope: Scope) -> list[Record]:
         raise UserError(
             f"results span several devices ({'; '.join(devices)}); a bundle is for one: pick --device"
         )
-    return records
+    probes = [r for r in rows if r.phase is Phase.PROBE and r.device_name in devices]
+    return records, probes
 
 
 def _table(task: str, winners: Sequence[Winner], facts: Mapping[str, RunFacts]) -> TaskTable:

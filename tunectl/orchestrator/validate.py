@@ -86,13 +86,13 @@ def validate(
     items, skipped = plan_validation(spec, loaded, layers=layers, rounds=rounds, task=get_task(spec.task))
     if not items:
         return ValidationRun(None, spec.path, Validation((), layers, rounds), tuple(skipped))
-    run_id, records = _run_fixed(
+    run_id, records = run_fixed(
         spec, items, Path(results), "validate", len(items), progress, options, resume=resume
     )
     return ValidationRun(run_id, spec.path, read_validation(records), tuple(skipped))
 
 
-def _run_fixed(
+def run_fixed(
     spec: Spec,
     items: Sequence[WorkItem],
     results: Path,
@@ -186,7 +186,7 @@ def validate_holdout(
     if not items:
         return HoldoutRun(None, spec.path, Holdout((), margin), tuple(skipped))
     planned = sum(len(i.arms) for i in items)
-    run_id, records = _run_fixed(spec, items, Path(results), "holdout", planned, progress, options, resume)
+    run_id, records = run_fixed(spec, items, Path(results), "holdout", planned, progress, options, resume)
     return HoldoutRun(run_id, spec.path, read_holdout(records, picks, margin), tuple(skipped))
 
 

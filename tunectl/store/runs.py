@@ -53,7 +53,7 @@ class RunInfo:
     driver_host: str = ""
     driver_pid: int = 0
     driver_start: int = 0  # the driver process's start time (clock ticks since boot), against pid reuse
-    kind: str = "tune"  # tune | validate
+    kind: str = "tune"  # tune | validate | holdout | probe
     #: where kernels were built and cached: the cache root, whether every node sees it, the compile
     #: processes per node, the environment pointing each library's cache there, what they built
     compile: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,194 @@
+"""Probes: shapes inside each cell's region, the short list compared there, and export choosing each
+probed cell's config over its region; offline with the cost model's true times, then on a local Ray
+instance through the command line."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.test_refine import _spec, answer, drive, work_of
+from tunectl.cli import app
+from tunectl.core.buckets import make_bucketer
+from tunectl.core.keys import key_dict, make_key
+from tunectl.core.record import Phase, Record, Status
+from tunectl.decide.probes import plan_probes, point_timings, probe_shapes, region, regional, spread
+from tunectl.decide.select import every_config, select_winners
+from tunectl.runtime import load_bundle
+from tunectl.store.results import read_results
+from tunectl.tasks.cost_model import CostModel
+
+# A kernel fast at batches that are multiples of 8 only (every tuned batch), slow between them; a
+# steady one a little slower than it there; the default, slower than both.
+ALIGNED = """
+name = "p"
+task = "cost_model"
+[static]
+capacity = 1000000
+[shapes.batch]
+range = [1, 64]
+values = [8, 16, 32, 64]
+bucket = "ceil"
+[shapes.kv_len]
+values = [1024]
+bucket = "ceil"
+[[configs]]
+fixed_ms = 0.5
+unaligned_ms = 1.0
+align_batch = 8
+[[configs]]
+fixed_ms = 0.8
+[measure]
+max_seconds = 0.1
+"""
+FITS = make_key(
+    {"align_batch": 8, "fixed_ms": 0.5, "per_batch_ms": 0.0, "per_kv_ms": 0.0, "unaligned_ms": 1.0}
+)
+STEADY = make_key({"fixed_ms": 0.8, "per_batch_ms": 0.0, "per_kv_ms": 0.0})
+DEFAULT = make_key({"fixed_ms": 1.0, "per_batch_ms": 0.0, "per_kv_ms": 0.0})
+
+
+def test_a_region_is_what_the_policy_maps_to_the_value_inside_the_span() -> None:
+    ceil, floor = make_bucketer("ceil", [8, 16, 64]), make_bucketer("floor", [8, 16, 64])
+    assert [region(ceil, v, (1, 64)) for v in (8, 16, 64)] == [(1, 8), (9, 16), (17, 64)]
+    assert [region(floor, v, (1, 100)) for v in (8, 16, 64)] == [(8, 15), (16, 63), (64, 100)]
+    nearest = make_bucketer("nearest", [8, 16, 64])
+    lo, hi = region(nearest, 16, (1, 100))
+    assert nearest(lo) == nearest(hi) == 16 and nearest(lo - 1) == 8 and nearest(hi + 1) == 64
+    assert region(make_bucketer("exact", [8, 16]), 16, (1, 64)) == (16, 16)
+    assert region(ceil, 128, (1, 64)) == (128, 128)  # a value outside the span is itself only
+
+
+def test_probes_spread_over_the_region_in_log_size_on_the_step_one_per_slice() -> None:
+    assert spread(9, 16, 1, 0.25) == 10 and spread(9, 16, 1, 0.75) == 14
+    assert spread(6145, 8192, 128, 0.5) % 128 == 0 and 6145 <= spread(6145, 8192, 128, 0.5) <= 8192
+    assert spread(8193, 8200, 512, 0.5) == 8200  # no multiple of the step inside: the region's top
+    cell = make_key({"batch": 16, "kv_len": 8192})
+    regions = {"batch": (9, 16), "kv_len": (4097, 8192)}
+    shapes = probe_shapes(cell, regions, {"kv_len": 512}, 4)
+    assert len(shapes) == 4 and cell not in shapes
+    got = [key_dict(s) for s in shapes]
+    assert all(9 <= s["batch"] <= 16 and 4097 <= s["kv_len"] <= 8192 and s["kv_len"] % 512 == 0 for s in got)
+    # one per slice of each dimension, and the slices of kv_len run against batch's
+    assert sorted(s["batch"] for s in got) == [s["batch"] for s in got]
+    assert sorted((s["kv_len"] for s in got), reverse=True) == [s["kv_len"] for s in got]
+    assert probe_shapes(make_key({"batch": 1}), {"batch": (1, 1)}, {}, 2) == []  # nothing to vary
+
+
+def _grid(spec_text: str) -> list[Record]:
+    return drive(work_of(_spec("", spec_text)))
+
+
+def _plan(records: list[Record], per_cell: int = 2, shortlist: int = 4) -> Any:
+    spec = _spec("", ALIGNED)
+    task = CostModel()
+    winners = select_winners(records)
+    return plan_probes(
+        "cost_model", spec.shapes, {d.name: functools.partial(make_bucketer, d.bucket) for d in spec.shapes},
+        winners, point_timings(records, every_config), {w.static: DEFAULT for w in winners},
+        lambda s, h: task.check_point(dict(s), dict(h)), per_cell=per_cell, shortlist=shortlist, rounds=4,
+    )  # fmt: skip
+
+
+def _regional(records: list[Record], probes: list[Record]) -> dict[int, Any]:
+    winners = select_winners(records)
+    bucketers = {"cost_model": {"batch": make_bucketer("ceil", [8, 16, 32, 64]),
+                                "kv_len": make_bucketer("ceil", [1024])}}  # fmt: skip
+    chosen = regional(winners, probes, point_timings(records, every_config), bucketers, 0.02)
+    return {key_dict(w.shape)["batch"]: w for w in chosen}
+
+
+def test_each_cell_is_probed_inside_its_region_with_the_default_and_its_fastest() -> None:
+    records = _grid(ALIGNED)
+    assert {key_dict(w.shape)["batch"]: w.config for w in select_winners(records)} == dict.fromkeys(
+        (8, 16, 32, 64), FITS
+    )  # at every tuned point the kernel that needs a multiple of 8 wins
+    plan = _plan(records)
+    assert plan.cells == 4 and len(plan.items) == 8 and not plan.skipped
+    ends = {8: (1, 8), 16: (9, 16), 32: (17, 32), 64: (33, 64)}
+    for item in plan.items:
+        assert (
+            item.phase == Phase.PROBE
+            and item.arms[0] == DEFAULT
+            and set(item.arms) == {DEFAULT, FITS, STEADY}
+        )
+        batch = key_dict(item.shape)["batch"]
+        assert batch not in ends and any(lo <= batch <= hi for lo, hi in ends.values())
+    assert len({i.item_id for i in plan.items}) == 8 and _plan(records).items == plan.items  # stable
+    assert all(len(i.arms) == 2 for i in _plan(records, shortlist=1).items)  # default, the winner
+
+
+def test_export_serves_each_probed_cell_the_config_that_holds_over_its_region() -> None:
+    records = _grid(ALIGNED)
+    probes = [r for item in _plan(records).items for r in answer(item)]
+    chosen = _regional(records, probes)
+    for batch, w in chosen.items():  # slower at the tuned point, but 1.9x faster everywhere between
+        assert w.config == STEADY and w.basis == "region" and not w.is_default
+        assert "least worst loss over the region: 60.0% at 3 site(s), 2 probe(s)" in w.reason
+        assert w.speedup == pytest.approx(1.25) and w.rounds == 8, batch
+    assert _regional(records, [])[16].config == FITS  # without probes: the point's winner
+
+
+def test_a_winner_that_holds_over_its_region_keeps_its_place() -> None:
+    steady_only = ALIGNED.replace("unaligned_ms = 1.0", "unaligned_ms = 0.0")
+    records = _grid(steady_only)
+    probes = [r for item in _plan(records).items for r in answer(item)]
+    fits = make_key({"fixed_ms": 0.5, "per_batch_ms": 0.0, "per_kv_ms": 0.0})
+    for w in _regional(records, probes).values():
+        assert (
+            w.config == fits and w.basis != "region" and "held over the region: worst loss 0.0%" in w.reason
+        )
+
+
+def test_a_probe_that_failed_or_a_config_not_probed_everywhere_decides_nothing() -> None:
+    records = _grid(ALIGNED)
+    items = _plan(records).items
+    probes = [r for item in items for r in answer(item)]
+    # the steady config missing from one probe of cell 16: only the configs measured at every site remain
+    broken = [r for r in probes if not (r.config == STEADY and key_dict(r.shape)["batch"] == 14)]
+    assert _regional(records, broken)[16].config == FITS
+    assert _regional(records, broken)[32].config == STEADY
+    failed = [dataclasses.replace(r, status=Status.ERROR) if r.is_default else r for r in probes]
+    assert all(w.basis != "region" for w in _regional(records, failed).values())
+
+
+@pytest.mark.slow
+def test_probe_then_export_on_a_local_instance(ray_two_gpus: None, tmp_path: Path) -> None:
+    spec, results, store = tmp_path / "p.toml", tmp_path / "res", tmp_path / "b"
+    spec.write_text(ALIGNED.replace("max_seconds = 0.1", "max_seconds = 0.05"))
+    runner = CliRunner()
+    out = runner.invoke(app, ["submit", str(spec), "--results", str(results)])
+    assert out.exit_code == 0, out.output
+    [tune] = {r.run_id for r in read_results(results)}
+    export = ["export", "bundle", "--results", str(results), "--version", "1", "--out", str(store)]
+    assert runner.invoke(app, [*export, "--name", "before"]).exit_code == 0
+
+    out = runner.invoke(app, ["probe", tune, "--results", str(results), "--rounds", "3"])
+    assert out.exit_code == 0, out.output
+    assert "8 shape(s) in 4 cell(s)" in out.output
+    probed = [r for r in read_results(results) if r.phase == Phase.PROBE]
+    assert len({r.run_id for r in probed}) == 1 and len(probed) == len({r.item_id for r in probed}) == 8 * 3
+    out = runner.invoke(app, [*export, "--name", "after"])
+    assert out.exit_code == 0, out.output
+
+    params = {"capacity": 1000000, "batch": 12, "kv_len": 1000}
+    assert make_key(load_bundle(store / "before" / "1").lookup("cost_model", **params) or {}) == FITS
+    after = load_bundle(store / "after" / "1")
+    assert make_key(after.lookup("cost_model", **params) or {}) == STEADY
+    entry = after.entry("cost_model", **params) or {}
+    assert entry["basis"] == "region" and "least worst loss over the region" in entry["reason"]
+    manifest = json.loads((store / "after" / "1" / "manifest.json").read_text())
+    assert sorted(manifest["source_runs"]) == sorted({tune, probed[0].run_id})
+
+
+def test_probing_what_cannot_be_probed_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    out = CliRunner().invoke(app, ["probe", "r-none", "--results", str(tmp_path / "res")])
+    assert out.exit_code == 2 and "no run r-none" in out.output and "Traceback" not in out.output
+    out = CliRunner().invoke(app, ["probe", "r-none", "--per-cell", "0", "--results", str(tmp_path)])
+    assert out.exit_code == 2 and "--per-cell" in out.output

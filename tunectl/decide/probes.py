@@ -1,0 +1,276 @@
+"""Probes: a cell's config chosen over the region it serves, measured inside it, not only at its point.
+
+A bundle entry serves a region (with ``ceil``, every size above the tuned value below it, up to its
+own), but its config was chosen at one point: a round size at the region's edge. Between points a
+winner can fall off a cliff. A kernel that fills the GPU's SMs exactly at batch 16 leaves a second
+wave almost empty at 17; a split that covers 8192 tokens in whole KV blocks runs a ragged last block
+at 7847. On the H200's decode grids the point's winner was more than 3 % slower than the best
+config at about one held-out shape in five (``benchmarks/results/holdout_h200.md``).
+
+Probing measures, in each cell of a tuning run's grid (the product of the values it tuned per
+dimension, per static key), ``per_cell`` shapes spread over the region the cell serves: dimension
+by dimension, one per equal slice of the region in log size (the slices paired across dimensions
+in a Latin square, so two probes never share a slice), rounded to the dimension's ``step``. A
+dimension without a declared range is not varied. Each probe is one comparison, interleaved on one
+device, of the default and a short list: the cell's winner and its ``shortlist`` fastest configs
+(where the cell has no result of its own: the winners of the tuned points around it and the nearest
+one's fastest).
+
+``regional`` then serves each probed cell the config whose worst loss over the cell's sites (each
+probe, and the tuned point itself: a config's time there over the fastest config's) is least.
+The cell's own entry keeps its place where its worst loss is within the margin of that least one,
+and the default next; a config the probes did not measure everywhere is not chosen.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from tunectl.core.buckets import Bucketer
+from tunectl.core.keys import Key, key_text, make_key, value_order
+from tunectl.core.plan import WorkItem, comparison
+from tunectl.core.record import Phase, Record, latest
+from tunectl.core.shapes import ShapeDim, line_neighbours
+from tunectl.decide.coverage import nearest, sizes
+from tunectl.decide.select import Winner, fidelity, latest_comparisons
+from tunectl.decide.validate import Skipped
+
+DEFAULT_PER_CELL = 2
+DEFAULT_SHORTLIST = 4
+
+CheckPoint = Callable[[Key, Key], "str | None"]  # (static, shape) -> why the task cannot run it, or None
+Timings = Mapping[tuple[str, Key, Key], Mapping[Key, float]]  # (task, static, shape) -> config -> median
+
+
+def region(bucket: Bucketer, value: int, span: tuple[int, int]) -> tuple[int, int]:
+    """The sizes inside ``span`` (lo, hi; both included) that ``bucket`` maps to ``value``. Every policy
+    maps a larger size to the same point or a larger one, so they form one interval around ``value``."""
+    lo, hi = span
+
+    def edge(a: int, b: int, low: bool) -> int:  # the outermost size in [a, b] (b, a) bucketing to value
+        while a != b:
+            mid = (a + b) // 2 if low else (a + b + 1) // 2
+            inside = bucket(mid) == value
+            a, b = ((a, mid) if inside else (mid + 1, b)) if low else ((mid, b) if inside else (a, mid - 1))
+        return a
+
+    if not lo <= value <= hi:
+        return (value, value)
+    return (edge(lo, value, low=True), edge(value, hi, low=False))
+
+
+def spread(lo: int, hi: int, step: int, fraction: float) -> int:
+    """The multiple of ``step`` in [lo, hi] nearest the size ``fraction`` of the way from lo to hi in
+    log size; ``hi`` where no multiple of the step lies in it."""
+    first, last = -(-lo // step) * step, hi // step * step
+    if first > last:
+        return hi
+    at = math.exp(math.log(lo) + fraction * (math.log(hi) - math.log(lo)))
+    return min(last, max(first, round(at / step) * step))
+
+
+def probe_shapes(
+    cell: Key, regions: Mapping[str, tuple[int, int]], steps: Mapping[str, int], n: int
+) -> list[Key]:
+    """``n`` shapes inside the region of ``cell`` (``regions``: each varied dimension's sizes), one per
+    slice of each dimension, the slices of dimension j turned by j against the first's; the cell's
+    own shape and repeats left out."""
+    varied = [d for d in regions if regions[d][0] < regions[d][1]]
+    out: dict[Key, None] = {}
+    for i in range(n):
+        values = dict(cell)
+        for j, dim in enumerate(varied):
+            turn = (n - 1 - i) if j % 2 else (i + j // 2) % n
+            values[dim] = spread(*regions[dim], steps.get(dim, 1), (turn + 0.5) / n)
+        shape = make_key(values)
+        if shape != cell:
+            out[shape] = None
+    return list(out)
+
+
+@dataclass(frozen=True)
+class ProbePlan:
+    items: tuple[WorkItem, ...]
+    skipped: tuple[Skipped, ...]
+    cells: int  # cells that have at least one probe
+
+
+def plan_probes(
+    task: str,
+    dims: Sequence[ShapeDim],
+    bucketers: Mapping[str, Callable[[Sequence[int]], Bucketer]],
+    winners: Sequence[Winner],
+    timings: Timings,
+    defaults: Mapping[Key, Key],
+    check_point: CheckPoint,
+    *,
+    per_cell: int = DEFAULT_PER_CELL,
+    shortlist: int = DEFAULT_SHORTLIST,
+    rounds: int,
+) -> ProbePlan:
+    """The probe comparisons of every cell of ``winners``' grid (one tuning run's winners of ``task``).
+
+    ``bucketers``: per dimension, the bucketer of its policy over given points; ``timings``: each tuned
+    point's single-timing medians (``point_timings``); ``defaults``: the default config per static key.
+    """
+    items: list[WorkItem] = []
+    skipped: list[Skipped] = []
+    cells = 0
+    spans = {d.name: d.range for d in dims if d.range is not None}
+    steps = {d.name: d.step for d in dims}
+    for static in sorted({w.static for w in winners if w.task == task}, key=value_order):
+        tuned = {w.shape: w for w in winners if w.task == task and w.static == static}
+        names = [name for name, _ in next(iter(tuned))]
+        values = {n: sorted({sizes(s)[n] for s in tuned}) for n in names}
+        buckets = {n: bucketers[n](values[n]) for n in spans if n in values}
+        for combo in itertools.product(*(values[n] for n in names)):
+            cell = make_key(dict(zip(names, combo, strict=True)))
+            regions = {n: region(buckets[n], sizes(cell)[n], spans[n]) for n in buckets}
+            arms = _arms(task, static, cell, tuned, timings, defaults[static], shortlist)
+            mine = 0
+            for shape in probe_shapes(cell, regions, steps, per_cell):
+                why = check_point(static, shape)
+                if why is not None:
+                    skipped.append(Skipped(static, shape, why))
+                    continue
+                items.append(comparison(task, static, shape, arms, Phase.PROBE, rounds))
+                mine += 1
+            cells += mine > 0
+    return ProbePlan(tuple(items), tuple(skipped), cells)
+
+
+def _arms(
+    task: str, static: Key, cell: Key, tuned: Mapping[Key, Winner], timings: Timings, default: Key, k: int
+) -> tuple[Key, ...]:
+    """The default, then the cell's winner and its ``k`` fastest; for a cell without a result of its
+    own, the winners of the tuned points around it and the ``k`` fastest at the nearest one."""
+    if cell in tuned:
+        around, closest = [cell], cell
+    else:
+        around, closest = line_neighbours(cell, tuned), nearest(cell, list(tuned))
+    times = timings.get((task, static, closest), {})
+    fastest = sorted(times, key=lambda c: (times[c], value_order(c)))[:k]
+    return tuple(dict.fromkeys([default, *(tuned[s].config for s in around), *fastest]))
+
+
+def point_timings(records: Iterable[Record], selectable: Callable[[str, Key, Key], bool]) -> Timings:
+    """Per (task, static, shape), each selectable config's single-timing median: a full measurement
+    over a screening look, then the later one (``tunectl.decide.select.fidelity``)."""
+    timed = [r for r in records
+             if r.ok and r.median_us and r.phase in (Phase.MEASURE, Phase.SCREEN)
+             and selectable(r.task, r.static, r.config)]  # fmt: skip
+    best = latest(timed, lambda r: (r.task, r.static, r.shape, r.config), fidelity)
+    out: dict[tuple[str, Key, Key], dict[Key, float]] = {}
+    for (task, static, shape, config), record in best.items():
+        out.setdefault((task, static, shape), {})[config] = float(record.median_us or 0.0)
+    return out
+
+
+@dataclass(frozen=True)
+class Site:
+    """One place a cell was measured: each config's time over the fastest config's there."""
+
+    losses: Mapping[Key, float]
+    arms: tuple[Record, ...] = ()  # a probe's comparison (empty: the tuned point's single timings)
+
+
+def regional(
+    winners: Sequence[Winner],
+    probes: Iterable[Record],
+    timings: Timings,
+    bucketers: Mapping[str, Mapping[str, Bucketer]],
+    margin: float,
+) -> list[Winner]:
+    """``winners`` with each probed cell's config chosen over its region (module doc).
+
+    ``bucketers``: per task, each shape dimension's bucketer over the bundle's points: a probe serves
+    the cell its shape buckets to. Cells without probes are left as they are."""
+    sites: dict[tuple[str, Key, Key], list[Site]] = {}
+    for arms in latest_comparisons(probes, Phase.PROBE).values():
+        first = arms[0]
+        cell = _cell_of(first.shape, bucketers.get(first.task, {}))
+        site = _probe_site(arms)
+        if cell is not None and site is not None:
+            sites.setdefault((first.task, first.static, cell), []).append(site)
+    out = []
+    for w in winners:
+        found = sites.get((w.task, w.static, w.shape))
+        times = timings.get((w.task, w.static, w.shape)) if w.served_by is None else None
+        if found and times:
+            fastest = min(times.values())
+            found = [*found, Site({c: t / fastest for c, t in times.items()})]
+        out.append(_choose(w, found, margin) if found else w)
+    return out
+
+
+def _cell_of(shape: Key, bucketers: Mapping[str, Bucketer]) -> Key | None:
+    values = {}
+    for name, value in shape:
+        point = bucketers[name](value) if name in bucketers else value
+        if point is None:
+            return None
+        values[name] = point
+    return make_key(values)
+
+
+def _probe_site(arms: Sequence[Record]) -> Site | None:
+    """A probe's losses from its comparison's paired speedups over the default (its first arm)."""
+    ok = [r for r in arms if r.ok and (r.is_default or r.speedup)]
+    if not any(r.is_default for r in ok):
+        return None
+    speedups = {r.config: 1.0 if r.is_default else float(r.speedup or 0.0) for r in ok}
+    best = max(speedups.values())
+    return Site({c: best / s for c, s in speedups.items()}, tuple(ok))
+
+
+def _choose(w: Winner, sites: Sequence[Site], margin: float) -> Winner:
+    """``w`` or the config with the least worst loss over ``sites`` (module doc), the choice noted."""
+    common = set.intersection(*(set(s.losses) for s in sites))
+    if not common:
+        return w
+    worst = {c: max(s.losses[c] for s in sites) for c in common}
+    least = min(worst.values())
+    default = next((r.config for s in sites for r in s.arms if r.is_default), None)
+    keep = [c for c in (w.config, default) if c in worst and worst[c] <= least * (1 + margin)]
+    probes = sum(1 for s in sites if s.arms)
+    if keep and keep[0] == w.config:
+        return dataclasses.replace(w, region=f"held over the region: worst loss {worst[w.config] - 1:.1%} at "
+                                              f"{len(sites)} site(s), {probes} probe(s)")  # fmt: skip
+    choice = keep[0] if keep else min(common, key=lambda c: (worst[c], value_order(c)))
+    was = f"{worst[w.config] - 1:.1%}" if w.config in worst else "not measured at every probe"
+    note = (
+        f"least worst loss over the region: {worst[choice] - 1:.1%} at {len(sites)} site(s), {probes} "
+        f"probe(s) (the point's choice {key_text(w.config)}: {was})"
+    )
+    return _replaced(w, choice, sites, note)
+
+
+def _replaced(w: Winner, config: Key, sites: Sequence[Site], note: str) -> Winner:
+    """``w`` serving ``config``: its statistics from the probes (paired speedups over the default,
+    their geometric mean and range; the median probe's timing)."""
+    mine = sorted((r for s in sites for r in s.arms if r.config == config), key=lambda r: r.median_us or 0.0)
+    speedups = [1.0 if r.is_default else float(r.speedup or 0.0) for r in mine]
+    middle = mine[len(mine) // 2]
+    is_default = middle.is_default
+    return dataclasses.replace(
+        w,
+        config=config,
+        is_default=is_default,
+        median_us=float(middle.median_us or 0.0),
+        p20_us=float(middle.p20_us or 0.0),
+        p80_us=float(middle.p80_us or 0.0),
+        rel_noise=float(middle.rel_noise or 0.0),
+        num_samples=sum(r.num_samples or 0 for r in mine),
+        speedup=math.exp(sum(map(math.log, speedups)) / len(speedups)),
+        speedup_lo=min(speedups),
+        speedup_hi=max(speedups),
+        basis="region",
+        rounds=sum(r.rounds or 0 for r in mine),
+        near_ties=0,
+        tie_by="",
+        region=note,
+    )
