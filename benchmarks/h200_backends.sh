@@ -13,6 +13,9 @@
 #     (REFINE_BUDGET points, 16; REFINE_SHORTLIST=k: refined points measure their neighbours' k fastest)
 #   bash benchmarks/h200_backends.sh dense 128   # a dense grid (16 batches x 6 lengths), then holdout
 #     (REFINE_BUDGET=n: refined from the dense grid, n points at most)
+#   bash benchmarks/h200_backends.sh probe 128   # a finished grid's cells probed inside their regions,
+#     then exported with the probes (RUN: the grid, default the newest finished dense grid of the page;
+#     PER_CELL, SHORTLIST: tunectl probe's options; PROBE_RESUME=RUN_ID finishes a stopped probe run)
 #   bash benchmarks/h200_backends.sh memory      # device memory of compile processes' builds, alone
 #     (benchmarks/compile_memory.py) and in a page-16 run at large points, polled per process
 #   bash benchmarks/h200_backends.sh tables      # h200.md and lightllm.md from everything in $RES
@@ -142,6 +145,20 @@ case "${1:?step}" in
     name="h200-decode-dense${REFINE_BUDGET:+-refined}-p$page"
     sed -i -E "s/^name = .*/name = \"$name\"/; s/^values = \[1, 4, 16, 64, 256\]/values = [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256]/; s/^values = \[1024, 8192, 32768\]/values = [1024, 2048, 4096, 8192, 16384, 32768]/; s/^(range = \[1024, 32768\])$/\1\nstep = $page/; s/^strategy = \"halving\"$/strategy = \"halving\"\nrefine_budget = ${REFINE_BUDGET:-0}/" "$spec"
     tune_then_check "$name" "$spec" "$(left "${DENSE_TIMEOUT:-540}")" "$page"
+    ;;
+  probe)
+    # Bundle $NAME (default h200-decode-dense-probed-p$page) exported from the grid and its probes;
+    # the holdout step then checks it (NAME=... RUN=- HOLDOUT_SEED=s bash ... holdout $page).
+    page=${2:?page}
+    run=${RUN:-$(finished_run "h200-decode-dense-p$page" "==")}
+    timeout -k 15 "$(left "${PROBE_TIMEOUT:-540}")" tunectl probe "$run" --per-cell "${PER_CELL:-2}" \
+      --shortlist "${SHORTLIST:-4}" ${PROBE_RESUME:+--resume "$PROBE_RESUME"} --results "$RES" > /tmp/probe.log 2>&1
+    [ $? -eq 124 ] && { echo "probe stopped by its limit"; ray stop --force > /dev/null 2>&1; }
+    grep -v '^\(compile process\|flash_decode:\|"num_q_heads\|supported on\)' /tmp/probe.log | tail -n 8 | tee "$OUT/probe-$run.txt"
+    probe_run=$(grep -o 'probe run r[0-9a-f-]*' /tmp/probe.log | tail -n 1 | cut -d' ' -f3)
+    [ -n "$probe_run" ] && tunectl export bundle --results "$RES" --run "$run" --run "$probe_run" \
+      --name "${NAME:-h200-decode-dense-probed-p$page}" --version 1 --out "$RES/bundles" 2>&1 | tail -n 3
+    save
     ;;
   odd)
     # Every config of the grid at one point whose length is not a whole number of pages (as held-out

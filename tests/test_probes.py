@@ -124,6 +124,17 @@ def test_each_cell_is_probed_inside_its_region_with_the_default_and_its_fastest(
     assert all(len(i.arms) == 2 for i in _plan(records, shortlist=1).items)  # default, the winner
 
 
+def test_a_probe_also_measures_the_winners_at_the_other_corners_of_the_region() -> None:
+    crossing = ALIGNED.replace("fixed_ms = 0.5\nunaligned_ms = 1.0\nalign_batch = 8", "per_batch_ms = 0.05")
+    crossing = crossing.replace("[[configs]]\nfixed_ms = 0.8\n", "") + "[search]\nrefine_budget = 0\n"
+    records = _grid(crossing)
+    per_batch = make_key({"fixed_ms": 0.0, "per_batch_ms": 0.05, "per_kv_ms": 0.0})
+    won = {key_dict(w.shape)["batch"]: w.config for w in select_winners(records)}
+    assert won[16] == per_batch and won[32] != per_batch  # the winner changes between 16 and 32
+    arms = {key_dict(i.shape)["batch"]: set(i.arms) for i in _plan(records, shortlist=1).items}
+    assert all(per_batch in a for b, a in arms.items() if 17 <= b <= 32)  # 16's winner, probed in 32's region
+
+
 def test_export_serves_each_probed_cell_the_config_that_holds_over_its_region() -> None:
     records = _grid(ALIGNED)
     probes = [r for item in _plan(records).items for r in answer(item)]

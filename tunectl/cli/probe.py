@@ -21,7 +21,8 @@ def probe_cmd(
         DEFAULT_PER_CELL
     ),
     shortlist: Annotated[
-        int, typer.Option(help="Configs per probe besides the default and the cell's winner: the fastest there.")
+        int,
+        typer.Option(help="Probed configs besides the default and the corners' winners: the cell's fastest."),
     ] = DEFAULT_SHORTLIST,
     rounds: RoundsOption = DEFAULT_ROUNDS,
     results: ResultsOption = DEFAULT_RESULTS,
@@ -29,7 +30,7 @@ def probe_cmd(
     num_gpus: Annotated[int | None, typer.Option(help="Local instance only: GPUs to offer Ray.")] = None,
     resume: Annotated[
         str | None,
-        typer.Option(help="Finish this stopped probe run (the same RUN_ID and options).", metavar="PROBE_RUN"),
+        typer.Option(help="Finish this stopped probe run (same RUN_ID, options).", metavar="PROBE_RUN"),
     ] = None,
 ) -> None:
     """Measure, in every cell of RUN_ID's grid, shapes spread over the region the cell serves (with
@@ -40,9 +41,7 @@ def probe_cmd(
 
     Example:
     \b
-        tunectl submit configs/refine_example.toml
-        tunectl probe RUN_ID
-        tunectl export bundle --name refine --version 1 --out ./bundles
+        tunectl probe r20261203-011616-338937 --per-cell 2 --shortlist 4
     """
     from tunectl.orchestrator.probe import probe
 

@@ -12,9 +12,11 @@ dimension, per static key), ``per_cell`` shapes spread over the region the cell 
 by dimension, one per equal slice of the region in log size (the slices paired across dimensions
 in a Latin square, so two probes never share a slice), rounded to the dimension's ``step``. A
 dimension without a declared range is not varied. Each probe is one comparison, interleaved on one
-device, of the default and a short list: the cell's winner and its ``shortlist`` fastest configs
-(where the cell has no result of its own: the winners of the tuned points around it and the nearest
-one's fastest).
+device, of the default and a short list: the winners of the tuned points at the corners of the box
+around the region (with ``ceil``: the cell's point and the tuned values below it) and the cell's
+``shortlist`` fastest configs (where it has no result of its own: the nearest tuned point's). On the
+recorded H200 decode grids, a config within 3 % of the best was on that list at 106 of 108 held-out
+shapes at page 128 and 104 of 108 at page 16; from the cell's point alone, at 103 and 95.
 
 ``regional`` then serves each probed cell the config whose worst loss over the cell's sites (each
 probe, and the tuned point itself: a config's time there over the fastest config's) is least.
@@ -34,7 +36,7 @@ from tunectl.core.buckets import Bucketer
 from tunectl.core.keys import Key, key_text, make_key, value_order
 from tunectl.core.plan import WorkItem, comparison
 from tunectl.core.record import Phase, Record, latest
-from tunectl.core.shapes import ShapeDim, line_neighbours
+from tunectl.core.shapes import ShapeDim
 from tunectl.decide.coverage import nearest, sizes
 from tunectl.decide.select import Winner, fidelity, latest_comparisons
 from tunectl.decide.validate import Skipped
@@ -130,7 +132,8 @@ def plan_probes(
         for combo in itertools.product(*(values[n] for n in names)):
             cell = make_key(dict(zip(names, combo, strict=True)))
             regions = {n: region(buckets[n], sizes(cell)[n], spans[n]) for n in buckets}
-            arms = _arms(task, static, cell, tuned, timings, defaults[static], shortlist)
+            corners = _corners(cell, regions, values)
+            arms = _arms(task, static, cell, corners, tuned, timings, defaults[static], shortlist)
             mine = 0
             for shape in probe_shapes(cell, regions, steps, per_cell):
                 why = check_point(static, shape)
@@ -143,18 +146,37 @@ def plan_probes(
     return ProbePlan(tuple(items), tuple(skipped), cells)
 
 
+def _corners(cell: Key, regions: Mapping[str, tuple[int, int]], values: Mapping[str, list[int]]) -> list[Key]:
+    """The corners of the box of tuned values around ``cell``'s region: per dimension, the cell's
+    value and, where the region reaches past it, the tuned value beyond on that side."""
+    sides = []
+    for name, value in sizes(cell).items():
+        lo, hi = regions.get(name, (value, value))
+        tuned = values.get(name, [])
+        below = [v for v in tuned if v < value and lo < value][-1:]
+        above = [v for v in tuned if v > value and hi > value][:1]
+        sides.append([(name, v) for v in (value, *below, *above)])
+    return [make_key(dict(corner)) for corner in itertools.product(*sides)]
+
+
 def _arms(
-    task: str, static: Key, cell: Key, tuned: Mapping[Key, Winner], timings: Timings, default: Key, k: int
+    task: str,
+    static: Key,
+    cell: Key,
+    corners: Sequence[Key],
+    tuned: Mapping[Key, Winner],
+    timings: Timings,
+    default: Key,
+    k: int,
 ) -> tuple[Key, ...]:
-    """The default, then the cell's winner and its ``k`` fastest; for a cell without a result of its
-    own, the winners of the tuned points around it and the ``k`` fastest at the nearest one."""
-    if cell in tuned:
-        around, closest = [cell], cell
-    else:
-        around, closest = line_neighbours(cell, tuned), nearest(cell, list(tuned))
+    """The default, the winners of the tuned points at the corners around the region (the cell's
+    first), and the ``k`` fastest at the cell (where it has no result of its own: at the nearest
+    tuned point, whose winner joins them)."""
+    closest = cell if cell in tuned else nearest(cell, list(tuned))
     times = timings.get((task, static, closest), {})
     fastest = sorted(times, key=lambda c: (times[c], value_order(c)))[:k]
-    return tuple(dict.fromkeys([default, *(tuned[s].config for s in around), *fastest]))
+    won = [tuned[s].config for s in (*corners, closest) if s in tuned]
+    return tuple(dict.fromkeys([default, *won, *fastest]))
 
 
 def point_timings(records: Iterable[Record], selectable: Callable[[str, Key, Key], bool]) -> Timings:
