@@ -6,8 +6,10 @@
 Each ``--holdout`` names a bundle and the run ``tunectl validate BUNDLE --holdout N`` recorded for it;
 the table reads that run's records again (no measuring): the shapes it measured, the pick the bundle
 serves at each (looked up as the validation did, under the run's own spec), and pick / oracle from
-its interleaved comparison. ``--tuning`` adds what each bundle's tuning run cost (its records and
-points, and the span from its first item's start to its last's finish). Prints Markdown.
+its interleaved comparison. ``--pool`` adds one row per bundle over every holdout run it was scored
+on (labels ``NAME@...`` pool by NAME: shapes of several seeds together). ``--tuning`` adds what each
+bundle's tuning run cost (its records and points, and the span from its first item's start to its
+last's finish). Prints Markdown.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from tunectl.core.keys import Key, key_dict, key_text
 from tunectl.core.record import Phase, Record
 from tunectl.core.registry import get_task
 from tunectl.core.spec import DEFAULT_MARGIN, parse_spec
-from tunectl.decide.holdout import Holdout, plan_holdout, read_holdout
+from tunectl.decide.holdout import HeldOut, Holdout, plan_holdout, read_holdout
 from tunectl.store.results import read_results
 from tunectl.store.runs import load_run
 from tunectl.store.stores import read_bundle
@@ -77,12 +79,22 @@ def table(holdouts: dict[str, Holdout]) -> list[str]:
     return out
 
 
+def pooled(holdouts: dict[str, Holdout]) -> dict[str, Holdout]:
+    """One Holdout per NAME of the labels NAME@..., every shape of its runs together."""
+    out: dict[str, list[HeldOut]] = {}
+    for label, held in holdouts.items():
+        out.setdefault(label.split("@", 1)[0], []).extend(held.shapes)
+    margin = next(iter(holdouts.values())).margin
+    return {name: Holdout(tuple(shapes), margin) for name, shapes in out.items()}
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, required=True)
     parser.add_argument("--holdout", action="append", required=True, help="LABEL=BUNDLE_DIR:HOLDOUT_RUN")
     parser.add_argument("--tuning", action="append", default=[], help="LABEL=RUN: the bundle's tuning run")
     parser.add_argument("--margin", type=float, default=DEFAULT_MARGIN)
+    parser.add_argument("--pool", action="store_true", help="also: each NAME of labels NAME@... pooled")
     args = parser.parse_args(argv)
     holdouts: dict[str, Holdout] = {}
     for spec in args.holdout:
@@ -90,6 +102,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         bundle_dir, _, run_id = rest.rpartition(":")
         holdouts[label] = holdout_of(args.results, bundle_dir, run_id, args.margin)
     lines = table(holdouts)
+    if args.pool:
+        pools = pooled(holdouts)
+        lines += ["", *table(pools)[-(2 + len(pools)) :]]
     for spec in args.tuning:
         label, _, run_id = spec.partition("=")
         lines.append(f"- {label} (run {run_id}): {cost_of(read_results(args.results, [run_id]))}")

@@ -187,6 +187,7 @@ def test_probe_then_export_on_a_local_instance(ray_two_gpus: None, tmp_path: Pat
     assert len({r.run_id for r in probed}) == 1 and len(probed) == len({r.item_id for r in probed}) == 8 * 3
     out = runner.invoke(app, [*export, "--name", "after"])
     assert out.exit_code == 0, out.output
+    assert "4 entries from 2 run(s), 4 chosen over their regions by probes" in out.output
 
     params = {"capacity": 1000000, "batch": 12, "kv_len": 1000}
     assert make_key(load_bundle(store / "before" / "1").lookup("cost_model", **params) or {}) == FITS

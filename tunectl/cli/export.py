@@ -91,10 +91,12 @@ def export_bundle_cmd(
             results, name, version, out, Scope(run, task, device), Choices(margin, fill, strict)
         )
     filled = sum(w.served_by is not None for w in res.winners)
+    regional = sum(w.basis == "region" for w in res.winners)
     typer.echo(
         f"published {name}/{version} at {res.location}: {len(res.winners)} entries "
         f"from {len(res.source_runs)} run(s)"
         + (f", {filled} served by a tuned point beside them" if filled else "")
+        + (f", {regional} chosen over their regions by probes" if regional else "")
     )
     for line in res.notes():
         typer.echo(line)
