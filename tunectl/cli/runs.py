@@ -42,9 +42,10 @@ def list_runs_cmd(results: ResultsOption = DEFAULT_RESULTS, as_json: JsonOption 
     for run in runs:
         failed = ", ".join(f"{n} {s}" for s, n in run.failed.items()) or "0"
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.info.created_at))
+        kind = "" if run.info.kind == "tune" else f" ({run.info.kind})"  # validate, holdout, probe
         table.add_row(
             run.info.run_id,
-            run.info.name,
+            run.info.name + kind,
             run.info.task,
             run.state,
             started,
