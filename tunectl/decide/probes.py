@@ -52,17 +52,18 @@ def region(bucket: Bucketer, value: int, span: tuple[int, int]) -> tuple[int, in
     """The sizes inside ``span`` (lo, hi; both included) that ``bucket`` maps to ``value``. Every policy
     maps a larger size to the same point or a larger one, so they form one interval around ``value``."""
     lo, hi = span
-
-    def edge(a: int, b: int, low: bool) -> int:  # the outermost size in [a, b] (b, a) bucketing to value
-        while a != b:
-            mid = (a + b) // 2 if low else (a + b + 1) // 2
-            inside = bucket(mid) == value
-            a, b = ((a, mid) if inside else (mid + 1, b)) if low else ((mid, b) if inside else (a, mid - 1))
-        return a
-
     if not lo <= value <= hi:
         return (value, value)
-    return (edge(lo, value, low=True), edge(value, hi, low=False))
+    a, b = lo, value  # the smallest size bucketing to value lies in [a, b]
+    while a < b:
+        mid = (a + b) // 2
+        a, b = (a, mid) if bucket(mid) == value else (mid + 1, b)
+    first = a
+    a, b = value, hi  # the largest in [a, b]
+    while a < b:
+        mid = (a + b + 1) // 2
+        a, b = (mid, b) if bucket(mid) == value else (a, mid - 1)
+    return (first, a)
 
 
 def spread(lo: int, hi: int, step: int, fraction: float) -> int:
@@ -79,8 +80,8 @@ def probe_shapes(
     cell: Key, regions: Mapping[str, tuple[int, int]], steps: Mapping[str, int], n: int
 ) -> list[Key]:
     """``n`` shapes inside the region of ``cell`` (``regions``: each varied dimension's sizes), one per
-    slice of each dimension, the slices of dimension j turned by j against the first's; the cell's
-    own shape and repeats left out."""
+    slice of each dimension: the first dimension's slices in order, the second's reversed, a third's
+    turned by one (a Latin square); the cell's own shape and repeats left out."""
     varied = [d for d in regions if regions[d][0] < regions[d][1]]
     out: dict[Key, None] = {}
     for i in range(n):
