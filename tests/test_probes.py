@@ -13,15 +13,21 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
+from tests.test_faults import raw_row_count
+from tests.test_faults_driver import _InterruptedAt
 from tests.test_refine import _spec, answer, drive, work_of
 from tunectl.cli import app
 from tunectl.core.buckets import make_bucketer
+from tunectl.core.errors import UserError
 from tunectl.core.keys import key_dict, make_key
 from tunectl.core.record import Phase, Record, Status
 from tunectl.decide.probes import plan_probes, point_timings, probe_shapes, region, regional, spread
 from tunectl.decide.select import every_config, select_winners
+from tunectl.orchestrator.probe import probe
+from tunectl.orchestrator.submit import RunStopped, submit
 from tunectl.runtime import load_bundle
 from tunectl.store.results import read_results
+from tunectl.store.runs import load_run
 from tunectl.tasks.cost_model import CostModel
 
 # A kernel fast at batches that are multiples of 8 only (every tuned batch), slow between them; a
@@ -204,3 +210,23 @@ def test_probing_what_cannot_be_probed_is_one_line_and_exit_2(tmp_path: Path) ->
     assert out.exit_code == 2 and "no run r-none" in out.output and "Traceback" not in out.output
     out = CliRunner().invoke(app, ["probe", "r-none", "--per-cell", "0", "--results", str(tmp_path)])
     assert out.exit_code == 2 and "--per-cell" in out.output
+
+
+def test_a_stopped_probe_run_is_finished_by_resume_with_one_row_per_arm(
+    ray_two_gpus: None, tmp_path: Path
+) -> None:
+    spec, results = tmp_path / "p.toml", tmp_path / "res"
+    spec.write_text(ALIGNED.replace("max_seconds = 0.1", "max_seconds = 0.05"))
+    tune = submit(str(spec), results).run_id
+    with pytest.raises(RunStopped) as stopped:
+        probe(results, tune, rounds=3, progress=_InterruptedAt(2))
+    run_id = stopped.value.run_id
+    planned = load_run(results, run_id).num_planned
+    assert load_run(results, run_id).kind == "probe" and 2 <= raw_row_count(results, run_id) < planned
+    with pytest.raises(UserError, match="planned other items"):
+        probe(results, tune, rounds=3, per_cell=3, resume=run_id)
+    done = probe(results, tune, rounds=3, resume=run_id)
+    assert done.run_id == run_id and load_run(results, run_id).state == "finished"
+    assert (
+        raw_row_count(results, run_id) == len({r.item_id for r in read_results(results, [run_id])}) == planned
+    )

@@ -135,8 +135,9 @@ def _resumable(results: Path, run_id: str, kind: str, spec: Spec, digest: str) -
         raise UserError(f"run {run_id} was started with another spec ({info.spec_path}); give that one")
     if info.plan_digest != digest:
         raise UserError(
-            f"run {run_id} planned other items (another bundle, seed, number of shapes, layers or "
-            "rounds); give the options it was started with, or leave out --resume"
+            f"run {run_id} planned other items (another bundle or source run, seed, number of shapes, "
+            "probes per cell, short list, layers or rounds); give the options it was started with, or "
+            "leave out --resume"
         )
     refuse_if_running(info)
     return info
