@@ -24,7 +24,7 @@ from tunectl.decide.validate import DEFAULT_ROUNDS
 from tunectl.orchestrator.submit import Progress
 from tunectl.orchestrator.validate import run_fixed
 from tunectl.store.results import read_results
-from tunectl.store.runs import load_run, run_exists, run_facts
+from tunectl.store.runs import effective_state, load_run, run_exists, run_facts
 
 
 @dataclass(frozen=True)
@@ -57,8 +57,12 @@ def probe(
         raise UserError(f"no run {source} in {results}")
     info = load_run(results, source)
     facts = run_facts(info)
-    if info.kind != "tune" or facts is None:
-        raise UserError(f"run {source} is a {info.kind} run without a spec; probe a tuning run")
+    if info.kind != "tune":
+        raise UserError(f"run {source} is a {info.kind} run; probe a tuning run")
+    if facts is None:
+        raise UserError(f"run {source} has no spec (imported from a log); probe a tuning run with one")
+    if effective_state(info) == "running":
+        raise UserError(f"run {source} is still running; probe it once it has finished")
     spec = parse_spec(info.spec_text, info.spec_path, info.name, stored=True)
     if not spec.ranges():
         raise UserError(f"run {source}'s spec declares no range = [lo, hi] in [shapes]: no region to probe")
