@@ -10,7 +10,7 @@ from rich.console import Console
 
 from tunectl.cli._common import DEFAULT_RESULTS, ResultsOption
 from tunectl.cli.submit import connect_trapping_cancel
-from tunectl.cli.validate import AddressOption, RoundsOption, measured
+from tunectl.cli.validate import AddressOption, NumGpusOption, measured
 from tunectl.decide.probes import DEFAULT_PER_CELL, DEFAULT_SHORTLIST
 from tunectl.decide.validate import DEFAULT_ROUNDS
 
@@ -24,10 +24,10 @@ def probe_cmd(
         int,
         typer.Option(help="Probed configs besides the default and the corners' winners: the cell's fastest."),
     ] = DEFAULT_SHORTLIST,
-    rounds: RoundsOption = DEFAULT_ROUNDS,
+    rounds: Annotated[int, typer.Option(help="Interleaved rounds of each probe's configs.")] = DEFAULT_ROUNDS,
     results: ResultsOption = DEFAULT_RESULTS,
     address: AddressOption = None,
-    num_gpus: Annotated[int | None, typer.Option(help="Local instance only: GPUs to offer Ray.")] = None,
+    num_gpus: NumGpusOption = None,
     resume: Annotated[
         str | None,
         typer.Option(help="Finish this stopped probe run (same RUN_ID, options).", metavar="PROBE_RUN"),

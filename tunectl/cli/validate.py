@@ -21,6 +21,7 @@ LayersOption = Annotated[
 RoundsOption = Annotated[int, typer.Option(help="Interleaved rounds of bundle against default.")]
 R = TypeVar("R")
 AddressOption = Annotated[str | None, typer.Option(help="Ray cluster to join. Default: a local instance.")]
+NumGpusOption = Annotated[int | None, typer.Option(help="Local instance only: GPUs to offer Ray.")]
 
 
 def validate_cmd(
@@ -30,7 +31,7 @@ def validate_cmd(
     rounds: RoundsOption = DEFAULT_ROUNDS,
     results: ResultsOption = DEFAULT_RESULTS,
     address: AddressOption = None,
-    num_gpus: Annotated[int | None, typer.Option(help="Local instance only: GPUs to offer Ray.")] = None,
+    num_gpus: NumGpusOption = None,
     holdout: Annotated[
         int | None,
         typer.Option(
