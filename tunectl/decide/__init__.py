@@ -1,1 +1,2 @@
-"""Decisions made from records: winners, search strategies, coverage, validation, holdout and refinement."""
+"""Decisions made from records: winners, search strategies, coverage, validation, holdout,
+refinement and probes."""
