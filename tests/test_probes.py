@@ -20,8 +20,11 @@ from tunectl.cli import app
 from tunectl.core.buckets import make_bucketer
 from tunectl.core.errors import UserError
 from tunectl.core.keys import key_dict, make_key
+from tunectl.core.plan import plan
 from tunectl.core.record import Phase, Record, Status
-from tunectl.decide.probes import plan_probes, point_timings, probe_shapes, region, regional, spread
+from tunectl.decide.probes import plan_probes, point_timings, probe_shapes, probed, region, regional, spread
+from tunectl.decide.refine import refined
+from tunectl.decide.search import Search
 from tunectl.decide.select import every_config, select_winners
 from tunectl.orchestrator.probe import probe
 from tunectl.orchestrator.submit import RunStopped, submit
@@ -230,3 +233,48 @@ def test_a_stopped_probe_run_is_finished_by_resume_with_one_row_per_arm(
     assert (
         raw_row_count(results, run_id) == len({r.item_id for r in read_results(results, [run_id])}) == planned
     )
+
+
+def _probed_work(spec_text: str) -> Any:
+    spec = _spec("", spec_text)
+    task = CostModel()
+    made = plan(spec, task)
+    search = Search(made, spec.search)
+
+    def check(static: Any, shape: Any) -> str | None:
+        return task.check_point(dict(static), dict(shape))
+
+    return probed(refined(search, made, check), search, made, check, None)
+
+
+PROBED = ALIGNED + "[search]\nprobes = 2\nrounds = 4\n"
+
+
+def test_probes_in_the_spec_follow_the_grid_in_the_same_run_and_resume_alike() -> None:
+    whole = drive(_probed_work(PROBED))
+    probes = [r for r in whole if r.phase == Phase.PROBE]
+    assert len({r.shape_key for r in probes}) == 8 and len(probes) == len({r.item_id for r in probes}) == 24
+    grid = [r for r in whole if r.phase != Phase.PROBE]
+    assert whole.index(probes[0]) > max(whole.index(r) for r in grid if r.phase == Phase.FINAL)  # grid first
+    chosen = _regional(grid, probes)
+    assert {w.config for w in chosen.values()} == {STEADY}
+
+    items = len({r.group_id or r.item_id for r in whole})
+    for stop in (3, items - 3):  # in the grid; among the probes (the last 8 items)
+        work = _probed_work(PROBED)
+        first = drive(work, stop_after=stop)
+        assert work.missing() > 0
+        resumed = _probed_work(PROBED)
+        rest = drive(resumed, first)
+        assert resumed.missing() == 0
+        ids = [r.item_id for r in rest]
+        assert len(ids) == len(set(ids)) == len(whole)  # one row per planned arm, none twice
+        assert {r.item_id for r in rest} == {r.item_id for r in whole}
+
+
+def test_probes_in_a_spec_without_ranges_are_one_line(tmp_path: Path) -> None:
+    spec = tmp_path / "p.toml"
+    spec.write_text(PROBED.replace("range = [1, 64]\n", ""))
+    out = CliRunner().invoke(app, ["submit", str(spec), "--results", str(tmp_path / "res")])
+    assert out.exit_code == 2 and "search.probes" in out.output and "declare range" in out.output
+    assert "Traceback" not in out.output and not (tmp_path / "res").exists()

@@ -32,6 +32,7 @@ strategy = "halving"                # grid | halving
 finalists = 3
 refine_budget = 16                  # extra points per static key where a range is declared (decide/refine)
 refine_shortlist = 3                # a refined point measures the default and each neighbour's 3 fastest
+probes = 2                          # then shapes per cell inside the region it serves (decide/probes)
 
 [default]                           # optional: the baseline config (else the task's own default)
 num_splits = 1
@@ -96,6 +97,10 @@ class SearchSpec:
     # refinement: a refined point measures the default and the k fastest configs of each tuned point
     # next to it (along each refined dimension); 0: every config
     refine_shortlist: int = 0
+    # probes: once a static key's points are finished and refined, shapes per cell of its grid measured
+    # inside the region the cell serves (tunectl.decide.probes); 0: off
+    probes: int = 0
+    probe_shortlist: int = 4  # the configs a probe compares besides the default and the corners' winners
 
     def rung_budget(self, rung: int) -> float:
         """Halving: a look's share of a full measurement at ``rung``."""
@@ -125,6 +130,8 @@ TABLE_RULES: dict[str, Rule] = {
     "search.min_budget": Rule.number(0, 1, low_open=True),
     "search.refine_budget": Rule.number(0),
     "search.refine_shortlist": Rule.integer(0),
+    "search.probes": Rule.integer(0),
+    "search.probe_shortlist": Rule.integer(1),
     "select.margin": Rule.number(0, 1),
 }
 
@@ -235,6 +242,10 @@ class _Validator:
         search = self.search(raw.get("search", {}))
         if search.refine_budget >= 1 and not float(search.refine_budget).is_integer():
             raise self.fail("search.refine_budget", "a number of points (>= 1) must be whole; a share is < 1")
+        if search.probes and not any(d.range for d in shapes):
+            raise self.fail(
+                "search.probes", "probes measure inside regions: declare range = [lo, hi] in [shapes]"
+            )
         select = self.dataclass_table(SelectSpec, raw.get("select", {}), "select")
         default = None if raw.get("default") is None else self.default(raw["default"], task, rules)
         return Spec(self.path, name, task.name, static, shapes, configs, measure, resources, search, text,

@@ -22,23 +22,31 @@ shapes at page 128 and 104 of 108 at page 16; from the cell's point alone, at 10
 probe, and the tuned point itself: a config's time there over the fastest config's) is least.
 The cell's own entry keeps its place where its worst loss is within the margin of that least one,
 and the default next; a config the probes did not measure everywhere is not chosen.
+
+``tunectl probe RUN`` probes a finished run as a run of its own. With ``[search] probes = n`` the
+tuning run probes itself (``Probed``): a layer over the search and refinement that plans a static
+key's probes once both are done with it, from finished records only, so a resumed run plans the
+same probes and asks only for the arms without a row.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from tunectl.core.buckets import Bucketer
+from tunectl.core.buckets import Bucketer, make_bucketer
 from tunectl.core.keys import Key, key_text, make_key, value_order
-from tunectl.core.plan import WorkItem, comparison
+from tunectl.core.plan import Plan, WorkItem, comparison, in_pool, selectable_in
 from tunectl.core.record import Phase, Record, latest
 from tunectl.core.shapes import ShapeDim
 from tunectl.decide.coverage import nearest, sizes
-from tunectl.decide.select import Winner, fidelity, latest_comparisons
+from tunectl.decide.refine import Refined
+from tunectl.decide.search import Search
+from tunectl.decide.select import Winner, fidelity, latest_comparisons, select_winners
 from tunectl.decide.validate import Skipped
 
 DEFAULT_PER_CELL = 2
@@ -297,3 +305,86 @@ def _replaced(w: Winner, config: Key, sites: Sequence[Site], note: str) -> Winne
         tie_by="",
         region=note,
     )
+
+
+class Probed:
+    """A run's work with ``[search] probes`` on: ``inner``'s items (the search, refined or not), then each
+    static key's probes, planned once ``inner`` is done with it (every point finished, refinement
+    settled). The probes are a function of finished records only, so a resumed run plans the same
+    ones and asks only for the arms without a row."""
+
+    def __init__(
+        self, inner: Search | Refined, search: Search, plan: Plan, check_point: CheckPoint, pool: str | None
+    ) -> None:
+        self.inner, self.search, self.plan = inner, search, plan
+        self._check = check_point
+        self._pool = pool
+        self._statics = [s for s, _, _ in plan.count.per_static]
+        self._planned: dict[Key, list[WorkItem]] = {}  # static key -> its probes, once planned
+        self._issued: set[str] = set()
+        self._done: set[str] = set()  # record ids of probe rows
+
+    def start(self, records: Iterable[Record] = ()) -> None:
+        records = list(records)
+        self._done.update(r.item_id for r in records if r.phase is Phase.PROBE)
+        self.inner.start([r for r in records if r.phase is not Phase.PROBE])
+
+    def draw(self, limit: int) -> list[WorkItem]:
+        return self.inner.draw(limit) + self._grow()
+
+    def follow_up(self, records: Sequence[Record]) -> list[WorkItem]:
+        self._done.update(r.item_id for r in records if r.phase is Phase.PROBE)
+        return self.inner.follow_up([r for r in records if r.phase is not Phase.PROBE]) + self._grow()
+
+    def estimate(self) -> int:
+        return self.inner.estimate() + sum(
+            len(i.record_ids()) for items in self._planned.values() for i in items
+        )
+
+    def missing(self) -> int:
+        """The inner work's missing items, then the planned probes without all their rows."""
+        left = self.inner.missing()
+        self._grow()
+        probes = [i for items in self._planned.values() for i in items]
+        return left + sum(not set(i.record_ids()) <= self._done for i in probes)
+
+    def _grow(self) -> list[WorkItem]:
+        """The probes of every static key ``inner`` is now done with, those not handed out nor done."""
+        for static in self._statics:
+            if static not in self._planned and self.inner.settled(static):
+                self._planned[static] = self._probes(static)
+        out = []
+        for items in self._planned.values():
+            for item in items:
+                if item.item_id not in self._issued and not set(item.record_ids()) <= self._done:
+                    self._issued.add(item.item_id)
+                    out.append(item)
+        return out
+
+    def _probes(self, static: Key) -> list[WorkItem]:
+        spec, facts = self.plan.spec, self.plan.facts
+        records = [r for p in self.search.points_at(static) for r in p.records.values()]
+        selectable = selectable_in([facts])
+        winners = select_winners(records, selectable=selectable, margin=spec.select.margin)
+        if not winners:
+            return []
+        made = plan_probes(
+            spec.task, spec.shapes, {d.name: functools.partial(make_bucketer, d.bucket) for d in spec.shapes},
+            winners, point_timings(records, selectable), {static: self.search.configs_at(static)[0]},
+            self._check, per_cell=spec.search.probes, shortlist=spec.search.probe_shortlist,
+            rounds=spec.search.rounds,
+        )  # fmt: skip
+        pool = self._pool
+        return [
+            i if pool is None else dataclasses.replace(i, item_id=in_pool(i.item_id, pool))
+            for i in made.items
+        ]
+
+
+def probed(
+    work: Search | Refined, search: Search, plan: Plan, check_point: CheckPoint, pool: str | None
+) -> Search | Refined | Probed:
+    """``work`` with its cells probed where the spec asks for probes (``[search] probes``); else as is."""
+    if plan.spec.search.probes <= 0 or not plan.spec.ranges():
+        return work
+    return Probed(work, search, plan, check_point, pool)

@@ -171,6 +171,10 @@ class Refined:
         self._grow()
         return self.search.missing()
 
+    def settled(self, static: Key) -> bool:
+        """Whether refinement is done with ``static``: every level measured, no midpoint left."""
+        return static in self._settled
+
     def _grow(self) -> list[WorkItem]:
         """Plan every level whose points have all finished; the new points' items not yet in."""
         items: list[WorkItem] = []

@@ -270,6 +270,10 @@ class Search:
         finals = 1 + min(finalists, num_configs - 1) if finalists else 0
         return self.strategy.num_records(num_configs) + finals
 
+    def settled(self, static: Key) -> bool:
+        """Whether every planned point of ``static`` is drawn and finished (its finals too)."""
+        return static in self.complete and all(map(self.finished, self.points_at(static)))
+
     def finished(self, point: Point) -> bool:
         """Whether every item the point needs (its finals too) has its records."""
         return not self._unfinished(point)

@@ -29,6 +29,7 @@ from tunectl.core.plan import Plan, WorkItem, check_size, plan
 from tunectl.core.record import Record
 from tunectl.core.registry import get_task
 from tunectl.core.spec import MeasureSpec, ResourceSpec, Spec, load_spec, parse_spec
+from tunectl.decide.probes import probed
 from tunectl.decide.refine import refined
 from tunectl.decide.search import Search
 from tunectl.orchestrator.builds import CompileOptions
@@ -228,7 +229,8 @@ def submit(
         def check(static: Key, shape: Key) -> str | None:
             return task.check_point(dict(static), dict(shape))
 
-        return refined(Search(work, spec.search, pool), work, check)
+        found = Search(work, spec.search, pool)
+        return probed(refined(found, work, check), found, work, check, pool)
 
     out = run(
         search, spec.resources, spec.measure, results=results, info=info, resumed=previous is not None,
