@@ -271,6 +271,12 @@ def _print_summary(console: Console, out: Any, results: Path) -> None:
         records = read_results(results, run_ids=[out.run_id])
         winners = select_from(records, facts_of(results, [out.run_id]))
     console.print(winners_table(winners, title=f"winners of {out.run_id} ({out.plan.spec.task})"))
+    probes = {r.shape_key for r in records if r.phase == "probe"}
+    if probes:
+        console.print(
+            f"these are the tuned points' winners; {len(probes)} probe shape(s) were measured inside their "
+            "regions, and `tunectl export bundle` chooses each probed cell's config over its region"
+        )
     console.print(f"results: {results}")
     if not winners:
         failed = Counter(str(r.status) for r in records if not r.ok)
