@@ -189,7 +189,7 @@ def test_probe_then_export_on_a_local_instance(ray_two_gpus: None, tmp_path: Pat
     export = ["export", "bundle", "--results", str(results), "--version", "1", "--out", str(store)]
     assert runner.invoke(app, [*export, "--name", "before"]).exit_code == 0
 
-    out = runner.invoke(app, ["probe", tune, "--results", str(results), "--rounds", "3"])
+    out = runner.invoke(app, ["probe", tune, "--results", str(results)])
     assert out.exit_code == 0, out.output
     assert "8 shape(s) in 4 cell(s)" in out.output
     probed = [r for r in read_results(results) if r.phase == Phase.PROBE]
@@ -278,3 +278,22 @@ def test_probes_in_a_spec_without_ranges_are_one_line(tmp_path: Path) -> None:
     out = CliRunner().invoke(app, ["submit", str(spec), "--results", str(tmp_path / "res")])
     assert out.exit_code == 2 and "search.probes" in out.output and "declare range" in out.output
     assert "Traceback" not in out.output and not (tmp_path / "res").exists()
+
+
+@pytest.mark.slow
+def test_a_tuning_run_with_probes_in_its_spec_on_a_local_instance(ray_two_gpus: None, tmp_path: Path) -> None:
+    spec, results, store = tmp_path / "p.toml", tmp_path / "res", tmp_path / "b"
+    # 8 interleaved rounds: a paired ratio of a few rounds on a busy CPU can swing by a sleep's overshoot
+    text = PROBED.replace("max_seconds = 0.1", "max_seconds = 0.05").replace("rounds = 4", "rounds = 8")
+    spec.write_text(text + "refine_budget = 0\n")
+    out = CliRunner().invoke(app, ["submit", str(spec), "--results", str(results)])
+    assert out.exit_code == 0, out.output
+    assert "8 probe shape(s) were measured inside" in " ".join(out.output.split())
+    rows = read_results(results)
+    assert len({r.run_id for r in rows}) == 1 and len(rows) == len({r.item_id for r in rows})
+    assert sum(r.phase == Phase.PROBE for r in rows) == 8 * 3 and all(r.rounds == 8 for r in rows if r.rounds)
+    out = CliRunner().invoke(app, ["export", "bundle", "--results", str(results), "--name", "p", "--version",
+                                   "1", "--out", str(store)])  # fmt: skip
+    assert out.exit_code == 0 and "4 chosen over their regions by probes" in out.output, out.output
+    found = load_bundle(store / "p" / "1").lookup("cost_model", capacity=1000000, batch=12, kv_len=1000)
+    assert make_key(found or {}) == STEADY
