@@ -197,8 +197,8 @@ def test_probe_then_export_on_a_local_instance(ray_two_gpus: None, tmp_path: Pat
     out = runner.invoke(app, ["probe", tune, "--results", str(results)])
     assert out.exit_code == 0, out.output
     assert "8 shape(s) in 4 cell(s)" in out.output
-    probed = [r for r in read_results(results) if r.phase == Phase.PROBE]
-    assert len({r.run_id for r in probed}) == 1 and len(probed) == len({r.item_id for r in probed}) == 8 * 3
+    rows = [r for r in read_results(results) if r.phase == Phase.PROBE]
+    assert len({r.run_id for r in rows}) == 1 and len(rows) == len({r.item_id for r in rows}) == 8 * 3
     out = runner.invoke(app, [*export, "--name", "after"])
     assert out.exit_code == 0, out.output
     assert "4 entries from 2 run(s), 4 chosen over their regions by probes" in out.output
@@ -210,7 +210,7 @@ def test_probe_then_export_on_a_local_instance(ray_two_gpus: None, tmp_path: Pat
     entry = after.entry("cost_model", **params) or {}
     assert entry["basis"] == "region" and "least worst loss over the region" in entry["reason"]
     manifest = json.loads((store / "after" / "1" / "manifest.json").read_text())
-    assert sorted(manifest["source_runs"]) == sorted({tune, probed[0].run_id})
+    assert sorted(manifest["source_runs"]) == sorted({tune, rows[0].run_id})
 
 
 def test_probing_what_cannot_be_probed_is_one_line_and_exit_2(tmp_path: Path) -> None:
