@@ -104,7 +104,7 @@ def _plan(records: list[Record], per_cell: int = 2, shortlist: int = 4) -> Any:
     winners = select_winners(records)
     return plan_probes(
         "cost_model", spec.shapes, {d.name: functools.partial(make_bucketer, d.bucket) for d in spec.shapes},
-        winners, point_timings(records, every_config), {w.static: DEFAULT for w in winners},
+        winners, point_timings(records, every_config), lambda _: DEFAULT,
         lambda s, h: task.check_point(dict(s), dict(h)), per_cell=per_cell, shortlist=shortlist, rounds=4,
     )  # fmt: skip
 

@@ -43,6 +43,7 @@ from tunectl.core.keys import Key, key_text, make_key, value_order
 from tunectl.core.plan import Plan, WorkItem, comparison, in_pool, selectable_in
 from tunectl.core.record import Phase, Record, latest
 from tunectl.core.shapes import ShapeDim
+from tunectl.core.spec import Spec
 from tunectl.decide.coverage import nearest, sizes
 from tunectl.decide.refine import Refined
 from tunectl.decide.search import Search
@@ -116,7 +117,7 @@ def plan_probes(
     bucketers: Mapping[str, Callable[[Sequence[int]], Bucketer]],
     winners: Sequence[Winner],
     timings: Timings,
-    defaults: Mapping[Key, Key],
+    default_of: Callable[[Key], Key],
     check_point: CheckPoint,
     *,
     per_cell: int = DEFAULT_PER_CELL,
@@ -126,7 +127,7 @@ def plan_probes(
     """The probe comparisons of every cell of ``winners``' grid (one tuning run's winners of ``task``).
 
     ``bucketers``: per dimension, the bucketer of its policy over given points; ``timings``: each tuned
-    point's single-timing medians (``point_timings``); ``defaults``: the default config per static key.
+    point's single-timing medians (``point_timings``); ``default_of``: a static key's default config.
     """
     items: list[WorkItem] = []
     skipped: list[Skipped] = []
@@ -142,7 +143,7 @@ def plan_probes(
             cell = make_key(dict(zip(names, combo, strict=True)))
             regions = {n: region(buckets[n], sizes(cell)[n], spans[n]) for n in buckets}
             corners = _corners(cell, regions, values)
-            arms = _arms(task, static, cell, corners, tuned, timings, defaults[static], shortlist)
+            arms = _arms(task, static, cell, corners, tuned, timings, default_of(static), shortlist)
             mine = 0
             for shape in probe_shapes(cell, regions, steps, per_cell):
                 why = check_point(static, shape)
@@ -153,6 +154,25 @@ def plan_probes(
                 mine += 1
             cells += mine > 0
     return ProbePlan(tuple(items), tuple(skipped), cells)
+
+
+def probes_of(
+    spec: Spec,
+    records: Sequence[Record],
+    selectable: Callable[[str, Key, Key], bool],
+    default_of: Callable[[Key], Key],
+    check_point: CheckPoint,
+    *,
+    per_cell: int,
+    shortlist: int,
+    rounds: int,
+) -> ProbePlan:
+    """The probes of a tuning run's finished ``records`` (its measurements and finals) under its spec."""
+    winners = select_winners(records, selectable=selectable, margin=spec.select.margin)
+    bucketers = {d.name: functools.partial(make_bucketer, d.bucket) for d in spec.shapes}
+    timings = point_timings(records, selectable)
+    return plan_probes(spec.task, spec.shapes, bucketers, winners, timings, default_of, check_point,
+                       per_cell=per_cell, shortlist=shortlist, rounds=rounds)  # fmt: skip
 
 
 def _corners(cell: Key, regions: Mapping[str, tuple[int, int]], values: Mapping[str, list[int]]) -> list[Key]:
@@ -362,23 +382,15 @@ class Probed:
         return out
 
     def _probes(self, static: Key) -> list[WorkItem]:
-        spec, facts = self.plan.spec, self.plan.facts
-        records = [r for p in self.search.points_at(static) for r in p.records.values()]
-        selectable = selectable_in([facts])
-        winners = select_winners(records, selectable=selectable, margin=spec.select.margin)
-        if not winners:
-            return []
-        made = plan_probes(
-            spec.task, spec.shapes, {d.name: functools.partial(make_bucketer, d.bucket) for d in spec.shapes},
-            winners, point_timings(records, selectable), {static: self.search.configs_at(static)[0]},
-            self._check, per_cell=spec.search.probes, shortlist=spec.search.probe_shortlist,
-            rounds=spec.search.rounds,
+        search = self.plan.spec.search
+        made = probes_of(
+            self.plan.spec, [r for p in self.search.points_at(static) for r in p.records.values()],
+            selectable_in([self.plan.facts]), lambda _: self.search.configs_at(static)[0], self._check,
+            per_cell=search.probes, shortlist=search.probe_shortlist, rounds=search.rounds,
         )  # fmt: skip
-        pool = self._pool
-        return [
-            i if pool is None else dataclasses.replace(i, item_id=in_pool(i.item_id, pool))
-            for i in made.items
-        ]
+        if self._pool is None:
+            return list(made.items)
+        return [dataclasses.replace(i, item_id=in_pool(i.item_id, self._pool)) for i in made.items]
 
 
 def probed(

@@ -7,19 +7,16 @@ A probe run is a run like a validation (its rows land in the results dataset, ph
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tunectl.core.buckets import make_bucketer
 from tunectl.core.errors import UserError
 from tunectl.core.plan import default_of, selectable_in
 from tunectl.core.record import SELECTED_PHASES
 from tunectl.core.registry import get_task
-from tunectl.core.spec import DEFAULT_MARGIN, parse_spec
-from tunectl.decide.probes import DEFAULT_PER_CELL, DEFAULT_SHORTLIST, ProbePlan, plan_probes, point_timings
-from tunectl.decide.select import select_winners
+from tunectl.core.spec import parse_spec
+from tunectl.decide.probes import DEFAULT_PER_CELL, DEFAULT_SHORTLIST, ProbePlan, probes_of
 from tunectl.decide.validate import DEFAULT_ROUNDS
 from tunectl.orchestrator.submit import Progress
 from tunectl.orchestrator.validate import run_fixed
@@ -67,16 +64,9 @@ def probe(
     if not spec.ranges():
         raise UserError(f"run {source}'s spec declares no range = [lo, hi] in [shapes]: no region to probe")
     task = get_task(spec.task)
-    records = [r for r in read_results(results, run_ids=[source]) if r.phase in SELECTED_PHASES]
-    selectable = selectable_in([facts])
-    margin = DEFAULT_MARGIN if facts.margin is None else facts.margin
-    winners = select_winners(records, selectable=selectable, margin=margin)
-    if not winners:
-        raise UserError(f"run {source} has no point where a config ran ok: nothing to probe")
-    plan = plan_probes(
-        spec.task, spec.shapes, {d.name: functools.partial(make_bucketer, d.bucket) for d in spec.shapes},
-        winners, point_timings(records, selectable),
-        {w.static: default_of(task, w.static, spec.default) for w in winners},
+    plan = probes_of(
+        spec, [r for r in read_results(results, run_ids=[source]) if r.phase in SELECTED_PHASES],
+        selectable_in([facts]), lambda static: default_of(task, static, spec.default),
         lambda static, shape: task.check_point(dict(static), dict(shape)),
         per_cell=per_cell, shortlist=shortlist, rounds=rounds,
     )  # fmt: skip
