@@ -298,7 +298,7 @@ def test_a_tuning_run_with_probes_in_its_spec_on_a_local_instance(ray_two_gpus: 
 
 
 def _chose_the_steady_kernel(bundle: Path) -> None:
-    """Every entry the probes chose serves the steady kernel, and they chose most. (Offline tests pin
+    """Every entry the probes chose serves the steady kernel, and they chose half or more. (Offline tests pin
     every cell; here a sleep on a busy CPU can stall a round and blur a probe's paired ratios.)"""
     entries = list(load_bundle(bundle).entries("cost_model"))
     regional = [e for e in entries if e["basis"] == "region"]
