@@ -22,12 +22,14 @@ from tunectl.core.errors import UserError
 from tunectl.core.keys import key_dict, make_key
 from tunectl.core.plan import plan
 from tunectl.core.record import Phase, Record, Status
+from tunectl.decide.holdout import draw_shapes
 from tunectl.decide.probes import plan_probes, point_timings, probe_shapes, probed, region, regional, spread
 from tunectl.decide.refine import refined
 from tunectl.decide.search import Search
 from tunectl.decide.select import every_config, select_winners
 from tunectl.orchestrator.probe import probe
 from tunectl.orchestrator.submit import RunStopped, submit
+from tunectl.orchestrator.validate import measured_shapes
 from tunectl.runtime import load_bundle
 from tunectl.store.results import read_results
 from tunectl.store.runs import load_run
@@ -202,6 +204,12 @@ def test_probe_then_export_on_a_local_instance(ray_two_gpus: None, tmp_path: Pat
     out = runner.invoke(app, [*export, "--name", "after"])
     assert out.exit_code == 0, out.output
     assert "4 entries from 2 run(s)" in out.output and "chosen over their regions by probes" in out.output
+    # held-out shapes leave out the probes' shapes as well as the tuned points (batch 1-64, one length)
+    measured = measured_shapes(results, load_bundle(store / "after" / "1"), "cost_model")
+    tuned = {make_key({"batch": b, "kv_len": 1024}) for b in (8, 16, 32, 64)}
+    assert {r.shape for r in rows} | tuned == measured
+    drawn = draw_shapes(_spec("", ON_RAY), 64, seed=0, tuned=measured)
+    assert len(drawn) == 64 - len(measured) and not set(drawn) & measured
     before = list(load_bundle(store / "before" / "1").entries("cost_model"))
     assert [make_key(e["config"]) for e in before] == [FITS] * 4
     _chose_the_steady_kernel(store / "after" / "1")

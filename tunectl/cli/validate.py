@@ -35,7 +35,8 @@ def validate_cmd(
     holdout: Annotated[
         int | None,
         typer.Option(
-            help="Instead: draw this many shapes inside SPEC's ranges that were not tuned, and time the "
+            help="Instead: draw this many shapes inside SPEC's ranges that were not measured for the bundle "
+            "(tuned, refined or probed in its source runs), and time the "
             "bundle's pick against the default and every selectable config at each (single calls)."
         ),
     ] = None,

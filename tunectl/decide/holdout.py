@@ -1,10 +1,11 @@
 """Held-out validation: how a bundle's picks do at shapes nobody tuned.
 
 ``N`` shapes are drawn inside the spec's declared ranges (log-uniform, rounded to each dimension's
-``step``; a dimension without a range takes one of its values), leaving out shapes the bundle was
-tuned at. At each, for each static key, one item times the default, the bundle's pick and every
-selectable config of the spec in interleaved rounds on one device (``WorkItem`` phase ``holdout``,
-single calls as serving makes them). The fastest of them is the oracle; pick / oracle is the pick's
+``step``; a dimension without a range takes one of its values), leaving out shapes the bundle's
+choices were measured at (its tuned points, and its source runs' refined points and probes). At
+each, for each static key, one item times the default, the bundle's pick and every selectable
+config of the spec in interleaved rounds on one device (``WorkItem`` phase ``holdout``, single
+calls as serving makes them). The fastest of them is the oracle; pick / oracle is the pick's
 time over the oracle's (1.0: the pick was the best there). The bundle fails the check when the pick
 is slower than the oracle by more than the margin at more than 5 % of the shapes.
 """

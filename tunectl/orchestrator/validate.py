@@ -45,7 +45,7 @@ from tunectl.orchestrator.submit import Progress, RunOptions, new_run, refuse_if
 from tunectl.runtime import Bundle
 from tunectl.store.bundle import MANIFEST, publish, publish_local
 from tunectl.store.results import read_results
-from tunectl.store.runs import RunInfo, load_run
+from tunectl.store.runs import RunInfo, load_run, run_exists
 from tunectl.store.stores import open_store, read_bundle
 
 
@@ -164,9 +164,9 @@ def validate_holdout(
     resume: str | None = None,
     **options: Any,
 ) -> HoldoutRun:
-    """Measure ``bundle``'s picks at ``num_shapes`` shapes drawn inside ``spec``'s ranges and not tuned,
-    against the default and every selectable config there (``tunectl.decide.holdout``), as a run of its own.
-    ``resume``: as ``validate``'s.
+    """Measure ``bundle``'s picks at ``num_shapes`` shapes drawn inside ``spec``'s ranges, none measured
+    for it (``measured_shapes``), against the default and every selectable config there
+    (``tunectl.decide.holdout``), as a run of its own. ``resume``: as ``validate``'s.
 
     ``options``: ``tunectl.orchestrator.submit.RunOptions`` fields (address, num_gpus, connect_fn, ...).
     """
@@ -180,8 +180,7 @@ def validate_holdout(
             f"{spec.path}: --holdout draws shapes inside ranges; declare range = [lo, hi] in [shapes]"
         )
     loaded = bundle if isinstance(bundle, Bundle) else read_bundle(bundle)
-    tuned = tuned_shapes(loaded, spec.task)
-    shapes = draw_shapes(spec, num_shapes, seed, tuned)
+    shapes = draw_shapes(spec, num_shapes, seed, measured_shapes(results, loaded, spec.task))
     task = get_task(spec.task)
     items, picks, skipped = plan_holdout(spec, loaded, shapes, rounds=rounds, task=task)
     if not items:
@@ -191,11 +190,17 @@ def validate_holdout(
     return HoldoutRun(run_id, spec.path, read_holdout(records, picks, margin), tuple(skipped))
 
 
-def tuned_shapes(bundle: Bundle, task: str) -> set[Key]:
-    """The shapes ``bundle`` holds a measured entry for (not one served from a neighbour)."""
+def measured_shapes(results: str | Path, bundle: Bundle, task: str) -> set[Key]:
+    """The shapes ``bundle``'s choices were measured at, none of them fit to hold out: those of its
+    measured entries (not one served from a neighbour) and, where ``results`` holds its source runs,
+    every shape they measured (refined points, probes, points that left no entry)."""
     if task not in bundle.tasks:
         return set()
-    return {make_key(e["shape"]) for e in bundle.entries(task) if not e.get("served_by")}
+    shapes = {make_key(e["shape"]) for e in bundle.entries(task) if not e.get("served_by")}
+    runs = [r for r in bundle.manifest.get("source_runs", ()) if run_exists(results, r)]
+    if runs:
+        shapes |= {r.shape for r in read_results(results, runs) if r.task == task}
+    return shapes
 
 
 def export_validated(
