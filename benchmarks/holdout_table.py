@@ -6,15 +6,17 @@
 Each ``--holdout`` names a bundle and the run ``tunectl validate BUNDLE --holdout N`` recorded for it;
 the table reads that run's records again (no measuring): the shapes it measured, the pick the bundle
 serves at each (looked up as the validation did, under the run's own spec), and pick / oracle from
-its interleaved comparison. ``--pool`` adds one row per bundle over every holdout run it was scored
-on (labels ``NAME@...`` pool by NAME: shapes of several seeds together). ``--tuning`` adds what each
-bundle's tuning run cost (its records and points, and the span from its first item's start to its
-last's finish). Prints Markdown.
+its interleaved comparison. A shape the bundle's own source runs measured (a tuned point, a probe)
+is left out, as ``validate --holdout`` leaves it out when it draws. ``--pool`` adds one row per
+bundle over every holdout run it was scored on (labels ``NAME@...`` pool by NAME: shapes of several
+seeds together). ``--tuning`` adds what each bundle's tuning run cost (its records and points, and
+the span from its first item's start to its last's finish). Prints Markdown.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -23,6 +25,7 @@ from tunectl.core.record import Phase, Record
 from tunectl.core.registry import get_task
 from tunectl.core.spec import DEFAULT_MARGIN, parse_spec
 from tunectl.decide.holdout import HeldOut, Holdout, plan_holdout, read_holdout
+from tunectl.orchestrator.validate import measured_shapes
 from tunectl.store.results import read_results
 from tunectl.store.runs import load_run
 from tunectl.store.stores import read_bundle
@@ -34,8 +37,11 @@ def holdout_of(results: Path, bundle_dir: str, run_id: str, margin: float) -> Ho
     spec = parse_spec(info.spec_text, info.spec_path, info.name, stored=True)
     records = [r for r in read_results(results, [run_id]) if r.phase == Phase.HOLDOUT]
     shapes = list(dict.fromkeys(r.shape for r in records))
-    _, picks, _ = plan_holdout(spec, read_bundle(bundle_dir), shapes, rounds=2, task=get_task(spec.task))
-    return read_holdout(records, picks, margin)
+    bundle = read_bundle(bundle_dir)
+    _, picks, _ = plan_holdout(spec, bundle, shapes, rounds=2, task=get_task(spec.task))
+    held = read_holdout(records, picks, margin)
+    measured = measured_shapes(results, bundle, spec.task)  # not held out for this bundle: left out
+    return dataclasses.replace(held, shapes=tuple(h for h in held.shapes if h.shape not in measured))
 
 
 def cost_of(records: Sequence[Record]) -> str:
