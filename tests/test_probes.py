@@ -170,6 +170,8 @@ def test_a_winner_that_holds_over_its_region_keeps_its_place() -> None:
         assert (
             w.config == fits and w.basis != "region" and "held over the region: worst loss 0.0%" in w.reason
         )
+        served = dataclasses.replace(w, served_by=make_key({"batch": 8}), served_why="no result")
+        assert "served by the tuned point" in served.reason and served.reason.endswith(w.region)
 
 
 def test_a_probe_that_failed_or_a_config_not_probed_everywhere_decides_nothing() -> None:

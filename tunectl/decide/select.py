@@ -96,7 +96,8 @@ class Winner:
         if self.served_by is None:
             return self._reason + (f"; {self.region}" if self.region else "")
         source = key_text(self.served_by)
-        return f"served by the tuned point {source} ({self.served_why} here); there: {self._reason}"
+        held = f"; {self.region}" if self.region else ""
+        return f"served by the tuned point {source} ({self.served_why} here); there: {self._reason}{held}"
 
     @property
     def _reason(self) -> str:
