@@ -93,10 +93,10 @@ class Winner:
         """Why this config is the entry, in a line."""
         if self.basis == "region":  # chosen by the probes of its region (tunectl.decide.probes)
             return self.region
-        if self.served_by is None:
-            return self._reason + (f"; {self.region}" if self.region else "")
-        source = key_text(self.served_by)
         held = f"; {self.region}" if self.region else ""
+        if self.served_by is None:
+            return self._reason + held
+        source = key_text(self.served_by)
         return f"served by the tuned point {source} ({self.served_why} here); there: {self._reason}{held}"
 
     @property
