@@ -7,7 +7,8 @@
 #   bash benchmarks/h200_backends.sh drift       # the drift guard against an induced load
 #   bash benchmarks/h200_backends.sh grid 16     # the decode grid at one page size (16, then 128)
 #   bash benchmarks/h200_backends.sh holdout 128 # export, then random untuned shapes measured
-#     (HOLDOUT_SEED=s: other shapes; NAME=bundle: a bundle already in $RES/bundles)
+#     (HOLDOUT_SEED=s: other shapes; NAME=bundle: a bundle already in $RES/bundles; HOLDOUT_STEP=128:
+#     lengths on whole pages only)
 #   bash benchmarks/h200_backends.sh odd 128     # every config, item by item, at a length off the page
 #   bash benchmarks/h200_backends.sh refined 128 # the grid with refinement (again to resume), then holdout
 #     (REFINE_BUDGET points, 16; REFINE_SHORTLIST=k: refined points measure their neighbours' k fastest)
@@ -87,11 +88,13 @@ check_bundle() {  # run $2 exported as bundle $1 (unless $RES/bundles holds it a
   holdout=$(page_spec "$3")
   spans "$holdout"  # held-out shapes are drawn inside the spans serving meets: batch 1-256, 1k-32k
   sed -i -E 's/^strategy = "halving"$/strategy = "halving"\nrefine_budget = 0/' "$holdout"
+  # HOLDOUT_STEP=n: lengths drawn on multiples of n (the page: no ragged last page), else any length
+  [ -n "${HOLDOUT_STEP:-}" ] && sed -i -E "s/^(range = \[1024, 32768\])$/\1\nstep = $HOLDOUT_STEP/" "$holdout"
   [ -d "$RES/bundles/$name/1" ] ||
     tunectl export bundle --results "$RES" --run "$run" --name "$name" --version 1 --out "$RES/bundles" 2>&1 | tail -n 3
   timeout -k 15 "$(left "${VALIDATE_TIMEOUT:-480}")" tunectl validate "$RES/bundles/$name/1" --spec "$holdout" \
     --holdout 24 --seed "$seed" ${VALIDATE_RESUME:+--resume "$VALIDATE_RESUME"} --results "$RES" 2>&1 \
-    | grep -v '^\(compile process\|flash_decode:\|\"num_q_heads\|supported on\)' | tail -n 80 | tee "$OUT/holdout-$name-seed$seed.txt"
+    | grep -v '^\(compile process\|flash_decode:\|\"num_q_heads\|supported on\)' | tail -n 80 | tee "$OUT/holdout-$name-seed$seed${HOLDOUT_STEP:+-step$HOLDOUT_STEP}.txt"
   save
 }
 tune_then_check() {  # tune_step $1 $2 $3, then check_bundle once the run finished (page $4)
