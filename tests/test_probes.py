@@ -212,8 +212,12 @@ def test_probe_then_export_on_a_local_instance(ray_two_gpus: None, tmp_path: Pat
     assert {r.shape for r in rows} | tuned == measured
     drawn = draw_shapes(_spec("", ON_RAY), 64, seed=0, tuned=measured)
     assert len(drawn) == 64 - len(measured) and not set(drawn) & measured
+    # without probes each tuned point keeps its own winner; a round stalled on a busy CPU may widen the
+    # noise there past the 2x margin, and then the default stays, saying why
     before = list(load_bundle(store / "before" / "1").entries("cost_model"))
-    assert [make_key(e["config"]) for e in before] == [FITS] * 4
+    kept = [e for e in before if make_key(e["config"]) != FITS]
+    assert len(before) == 4 and len(kept) <= 1, before
+    assert all(make_key(e["config"]) == DEFAULT and "noise" in e["reason"] for e in kept), kept
     _chose_the_steady_kernel(store / "after" / "1")
     manifest = json.loads((store / "after" / "1" / "manifest.json").read_text())
     assert sorted(manifest["source_runs"]) == sorted({tune, rows[0].run_id})
