@@ -29,7 +29,8 @@ def test_the_backend_declares_its_options_and_untuned_call() -> None:
     assert at.options({"num_kv_splits": 8, "BLOCK_N": 32, "BLOCK_H": 4, "num_warps": 8, "num_stages": 3}) == (
         at.TritonOptions(8, 32, 4, 8, 3)
     )
-    for name in ("num_kv_splits", "BLOCK_H", "BLOCK_N", "num_warps", "num_stages"):
+    assert at.options({"split_rule": "one_wave"}) == at.TritonOptions(0, 64, 16, 4, 2, "one_wave")
+    for name in ("num_kv_splits", "BLOCK_H", "BLOCK_N", "num_warps", "num_stages", "split_rule"):
         assert name in FlashDecode.param_rules and name in FlashDecode.config_params
 
 
@@ -47,6 +48,8 @@ def test_the_backend_declares_its_options_and_untuned_call() -> None:
         ({"BLOCK_H": 0}, "BLOCK_H=0"),
         ({"num_warps": 6}, "num_warps=6 must be a power of two"),
         ({"num_stages": 0}, "num_stages=0 must be between 1 and 8"),
+        ({"split_rule": "fast"}, "split_rule='fast' must be one of occupancy, one_wave"),
+        ({"num_kv_splits": 8, "split_rule": "one_wave"}, "split_rule applies to num_kv_splits = 0"),
     ],
 )
 def test_options_the_kernel_cannot_take_are_invalid_with_one_line(config: dict, why: str) -> None:
@@ -83,6 +86,30 @@ def test_the_split_heuristic_fills_the_sms_without_short_splits() -> None:
             assert splits(batch, kv_len, num_sms=264) >= n  # more SMs, never fewer splits
 
 
+def test_one_wave_takes_fewer_splits_where_the_occupancy_count_overflows_a_wave() -> None:
+    slots = at.PROGRAMS_PER_SM * 132
+
+    def splits(batch: int, kv_len: int, rule: str) -> int:
+        return at.heuristic_splits(
+            batch=batch, num_kv_heads=8, head_blocks=1, kv_len=kv_len, num_sms=132, rule=rule, block_n=64
+        )
+
+    # batch 5: 40 programs a split; 14 splits of 576 tokens cover 7847 with 14 active: 560 programs
+    assert splits(5, 7847, "occupancy") == 14 and at.active_splits(7847, 14, 64) == 14
+    assert splits(5, 7847, "one_wave") == 13 and 40 * at.active_splits(7847, 13, 64) <= slots
+    # at 8192 the 14 splits are of 640 tokens: 13 active, 520 programs, one wave already
+    assert splits(5, 8192, "one_wave") == splits(5, 8192, "occupancy") == 14
+    assert splits(4, 32768, "occupancy") == 17 and splits(4, 32768, "one_wave") == 16  # 544 -> 512
+    assert splits(80, 32768, "one_wave") == splits(80, 32768, "occupancy") == 1  # 640 programs: 1 split
+    for batch in (1, 2, 3, 5, 7, 11, 16, 33, 40, 66):
+        for kv_len in (300, 1024, 3000, 7847, 12000, 32768):
+            wave, occupancy = splits(batch, kv_len, "one_wave"), splits(batch, kv_len, "occupancy")
+            assert 1 <= wave <= occupancy
+            assert batch * 8 * at.active_splits(kv_len, wave, 64) <= slots  # every program in one wave
+            if wave < occupancy:  # fewer only where the occupancy count overflowed
+                assert batch * 8 * at.active_splits(kv_len, occupancy, 64) > slots
+
+
 def test_a_fixed_split_count_builds_one_kernel_for_every_batch_and_length() -> None:
     task = FlashDecode()
     config = {"backend": "triton", "num_kv_splits": 8, "BLOCK_N": 64}
@@ -108,6 +135,8 @@ def test_serving_gets_the_options_as_the_config_names_them() -> None:
     call = adapters.flash_decode(config)
     assert call == adapters.Call("triton", {k: v for k, v in config.items() if k != "backend"}, True)
     assert adapters.flash_decode({"backend": "triton"}) == adapters.Call("triton", {}, True)
+    rule = {"backend": "triton", "split_rule": "one_wave"}
+    assert adapters.flash_decode(rule) == adapters.Call("triton", {"split_rule": "one_wave"}, True)
 
 
 def test_on_a_cpu_without_the_interpreter_the_backend_is_invalid(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -36,6 +36,8 @@ CASES: list[tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = [
     ({"causal": False}, {}, {**T, "num_kv_splits": 3, "BLOCK_N": 16, "BLOCK_H": 2}),
     ({"sinks": True}, {}, {**T, "num_kv_splits": 3, "BLOCK_N": 16}),
     ({"sinks": True, "page_size": 1}, {"q_len": 2}, {**T, "num_kv_splits": 1, "BLOCK_N": 16, "BLOCK_H": 4}),
+    # one KV head, batch 3 on the interpreter's one SM: the occupancy count (2) overflows, one wave takes 1
+    ({"num_kv_heads": 1, "num_q_heads": 2}, {"batch": 3, "kv_len": 300}, {**T, "split_rule": "one_wave"}),
 ]
 
 

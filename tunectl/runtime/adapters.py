@@ -17,8 +17,8 @@ backend added later) is treated as a miss and logged, never raised.
   ``flash_attn_with_kvcache(num_splits, pack_gqa)`` of flash-attn 3 / sgl-kernel; ``sdpa`` ->
   ``scaled_dot_product_attention(enable_gqa)`` under ``requires["sdpa_backend"]``; ``flex`` ->
   ``flex_attention(kernel_options)``; ``triton`` -> the options of ``tunectl.tasks._triton_decode`` as the
-  config names them (``num_kv_splits``, ``BLOCK_N``, ``BLOCK_H``, ``num_warps``, ``num_stages``; an
-  option left out takes ``tunectl.tasks._adapters_triton.DEFAULTS``);
+  config names them (``num_kv_splits``, ``BLOCK_N``, ``BLOCK_H``, ``num_warps``, ``num_stages``,
+  ``split_rule``; an option left out takes ``tunectl.tasks._adapters_triton.DEFAULTS``);
   ``flex_attention(kernel_options)``; ``flashinfer`` -> ``BatchDecodeWithPagedKVCacheWrapper.plan(
   fixed_split_size, disable_split_kv)`` on a wrapper made with ``requires["use_tensor_cores"]`` and
   ``requires["kv_layout"]``;
@@ -64,7 +64,7 @@ FLEX_CALL_OPTIONS = (
 )
 
 DECODE_BACKENDS = ("fa4", "fa2", "fa3", "sgl", "sdpa", "flex", "triton", "flashinfer")
-TRITON_DECODE_OPTIONS = ("num_kv_splits", "BLOCK_N", "BLOCK_H", "num_warps", "num_stages")
+TRITON_DECODE_OPTIONS = ("num_kv_splits", "BLOCK_N", "BLOCK_H", "num_warps", "num_stages", "split_rule")
 
 
 @dataclass(frozen=True)

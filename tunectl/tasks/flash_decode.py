@@ -26,7 +26,7 @@ gpt-oss). Backends and their options (``BACKEND_OPTIONS``):
   table (one block per page) and Flex's kernel options;
 - ``triton``: this project's split-KV paged decode kernel in Triton (``tunectl.tasks._triton_decode``),
   any page size, GQA rows grouped per KV head; ``num_kv_splits`` (0 = a heuristic), ``BLOCK_N``, ``BLOCK_H``,
-  ``num_warps``, ``num_stages`` (``tunectl.tasks._adapters_triton``).
+  ``num_warps``, ``num_stages``, ``split_rule`` (``tunectl.tasks._adapters_triton``).
 - ``flashinfer``: FlashInfer's ``BatchDecodeWithPagedKVCacheWrapper``, planned once and run under CUDA
   graphs as serving runs it (tunectl.tasks._adapters_flashinfer); ``use_tensor_cores``, ``fixed_split_size``
   (pages) and ``disable_split_kv`` (tensor-core path only), ``kv_layout`` (``HND`` runs on a re-laid
@@ -109,6 +109,7 @@ class FlashDecode(Task):
         "sdpa_gqa": Rule.one_of("native", "expand"),
         **_flex.KERNEL_OPTION_RULES,
         "num_kv_splits": Rule.integer(0, _adapters_triton.MAX_SPLITS),
+        "split_rule": Rule.one_of(*_adapters_triton.SPLIT_RULES),
         "BLOCK_H": Rule.integer(1, 64),
         "use_tensor_cores": Rule.one_of(True, False),
         "fixed_split_size": Rule.integer(1, 1 << 20),
