@@ -11,9 +11,12 @@ what it does without them (``DEFAULTS``, the backend's untuned call):
 - ``split_rule``: how the heuristic (``num_kv_splits = 0`` only) rounds: ``"occupancy"`` (the default)
   takes the count above as it is; ``"one_wave"`` takes fewer splits where that count's programs with
   tokens to read overflow one wave of ``PROGRAMS_PER_SM`` per SM and fewer fit it. The occupancy
-  count rounds up, and its extra programs run as a second wave behind the first: on the H200's decode
-  runs the default config at such points was a median 16-19 % slower than the fastest config there,
-  against 0-2 % where its programs fit one wave (``benchmarks/holdout_offline.py waves``).
+  count rounds up, and its extra programs run as a second wave behind the first: on the H200's
+  decode runs the default config at such points (their last split half full or more) was a median
+  16-19 % slower than the fastest config there, against 0-2 % where its programs fit one wave. Where
+  the runs timed ``one_wave``'s count as a fixed config (the same launch), it was faster than the
+  occupancy count at 101 of 102 points, a median 0.91x (page 128) and 0.96x (page 16) its time
+  (``benchmarks/holdout_offline.py waves``).
 - ``BLOCK_N``: tokens per inner step, gathered one by one through the page table (any page size);
   a power of two from 16 to 256.
 - ``BLOCK_H``: query rows per program. A KV head has ``group x q_len`` rows (its query heads times the
@@ -111,8 +114,8 @@ def heuristic_splits(
     leave its last splits without tokens (``active_splits``)."""
     programs = batch * num_kv_heads * head_blocks
     slots = PROGRAMS_PER_SM * num_sms
-    for_occupancy = -(-slots // programs)
-    longest = -(-kv_len // MIN_SPLIT_TOKENS)
+    for_occupancy = _cdiv(slots, programs)
+    longest = _cdiv(kv_len, MIN_SPLIT_TOKENS)
     splits = max(1, min(for_occupancy, longest, HEURISTIC_MAX_SPLITS))
     if rule == "one_wave" and programs <= slots:
         while splits > 1 and programs * active_splits(kv_len, splits, block_n) > slots:
