@@ -4,9 +4,9 @@ A bundle entry serves a region (with ``ceil``, every size above the tuned value 
 own), but its config was chosen at one point: a round size at the region's edge. Between points a
 winner can fall off a cliff. A kernel that fills the GPU's SMs exactly at batch 16 leaves a second
 wave almost empty at 17; a split-KV kernel whose splits fill one wave of programs at 8192 tokens
-overflows into a second at 7847 (the Triton default at batch 5, page 128: fastest at 8192, 11-15 % slower at
-7847-7890 on the H200). On the H200's decode grids the point's winner was more than 3 % slower than the best
-config at about one held-out shape in five (``benchmarks/results/holdout_h200.md``).
+overflows into a second at 7847 (the Triton default at batch 5, page 128: fastest at 8192, 11-15 %
+slower at 7847-7890 on the H200). On the H200's decode grids the point's winner was more than 3 %
+slower than the best config at about one held-out shape in five (``benchmarks/results/holdout_h200.md``).
 
 Probing measures, in each cell of a tuning run's grid (the product of the values it tuned per
 dimension, per static key), ``per_cell`` shapes spread over the region the cell serves: dimension
