@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
 import statistics
 import tempfile
@@ -174,17 +175,14 @@ class Layout:
 
 
 def layout(batch: int, kv_len: int, num_kv_heads: int = 8) -> Layout:
-    programs, slots, block = (
-        batch * num_kv_heads,
-        triton.PROGRAMS_PER_SM * H200_SMS,
-        triton.DEFAULTS["BLOCK_N"],
-    )
+    programs, block = batch * num_kv_heads, triton.DEFAULTS["BLOCK_N"]
     args = dict(batch=batch, num_kv_heads=num_kv_heads, head_blocks=1, kv_len=kv_len, num_sms=H200_SMS)
     splits = triton.heuristic_splits(**args)  # type: ignore[arg-type]
     per_split = _cdiv(_cdiv(kv_len, splits), block) * block  # as the kernel cuts a sequence
     active = triton.active_splits(kv_len, splits, block)
     last = (kv_len - (active - 1) * per_split) / per_split
-    return Layout(splits == _cdiv(slots, programs), active, programs * active, last)
+    bound = splits == _cdiv(triton.PROGRAMS_PER_SM * H200_SMS, programs)
+    return Layout(bound, active, programs * active, last)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -201,9 +199,12 @@ def _batch5_near_8k(shape: Key) -> bool:
     return batch == 5 and 6000 <= kv_len <= 9000
 
 
-def _relative_times(runs: Sequence[str]) -> dict[Key, dict[Key, float]]:
-    """Per shape, each config's time over the fastest's: paired where compared, else single timings."""
-    records = read_results(RESULTS, list(runs))
+@functools.cache
+def _relative_times(page: int) -> dict[Key, dict[Key, float]]:
+    """Per shape of the page's grid and holdout runs, each config's time over the fastest's: paired
+    where compared, else single timings."""
+    grid, held = RUNS[page]
+    records = read_results(RESULTS, [grid[0], *held])
     out: dict[Key, dict[Key, float]] = {}
     for arms in latest_comparisons(records, Phase.HOLDOUT).values():
         speedups = {r.config: 1.0 if r.is_default else float(r.speedup or 0) for r in arms if r.ok}
@@ -218,9 +219,9 @@ def waves() -> list[str]:
     lines = ["| page | programs with work | last split | shapes | default Triton / fastest: median | > 3 % |",
              "|---|---|---|---|---|---|"]  # fmt: skip
     series: dict[int, list[tuple[Key, dict[Key, float]]]] = {}
-    for page, (grid, held) in RUNS.items():
+    for page in RUNS:
         groups: dict[tuple[str, str], list[float]] = {}
-        times = _relative_times([grid[0], *held])
+        times = _relative_times(page)
         for shape, rel in times.items():
             if DEFAULT_TRITON not in rel or len(rel) < 20:  # every config timed there
                 continue
@@ -256,9 +257,9 @@ def one_wave() -> list[str]:
     lines = ["| page | shapes | one_wave / occupancy: median | min | max | faster at "
              "| / fastest, occupancy: median | one_wave: median |",
              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for page, (grid, held) in RUNS.items():
+    for page in RUNS:
         pairs = []
-        for shape, rel in _relative_times([grid[0], *held]).items():
+        for shape, rel in _relative_times(page).items():
             batch, kv_len = _batch_kv(shape)
             args = dict(batch=batch, num_kv_heads=8, head_blocks=1, kv_len=kv_len, num_sms=H200_SMS)
             occupancy = triton.heuristic_splits(**args)  # type: ignore[arg-type]
