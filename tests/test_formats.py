@@ -206,6 +206,7 @@ def test_every_decode_backend_option_reaches_the_call() -> None:
         "USE_TMA": True,
         "BACKEND": "TRITON",
         "num_kv_splits": 16,
+        "split_rule": "one_wave",
         "BLOCK_H": 16,
         "use_tensor_cores": True,
         "fixed_split_size": 16,

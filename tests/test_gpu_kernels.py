@@ -58,6 +58,7 @@ DECODE_CASES: list[tuple[dict[str, Any], tuple[str, ...]]] = [
     ({"backend": "flex", "num_warps": 4, "num_stages": 2}, ("ok",)),
     ({"backend": "flex", "SPLIT_KV": 8}, ("ok",)),
     ({"backend": "triton"}, ("ok",)),
+    ({"backend": "triton", "split_rule": "one_wave"}, ("ok",)),
     ({"backend": "triton", "num_kv_splits": 1, "BLOCK_N": 64, "BLOCK_H": 16}, ("ok",)),
     ({"backend": "triton", "num_kv_splits": 16, "BLOCK_N": 32, "BLOCK_H": 4, "num_stages": 3}, ("ok",)),
     ({"backend": "triton", "num_kv_splits": 64, "BLOCK_N": 64, "num_warps": 8}, ("ok",)),
