@@ -178,15 +178,12 @@ def layout(batch: int, kv_len: int, num_kv_heads: int = 8) -> Layout:
     programs, block = batch * num_kv_heads, triton.DEFAULTS["BLOCK_N"]
     args = dict(batch=batch, num_kv_heads=num_kv_heads, head_blocks=1, kv_len=kv_len, num_sms=H200_SMS)
     splits = triton.heuristic_splits(**args)  # type: ignore[arg-type]
-    per_split = _cdiv(_cdiv(kv_len, splits), block) * block  # as the kernel cuts a sequence
+    per_split = triton.split_tokens(kv_len, splits, block)
     active = triton.active_splits(kv_len, splits, block)
     last = (kv_len - (active - 1) * per_split) / per_split
-    bound = splits == _cdiv(triton.PROGRAMS_PER_SM * H200_SMS, programs)
+    # the count never exceeds the occupancy bound, and reaches it only if its programs fill the slots
+    bound = splits * programs >= triton.PROGRAMS_PER_SM * H200_SMS
     return Layout(bound, active, programs * active, last)
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _batch_kv(shape: Key) -> tuple[int, int]:

@@ -123,10 +123,14 @@ def heuristic_splits(
     return splits
 
 
+def split_tokens(kv_len: int, splits: int, block_n: int) -> int:
+    """Tokens per split when ``kv_len`` tokens are cut into ``splits`` of whole blocks, as the kernel cuts."""
+    return _cdiv(_cdiv(kv_len, splits), block_n) * block_n
+
+
 def active_splits(kv_len: int, splits: int, block_n: int) -> int:
     """Splits with tokens to read when ``kv_len`` tokens are cut into ``splits`` of whole blocks."""
-    per_split = _cdiv(_cdiv(kv_len, splits), block_n) * block_n  # as the kernel cuts a sequence
-    return _cdiv(kv_len, per_split)
+    return _cdiv(kv_len, split_tokens(kv_len, splits, block_n))
 
 
 def head_blocks(static: Params, q_len: int, block_h: int) -> int:
