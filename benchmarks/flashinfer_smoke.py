@@ -6,8 +6,8 @@ At batch x kv_len 1 x 32768, 4 x 8192 and 4 x 32768 (bf16, 32 query / 8 KV heads
 query token), page sizes 16 and 128, each config goes the way a tuning run takes it: the task's
 inputs and reference, ``FlashDecode.prepare``, a first call (FlashInfer plans and JIT-builds there;
 its seconds are shown as ``first_s``), the output compared with the reference, then the project's
-sampler (``tunectl.tasks.timing.make_sampler``: CUDA-graph replay, L2 flushed before each sample) under the
-adaptive stopping rule of ``tunectl.tasks.harness.measure``. Printed per row: median and p20-p80 in µs,
+sampler (``tunectl.measure.timing.make_sampler``: CUDA-graph replay, L2 flushed before each sample) under the
+adaptive stopping rule of ``tunectl.measure.harness.measure``. Printed per row: median and p20-p80 in µs,
 samples, the median against the ~4.3 TB/s copy roof, and the max abs error against the reference.
 
 FlashInfer's JIT modules are built into ``--cache`` (default: tunectl's compile cache in the temp
@@ -84,9 +84,9 @@ def _row(task: Any, static: dict[str, Any], shape: dict[str, Any], config: dict[
     """One config's printed columns, and False if it raised or its output is wrong."""
     import torch
 
+    from tunectl.measure.harness import measure
+    from tunectl.measure.timing import make_sampler
     from tunectl.tasks.base import InvalidConfig
-    from tunectl.tasks.harness import measure
-    from tunectl.tasks.timing import make_sampler
 
     try:
         t0 = time.perf_counter()

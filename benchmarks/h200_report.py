@@ -51,7 +51,7 @@ softcap=0.0, window=None, batch=4, kv_len=30000, q_len=1)` gives the entry tuned
 NOTES = """\
 How it was measured:
 - decode, pages 16 and 128 (runs of 2026-12-01): each config is captured into CUDA graphs and timed
-  by the difference method (`measure.timing = "difference"`, tunectl/tasks/difference.py): one graph of
+  by the difference method (`measure.timing = "difference"`, tunectl/measure/difference.py): one graph of
   K x (L2 flush, call) against one graph of the K flushes alone, replayed in alternating order, a
   sample being the difference over K; the flush reads a buffer twice the L2. No per-sample launch or
   event cost is left in a sample (the replay method, one call per replay, read 2-7 µs high: see

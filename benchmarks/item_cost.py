@@ -32,24 +32,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 #: whole call or its first kernel call: loading a kernel resets the profiler's view of the frames
 #: already running, so those read zero; the items' wall times stand in for the whole.)
 PARTS = (
-    ("point set-up (inputs, reference)", "tasks/runner.py", "_load_point"),
-    ("loading (prepare)", "tasks/runner.py", "timed_prepare"),
-    ("check: the comparison with the reference", "tasks/runner.py", "_compare"),
-    ("sampler build", "tasks/timing.py", "make_sampler"),
-    ("  of which first estimate", "tasks/difference.py", "gpu_time_us"),
-    ("  of which graph capture", "tasks/difference.py", "graph_of"),
-    ("  of which spin cover", "tasks/difference.py", "cover"),
-    ("guard, whole (incl. the measurement)", "tasks/drift.py", "measure"),
-    ("  guard references (a point's first item; waits)", "tasks/drift.py", "_time_probe"),
-    ("  guard checks (before, looks, after)", "tasks/drift.py", "_check"),
-    ("  guard, all its own work (probes, looks, waits)", "tasks/drift.py", "_timed"),
-    ("  guard waits", "tasks/drift.py", "_came_back"),
-    ("sampling (harness collect)", "tasks/harness.py", "collect"),
-    ("device state reads", "tasks/nvml.py", "read_state"),
+    ("point set-up (inputs, reference)", "tunectl/measure/runner.py", "_load_point"),
+    ("loading (prepare)", "tunectl/measure/runner.py", "timed_prepare"),
+    ("check: the comparison with the reference", "tunectl/measure/runner.py", "_compare"),
+    ("sampler build", "tunectl/measure/timing.py", "make_sampler"),
+    ("  of which first estimate", "tunectl/measure/difference.py", "gpu_time_us"),
+    ("  of which graph capture", "tunectl/measure/difference.py", "graph_of"),
+    ("  of which spin cover", "tunectl/measure/difference.py", "cover"),
+    ("guard, whole (incl. the measurement)", "tunectl/measure/drift.py", "measure"),
+    ("  guard references (a point's first item; waits)", "tunectl/measure/drift.py", "_time_probe"),
+    ("  guard checks (before, looks, after)", "tunectl/measure/drift.py", "_check"),
+    ("  guard, all its own work (probes, looks, waits)", "tunectl/measure/drift.py", "_timed"),
+    ("  guard waits", "tunectl/measure/drift.py", "_came_back"),
+    ("sampling (harness collect)", "tunectl/measure/harness.py", "collect"),
+    ("device state reads", "tunectl/measure/nvml.py", "read_state"),
     ("  of which NVML init", "pynvml.py", "nvmlInit"),
     ("  of which power", "pynvml.py", "nvmlDeviceGetPowerUsage"),
     ("  of which violation counters", "pynvml.py", "nvmlDeviceGetViolationStatus"),
-    ("event timer (one launch, synchronised)", "tasks/difference.py", "__call__"),
+    ("event timer (one launch, synchronised)", "tunectl/measure/difference.py", "__call__"),
 )
 
 
@@ -69,7 +69,7 @@ def main() -> int:
 
     from tunectl.core.plan import plan
     from tunectl.core.spec import load_spec
-    from tunectl.tasks.runner import ItemRunner
+    from tunectl.measure.runner import ItemRunner
 
     device = args.device or ("cuda:0" if torch.cuda.is_available() else "cpu")
     spec = load_spec(args.spec)

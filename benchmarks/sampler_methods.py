@@ -5,7 +5,7 @@ Methods, all with a cold L2:
 - ``replay``: a graph of one call replayed between events, the L2 written over before each sample
   outside the graph (tunectl's earlier method; ``measure.timing = "replay"``);
 - ``difference, write flush`` / ``difference, read flush``: a graph of K x (flush, call) minus a
-  graph of K flushes, over K (``tunectl.tasks.difference``), with the flush that zeroes a buffer twice the
+  graph of K flushes, over K (``tunectl.measure.difference``), with the flush that zeroes a buffer twice the
   L2, or the one that sums it (``FLUSH`` picks one for tunectl);
 - ``do_bench``: Triton's ``triton.testing.do_bench`` (an eager call between events per sample, its
   own L2 flush before each), median.
@@ -32,9 +32,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tunectl.core.spec import MeasureSpec, load_spec
-from tunectl.tasks.difference import FLUSH, cuda_difference_sampler
-from tunectl.tasks.harness import measure
-from tunectl.tasks.timing import make_sampler
+from tunectl.measure.difference import FLUSH, cuda_difference_sampler
+from tunectl.measure.harness import measure
+from tunectl.measure.timing import make_sampler
 
 COPY_US = (10, 20, 40, 100, 400, 2000)
 POINTS = ({"batch": 2, "kv_len": 3000, "q_len": 1}, {"batch": 1, "kv_len": 32768, "q_len": 1})

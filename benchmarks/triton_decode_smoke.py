@@ -5,7 +5,7 @@ bf16, 32 query / 8 KV heads, head dim 128, one query token (configs/h200/flash_d
 static key). Each config is prepared through the ``flash_decode`` task, its output checked against the
 task's reference (max abs error shown), then timed with the project's sampler as the H200 specs time
 it: CUDA graphs, cold L2, the difference method (K x (flush, call) minus K flushes), adaptive sampling
-(``tunectl.tasks.timing.make_sampler``, ``tunectl.tasks.harness.measure``).
+(``tunectl.measure.timing.make_sampler``, ``tunectl.measure.harness.measure``).
 Achieved bandwidth is the task's ``bytes_moved`` over the median; % roof is against ``--roof-tbps``.
 About a minute on an H200, most of it Triton compiles.
 
@@ -24,11 +24,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tunectl.core.record import Timing
 from tunectl.core.spec import MeasureSpec, load_spec
+from tunectl.measure.harness import measure
+from tunectl.measure.timing import make_sampler
 from tunectl.tasks import _adapters_triton
 from tunectl.tasks.base import InvalidConfig
 from tunectl.tasks.flash_decode import FlashDecode
-from tunectl.tasks.harness import measure
-from tunectl.tasks.timing import make_sampler
 
 ROOT = Path(__file__).resolve().parents[1]
 # the H200 decode spec's static key, less the page size each run sets

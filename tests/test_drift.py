@@ -11,9 +11,9 @@ from collections.abc import Callable
 import pytest
 
 from tunectl.core.spec import MeasureSpec
-from tunectl.tasks import drift
-from tunectl.tasks.drift import CHECK_REUSE_S, MAX_WAIT_S, DriftGuard, Guarded, moved
-from tunectl.tasks.harness import summarise
+from tunectl.measure import drift
+from tunectl.measure.drift import CHECK_REUSE_S, MAX_WAIT_S, DriftGuard, Guarded, moved
+from tunectl.measure.harness import summarise
 
 SETTINGS = MeasureSpec(warmup=0, min_samples=10, max_samples=50, noise_target=0.01, max_seconds=10.0)
 PROBE_US, CALL_US = 200.0, 40.0

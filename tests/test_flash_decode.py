@@ -179,7 +179,7 @@ def test_bytes_moved_counts_the_kv_a_window_lets_the_kernel_read() -> None:
 
 def test_the_runner_records_sdpa_as_ok_and_flash_attn_on_cpu_as_invalid() -> None:
     from tunectl.core.plan import WorkItem
-    from tunectl.tasks.runner import ItemRunner
+    from tunectl.measure.runner import ItemRunner
 
     runner = ItemRunner("cpu")
     runner._tasks["flash_decode"] = _task()

@@ -257,7 +257,7 @@ def test_the_runner_records_flashinfer_on_a_cpu_as_invalid_not_as_an_error() -> 
     from tunectl.core.keys import make_key
     from tunectl.core.plan import WorkItem, item_id
     from tunectl.core.spec import MeasureSpec
-    from tunectl.tasks.runner import ItemRunner
+    from tunectl.measure.runner import ItemRunner
 
     keys = make_key(STATIC), make_key(SHAPE), make_key({"backend": "flashinfer"})
     item = WorkItem(item_id("flash_decode", *keys), "flash_decode", *keys, False)
@@ -297,8 +297,8 @@ GPU_CONFIGS = [
 def test_flashinfer_matches_the_reference_eagerly_and_replayed_in_a_cuda_graph(
     config: dict[str, Any], variant: dict[str, Any]
 ) -> None:
+    from tunectl.measure.timing import make_sampler
     from tunectl.tasks.base import DTYPE_TOLERANCE
-    from tunectl.tasks.timing import make_sampler
 
     static, shape = {**GPU_STATIC, **variant}, {"batch": 4, "kv_len": 2000, "q_len": 1}
     task = FlashDecode()

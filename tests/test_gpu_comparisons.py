@@ -2,7 +2,7 @@
 
 A comparison keeps every arm's CUDA-graph sampler and times them all after the last arm is checked,
 so a graph must keep the memory it replays alive after its arm's call is dropped
-(``tunectl.tasks.difference``). Held-out shapes are not whole numbers of pages and their batches
+(``tunectl.measure.difference``). Held-out shapes are not whole numbers of pages and their batches
 are odd; 14 x 1452 tokens in pages of 128 is one of them.
 """
 
@@ -58,7 +58,7 @@ def _installed(module: str) -> bool:
 
 
 def test_a_graph_replay_keeps_the_call_it_captured_and_the_memory_the_call_owns() -> None:
-    from tunectl.tasks.difference import graph_of
+    from tunectl.measure.difference import graph_of
 
     cache = torch.randn(64, 16, device="cuda")
     out = torch.empty(16, device="cuda")
@@ -86,7 +86,7 @@ def test_a_graph_replay_keeps_the_call_it_captured_and_the_memory_the_call_owns(
 
 
 def test_a_holdout_comparison_of_many_configs_at_an_odd_point_checks_and_times_every_arm() -> None:
-    from tunectl.tasks.runner import ItemRunner
+    from tunectl.measure.runner import ItemRunner
 
     arms = TORCH_ARMS + [config for module, config in LIBRARY_ARMS if _installed(module)]
     item = comparison(

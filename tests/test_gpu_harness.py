@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tunectl.tasks import nvml, timing
-from tunectl.tasks.nvml import GpuState
+from tunectl.measure import nvml, timing
+from tunectl.measure.nvml import GpuState
 
 torch = pytest.importorskip("torch")
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -90,7 +90,7 @@ def _show(label: str, rec: Any) -> None:
 
 @pytest.mark.parametrize("page_size", [16, 128])
 def test_every_decode_backend_runs_or_is_recorded_honestly(page_size: int) -> None:
-    from tunectl.tasks.runner import ItemRunner
+    from tunectl.measure.runner import ItemRunner
 
     runner = ItemRunner("cuda:0")
     static, shape = {**DECODE, "page_size": page_size}, {"batch": 4, "kv_len": 4096, "q_len": 1}
@@ -106,7 +106,7 @@ def test_every_decode_backend_runs_or_is_recorded_honestly(page_size: int) -> No
 
 
 def test_decode_with_sinks_window_and_softcap_on_flash_attn_4() -> None:
-    from tunectl.tasks.runner import ItemRunner
+    from tunectl.measure.runner import ItemRunner
 
     runner = ItemRunner("cuda:0")
     static = {**DECODE, "page_size": 128, "sinks": True, "softcap": 30.0, "window": (1023, 0)}
@@ -118,7 +118,7 @@ def test_decode_with_sinks_window_and_softcap_on_flash_attn_4() -> None:
 
 @pytest.mark.parametrize("page_size", [1, 16, 128])
 def test_the_triton_decode_kernel_matches_the_reference_at_several_shapes(page_size: int) -> None:
-    from tunectl.tasks.runner import ItemRunner
+    from tunectl.measure.runner import ItemRunner
 
     runner = ItemRunner("cuda:0")
     static = {**DECODE, "page_size": page_size}
@@ -133,7 +133,7 @@ def test_the_triton_decode_kernel_matches_the_reference_at_several_shapes(page_s
 
 
 def test_the_triton_decode_kernel_takes_sinks_window_and_softcap() -> None:
-    from tunectl.tasks.runner import ItemRunner
+    from tunectl.measure.runner import ItemRunner
 
     runner = ItemRunner("cuda:0")
     static = {**DECODE, "page_size": 16, "sinks": True, "softcap": 30.0, "window": (1023, 0)}
@@ -145,8 +145,8 @@ def test_the_triton_decode_kernel_takes_sinks_window_and_softcap() -> None:
 
 @pytest.mark.parametrize("mask", ["causal", "document_causal", "sliding_window"])
 def test_flex_prefill_compiles_checks_and_times(mask: str) -> None:
+    from tunectl.measure.runner import ItemRunner
     from tunectl.tasks._flex import available_backends
-    from tunectl.tasks.runner import ItemRunner
 
     runner = ItemRunner("cuda:0")
     static = {

@@ -28,9 +28,9 @@ from typing import Any
 import pytest
 
 from tunectl.core.spec import MeasureSpec
-from tunectl.tasks.difference import cuda_flush, num_calls_for, repeated
-from tunectl.tasks.harness import measure
-from tunectl.tasks.timing import make_sampler
+from tunectl.measure.difference import cuda_flush, num_calls_for, repeated
+from tunectl.measure.harness import measure
+from tunectl.measure.timing import make_sampler
 
 torch = pytest.importorskip("torch")
 pytestmark = [

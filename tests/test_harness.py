@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tunectl.core.spec import MeasureSpec
-from tunectl.tasks.harness import interleave, measure, scaled
+from tunectl.measure.harness import interleave, measure, scaled
 
 
 class Clock:

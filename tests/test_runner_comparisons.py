@@ -8,7 +8,7 @@ from tunectl.core.keys import make_key
 from tunectl.core.plan import comparison
 from tunectl.core.record import Phase, Status
 from tunectl.core.spec import MeasureSpec
-from tunectl.tasks.runner import ItemRunner
+from tunectl.measure.runner import ItemRunner
 
 SETTINGS = MeasureSpec(warmup=1, min_samples=3, max_samples=5, max_seconds=0.2)
 GOOD = make_key({"fault": "none"})

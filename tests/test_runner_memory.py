@@ -12,9 +12,9 @@ from tunectl.core.keys import make_key
 from tunectl.core.plan import WorkItem
 from tunectl.core.record import Status
 from tunectl.core.spec import MeasureSpec
-from tunectl.tasks import runner as runner_module
+from tunectl.measure import runner as runner_module
+from tunectl.measure.runner import ItemRunner
 from tunectl.tasks.registry import get_task
-from tunectl.tasks.runner import ItemRunner
 
 SETTINGS = MeasureSpec(warmup=1, min_samples=3, max_samples=5, max_seconds=0.2)
 

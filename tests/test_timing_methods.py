@@ -17,9 +17,9 @@ import pytest
 
 from tunectl.core.record import Timing
 from tunectl.core.spec import MeasureSpec
-from tunectl.tasks.difference import MAX_CALLS, difference_sampler, num_calls_for, replay_sampler
-from tunectl.tasks.harness import measure
-from tunectl.tasks.timing import make_sampler, timing_of
+from tunectl.measure.difference import MAX_CALLS, difference_sampler, num_calls_for, replay_sampler
+from tunectl.measure.harness import measure
+from tunectl.measure.timing import make_sampler, timing_of
 
 SETTINGS = MeasureSpec(warmup=1, min_samples=20, max_samples=400, noise_target=0.002, max_seconds=10.0)
 
@@ -175,7 +175,7 @@ def test_a_cpu_sampler_with_a_cold_cache_times_the_call_alone() -> None:
 
 
 def test_finals_whose_difference_median_is_not_above_zero_are_not_measurable() -> None:
-    from tunectl.tasks.rounds import NotMeasurable, round_times
+    from tunectl.measure.rounds import NotMeasurable, round_times
 
     assert round_times([[[10.0, 11.0]], [[9.0]]], 0) == [[10.5], [9.0]]
     with pytest.raises(NotMeasurable, match="timing = 'replay'"):

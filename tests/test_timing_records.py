@@ -15,9 +15,9 @@ from tunectl.core.plan import WorkItem
 from tunectl.core.record import Record, Status, Timing
 from tunectl.core.spec import MeasureSpec, parse_spec
 from tunectl.decide.select import select_winners
+from tunectl.measure.drift import CHECK_SETTINGS, PROBE_SETTINGS, Probe
+from tunectl.measure.runner import ItemRunner
 from tunectl.store.results import ResultsWriter, read_results
-from tunectl.tasks.drift import CHECK_SETTINGS, PROBE_SETTINGS, Probe
-from tunectl.tasks.runner import ItemRunner
 
 FAST = MeasureSpec(warmup=0, min_samples=3, max_samples=6, max_seconds=0.05)
 SHAPE = make_key({"n": 4})

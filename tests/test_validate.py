@@ -19,10 +19,10 @@ from tunectl.core.plan import comparison
 from tunectl.core.record import Record
 from tunectl.core.spec import MeasureSpec, parse_spec
 from tunectl.decide.validate import plan_validation, read_validation
+from tunectl.measure.runner import ItemRunner
 from tunectl.store.bundle import TaskTable, build_files, publish_local
 from tunectl.store.results import ResultsWriter, read_results
 from tunectl.store.runs import RunInfo, save_run
-from tunectl.tasks.runner import ItemRunner
 
 FAST = MeasureSpec(warmup=0, min_samples=3, max_samples=6, max_seconds=0.05)
 DEFAULT = make_key({"fault": "none"})

@@ -73,7 +73,8 @@ class TimingMethod(StrEnum):
 
 
 class Timing(StrEnum):
-    """How a sample was turned into a time per call (``tunectl.tasks.timing``; the spec's ``measure.timing``).
+    """How a sample was turned into a time per call (``tunectl.measure.timing``; the spec's
+    ``measure.timing``).
 
     replay: a sample times one launch on its own between events (a graph replay, an eager call, or
     on a CPU one call by the clock), the cache flushed before it outside the timed region; with a
@@ -148,7 +149,7 @@ class Record:
     power_w: float | None = None
     throttled: bool | None = None
     throttle_reasons: int | None = None  # NVML's clock event reasons seen around the measurement
-    # The drift guard (tunectl.tasks.drift): the probe kernel's median right after this measurement, its
+    # The drift guard (tunectl.measure.drift): the probe kernel's median right after this measurement, its
     # ratio to the probe at the start of the point on this worker, whether that moved beyond noise
     # (after ``remeasured`` more measurements of this config), None where no probe was timed.
     probe_us: float | None = None

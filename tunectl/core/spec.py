@@ -75,9 +75,9 @@ class MeasureSpec:
     max_seconds: float = 2.0
     l2: str = "warm"  # warm | cold
     mode: str = "auto"  # auto (the task's serving mode) | eager | graph
-    #: how a cold-L2 sample on a GPU is timed (tunectl.tasks.timing): difference | replay
+    #: how a cold-L2 sample on a GPU is timed (tunectl.measure.timing): difference | replay
     timing: str = "difference"
-    #: the drift guard (tunectl.tasks.drift): remeasure (flag and measure again) | flag | off
+    #: the drift guard (tunectl.measure.drift): remeasure (flag and measure again) | flag | off
     drift: str = "remeasure"
     deadline_seconds: float = 300.0
 

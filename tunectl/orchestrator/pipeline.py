@@ -18,8 +18,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from tunectl.core.plan import WorkItem
+from tunectl.measure.runner import ItemRunner, timed_prepare
 from tunectl.tasks.base import TuningTask
-from tunectl.tasks.runner import ItemRunner, timed_prepare
 
 
 class CompileAheadRunner(ItemRunner):

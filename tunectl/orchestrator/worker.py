@@ -43,9 +43,9 @@ class TuneWorker:
     """
 
     def __init__(self, num_threads: int, compile_ahead: bool = False, warm_up: tuple[str, ...] = ()) -> None:
+        from tunectl.measure.runner import ItemRunner
         from tunectl.orchestrator.pipeline import CompileAheadRunner
         from tunectl.tasks.registry import get_task
-        from tunectl.tasks.runner import ItemRunner
 
         self.incarnation = secrets.token_hex(8)  # calls sent to an earlier process are not run by this one
         self.journal = journal_path(ray.get_runtime_context().get_actor_id() or f"pid-{os.getpid()}")
@@ -82,7 +82,7 @@ class TuneWorker:
         calls it had not yet delivered when a process died to the next one, but the driver has
         already given those items to other workers.
         """
-        from tunectl.tasks.runner import CudaContextPoisoned
+        from tunectl.measure.runner import CudaContextPoisoned
 
         if incarnation and incarnation != self.incarnation:
             return None

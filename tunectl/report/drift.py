@@ -1,4 +1,4 @@
-"""The drift section of the report: each worker's probe (``tunectl.tasks.drift``) over its life, as
+"""The drift section of the report: each worker's probe (``tunectl.measure.drift``) over its life, as
 plain data.
 
 Every guarded measurement row carries the probe's median taken right after it (``probe_us``); one

@@ -47,9 +47,9 @@ def main(argv: list[str]) -> int:
 def check(request: dict[str, Any]) -> None:
     """Raises where the package does not load, run, or match the reference."""
     from tunectl.tasks._flex import load_package
+    from tunectl.tasks.base import compare_outputs
     from tunectl.tasks.compile import synchronize
     from tunectl.tasks.registry import get_task
-    from tunectl.tasks.runner import _compare
 
     task: Any = get_task(request["task"])
     static, shape, device = request["static"], request["shape"], request["device"]
@@ -58,7 +58,7 @@ def check(request: dict[str, Any]) -> None:
     out = bind(*task.aot_args(static, inputs))()
     synchronize(device)
     atol, rtol = task.tolerance(static)
-    err, ok = _compare(out, task.reference(static, shape, inputs), atol, rtol)
+    err, ok = compare_outputs(out, task.reference(static, shape, inputs), atol, rtol)
     if not ok:
         raise ValueError(f"its output differs from the reference (max abs error {err:.3g})")
 

@@ -120,3 +120,18 @@ DTYPE_TOLERANCE: dict[str, tuple[float, float]] = {
     "float16": (2e-3, 2e-3),
     "bfloat16": (1.6e-2, 1.6e-2),
 }
+
+
+def compare_outputs(out: Any, ref: Any, atol: float, rtol: float) -> tuple[float, bool]:
+    """The largest absolute error of ``out`` against the reference ``ref``, and whether every element is
+    within ``atol + rtol * |ref|`` (a non-tensor, a shape mismatch or a non-finite value never is)."""
+    import torch
+
+    if not isinstance(out, torch.Tensor) or out.shape != ref.shape:
+        return float("inf"), False
+    diff = (out.double() - ref.double().to(out.device)).abs()
+    err = float(diff.max()) if diff.numel() else 0.0
+    if not torch.isfinite(out).all():
+        return float("inf"), False
+    ok = bool((diff <= atol + rtol * ref.double().to(out.device).abs()).all())
+    return err, ok

@@ -13,7 +13,7 @@ alike. What remains is the call's time after a flush, as a serving step pays it 
 kernels. K is chosen once so that A lasts about ``TARGET_LAUNCH_US`` (events then resolve it to a
 small fraction), from 1 to ``MAX_CALLS``.
 
-The harness (``tunectl.tasks.harness``) takes the samples as they come: their median, p20-p80 band and
+The harness (``tunectl.measure.harness``) takes the samples as they come: their median, p20-p80 band and
 relative noise are those of the paired differences, and it samples until that noise reaches the
 spec's target. The noise of one difference is that of two launches (about sqrt(2) x the jitter of
 one launch of K flushes, over K), so it falls as 1/K: with K = 32 a call's sample carries about a

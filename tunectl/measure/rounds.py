@@ -1,6 +1,6 @@
 """A comparison's interleaved rounds made into each arm's record fields.
 
-A comparison times its arms in rounds (``tunectl.tasks.harness.interleave``); per arm and round the
+A comparison times its arms in rounds (``tunectl.measure.harness.interleave``); per arm and round the
 median of one call is kept, and each arm's speedup over the baseline (the first arm) is the paired
 estimate over the rounds (``tunectl.core.stats.paired_speedup``).
 """
@@ -11,7 +11,7 @@ import statistics
 from typing import Any
 
 from tunectl.core.stats import paired_speedup
-from tunectl.tasks.harness import quantile
+from tunectl.measure.harness import quantile
 
 NOT_MEASURABLE = (
     "not measurable: the call took no measurable time beside the cache flush by the difference "

@@ -3,7 +3,7 @@
 - CPU: the monotonic clock around a synchronous call (``replay``: one call per sample; with a cold
   cache a flush of twice the last-level cache runs first, outside the clock). Nothing fixed per
   sample worth taking out: the clock costs well under a microsecond.
-- CUDA, cold L2, ``timing = "difference"`` (the default): ``tunectl.tasks.difference``. A sample is a launch
+- CUDA, cold L2, ``timing = "difference"`` (the default): ``tunectl.measure.difference``. A sample is a launch
   of K x (flush, call) minus a launch of K flushes, over K: one CUDA graph each in ``graph`` mode,
   eager launches in ``eager`` mode. No fixed cost per sample; the module docstring defines the
   estimator and its noise.
@@ -28,14 +28,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tunectl.core.record import Timing
-from tunectl.tasks.difference import (
+from tunectl.measure.difference import (
     cuda_difference_sampler,
     cuda_flush,
     cuda_parts,
     gpu_time_us,
     replay_sampler,
 )
-from tunectl.tasks.harness import Sampler, cpu_sampler
+from tunectl.measure.harness import Sampler, cpu_sampler
 
 _DEFAULT_LLC_BYTES = 64 << 20
 # A host's whole last-level cache (hundreds of MB on a server) is shared by every core: between two

@@ -66,7 +66,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from tunectl.core.spec import MeasureSpec
-from tunectl.tasks.harness import Sampler, Stats, measure
+from tunectl.measure.harness import Sampler, Stats, measure
 
 #: the probe's sampler for ``calls`` back-to-back probe calls timed as one window (µs per call)
 Probe = Callable[[int], Sampler]
@@ -288,7 +288,7 @@ def probe_sampler(device: str) -> Probe:
     matrix product, captured beside the measured kernels' graphs, left the next kernel of the worker
     reading freed memory on an H200 (an illegal address), and a ~200 µs probe pays nothing measurable
     for its launch."""
-    from tunectl.tasks.timing import make_sampler
+    from tunectl.measure.timing import make_sampler
 
     kernel = probe_kernel(device)
 

@@ -20,15 +20,15 @@ from tunectl.core.keys import key_text
 from tunectl.core.plan import WorkItem, member_id
 from tunectl.core.record import Record
 from tunectl.core.spec import MeasureSpec
-from tunectl.tasks.base import InvalidConfig, TuningTask
+from tunectl.measure.drift import MAX_WAIT_S, DriftGuard, Probe, probe_sampler
+from tunectl.measure.harness import Sampler, interleave, measure, scaled
+from tunectl.measure.nvml import read_state, record_fields
+from tunectl.measure.rounds import NOT_MEASURABLE, NotMeasurable, arm_stats, round_times
+from tunectl.measure.timing import make_sampler, stack_sampler, timing_of
+from tunectl.tasks.base import InvalidConfig, TuningTask, compare_outputs
 from tunectl.tasks.compile import out_of_memory, release
-from tunectl.tasks.drift import MAX_WAIT_S, DriftGuard, Probe, probe_sampler
 from tunectl.tasks.env import env_json, environment
-from tunectl.tasks.harness import Sampler, interleave, measure, scaled
-from tunectl.tasks.nvml import read_state, record_fields
 from tunectl.tasks.registry import get_task
-from tunectl.tasks.rounds import NOT_MEASURABLE, NotMeasurable, arm_stats, round_times
-from tunectl.tasks.timing import make_sampler, stack_sampler, timing_of
 
 log = logging.getLogger("tunectl.worker")
 _MESSAGE_CHARS = 2000
@@ -56,7 +56,7 @@ class ItemRunner:
     """Evaluates work items on one device. One per worker process."""
 
     def __init__(self, device: str = "cpu", *, probe: Callable[[str], Probe] = probe_sampler) -> None:
-        """``probe`` makes the drift guard's probe samplers for a device (``tunectl.tasks.drift``)."""
+        """``probe`` makes the drift guard's probe samplers for a device (``tunectl.measure.drift``)."""
         self.device = device
         self._make_probe = probe
         self._guard: DriftGuard | None = None
@@ -253,7 +253,7 @@ class ItemRunner:
         self._synchronize()
         compile_ms = (prepare_s + time.perf_counter() - t0) * 1e3
         atol, rtol = task.tolerance(static)
-        err, ok = _compare(out, self._reference, atol, rtol)
+        err, ok = compare_outputs(out, self._reference, atol, rtol)
         if ok:
             return False, {"max_abs_err": err, "compile_ms": compile_ms}
         return True, {
@@ -363,21 +363,8 @@ class ItemRunner:
             raise CudaContextPoisoned(str(exc)) from exc
 
 
-def _compare(out: Any, ref: Any, atol: float, rtol: float) -> tuple[float, bool]:
-    import torch
-
-    if not isinstance(out, torch.Tensor) or out.shape != ref.shape:
-        return float("inf"), False
-    diff = (out.double() - ref.double().to(out.device)).abs()
-    err = float(diff.max()) if diff.numel() else 0.0
-    if not torch.isfinite(out).all():
-        return float("inf"), False
-    ok = bool((diff <= atol + rtol * ref.double().to(out.device).abs()).all())
-    return err, ok
-
-
 def calls_per_sample(sampler: Sampler) -> int:
-    """How many kernel calls one of ``sampler``'s samples times (``tunectl.tasks.difference``)."""
+    """How many kernel calls one of ``sampler``'s samples times (``tunectl.measure.difference``)."""
     return int(getattr(sampler, "num_calls", 1))
 
 
