@@ -24,6 +24,7 @@ class SlowingDevice:
 
     def __init__(self) -> None:
         self.now_us = 0.0
+        self.probe_samples = 0
         self.slow_from = self.slow_until = float("inf")
 
     def kernel(self, cost_us: float) -> Callable[[], float]:
@@ -37,7 +38,12 @@ class SlowingDevice:
     def probe(self, calls: int) -> Callable[[], float]:
         """The probe: ``calls`` probe calls in one timed window, read per call."""
         window = self.kernel(calls * PROBE_US)
-        return lambda: window() / calls
+
+        def sample() -> float:
+            self.probe_samples += 1
+            return window() / calls
+
+        return sample
 
     def sleep(self, seconds: float) -> None:
         """The guard waiting for the device: device time passes with nothing run."""
@@ -247,3 +253,45 @@ def test_a_neighbour_sharing_the_gpu_is_seen_by_a_probe_as_long_as_the_measured_
     assert seen.remeasured >= 1 and not seen.drift
     assert seen.stats.median_us == pytest.approx(kernel_us)
     assert took_us >= 1.5e6, "measured again once the neighbour had gone"
+
+
+def test_a_new_point_keeps_the_reference_a_recent_clean_check_confirmed() -> None:
+    device = SlowingDevice()
+    guard = DriftGuard(device.probe, action="remeasure", settings=SETTINGS, sleep=device.sleep)
+    point_measurements(guard, device, "p", 1)
+    before = device.probe_samples
+    [next_point] = point_measurements(guard, device, "q", 1)
+    assert device.probe_samples - before == drift.CHECK_SETTINGS.min_samples, "the check after it alone"
+    assert not next_point.drift and next_point.reference_ratio == pytest.approx(1.0)
+
+
+def test_an_old_reference_is_timed_again_at_a_new_point() -> None:
+    device, now = SlowingDevice(), [0.0]
+    guard = DriftGuard(device.probe, settings=SETTINGS, sleep=device.sleep, clock=lambda: now[0])
+    point_measurements(guard, device, "p", 1)
+    now[0] += drift.REFERENCE_MAX_AGE_S + 1
+    before = device.probe_samples
+    point_measurements(guard, device, "q", 1)
+    assert device.probe_samples - before > drift.CHECK_SETTINGS.min_samples
+
+
+def test_a_slow_first_reference_reading_is_timed_again_rather_than_waited_out() -> None:
+    device = SlowingDevice()
+    guard = DriftGuard(device.probe, action="remeasure", settings=SETTINGS, sleep=device.sleep)
+    device.slow_for(1.2 * SETTINGS.min_samples * PROBE_US + 1)  # only while the reference is timed
+    start = device.now_us
+    [item] = point_measurements(guard, device, "p", 1)
+    assert not item.drift and item.remeasured == 1 and item.reference_ratio == pytest.approx(1.0)
+    assert device.now_us - start < 1e6, "no wait for a device that never moved"
+
+
+def test_a_slowdown_that_starts_inside_a_points_first_measurement_is_still_waited_out() -> None:
+    """Only a reference slower than what follows is timed again: a slowdown after it keeps the wait."""
+    device = SlowingDevice()
+    guard = DriftGuard(device.probe, action="remeasure", settings=SETTINGS, sleep=device.sleep)
+    point_measurements(guard, device, "p0", 1)
+    guard_ref_us = device.now_us
+    device.slow_for(5e6)
+    [item] = point_measurements(guard, device, "fresh-after-a-shift", 1)
+    assert item.stats.median_us == pytest.approx(CALL_US) and not item.drift
+    assert device.now_us - guard_ref_us >= 5e6

@@ -77,6 +77,7 @@ NOISE_FACTOR = 3.0
 MAX_REMEASURES = 2
 LOOK_EVERY_S = 0.5  # inside a measurement: a look (a check of the probe) at most this often
 CHECK_REUSE_S = 0.25  # a clean check after a measurement stands for the next one's check before it
+REFERENCE_MAX_AGE_S = 30.0  # a reference carried from point to point is timed again past this age
 MAX_WAIT_S = 30.0  # how long a worker waits for a shifted device to come back (well under a deadline)
 WAIT_STEP_S = 1.0
 #: a point's reference: 10-200 samples of the probe (module doc)
@@ -154,15 +155,13 @@ class DriftGuard:
         self._lasting = False  # a shift at this point outlived the re-measurements
         self._spent = 0.0  # seconds in probes, looks and waits during the current measurement
         self._last_check: tuple[float, Stats] | None = None  # (when it ended, the check) after a measurement
+        self._reference_at = -math.inf  # when the reference was timed
 
     def measure(self, point: Hashable, sample: Sampler, settings: MeasureSpec) -> Guarded:
         """``sample`` measured as ``settings`` say at ``point``, checked against the point's reference
         probe (and measured again while the probe had moved, within the limits of the module doc)."""
         self._spent = 0.0
-        fresh = point != self._point or self._reference is None
-        if fresh:
-            self._point, self._lasting, self._calls, self._last_check = point, False, 1, None
-            self._reference = self._time_probe()
+        fresh = self._enter(point)
         reference = self._reference
         assert reference is not None
         retries = 0 if self.action == "flag" or self._lasting else MAX_REMEASURES
@@ -171,6 +170,11 @@ class DriftGuard:
             return self._bracketed(reference, sample, settings, just_probed)
 
         (stats, probe), remeasured = bracketed(fresh), 0
+        if fresh and retries and moved(reference, probe) and probe.median_us < reference.median_us:
+            # Faster than the reference just timed: that reading caught a passing slowdown, not the
+            # device the point runs on. Timed again, and the measurement made again against it.
+            self._reference = reference = self._time_probe()
+            (stats, probe), remeasured = bracketed(), 1
         while moved(reference, probe) and remeasured < retries:
             (stats, probe), remeasured = bracketed(), remeasured + 1
         if moved(reference, probe) and retries and self._came_back(reference):
@@ -180,6 +184,25 @@ class DriftGuard:
             self._lasting = True
         ratio = probe.median_us / reference.median_us
         return Guarded(stats, probe.median_us, ratio, shifted, remeasured, self._spent)
+
+    def _enter(self, point: Hashable) -> bool:
+        """Make ``point`` the current one; whether a reference was timed for it just now. A new point
+        keeps the reference where the last check after a measurement is recent and clean and the
+        reference younger than ``REFERENCE_MAX_AGE_S`` (the same device, seen milliseconds ago)."""
+        if point == self._point and self._reference is not None:
+            return False
+        carried = (
+            self._reference is not None
+            and self._clock() - self._reference_at <= REFERENCE_MAX_AGE_S
+            and self._recent_check(self._reference) is not None
+        )
+        self._point, self._lasting = point, False
+        if carried:
+            return False
+        self._calls, self._last_check = 1, None
+        self._reference = self._time_probe()
+        self._reference_at = self._clock()
+        return True
 
     def _bracketed(
         self, reference: Stats, sample: Sampler, settings: MeasureSpec, just_probed: bool = False

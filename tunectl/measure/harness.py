@@ -96,18 +96,23 @@ def scaled(settings: MeasureSpec, fraction: float) -> MeasureSpec:
 
 
 def interleave(
-    samplers: Sequence[Sampler], rounds: int, settings: MeasureSpec, seed: int,
+    samplers: Sequence[Sampler],
+    rounds: int,
+    settings: MeasureSpec,
+    seed: int,
     clock: Callable[[], float] = time.perf_counter,
-) -> list[list[list[float]]]:  # fmt: skip
+    warmups: Sequence[int] | None = None,
+) -> list[list[list[float]]]:
     """Time every sampler in ``rounds`` rounds, each in a fresh random order (seeded): per sampler,
-    per round, the samples. A round is a short adaptive measurement with 1/rounds of the time cap."""
+    per round, the samples. A round is a short adaptive measurement with 1/rounds of the time cap.
+    ``warmups``: each sampler's warm-up samples (``settings.warmup`` each where not given)."""
     share = scaled(settings, 1.0 / rounds)
     min_samples = max(3, settings.min_samples // 2)
     per_round = dataclasses.replace(
         share, warmup=0, min_samples=min_samples, max_samples=max(min_samples, share.max_samples)
     )
-    for sample in samplers:
-        for _ in range(settings.warmup):
+    for sample, warmup in zip(samplers, warmups or [settings.warmup] * len(samplers), strict=True):
+        for _ in range(warmup):
             sample()
     order = list(range(len(samplers)))
     rng = random.Random(seed)

@@ -9,6 +9,7 @@ outcome becomes a ``Record`` with a status.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import time
@@ -20,6 +21,7 @@ from tunectl.core.keys import key_text
 from tunectl.core.plan import WorkItem, member_id
 from tunectl.core.record import Record
 from tunectl.core.spec import MeasureSpec
+from tunectl.measure.built import Built, PointKernels, with_warmup
 from tunectl.measure.drift import MAX_WAIT_S, DriftGuard, Probe, probe_sampler
 from tunectl.measure.harness import Sampler, interleave, measure, scaled
 from tunectl.measure.nvml import read_state, record_fields
@@ -44,6 +46,9 @@ _CRASHED_ARM = {
 
 T = TypeVar("T")
 
+#: a device state read this recently stands for the reading before the next measurement (seconds)
+STATE_REUSE_S = 1.0
+
 #: how long a point's set-up waits for device memory held by other processes before its items fail
 MEMORY_WAIT_S = 60.0
 
@@ -65,6 +70,8 @@ class ItemRunner:
         self._point: tuple[Any, ...] | None = None
         self._inputs: Any = None
         self._reference: Any = None
+        self._kernels = PointKernels()  # the point's checked configs and their samplers
+        self._state: tuple[float, Any] = (-math.inf, None)  # (when, the device state read then)
         #: told which arm of a comparison is being checked (its index), and None once all are timed
         self.on_arm: Callable[[int | None], None] = _nothing
 
@@ -153,20 +160,24 @@ class ItemRunner:
         mode: str,
     ) -> dict[str, Any]:
         spent = {"setup_ms": self._load_point(task, item) * 1e3}  # where the item's time went
-        fn, prepare_s = self._prepare(task, item, static, shape, config)
-        failed, checked = self._check(task, static, fn, prepare_s)
-        if failed:
+        built, checked = self._built(task, item.config, static, shape, config, item)
+        if built is None:
             return {**checked, **spent}
         started = time.perf_counter()
-        sampler = make_sampler(fn, self.device, mode, settings.l2, settings.timing)
-        before = read_state(self.device)
+        how = (mode, settings.l2, settings.timing)
+        sampler = built.sampler(
+            how, lambda: make_sampler(built.call, self.device, mode, settings.l2, settings.timing)
+        )
+        settings = with_warmup(settings, built.warmup(how, settings, graph=self._graphs(mode)))
+        before = self._state_before()
         guard = self._drift_guard(settings.drift)
         if guard is None:
             stats, drift_fields = measure(sampler, settings), {}
         else:
             guarded = guard.measure((item.task, *item.point), sampler, settings)
             stats, drift_fields = guarded.stats, guarded.fields()
-        gpu_state = record_fields(before, read_state(self.device))
+        self._state = (time.perf_counter(), read_state(self.device))
+        gpu_state = record_fields(before, self._state[1])
         spent["measure_ms"] = (time.perf_counter() - started) * 1e3
         if stats.median_us <= 0:
             raise NotMeasurable(f"{NOT_MEASURABLE} (median {stats.median_us:.3g} us)")
@@ -186,6 +197,40 @@ class ItemRunner:
             **drift_fields,
             **spent,
         }
+
+    def _built(
+        self,
+        task: TuningTask,
+        config_key: Any,
+        static: dict[str, Any],
+        shape: dict[str, Any],
+        config: dict[str, Any],
+        item: WorkItem | None = None,
+    ) -> tuple[Built | None, dict[str, Any]]:
+        """The config's checked call at the current point (built once, ``tunectl.measure.built``) and
+        the fields its record carries; (None, the failed check's fields) where its output is wrong."""
+        built = self._kernels.get(config_key)
+        if built is not None:
+            return built, built.recheck_fields()
+        if item is not None:
+            fn, prepare_s = self.prepare(task, item, static, shape, config)
+        else:
+            fn, prepare_s = timed_prepare(task, static, shape, config, self._inputs)
+        failed, checked = self._check(task, static, fn, prepare_s)
+        if failed:
+            return None, checked
+        return self._kernels.keep(config_key, fn, checked), checked
+
+    def _graphs(self, mode: str) -> bool:
+        return mode == "graph" and self.device.startswith("cuda")
+
+    def _state_before(self) -> Any:
+        """The device's state before a measurement: the reading after the last one where that is
+        recent (items follow each other within milliseconds), so NVML is read once per item."""
+        taken, state = self._state
+        if time.perf_counter() - taken <= STATE_REUSE_S:
+            return state
+        return read_state(self.device)
 
     def _drift_guard(self, action: str) -> DriftGuard | None:
         """The worker's drift guard acting as ``measure.drift`` asks (None for ``off``); its probe is
@@ -210,6 +255,7 @@ class ItemRunner:
         if point == self._point:
             return 0.0
         started = time.perf_counter()
+        self._kernels.at(None)  # its graphs read the old point's inputs: dropped with them
         self._point, self._inputs, self._reference = None, None, None  # free the old point first
         static, shape = dict(item.static), dict(item.shape)
 
@@ -221,6 +267,7 @@ class ItemRunner:
 
         inputs, self._reference = self._when_memory_frees(build)
         self._inputs, self._point = inputs, point
+        self._kernels.at(point)
         return time.perf_counter() - started
 
     def _when_memory_frees(self, build: Callable[[], T]) -> T:
@@ -272,6 +319,7 @@ class ItemRunner:
         stacks = self._layer_inputs(task, item) if item.phase == "validate" else None
         fields: list[dict[str, Any]] = []
         samplers: dict[int, Sampler] = {}  # arms that passed the check
+        warmups: list[int] = []  # their warm-up samples
         unbuilt = {arm: {"status": status, "message": message} for arm, status, message in item.unbuilt_arms}
         for i, arm in enumerate(item.arms):
             if arm in item.crashed_arms and i > 0:
@@ -282,11 +330,17 @@ class ItemRunner:
                 continue
             self.on_arm(i)
             try:  # an arm that is invalid here or fails is that arm's status; the others go on
-                fn, prepare_s = timed_prepare(task, static, shape, dict(arm), self._inputs)
-                failed, checked = self._check(task, static, fn, prepare_s)
+                built, checked = self._built(task, arm, static, shape, dict(arm))
                 fields.append(checked)
-                if not failed:
-                    samplers[i] = self._arm_sampler(task, item, arm, fn, stacks, settings, mode)
+                if built is not None:
+                    samplers[i] = self._arm_sampler(task, item, arm, built, stacks, settings, mode)
+                    warmups.append(
+                        0
+                        if stacks is not None
+                        else built.warmup(
+                            (mode, settings.l2, settings.timing), settings, graph=self._graphs(mode)
+                        )
+                    )
             except Exception as exc:
                 fields[i:] = [self._failed(exc)]
         self.on_arm(None)
@@ -297,7 +351,9 @@ class ItemRunner:
         timed = list(samplers.values())
         if stacks is not None:
             timed.append(stack_sampler([_nothing] * item.layers, self.device, mode, with_calls=False))
-        rounds = interleave(timed, item.rounds, settings, seed=int(item.item_id[:12], 16))
+            warmups = [settings.warmup] * len(timed)
+        seed = int(item.item_id[:12], 16)
+        rounds = interleave(timed, item.rounds, settings, seed=seed, warmups=warmups)
         times = round_times(rounds, item.layers if stacks is not None else 0)
         measure_ms = (time.perf_counter() - started) * 1e3
         for (i, sampler), t, r in zip(samplers.items(), times, rounds, strict=False):
@@ -310,16 +366,20 @@ class ItemRunner:
         task: TuningTask,
         item: WorkItem,
         arm: Any,
-        fn: Callable[[], Any],
+        built: Built,
         stacks: list[Any] | None,
         settings: MeasureSpec,
         mode: str,
     ) -> Sampler:
-        """The sampler of one checked arm: its call alone, or a stack of ``item.layers`` calls."""
+        """The sampler of one checked arm: its call alone (the one its earlier looks at this point
+        used), or a stack of ``item.layers`` calls."""
         if stacks is None:
-            return make_sampler(fn, self.device, mode, settings.l2, settings.timing)
+            how = (mode, settings.l2, settings.timing)
+            return built.sampler(
+                how, lambda: make_sampler(built.call, self.device, mode, settings.l2, settings.timing)
+            )
         static, shape = dict(item.static), dict(item.shape)
-        calls = [fn] + [task.prepare(static, shape, dict(arm), inputs) for inputs in stacks[1:]]
+        calls = [built.call] + [task.prepare(static, shape, dict(arm), inputs) for inputs in stacks[1:]]
         return stack_sampler([calls[j % len(calls)] for j in range(item.layers)], self.device, mode)
 
     def _layer_inputs(self, task: TuningTask, item: WorkItem) -> list[Any]:
@@ -336,7 +396,7 @@ class ItemRunner:
         num_sets = max(1, min(item.layers, int(budget // per_set)))
         return [self._inputs] + [task.build_inputs(static, shape, self.device) for _ in range(num_sets - 1)]
 
-    def _prepare(
+    def prepare(
         self,
         task: TuningTask,
         item: WorkItem,
@@ -344,7 +404,8 @@ class ItemRunner:
         shape: dict[str, Any],
         config: dict[str, Any],
     ) -> tuple[Callable[[], Any], float]:
-        """The item's kernel call and the seconds preparing it took. A subclass may prepare ahead."""
+        """The item's kernel call and the seconds preparing it took: the hook a runner that prepares
+        items ahead overrides (``tunectl.orchestrator.pipeline``). Called once per config and point."""
         return timed_prepare(task, static, shape, config, self._inputs)
 
     def _synchronize(self) -> None:

@@ -36,7 +36,7 @@ class CompileAheadRunner(ItemRunner):
         """The id of the item whose preparation is still running in the background, if any."""
         return next((item_id for item_id, f in self._ahead.items() if not f.done()), None)
 
-    def _prepare(
+    def prepare(
         self,
         task: TuningTask,
         item: WorkItem,
@@ -50,7 +50,7 @@ class CompileAheadRunner(ItemRunner):
             if future is not None:
                 self.num_prepared_ahead += 1
                 return future.result()
-            return super()._prepare(task, item, static, shape, config)
+            return super().prepare(task, item, static, shape, config)
         finally:
             self._start_next(task, item)  # also when this item's preparation failed
 

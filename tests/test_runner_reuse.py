@@ -1,0 +1,100 @@
+"""A config's kernel, check and sampler are built once per point and reused by its later looks and its
+finals; moving to another point builds them again. The task and the samplers are real (CPU); the
+counters only watch them."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from tunectl.core.keys import make_key
+from tunectl.core.plan import WorkItem, comparison, item_id
+from tunectl.core.record import Phase, Record, Status
+from tunectl.core.spec import MeasureSpec
+from tunectl.measure import runner as runner_module
+from tunectl.measure.runner import ItemRunner
+
+SETTINGS = MeasureSpec(warmup=2, min_samples=3, max_samples=5, max_seconds=0.2, drift="off")
+STATIC = make_key({})
+GOOD, FAST = make_key({"fault": "none"}), make_key({"fault": "none", "variant": 1})
+
+
+def _look(shape: Any, config: Any, rung: int, budget: float) -> WorkItem:
+    iid = item_id("fault_injection", STATIC, shape, config, make_key({"rung": rung, "budget": budget}))
+    return WorkItem(iid, "fault_injection", STATIC, shape, config, config == GOOD, Phase.SCREEN, rung, budget)
+
+
+class Counted:
+    """Counts the calls of a real function it passes through."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn, self.calls = fn, 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        return self.fn(*args, **kwargs)
+
+
+@pytest.fixture
+def counted(monkeypatch: pytest.MonkeyPatch) -> dict[str, Counted]:
+    made = Counted(runner_module.make_sampler)
+    prepared = Counted(runner_module.timed_prepare)
+    monkeypatch.setattr(runner_module, "make_sampler", made)
+    monkeypatch.setattr(runner_module, "timed_prepare", prepared)
+    return {"samplers": made, "prepares": prepared}
+
+
+def _ok(result: Record | list[Record]) -> list[Record]:
+    records = result if isinstance(result, list) else [result]
+    assert all(r.status is Status.OK for r in records), [r.message for r in records]
+    return records
+
+
+def test_rungs_and_finals_at_one_point_build_each_config_once(counted: dict[str, Counted]) -> None:
+    runner, shape = ItemRunner("cpu"), make_key({"n": 64})
+    for rung, budget in ((0, 0.25), (1, 0.5)):
+        for config in (GOOD, FAST):
+            _ok(runner.run("r", _look(shape, config, rung, budget), SETTINGS))
+    finals = comparison("fault_injection", STATIC, shape, (GOOD, FAST), Phase.FINAL, rounds=3)
+    _ok(runner.run("r", finals, SETTINGS))
+    assert counted["samplers"].calls == 2, "one sampler per config, whatever the number of looks"
+    assert counted["prepares"].calls == 2, "each config loaded and checked once at the point"
+
+
+def test_a_later_look_carries_the_first_checks_error_and_loads_nothing(counted: dict[str, Counted]) -> None:
+    runner, shape = ItemRunner("cpu"), make_key({"n": 64})
+    [first] = _ok(runner.run("r", _look(shape, FAST, 0, 0.25), SETTINGS))
+    [later] = _ok(runner.run("r", _look(shape, FAST, 1, 0.5), SETTINGS))
+    assert later.max_abs_err == first.max_abs_err and later.compile_ms == 0.0
+
+
+def test_another_point_builds_its_configs_again(counted: dict[str, Counted]) -> None:
+    runner = ItemRunner("cpu")
+    for n in (64, 128, 64):
+        _ok(runner.run("r", _look(make_key({"n": n}), GOOD, 0, 0.25), SETTINGS))
+    assert counted["samplers"].calls == 3, "a point's samplers go with its inputs"
+
+
+def test_a_reused_sampler_is_not_warmed_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    taken: list[int] = []
+    real = runner_module.make_sampler
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        sample = real(*args, **kwargs)
+
+        def counted() -> float:
+            taken.append(1)
+            return sample()
+
+        return counted
+
+    monkeypatch.setattr(runner_module, "make_sampler", counting)
+    runner, shape = ItemRunner("cpu"), make_key({"n": 64})
+    fixed = dataclasses.replace(SETTINGS, min_samples=3, max_samples=3)
+    [first] = _ok(runner.run("r", _look(shape, GOOD, 0, 1.0), fixed))
+    num_first = len(taken)
+    [second] = _ok(runner.run("r", _look(shape, GOOD, 1, 1.0), fixed))
+    assert num_first == fixed.warmup + first.num_samples
+    assert len(taken) - num_first == second.num_samples, "no warm-up samples the second time"
