@@ -162,8 +162,8 @@ class DriftGuard:
         probe (and measured again while the probe had moved, within the limits of the module doc)."""
         self._spent = 0.0
         fresh = self._enter(point)
-        reference = self._reference
-        assert reference is not None
+        assert self._reference is not None
+        reference: Stats = self._reference
         retries = 0 if self.action == "flag" or self._lasting else MAX_REMEASURES
 
         def bracketed(just_probed: bool = False) -> tuple[Stats, Stats]:
