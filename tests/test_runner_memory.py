@@ -12,6 +12,7 @@ from tunectl.core.keys import make_key
 from tunectl.core.plan import WorkItem
 from tunectl.core.record import Status
 from tunectl.core.spec import MeasureSpec
+from tunectl.measure import memory
 from tunectl.measure import runner as runner_module
 from tunectl.measure.runner import ItemRunner
 from tunectl.tasks.registry import get_task
@@ -58,7 +59,7 @@ def test_a_point_waits_for_device_memory_others_hold_then_measures(monkeypatch: 
 
 
 def test_memory_that_never_frees_fails_the_item_after_the_bound(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runner_module, "MEMORY_WAIT_S", 5.0)
+    monkeypatch.setattr(memory, "MEMORY_WAIT_S", 5.0)
     task = ShortOfMemory(failures=1000)
     record, pauses = _run(task, monkeypatch)
     assert record.status is Status.ERROR and "OutOfMemoryError" in record.message

@@ -13,9 +13,8 @@ import math
 import os
 import socket
 import time
-import traceback
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from tunectl.core.keys import key_text
 from tunectl.core.plan import WorkItem, member_id
@@ -23,17 +22,17 @@ from tunectl.core.record import Record
 from tunectl.core.spec import MeasureSpec
 from tunectl.measure.built import Built, PointKernels, with_warmup
 from tunectl.measure.drift import MAX_WAIT_S, DriftGuard, Probe, probe_sampler
+from tunectl.measure.failures import clip, failure_message
 from tunectl.measure.harness import Sampler, interleave, measure, scaled
+from tunectl.measure.memory import when_memory_frees
 from tunectl.measure.nvml import read_state, record_fields
 from tunectl.measure.rounds import NOT_MEASURABLE, NotMeasurable, arm_stats, round_times
 from tunectl.measure.timing import make_sampler, stack_sampler, timing_of
 from tunectl.tasks.base import InvalidConfig, TuningTask, compare_outputs
-from tunectl.tasks.compile import out_of_memory, release
 from tunectl.tasks.env import env_json, environment
 from tunectl.tasks.registry import get_task
 
 log = logging.getLogger("tunectl.worker")
-_MESSAGE_CHARS = 2000
 _STACK_MEMORY_SHARE = 0.3  # of the free device memory, for a stack's extra input sets
 _CPU_STACK_BYTES = 1 << 30
 _NO_BASELINE = {"status": "error", "message": "not compared: the default failed at this point"}
@@ -44,13 +43,8 @@ _CRASHED_ARM = {
 }
 
 
-T = TypeVar("T")
-
 #: a device state read this recently stands for the reading before the next measurement (seconds)
 STATE_REUSE_S = 1.0
-
-#: how long a point's set-up waits for device memory held by other processes before its items fail
-MEMORY_WAIT_S = 60.0
 
 
 class CudaContextPoisoned(RuntimeError):
@@ -265,31 +259,10 @@ class ItemRunner:
             self._synchronize()
             return inputs, reference
 
-        inputs, self._reference = self._when_memory_frees(build)
+        inputs, self._reference = when_memory_frees(build, self.device)
         self._inputs, self._point = inputs, point
         self._kernels.at(point)
         return time.perf_counter() - started
-
-    def _when_memory_frees(self, build: Callable[[], T]) -> T:
-        """``build()``; while it runs out of device memory that other processes hold (compile processes
-        building beside this worker give theirs back after each build), wait and try again, for up to
-        ``MEMORY_WAIT_S``; past that, raise as it does."""
-        waited, pause = 0.0, 0.25
-        while True:
-            try:
-                return build()
-            except Exception as exc:
-                if not out_of_memory(exc) or waited >= MEMORY_WAIT_S:
-                    raise
-                log.warning(
-                    "out of device memory on %s, waiting %.2f s: %s",
-                    self.device,
-                    pause,
-                    (str(exc).splitlines() or [""])[0],
-                )
-            release(self.device)  # outside the handler: the failed attempt's tensors are gone by now
-            time.sleep(pause)
-            waited, pause = waited + pause, min(2 * pause, 4.0)
 
     def _check(
         self, task: TuningTask, static: dict[str, Any], fn: Callable[[], Any], prepare_s: float
@@ -440,20 +413,3 @@ def timed_prepare(
 
 def _nothing(*_: Any) -> None:
     return None
-
-
-def failure_message(exc: BaseException) -> str:
-    """What a failed config's record says: the exception and where it was raised, clipped."""
-    return clip(f"{type(exc).__name__}: {exc}\n{_tail(exc)}")
-
-
-def clip(text: str) -> str:
-    """Keep the head (what failed) and the tail (compilers put the root cause last) of a long message."""
-    if len(text) <= _MESSAGE_CHARS:
-        return text
-    half = (_MESSAGE_CHARS - 5) // 2
-    return f"{text[:half]}\n...\n{text[-half:]}"
-
-
-def _tail(exc: BaseException) -> str:
-    return "".join(traceback.format_tb(exc.__traceback__)[-2:])

@@ -56,7 +56,7 @@ class Builder:
     def build(self, key: str, item: WorkItem, arm: Key) -> BuildResult:
         """Compile the kernel of config ``arm`` (the item's, or one of its arms') at ``item``'s point."""
         from tunectl.core.registry import get_task
-        from tunectl.measure.runner import clip, failure_message
+        from tunectl.measure.failures import clip, failure_message
         from tunectl.tasks import compile as build_api
         from tunectl.tasks.base import InvalidConfig
 
