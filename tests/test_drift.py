@@ -295,3 +295,50 @@ def test_a_slowdown_that_starts_inside_a_points_first_measurement_is_still_waite
     [item] = point_measurements(guard, device, "fresh-after-a-shift", 1)
     assert item.stats.median_us == pytest.approx(CALL_US) and not item.drift
     assert device.now_us - guard_ref_us >= 5e6
+
+
+def batch(guard: DriftGuard, device: SlowingDevice, point: str, num: int) -> list[Guarded]:
+    call = device.kernel(CALL_US)
+    return guard.measure_many(point, [(call, SETTINGS)] * num)
+
+
+def device_guard(device: SlowingDevice) -> DriftGuard:
+    """A guard on the fake device's own clock (its looks are spaced in device time)."""
+    return DriftGuard(device.probe, settings=SETTINGS, sleep=device.sleep, clock=lambda: device.now_us / 1e6)
+
+
+def test_a_batch_on_a_steady_device_is_probed_once_after_it_not_around_each_measurement() -> None:
+    device = SlowingDevice()
+    guard = device_guard(device)
+    point_measurements(guard, device, "p", 1)
+    before = device.probe_samples
+    results = batch(guard, device, "p", 8)
+    assert not any(g.drift or g.remeasured for g in results)
+    assert device.probe_samples - before == drift.CHECK_SETTINGS.min_samples, "one check for the batch"
+
+
+def test_a_slowdown_inside_a_batch_remeasures_what_lies_between_the_clean_probes_around_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(drift, "LOOK_EVERY_S", 1e-3)  # a look every ~2.5 measurements of 400 µs
+    device = SlowingDevice()
+    guard = device_guard(device)
+    point_measurements(guard, device, "p", 1)
+    call = device.kernel(CALL_US)
+    slowed = {"at": -1}
+
+    def slows_at_the_fifth(index: int) -> Callable[[], float]:
+        def sample() -> float:
+            if index == 4 and slowed["at"] < 0:
+                slowed["at"] = index
+                device.slow_for(1500.0)  # through the rest of the fifth measurement and the next look
+            return call()
+
+        return sample
+
+    results = guard.measure_many("p", [(slows_at_the_fifth(i), SETTINGS) for i in range(10)])
+    assert [g.stats.median_us for g in results] == pytest.approx([CALL_US] * 10)
+    assert not any(g.drift for g in results)
+    assert results[4].remeasured == 1, "the one the slowdown touched is made again"
+    assert [g.remeasured for g in results[:2]] == [0, 0], "those before the last clean look stand"
+    assert sum(g.remeasured for g in results) < 10, "not the whole batch"

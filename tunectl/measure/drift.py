@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -156,34 +156,71 @@ class DriftGuard:
         self._spent = 0.0  # seconds in probes, looks and waits during the current measurement
         self._last_check: tuple[float, Stats] | None = None  # (when it ended, the check) after a measurement
         self._reference_at = -math.inf  # when the reference was timed
+        self._probes: list[Stats] = []  # the probes of the measurements under way, in order
+        self._last_look = -math.inf  # when the latest of them was taken
 
     def measure(self, point: Hashable, sample: Sampler, settings: MeasureSpec) -> Guarded:
         """``sample`` measured as ``settings`` say at ``point``, checked against the point's reference
         probe (and measured again while the probe had moved, within the limits of the module doc)."""
+        [guarded] = self.measure_many(point, [(sample, settings)])
+        return guarded
+
+    def measure_many(
+        self, point: Hashable, measurements: Sequence[tuple[Sampler, MeasureSpec]]
+    ) -> list[Guarded]:
+        """Each of ``measurements`` (a sampler and its settings) made in turn at ``point``, between one
+        probe before them all and one after, with looks every ``LOOK_EVERY_S`` across them: each is
+        judged by the probe before it, the looks inside it and the first probe after it, and made again
+        as ``measure`` would where one of those moved (module doc)."""
         self._spent = 0.0
         fresh = self._enter(point)
         assert self._reference is not None
         reference: Stats = self._reference
-        retries = 0 if self.action == "flag" or self._lasting else MAX_REMEASURES
+        before = reference if fresh else self._recent_check(reference) or self._check()
+        self._probes, self._last_look = [before], self._clock()
+        spans: list[tuple[Stats, int, int]] = []  # each measurement, and the looks taken inside it
+        for sample, settings in measurements:
+            first = len(self._probes)
+            spans.append((measure(self._watched(sample), settings), first, len(self._probes)))
+        after = self._check()
+        self._probes.append(after)
+        self._last_check = (self._clock(), after)
+        judged = [(stats, self._furthest(self._probes[first - 1 : end + 1])) for stats, first, end in spans]
+        shared, out = self._spent / max(1, len(measurements)), []
+        for (sample, settings), (stats, probe) in zip(measurements, judged, strict=True):
+            self._spent = 0.0
+            out.append(self._settle(sample, settings, stats, probe, retime=fresh, shared_s=shared))
+            fresh = fresh and self._reference is reference  # the reference is timed again at most once
+        return out
 
-        def bracketed(just_probed: bool = False) -> tuple[Stats, Stats]:
-            return self._bracketed(reference, sample, settings, just_probed)
-
-        (stats, probe), remeasured = bracketed(fresh), 0
-        if fresh and retries and moved(reference, probe) and probe.median_us < reference.median_us:
+    def _settle(
+        self,
+        sample: Sampler,
+        settings: MeasureSpec,
+        stats: Stats,
+        probe: Stats,
+        *,
+        retime: bool,
+        shared_s: float,
+    ) -> Guarded:
+        """A measurement judged by ``probe``: kept, or made again (within the module doc's limits)."""
+        assert self._reference is not None
+        reference = self._reference
+        retries, remeasured = (0 if self.action == "flag" or self._lasting else MAX_REMEASURES), 0
+        if retime and retries and moved(reference, probe) and probe.median_us < reference.median_us:
             # Faster than the reference just timed: that reading caught a passing slowdown, not the
             # device the point runs on. Timed again, and the measurement made again against it.
             self._reference = reference = self._time_probe()
-            (stats, probe), remeasured = bracketed(), 1
+            (stats, probe), remeasured = self._bracketed(reference, sample, settings), 1
         while moved(reference, probe) and remeasured < retries:
-            (stats, probe), remeasured = bracketed(), remeasured + 1
+            (stats, probe), remeasured = self._bracketed(reference, sample, settings), remeasured + 1
         if moved(reference, probe) and retries and self._came_back(reference):
-            (stats, probe), remeasured = bracketed(), remeasured + 1
+            (stats, probe), remeasured = self._bracketed(reference, sample, settings), remeasured + 1
         shifted = moved(reference, probe)
         if shifted and retries:
             self._lasting = True
         ratio = probe.median_us / reference.median_us
-        return Guarded(stats, probe.median_us, ratio, shifted, remeasured, self._spent)
+        return Guarded(stats, probe.median_us, ratio, shifted, remeasured, shared_s + self._spent)
 
     def _enter(self, point: Hashable) -> bool:
         """Make ``point`` the current one; whether a reference was timed for it just now. A new point
@@ -204,21 +241,22 @@ class DriftGuard:
         self._reference_at = self._clock()
         return True
 
-    def _bracketed(
-        self, reference: Stats, sample: Sampler, settings: MeasureSpec, just_probed: bool = False
-    ) -> tuple[Stats, Stats]:
+    def _bracketed(self, reference: Stats, sample: Sampler, settings: MeasureSpec) -> tuple[Stats, Stats]:
         """One measurement between two probes, with looks inside it, and the probe that strayed
-        furthest from ``reference`` (module doc; ``just_probed``: the reference was timed just now, it
-        is the one before)."""
-        before = reference if just_probed else self._recent_check(reference) or self._check()
-        looks: list[Stats] = []
-        stats = measure(self._watched(sample, looks), settings)
+        furthest from ``reference`` (module doc)."""
+        before = self._recent_check(reference) or self._check()
+        self._probes, self._last_look = [before], self._clock()
+        stats = measure(self._watched(sample), settings)
         after = self._check()
+        self._probes.append(after)
         self._last_check = (self._clock(), after)
-        probes = [before, *looks, after]
-        return stats, max(
-            probes, key=lambda p: (moved(reference, p), abs(p.median_us / reference.median_us - 1))
-        )
+        return stats, self._furthest(self._probes)
+
+    def _furthest(self, probes: Sequence[Stats]) -> Stats:
+        """Of ``probes``, the one that strayed furthest from the reference."""
+        reference = self._reference
+        assert reference is not None
+        return max(probes, key=lambda p: (moved(reference, p), abs(p.median_us / reference.median_us - 1)))
 
     def _recent_check(self, reference: Stats) -> Stats | None:
         """The check after the last measurement at this point, if it is young and clean (module doc)."""
@@ -229,16 +267,15 @@ class DriftGuard:
             return None
         return check
 
-    def _watched(self, sample: Sampler, looks: list[Stats]) -> Sampler:
-        """``sample``, with a look at the probe (into ``looks``) between samples every LOOK_EVERY_S."""
-        last = self._clock()
+    def _watched(self, sample: Sampler) -> Sampler:
+        """``sample``, with a look at the probe (into the probes) between samples every LOOK_EVERY_S
+        since the last probe."""
 
         def watched() -> float:
-            nonlocal last
-            if self._clock() - last >= LOOK_EVERY_S:
-                looks.append(self._check())
+            if self._clock() - self._last_look >= LOOK_EVERY_S:
+                self._probes.append(self._check())
                 self._timed(sample)  # run and dropped (module doc)
-                last = self._clock()
+                self._last_look = self._clock()
             start = self._clock()
             us = sample()
             self._size_probe(self._clock() - start)
