@@ -20,12 +20,12 @@ for caches in "$@"; do
     [ "$caches" = cold ] && rm -rf "$W/cache-$engine"
     rm -rf "$W/res-$engine-$caches"
     start=$(date +%s.%N)
-    (cd "$root" && PYTHONPATH="$root" RAY_USAGE_STATS_ENABLED=0 COLUMNS=160 timeout -k 15 "${LIMIT:-420}" \
+    (cd "$root" && PYTHONPATH="$root:$PYTHONPATH" RAY_USAGE_STATS_ENABLED=0 COLUMNS=160 timeout -k 15 "${LIMIT:-420}" \
       python -m tunectl submit configs/h200/flash_decode.toml --results "$W/res-$engine-$caches" \
       --compile-cache "$W/cache-$engine" --yes > "$W/submit-$engine-$caches.log" 2>&1)
     rc=$?
     python -c "import sys; print(round($(date +%s.%N) - $start, 1))" > "$W/wall-$engine-$caches.txt"
-    echo "$engine $caches: rc $rc, $(cat "$W/wall-$engine-$caches.txt") s; $(PYTHONPATH=$root python -c 'import tunectl, sys; print(tunectl.__file__)')"
+    echo "$engine $caches: rc $rc, $(cat "$W/wall-$engine-$caches.txt") s; $(cd "$root" && python -c "import tunectl; print(tunectl.__file__)")"
     grep -v '^[│┃┏┡└]' "$W/submit-$engine-$caches.log" | tail -n 4
     ray stop --force > /dev/null 2>&1
   done

@@ -342,3 +342,18 @@ def test_a_slowdown_inside_a_batch_remeasures_what_lies_between_the_clean_probes
     assert results[4].remeasured == 1, "the one the slowdown touched is made again"
     assert [g.remeasured for g in results[:2]] == [0, 0], "those before the last clean look stand"
     assert sum(g.remeasured for g in results) < 10, "not the whole batch"
+
+
+def test_a_device_faster_than_a_carried_reference_times_the_reference_again_without_waiting() -> None:
+    """A reference timed while the GPU was busy with something else (compile processes building at a
+    run's start) is slower than the device later: that is no slowdown to wait out."""
+    device = SlowingDevice()
+    guard = DriftGuard(device.probe, action="remeasure", settings=SETTINGS, sleep=device.sleep)
+    device.slow_for(float("inf"))
+    point_measurements(guard, device, "p", 2)  # the reference, checks and measurements alike: slow
+    device.slow_for(0.0)  # the other work ends
+    start = device.now_us
+    [item] = point_measurements(guard, device, "q", 1)
+    assert not item.drift and item.remeasured == 1 and item.reference_ratio == pytest.approx(1.0)
+    assert item.stats.median_us == pytest.approx(CALL_US)
+    assert device.now_us - start < 1e6, "no wait"

@@ -15,6 +15,7 @@ run as ``RunFacts``, so they never load a task.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -57,6 +58,9 @@ class WorkItem:
     crashed_arms: tuple[Key, ...] = ()
     #: arms whose kernel failed to build, as (arm, status, message): recorded so, not run here
     unbuilt_arms: tuple[tuple[Key, str, str], ...] = ()
+    #: a batch: plain items of this point, phase, rung and budget sent to a worker as one call, each
+    #: measured on its own and recorded under its own id (``batch``)
+    members: tuple[WorkItem, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "phase", Phase(self.phase))
@@ -67,7 +71,20 @@ class WorkItem:
 
     def record_ids(self) -> tuple[str, ...]:
         """The item ids its records carry (one per arm for a comparison)."""
+        if self.members:
+            return tuple(m.item_id for m in self.members)
         return tuple(member_id(self.item_id, a) for a in self.arms) if self.arms else (self.item_id,)
+
+    def unbatched(self) -> tuple[WorkItem, ...]:
+        """The plain items of a batch; any other item is itself."""
+        return self.members or (self,)
+
+    def batches_with(self, other: WorkItem) -> bool:
+        """Whether ``other`` may share a batch with this plain item: the same point and kind of look."""
+        return not (self.arms or other.arms or self.members or other.members) and (
+            (self.task, self.point, self.phase, self.rung, self.budget)
+            == (other.task, other.point, other.phase, other.rung, other.budget)
+        )
 
 
 @dataclass(frozen=True)
@@ -143,6 +160,16 @@ def in_pool(iid: str, pool: str) -> str:
 def member_id(group_id: str, config: Key) -> str:
     """The id of one arm's record in a comparison item."""
     return key_digest((("group", group_id),), config)
+
+
+def batch(items: Sequence[WorkItem]) -> WorkItem:
+    """``items`` (plain, of one point, phase, rung and budget: ``batches_with``) as one call to a
+    worker; its records are theirs, under their ids. One item is itself."""
+    if len(items) == 1:
+        return items[0]
+    assert all(items[0].batches_with(i) for i in items[1:]), "a batch holds one point's looks of one kind"
+    iid = key_digest(make_key({"batch": tuple(i.item_id for i in items)}))
+    return dataclasses.replace(items[0], item_id=iid, members=tuple(items))
 
 
 def comparison(

@@ -186,11 +186,12 @@ class DriftGuard:
         self._probes.append(after)
         self._last_check = (self._clock(), after)
         judged = [(stats, self._furthest(self._probes[first - 1 : end + 1])) for stats, first, end in spans]
+        retime = True
         shared, out = self._spent / max(1, len(measurements)), []
         for (sample, settings), (stats, probe) in zip(measurements, judged, strict=True):
             self._spent = 0.0
-            out.append(self._settle(sample, settings, stats, probe, retime=fresh, shared_s=shared))
-            fresh = fresh and self._reference is reference  # the reference is timed again at most once
+            out.append(self._settle(sample, settings, stats, probe, retime=retime, shared_s=shared))
+            retime = retime and self._reference is reference  # the reference is timed again at most once
         return out
 
     def _settle(
@@ -208,8 +209,10 @@ class DriftGuard:
         reference = self._reference
         retries, remeasured = (0 if self.action == "flag" or self._lasting else MAX_REMEASURES), 0
         if retime and retries and moved(reference, probe) and probe.median_us < reference.median_us:
-            # Faster than the reference just timed: that reading caught a passing slowdown, not the
-            # device the point runs on. Timed again, and the measurement made again against it.
+            # Faster than the reference: the reference caught a slower device (a passing slowdown, or
+            # compile processes busy on the GPU when it was timed), not a slowdown now. Timed again,
+            # and the measurement made again against it, instead of waiting for a device that will not
+            # slow down to match it.
             self._reference = reference = self._time_probe()
             (stats, probe), remeasured = self._bracketed(reference, sample, settings), 1
         while moved(reference, probe) and remeasured < retries:

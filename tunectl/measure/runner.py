@@ -23,7 +23,7 @@ from tunectl.core.spec import MeasureSpec
 from tunectl.measure.built import Built, PointKernels, with_warmup
 from tunectl.measure.drift import MAX_WAIT_S, DriftGuard, Probe, probe_sampler
 from tunectl.measure.failures import clip, failure_message
-from tunectl.measure.harness import Sampler, interleave, measure, scaled
+from tunectl.measure.harness import Sampler, Stats, interleave, measure, scaled
 from tunectl.measure.memory import when_memory_frees
 from tunectl.measure.nvml import read_state, record_fields
 from tunectl.measure.rounds import NOT_MEASURABLE, NotMeasurable, arm_stats, round_times
@@ -42,6 +42,9 @@ _CRASHED_ARM = {
     "the comparison went on without it",
 }
 
+
+#: the statistics of a measurement that raised (its record carries the failure instead)
+FAILED_STATS = Stats(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0, math.inf, 0.0)
 
 #: a device state read this recently stands for the reading before the next measurement (seconds)
 STATE_REUSE_S = 1.0
@@ -68,6 +71,8 @@ class ItemRunner:
         self._state: tuple[float, Any] = (-math.inf, None)  # (when, the device state read then)
         #: told which arm of a comparison is being checked (its index), and None once all are timed
         self.on_arm: Callable[[int | None], None] = _nothing
+        #: told which member of a plain item or a batch is being checked or timed (its item id)
+        self.on_member: Callable[[str], None] = _nothing
 
     @classmethod
     def for_process(cls, gpu_assigned: bool, num_threads: int) -> ItemRunner:
@@ -83,7 +88,7 @@ class ItemRunner:
         """The item's record; a comparison item (``item.arms``) gives one record per arm."""
         started = time.time()
         task = self._task(item.task)
-        static, shape, config = dict(item.static), dict(item.shape), dict(item.config)
+        static, shape = dict(item.static), dict(item.shape)
         mode = settings.mode if settings.mode != "auto" else task.serving_mode
         if not self.device.startswith("cuda"):
             mode = "eager"
@@ -113,14 +118,15 @@ class ItemRunner:
                        is_default=i == 0, **fields, finished_at=time.time())
                 for i, (arm, fields) in enumerate(zip(item.arms, arms, strict=True))
             ]  # fmt: skip
-        settings = scaled(settings, item.budget)
-        [fields] = self._guarded(
-            lambda: [self._evaluate(task, item, static, shape, config, settings, mode)], 1
-        )
-        return Record(
-            **base, item_id=item.item_id, config_key=key_text(item.config), is_default=item.is_default,
-            **fields, finished_at=time.time(),
-        )  # fmt: skip
+        members = item.members or (item,)  # a batch: plain items at this point, each its own record
+        scaled_settings = scaled(settings, item.budget)
+        fields = self._guarded(lambda: self._measure_each(task, item, scaled_settings, mode), len(members))
+        records = [
+            Record(**base, item_id=m.item_id, config_key=key_text(m.config), is_default=m.is_default,
+                   **f, finished_at=time.time())
+            for m, f in zip(members, fields, strict=True)
+        ]  # fmt: skip
+        return records if item.members else records[0]
 
     def _guarded(self, evaluate: Callable[[], list[dict[str, Any]]], n: int) -> list[dict[str, Any]]:
         """``evaluate``'s fields; a config that fails is data (a status), never a failure of the run."""
@@ -143,54 +149,95 @@ class ItemRunner:
             self._tasks[name] = get_task(name)
         return self._tasks[name]
 
-    def _evaluate(
-        self,
-        task: TuningTask,
-        item: WorkItem,
-        static: dict[str, Any],
-        shape: dict[str, Any],
-        config: dict[str, Any],
-        settings: MeasureSpec,
-        mode: str,
-    ) -> dict[str, Any]:
-        spent = {"setup_ms": self._load_point(task, item) * 1e3}  # where the item's time went
-        built, checked = self._built(task, item.config, static, shape, config, item)
-        if built is None:
-            return {**checked, **spent}
-        started = time.perf_counter()
+    def _measure_each(
+        self, task: TuningTask, item: WorkItem, settings: MeasureSpec, mode: str
+    ) -> list[dict[str, Any]]:
+        """Fields per member of a plain item or a batch: each checked, then each measured on its own,
+        under one drift guard bracket (``DriftGuard.measure_many``)."""
+        members = item.members or (item,)
+        setup_ms = self._load_point(task, item) * 1e3
+        static, shape = dict(item.static), dict(item.shape)
+        fields: list[dict[str, Any]] = []
+        timed: list[tuple[int, Sampler, MeasureSpec]] = []
+        for m in members:
+            self.on_member(m.item_id)
+            mine = len(fields)
+            try:
+                built, checked = self._built(task, m.config, static, shape, dict(m.config), m)
+                fields.append(checked)
+                if built is not None:
+                    timed.append((len(fields) - 1, *self._sampler(built, settings, mode)))
+            except Exception as exc:
+                fields[mine:] = [self._failed(exc)]
+        fields[0] = {**fields[0], "setup_ms": setup_ms}  # the point's set-up, paid once
+        before = self._state_before()
+        measured = self._measured(item, [(self._noting(members[i].item_id, s), st) for i, s, st in timed])
+        self._state = (time.perf_counter(), read_state(self.device))
+        gpu_state = record_fields(before, self._state[1])
+        for (i, sampler, _), (stats, extra) in zip(timed, measured, strict=True):
+            fields[i] = {**fields[i], **self._stat_fields(stats, sampler, extra), **gpu_state}
+        return fields
+
+    def _sampler(self, built: Built, settings: MeasureSpec, mode: str) -> tuple[Sampler, MeasureSpec]:
+        """A checked config's sampler (built once at the point) and its settings with the warm-up it
+        needs now."""
         how = (mode, settings.l2, settings.timing)
         sampler = built.sampler(
             how, lambda: make_sampler(built.call, self.device, mode, settings.l2, settings.timing)
         )
-        settings = with_warmup(settings, built.warmup(how, settings, graph=self._graphs(mode)))
-        before = self._state_before()
-        guard = self._drift_guard(settings.drift)
-        if guard is None:
-            stats, drift_fields = measure(sampler, settings), {}
-        else:
-            guarded = guard.measure((item.task, *item.point), sampler, settings)
-            stats, drift_fields = guarded.stats, guarded.fields()
-        self._state = (time.perf_counter(), read_state(self.device))
-        gpu_state = record_fields(before, self._state[1])
-        spent["measure_ms"] = (time.perf_counter() - started) * 1e3
+        return sampler, with_warmup(settings, built.warmup(how, settings, graph=self._graphs(mode)))
+
+    def _measured(
+        self, item: WorkItem, timed: list[tuple[Sampler, MeasureSpec]]
+    ) -> list[tuple[Stats, dict[str, Any]]]:
+        """Each sampler measured, with the drift guard's fields (under one bracket when guarded).
+        Where the batch raises, each is measured alone, so a failure is charged to its config only."""
+        guard = self._drift_guard(timed[0][1].drift) if timed else None
+        try:
+            if guard is None:
+                return [(measure(s, st), {}) for s, st in timed]
+            return [(g.stats, g.fields()) for g in guard.measure_many((item.task, *item.point), timed)]
+        except Exception:
+            if len(timed) == 1:
+                raise
+        return [self._measured_alone(item, s, st) for s, st in timed]
+
+    def _measured_alone(
+        self, item: WorkItem, sampler: Sampler, settings: MeasureSpec
+    ) -> tuple[Stats, dict[str, Any]]:
+        try:
+            [out] = self._measured(item, [(sampler, settings)])
+            return out
+        except Exception as exc:
+            return FAILED_STATS, self._failed(exc)
+
+    def _stat_fields(self, stats: Stats, sampler: Sampler, extra: dict[str, Any]) -> dict[str, Any]:
+        """A measurement's record fields (``extra``: the guard's, or a failure's)."""
+        if stats is FAILED_STATS:
+            return extra
         if stats.median_us <= 0:
-            raise NotMeasurable(f"{NOT_MEASURABLE} (median {stats.median_us:.3g} us)")
+            return {"status": "error", "message": f"{NOT_MEASURABLE} (median {stats.median_us:.3g} us)"}
+        guard_ms = extra.get("guard_ms") or 0.0
         return {
-            **checked,
-            "status": "ok",
-            "median_us": stats.median_us,
-            "p20_us": stats.p20_us,
-            "p80_us": stats.p80_us,
-            "mean_us": stats.mean_us,
-            "min_us": stats.min_us,
-            "max_us": stats.max_us,
-            "num_samples": stats.num_samples,
-            "calls_per_sample": calls_per_sample(sampler),
-            "rel_noise": stats.rel_noise,
-            **gpu_state,
-            **drift_fields,
-            **spent,
-        }
+            "status": "ok", "median_us": stats.median_us, "p20_us": stats.p20_us, "p80_us": stats.p80_us,
+            "mean_us": stats.mean_us, "min_us": stats.min_us, "max_us": stats.max_us,
+            "num_samples": stats.num_samples, "calls_per_sample": calls_per_sample(sampler),
+            "rel_noise": stats.rel_noise, "measure_ms": stats.seconds * 1e3 + guard_ms, **extra,
+        }  # fmt: skip
+
+    def _noting(self, member_id: str, sampler: Sampler) -> Sampler:
+        """``sampler``, telling ``on_member`` whose measurement runs as its first sample is taken (a
+        worker notes it: a death while timing it is charged to it alone)."""
+        told = False
+
+        def sample() -> float:
+            nonlocal told
+            if not told:
+                told = True
+                self.on_member(member_id)
+            return sampler()
+
+        return sample
 
     def _built(
         self,

@@ -32,7 +32,7 @@ import ray
 
 from tunectl.core.errors import TunectlError
 from tunectl.core.keys import key_text
-from tunectl.core.plan import WorkItem
+from tunectl.core.plan import WorkItem, batch
 from tunectl.core.record import Record
 from tunectl.core.spec import MeasureSpec
 from tunectl.orchestrator.blame import Blame, Verdict, death_detail, first_line
@@ -52,6 +52,7 @@ class OrchestrationError(TunectlError):
 @dataclass(frozen=True)
 class DispatchOptions:
     prefetch: int = 2  # calls in flight per worker
+    batch: int = 8  # a point's looks of one kind sent to a worker in one call, at most (1: no batches)
     compile_ahead: bool = False
     poll_s: float = 0.25  # how often deadlines are checked while nothing completes
     stall_timeout_s: float = 900.0  # work left but no worker able to take it for this long: give up
@@ -231,7 +232,7 @@ class _Dispatcher:
             admitted = self._admit(slot, item)
             if admitted is None:
                 continue
-            item = admitted
+            item = self._batch(slot, admitted)
             lookahead = None
             if self.options.compile_ahead and not self.blame.is_suspect(item):
                 lookahead = slot.reserved = queue.pop_same_point(item.point, self._rank_on(slot))
@@ -241,6 +242,18 @@ class _Dispatcher:
             ref = slot.worker.run.remote(self.run_id, item, self.settings, lookahead, slot.incarnation)
             slot.calls.append(Call(ref, item, lookahead))
             self.owner[ref] = slot
+
+    def _batch(self, slot: Slot, item: WorkItem) -> WorkItem:
+        """``item`` with the looks of the same kind waiting at its point, up to ``options.batch`` in
+        one call: the worker checks and times each, under one drift-guard bracket, and returns them
+        together. Not suspects (they run alone), comparisons, or with compile-ahead (it prepares the
+        next call's single item)."""
+        limit = self.options.batch - 1
+        if limit <= 0 or item.arms or self.options.compile_ahead or self.blame.is_suspect(item):
+            return item
+        mates = self.feeds[slot.lane].queue.pop_batch_mates(item, limit, self._rank_on(slot))
+        admitted = [a for m in mates if (a := self._admit(slot, m)) is not None]
+        return batch([item, *admitted])
 
     def _rank_on(self, slot: Slot) -> Callable[[WorkItem], int] | None:
         """How ``slot``'s worker gets each item's kernels (``BuildBook.rank``); None: no builds."""
@@ -288,14 +301,21 @@ class _Dispatcher:
         for call in calls:
             self.owner.pop(call.ref, None)
         calls = self._settle_finished(slot.lane, calls)
-        unanswered = [(c.item, c.lookahead) for c in calls] + ([(reserved, None)] if reserved else [])
-        if killed is not None and calls and calls[0].item.item_id == killed:
-            unanswered.pop(0)
-            self._settled(calls[0].item)
+        timed_out = (
+            calls[0].item if killed is not None and calls and calls[0].item.item_id == killed else None
+        )
+        unanswered = [(m, c.lookahead) for c in calls for m in c.item.unbatched() if c.item is not timed_out]
+        unanswered += [(reserved, None)] if reserved else []
+        if timed_out is not None and timed_out.members:
+            # Which member hung is not known: each runs again alone, and the one that hangs times out.
+            self.blame.suspects.update(m.item_id for m in timed_out.members)
+            self._requeue(slot.lane, Verdict(retry=list(timed_out.members)))
+        elif timed_out is not None:
+            self._settled(timed_out)
             message = (
                 f"ran past the per-item deadline of {self.settings.deadline_seconds:g} s; worker restarted"
             )
-            self._emit(slot.lane, failure_records(self.run_id, calls[0].item, "timeout", message))
+            self._emit(slot.lane, failure_records(self.run_id, timed_out, "timeout", message))
         if killed is not None or self._node_dead(slot.node_id):
             if killed is None:
                 log.warning("worker %s lost with its node %s; its %d item(s) go back to the queue",
@@ -352,7 +372,8 @@ class _Dispatcher:
 
     def _settled(self, item: WorkItem) -> None:
         if self.builds is not None:
-            self.builds.book.settled(item)
+            for member in item.unbatched():
+                self.builds.book.settled(member)
 
     def _requeue(self, lane: str, verdict: Verdict) -> None:
         self.feeds[lane].requeue(verdict)
@@ -368,9 +389,12 @@ class _Dispatcher:
         return True
 
     def _check_deadlines(self, now: float) -> None:
-        deadline_s = self.settings.deadline_seconds
         for slot in self.slots:
-            if slot.running_past(now, deadline_s):
+            # a batch has its members' deadlines in all: they run one after the other
+            deadline_s = (
+                self.settings.deadline_seconds * len(slot.calls[0].item.unbatched()) if slot.calls else 0.0
+            )
+            if slot.calls and slot.running_past(now, deadline_s):
                 slot.killed_item = slot.calls[0].item.item_id
                 log.warning("%s on worker %s ran past its %g s deadline; killing the worker",
                             describe(slot.calls[0].item), slot.name, deadline_s)  # fmt: skip

@@ -92,6 +92,8 @@ class TuneWorker:
             if lookahead is not None and lookahead.point == item.point:
                 preparing = lookahead.item_id
         self._note(item.item_id, preparing)
+        # In a batch, name the member being checked or timed: a death there is charged to it alone.
+        self.runner.on_member = (lambda iid: self._note(iid, preparing)) if item.members else _nothing
         if item.arms:  # name the arm being checked, so a death there is charged to that config alone
             self.runner.on_arm = lambda i: self._note(
                 item.item_id, preparing, None if i is None else key_text(item.arms[i])
@@ -125,3 +127,7 @@ def _read_last_words(path: Path) -> dict[str, Any] | None:
     if not isinstance(words, dict) or words.get("pid") == os.getpid():
         return None
     return {"running": words.get("running"), "preparing": words.get("preparing"), "arm": words.get("arm")}
+
+
+def _nothing(*_: Any) -> None:
+    return None

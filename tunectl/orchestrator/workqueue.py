@@ -94,6 +94,22 @@ class WorkQueue:
         best = self._best(point, rank)
         return self._take(point, best[1]) if best is not None and best[0] == 0 else None
 
+    def pop_batch_mates(
+        self, first: WorkItem, limit: int, rank: Callable[[WorkItem], int] | None = None
+    ) -> list[WorkItem]:
+        """Up to ``limit`` items waiting at ``first``'s point that may share its batch (the same kind
+        of look: ``WorkItem.batches_with``), among the first few there; with ``rank``, only those whose
+        kernels are built (a batch never waits on a compile)."""
+        group = self.groups.get(first.point)
+        if group is None or limit <= 0:
+            return []
+        picks = [
+            i
+            for i, item in enumerate(itertools.islice(group, _SCAN_ITEMS))
+            if first.batches_with(item) and (rank is None or rank(item) == 0)
+        ][:limit]
+        return [self._take(first.point, i - n) for n, i in enumerate(picks)]
+
     def _take(self, key: Any, index: int) -> WorkItem:
         group = self.groups[key]
         item = group[index]
@@ -118,6 +134,8 @@ class WorkQueue:
 def failure_records(run_id: str, item: WorkItem, status: Status | str, message: str) -> list[Record]:
     """Records for an item that got no result from a worker (crash, timeout, a failed call): one, or
     one per arm of a comparison."""
+    if item.members:
+        return [r for m in item.members for r in failure_records(run_id, m, status, message)]
     now = time.time()
     configs = item.arms or (item.config,)
     defaults = [i == 0 for i in range(len(configs))] if item.arms else [item.is_default]
