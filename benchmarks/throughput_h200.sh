@@ -5,6 +5,8 @@
 # them; benchmarks/throughput.py compare reads them. Run from the project root on the GPU host after
 # stage.sh's bootstrap (flashinfer-python==0.7.2.post1 and nvidia-cudnn-frontend staged).
 #   bash benchmarks/throughput_h200.sh OLD_TREE [cold|warm|cold warm]
+# ENGINES="after" runs one engine only; SHARED_CACHE=1 gives both engines one compile cache (they build the
+# same kernels), so one cold run leaves both warm.
 set -uo pipefail
 source /tmp/tunectl-site/env.sh
 # Entry points (tasks by name) come from an install; which tree's code runs is PYTHONPATH's choice.
@@ -15,14 +17,15 @@ NEW=$(pwd)
 mkdir -p "$W"
 [ $# -gt 0 ] || set -- cold warm
 for caches in "$@"; do
-  for engine in before after; do
+  for engine in ${ENGINES:-before after}; do
     root=$([ "$engine" = before ] && echo "$OLD" || echo "$NEW")
-    [ "$caches" = cold ] && rm -rf "$W/cache-$engine"
+    cache="$W/cache-$([ -n "${SHARED_CACHE:-}" ] && echo shared || echo "$engine")"
+    [ "$caches" = cold ] && rm -rf "$cache"
     rm -rf "$W/res-$engine-$caches"
     start=$(date +%s.%N)
     (cd "$root" && PYTHONPATH="$root:$PYTHONPATH" RAY_USAGE_STATS_ENABLED=0 COLUMNS=160 timeout -k 15 "${LIMIT:-420}" \
       python -m tunectl submit configs/h200/flash_decode.toml --results "$W/res-$engine-$caches" \
-      --compile-cache "$W/cache-$engine" --yes > "$W/submit-$engine-$caches.log" 2>&1)
+      --compile-cache "$cache" --yes > "$W/submit-$engine-$caches.log" 2>&1)
     rc=$?
     python -c "import sys; print(round($(date +%s.%N) - $start, 1))" > "$W/wall-$engine-$caches.txt"
     echo "$engine $caches: rc $rc, $(cat "$W/wall-$engine-$caches.txt") s; $(cd "$root" && python -c "import tunectl; print(tunectl.__file__)")"
