@@ -275,6 +275,8 @@ class Search:
         if point.finished != (not awaited.open):
             point.finished = not awaited.open
             self._count_open(point.static, -1 if point.finished else 1)
+        if point.finished:  # a lane holds every point it started: its items go, its records stay
+            point.names.clear()
 
     def _count_open(self, static: Key, change: int) -> None:
         """``change`` the count of ``static``'s points not finished; whether the key is finished follows."""
