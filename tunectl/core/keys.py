@@ -17,6 +17,7 @@ Standard library only: the serving runtime imports this module.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -119,8 +120,10 @@ def key_text(key: Key) -> str:
     return canonical_json(key_json(key))
 
 
+@functools.lru_cache(maxsize=1 << 14)
 def key_from_text(text: str) -> Key:
-    """Parse a key's canonical text back into the key."""
+    """Parse a key's canonical text back into the key. Kept for the texts parsed last: a run's records
+    repeat a few static keys, shapes and configs many times over."""
     raw = json.loads(text)
     if not isinstance(raw, dict):
         raise InvalidKeyError(f"a key's text must be a JSON object, not {text!r}")
@@ -143,9 +146,15 @@ def value_order(key: Key | Mapping[str, Any]) -> tuple[Any, ...]:
 
 def key_digest(*keys: Key) -> str:
     """A stable 16-hex-digit digest of one or more keys (in order)."""
+    return text_digest(*map(key_text, keys))
+
+
+def text_digest(*texts: str) -> str:
+    """``key_digest`` of the keys whose texts (``key_text``) are ``texts``: for a caller that keeps the
+    texts of keys it digests often."""
     h = hashlib.sha256()
-    for key in keys:
-        h.update(key_text(key).encode())
+    for text in texts:
+        h.update(text.encode())
         h.update(b"\x00")
     return h.hexdigest()[:16]
 

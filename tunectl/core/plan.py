@@ -16,13 +16,14 @@ run as ``RunFacts``, so they never load a task.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from tunectl.core.errors import UserError
-from tunectl.core.keys import Key, key_digest, key_text, make_key
+from tunectl.core.keys import Key, key_digest, key_text, make_key, text_digest
 from tunectl.core.record import Phase
 from tunectl.core.registry import PlannedTask, get_task
 from tunectl.core.spec import Spec
@@ -107,7 +108,7 @@ class RunFacts:
     margin: float | None = None
 
     def selectable(self, static: Key, config: Key) -> bool:
-        return (key_text(static), key_text(config)) not in self.unselectable
+        return not self.unselectable or (key_text(static), key_text(config)) not in self.unselectable
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -142,14 +143,25 @@ def selectable_in(facts: Iterable[RunFacts]) -> Any:
     barred = {(f.task, *pair) for f in facts for pair in f.unselectable}
 
     def selectable(task: str, static: Key, config: Key) -> bool:
-        return (task, key_text(static), key_text(config)) not in barred
+        return not barred or (task, key_text(static), key_text(config)) not in barred
 
     return selectable
 
 
 def item_id(task: str, static: Key, shape: Key, config: Key, *extra: Key) -> str:
     """Stable id of a measurement; ``extra`` tells apart other looks at the same config (a rung)."""
-    return key_digest((("task", task),), static, shape, config, *extra)
+    return item_id_of_texts(task, *map(key_text, (static, shape, config, *extra)))
+
+
+def item_id_of_texts(task: str, *texts: str) -> str:
+    """``item_id`` of the keys whose texts (``key_text``) are ``texts``, static key, shape, config and
+    extras in that order: for a caller that names many items of the same keys and keeps their texts."""
+    return text_digest(_task_text(task), *texts)
+
+
+@functools.lru_cache(maxsize=64)
+def _task_text(task: str) -> str:
+    return key_text((("task", task),))
 
 
 def in_pool(iid: str, pool: str) -> str:

@@ -46,6 +46,7 @@ from tunectl.core.record import Phase, Record, latest
 from tunectl.core.shapes import ShapeDim
 from tunectl.core.spec import Spec
 from tunectl.decide.coverage import nearest, sizes
+from tunectl.decide.points import Awaited
 from tunectl.decide.refine import Refined
 from tunectl.decide.search import Search
 from tunectl.decide.select import Winner, fidelity, latest_comparisons, select_winners
@@ -331,8 +332,8 @@ def _replaced(w: Winner, config: Key, sites: Sequence[Site], note: str) -> Winne
 class Probed:
     """A run's work with ``[search] probes`` on: ``inner``'s items (the search, refined or not), then each
     static key's probes, planned once ``inner`` is done with it (every point finished, refinement
-    settled). The probes are a function of finished records only, so a resumed run plans the same
-    ones and asks only for the arms without a row."""
+    settled), from finished records only: a resumed run plans the same ones and asks only for the arms
+    without a row. A static key's probes go out when planned; their rows are counted off as they come."""
 
     def __init__(
         self, inner: Search | Refined, search: Search, plan: Plan, check_point: CheckPoint, pool: str | None
@@ -340,10 +341,10 @@ class Probed:
         self.inner, self.search, self.plan = inner, search, plan
         self._check = check_point
         self._pool = pool
-        self._statics = [s for s, _, _ in plan.count.per_static]
-        self._planned: dict[Key, list[WorkItem]] = {}  # static key -> its probes, once planned
-        self._issued: set[str] = set()
+        self._unplanned = [s for s, _, _ in plan.count.per_static]  # static keys without probes yet
         self._done: set[str] = set()  # record ids of probe rows
+        self._awaited = Awaited()  # the planned probes without all their rows
+        self._planned_records = 0  # rows the planned probes write
 
     def start(self, records: Iterable[Record] = ()) -> None:
         records = list(records)
@@ -354,31 +355,29 @@ class Probed:
         return self.inner.draw(limit) + self._grow()
 
     def follow_up(self, records: Sequence[Record]) -> list[WorkItem]:
-        self._done.update(r.item_id for r in records if r.phase is Phase.PROBE)
+        for record in records:
+            if record.phase is Phase.PROBE:
+                self._done.add(record.item_id)
+                self._awaited.arrived(record.item_id)
         return self.inner.follow_up([r for r in records if r.phase is not Phase.PROBE]) + self._grow()
 
     def estimate(self) -> int:
-        return self.inner.estimate() + sum(
-            len(i.record_ids()) for items in self._planned.values() for i in items
-        )
+        return self.inner.estimate() + self._planned_records
 
     def missing(self) -> int:
         """The inner work's missing items, then the planned probes without all their rows."""
         left = self.inner.missing()
         self._grow()
-        probes = [i for items in self._planned.values() for i in items]
-        return left + sum(not set(i.record_ids()) <= self._done for i in probes)
+        return left + self._awaited.open
 
     def _grow(self) -> list[WorkItem]:
-        """The probes of every static key ``inner`` is now done with, those not handed out nor done."""
-        for static in self._statics:
-            if static not in self._planned and self.inner.settled(static):
-                self._planned[static] = self._probes(static)
+        """The probes of every static key ``inner`` is now done with, those not done, each once."""
         out = []
-        for items in self._planned.values():
-            for item in items:
-                if item.item_id not in self._issued and not set(item.record_ids()) <= self._done:
-                    self._issued.add(item.item_id)
+        for static in [s for s in self._unplanned if self.inner.settled(s)]:
+            self._unplanned.remove(static)
+            for item in self._probes(static):
+                self._planned_records += len(item.record_ids())
+                if self._awaited.add(item, self._done):
                     out.append(item)
         return out
 

@@ -38,7 +38,8 @@ from tunectl.core.record import Phase, Record, latest
 from tunectl.core.shapes import ShapeDim, line_neighbours
 from tunectl.core.spec import DEFAULT_MARGIN
 from tunectl.decide.coverage import sizes
-from tunectl.decide.search import Point, Search
+from tunectl.decide.points import Point
+from tunectl.decide.search import Search
 from tunectl.decide.select import Winner, fidelity, select_winners
 
 CheckPoint = Callable[[Key, Key], "str | None"]  # (static, shape) -> why the task cannot run it, or None
@@ -181,11 +182,9 @@ class Refined:
         grew = True
         while grew:
             grew = False
-            for static in sorted(self.search.complete - self._settled, key=value_order):
-                points = self.search.points_at(static)
-                if not all(self.search.finished(p) for p in points):
-                    continue
-                level = self._level(static, points)
+            # Only the static keys whose every point has finished: the search counts them as records come.
+            for static in sorted(self.search.finished_keys - self._settled, key=value_order):
+                level = self._level(static, self.search.points_at(static))
                 if not level:
                     self._settled.add(static)
                 for shape in level:

@@ -31,66 +31,17 @@ the dispatcher asks for more work, so however large the grid, a lane holds the p
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Protocol
 
-from tunectl.core.keys import Key, key_text, make_key
-from tunectl.core.plan import Plan, Planned, WorkItem, comparison, in_pool, item_id
+from tunectl.core.keys import Key, key_text
+from tunectl.core.plan import Plan, Planned, WorkItem, comparison
 from tunectl.core.record import Phase, Record
 from tunectl.core.spec import SearchSpec
-
-Measured = dict[Key, Record]  # a point's records at one fidelity, by config
-
-
-@dataclass
-class Point:
-    """One (static key, shape) point of a lane: its configs, the default first, and its records."""
-
-    static: Key
-    shape: Key
-    configs: tuple[Key, ...]
-    records: dict[str, Record] = field(default_factory=dict)  # item id -> latest record
-    issued: set[str] = field(default_factory=set)
-
-    @property
-    def default(self) -> Key:
-        return self.configs[0]
-
-    def done(self, iid: str) -> bool:
-        return iid in self.records
-
-    def measured(self, ids: Mapping[Key, str]) -> Measured:
-        return {c: self.records[i] for c, i in ids.items() if i in self.records}
-
-
-@dataclass(frozen=True)
-class Looks:
-    """How a lane names and asks for measurements: an item per (point, config, fidelity)."""
-
-    task: str
-    pool: str | None = None
-
-    def item(self, point: Point, config: Key, rung: int | None = None, budget: float = 1.0) -> WorkItem:
-        """A full measurement of ``config`` (budget 1), or a screening look at ``budget`` on ``rung``."""
-        extra = (make_key({"rung": rung, "budget": budget}),) if budget < 1.0 else ()
-        iid = self.pooled(item_id(self.task, point.static, point.shape, config, *extra))
-        phase = Phase.SCREEN if budget < 1.0 else Phase.MEASURE
-        return WorkItem(iid, self.task, point.static, point.shape, config, config == point.default, phase,
-                        rung, budget)  # fmt: skip
-
-    def look(
-        self, point: Point, configs: Sequence[Key], *, rung: int | None = None, budget: float = 1.0
-    ) -> list[WorkItem] | Measured:
-        """The records of ``configs`` at this fidelity once all are in; else the items still missing."""
-        items = {c: self.item(point, c, rung, budget) for c in configs}
-        missing = [item for item in items.values() if not point.done(item.item_id)]
-        return missing or point.measured({c: i.item_id for c, i in items.items()})
-
-    def pooled(self, iid: str) -> str:
-        return iid if self.pool is None else in_pool(iid, self.pool)
+from tunectl.decide.points import Awaited, Looks, Measured, Point
 
 
 class Strategy(Protocol):
@@ -163,6 +114,10 @@ class Search:
     Points are drawn from the plan only as the dispatcher asks for work (``draw``), so a lane holds
     the points it has started, never the whole grid. Records of points not drawn yet (a resumed
     run's) wait until their point is drawn or added.
+
+    A record costs the work of its own point, however large the grid: a point works out what it needs
+    again only when a record completes what it waited for (or one it did not wait for comes), and what
+    ``missing``, ``estimate`` and ``settled`` answer is counted as points change, not walked for.
     """
 
     def __init__(self, plan: Plan, settings: SearchSpec | None = None, pool: str | None = None) -> None:
@@ -180,8 +135,12 @@ class Search:
         self._at: dict[Key, list[Point]] = {}  # static key -> its points
         self._drawing: Key | None = None  # the static key whose points are being drawn
         self.complete: set[Key] = set()  # static keys whose planned points are all drawn
+        self.finished_keys: set[Key] = set()  # complete static keys whose every point is finished
         self._waiting: dict[tuple[str, str], dict[str, Record]] = {}  # records of points not yet here
-        self._added: list[int] = []  # configs of each point added after planning
+        self._added = 0  # records expected of the points added after planning
+        self._num_records = 0  # records the points hold
+        self._open_items = 0  # items the points need without all their records
+        self._open_at: Counter[Key] = Counter()  # static key -> its points not finished
 
     def start(self, records: Iterable[Record] = ()) -> None:
         """Take in the ``records`` a stopped run already has; their points ask only for what is missing."""
@@ -208,8 +167,7 @@ class Search:
     def estimate(self) -> int:
         """Records the run is expected to write in all (for progress), given what is known now."""
         planned = sum(n * self._per_point(len(configs)) for configs, n in self._planned)
-        total = planned + sum(map(self._per_point, self._added))
-        return max(total, sum(len(p.records) for p in self.points.values()))
+        return max(planned + self._added, self._num_records)
 
     def missing(self) -> int:
         """Items still without their records: every drawn point's, finals included, and each point the
@@ -220,12 +178,12 @@ class Search:
         if self._source is not None:
             left = {static: max(0, n - self._drawn[static]) for static, n in self._points_at.items()}
             undrawn = sum(n * len(self._configs[static]) for static, n in left.items())
-        return undrawn + sum(len(self._unfinished(p)) for p in self.points.values())
+        return undrawn + self._open_items
 
     def add_point(self, static: Key, shape: Key, configs: tuple[Key, ...]) -> Point:
         """A point planned after the run began (refinement), its ``configs`` the default first."""
         if (static, shape) not in self.points:
-            self._added.append(len(configs))
+            self._added += self._per_point(len(configs))
         return self._place(static, shape, configs)
 
     def configs_at(self, static: Key) -> tuple[Key, ...]:
@@ -242,6 +200,7 @@ class Search:
         static = None if planned is None else planned[0]
         if static != self._drawing and self._drawing is not None:
             self.complete.add(self._drawing)  # points come static key by static key
+            self._count_open(self._drawing, 0)
         self._drawing = static
         if planned is None:
             self._source = None
@@ -252,11 +211,14 @@ class Search:
     def _place(self, static: Key, shape: Key, configs: tuple[Key, ...]) -> Point:
         point = self.points.get((static, shape))
         if point is None:
-            point = self.points[(static, shape)] = Point(static, shape, configs)
             texts = (key_text(static), key_text(shape))
+            point = self.points[(static, shape)] = Point(static, shape, configs, key_texts=texts)
             self._by_text[texts] = point
             self._at.setdefault(static, []).append(point)
             point.records.update(self._waiting.pop(texts, {}))
+            self._num_records += len(point.records)
+            self._count_open(static, 1)  # not finished until its needs are worked out
+            self._refresh(point)
         return point
 
     def _measured(self, static: Key, configs: tuple[Key, ...]) -> tuple[Key, ...]:
@@ -272,14 +234,11 @@ class Search:
 
     def settled(self, static: Key) -> bool:
         """Whether every planned point of ``static`` is drawn and finished (its finals too)."""
-        return static in self.complete and all(map(self.finished, self.points_at(static)))
+        return static in self.finished_keys
 
     def finished(self, point: Point) -> bool:
         """Whether every item the point needs (its finals too) has its records."""
-        return not self._unfinished(point)
-
-    def _unfinished(self, point: Point) -> list[WorkItem]:
-        return [item for item in self._needs(point) if not self._done(point, item)]
+        return point.finished
 
     def take(self, record: Record) -> Point | None:
         """Take in one record; its point, if the search has it."""
@@ -291,19 +250,51 @@ class Search:
 
     def _take(self, record: Record) -> Point | None:
         point = self._by_text.get((record.static_key, record.shape_key))
-        if point is not None:
-            point.records[record.item_id] = record
+        if point is None:
+            return None
+        self._num_records += record.item_id not in point.records
+        point.records[record.item_id] = record
+        awaited = point.awaited
+        before = awaited.open
+        came = awaited.arrived(record.item_id)
+        self._open_items += awaited.open - before
+        # A record one of several open items waited for leaves the rest of what the point needs as it
+        # was: the look those items belong to is still short, and the looks before it are whole.
+        if not came or not awaited.open:
+            self._refresh(point)
         return point
 
+    def _refresh(self, point: Point) -> None:
+        """Work out again what ``point`` needs and, of that, what is still without its records."""
+        point.needs, point.fresh = self._needs(point), True
+        awaited = Awaited()
+        for item in point.needs:
+            awaited.add(item, point.records)
+        self._open_items += awaited.open - point.awaited.open
+        point.awaited = awaited
+        if point.finished != (not awaited.open):
+            point.finished = not awaited.open
+            self._count_open(point.static, -1 if point.finished else 1)
+        if point.finished:  # a lane holds every point it started: its items go, its records stay
+            point.names.clear()
+
+    def _count_open(self, static: Key, change: int) -> None:
+        """``change`` the count of ``static``'s points not finished; whether the key is finished follows."""
+        self._open_at[static] += change
+        if static in self.complete and not self._open_at[static]:
+            self.finished_keys.add(static)
+        else:
+            self.finished_keys.discard(static)
+
     def _issue(self, point: Point) -> list[WorkItem]:
-        needed = self._needs(point)
-        items = [i for i in needed if i.item_id not in point.issued and not self._done(point, i)]
+        """The point's needed items not handed out nor done: none unless its needs changed since it
+        last handed items out (everything it needed then went out, or was done)."""
+        if not point.fresh:
+            return []
+        point.fresh = False
+        items = [i for i in point.needs if i.item_id not in point.issued and point.awaited.is_open(i.item_id)]
         point.issued.update(i.item_id for i in items)
         return items
-
-    @staticmethod
-    def _done(point: Point, item: WorkItem) -> bool:
-        return all(point.done(rid) for rid in item.record_ids())
 
     def _needs(self, point: Point) -> list[WorkItem]:
         measured = self.strategy.measure(point, self.looks)
@@ -349,5 +340,9 @@ def ranked_configs(
     one method's times against the other's."""
     ok_rows = {c: r for c, r in measured.items() if r.status == "ok"}
     newest = max(ok_rows.values(), key=lambda r: r.finished_at).timing if ok_rows else None
-    ok = [(time_us(r), key_text(c), c) for c, r in ok_rows.items() if r.timing is newest]
-    return [c for _, _, c in sorted(ok, key=lambda t: (t[0], t[1]))]
+    ok = sorted(((time_us(r), c) for c, r in ok_rows.items() if r.timing is newest), key=lambda t: t[0])
+    ranked: list[Key] = []
+    for _, tied in itertools.groupby(ok, key=lambda t: t[0]):  # only ties need the configs' texts
+        group = [c for _, c in tied]
+        ranked += sorted(group, key=key_text) if len(group) > 1 else group
+    return ranked
