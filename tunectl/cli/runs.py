@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -12,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tunectl.cli._common import DEFAULT_RESULTS, ResultsOption, library_errors
+from tunectl.cli.quality import damaged_lines, print_quality
 from tunectl.cli.render import compact, winners_table
 from tunectl.core.files import canonical_json
 from tunectl.core.record import Record
@@ -136,13 +138,23 @@ TaskOption = Annotated[str | None, typer.Option(help="Only this task.")]
 
 
 def read_checked(results: Path, run: list[str] | None, task: str | None) -> list[Record]:
-    """The records asked for, once the dataset and every named run are known to exist (else exit 2)."""
-    from tunectl.store.results import read_results, require_dataset
+    """The records asked for, once the dataset, every named run and the task are known to exist (else
+    exit 2); each unreadable file is skipped with a warning."""
+    from tunectl.store.results import read_results
+
+    _check_asked(results, run, task)
+    with library_errors():
+        return read_results(results, run_ids=run, task=task)
+
+
+def _check_asked(results: Path, run: list[str] | None, task: str | None) -> None:
+    from tunectl.store.results import require_dataset, require_task
     from tunectl.store.runs import require_runs
 
     with library_errors():
         require_runs(require_dataset(results), run or [])
-        return read_results(results, run_ids=run, task=task)
+        if task is not None:
+            require_task(results, task)
 
 
 def winners_cmd(
@@ -151,35 +163,42 @@ def winners_cmd(
     task: TaskOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Show the winner per point: config, median, the default's median, speedup.
+    """Show the winner per point: config, median, the default's median, speedup. A ! column marks the
+    points whose decision rests on flagged rows (drift, too few samples, noise over the target, rows
+    lost to an unreadable file); the last line counts them.
 
     Example:
     \b
         tunectl winners --run r20261129-221300-3fa2c1 --task decode_attention
     """
-    from tunectl.formats.export import facts_of, select_from
+    from tunectl.formats.export import assessed_winners
+    from tunectl.store.results import read_dataset
 
-    records = read_checked(results, run, task)
+    _check_asked(results, run, task)
     with library_errors():
-        winners = select_from(records, facts_of(results, (r.run_id for r in records)))
+        dataset = read_dataset(results, run_ids=run, task=task)
+        winners, quality = assessed_winners(results, dataset)
+    for line in damaged_lines(dataset, results):
+        typer.secho(f"warning: {line}", err=True, fg=typer.colors.YELLOW)
     if as_json:
-        typer.echo(canonical_json([_winner_json(w) for w in winners], indent=2))
+        typer.echo(canonical_json([_winner_json(w, quality.of(w.point)) for w in winners], indent=2))
         return
     console = Console()
     for name in sorted({w.task for w in winners}):
-        console.print(winners_table([w for w in winners if w.task == name], title=f"winners: {name}"))
+        console.print(winners_table([w for w in winners if w.task == name], f"winners: {name}", quality))
     if not winners:
-        failed = sum(not r.ok for r in records)
+        failed = sum(not r.ok for r in dataset.records)
         console.print(
-            f"no winners: none of {len(records)} measurement(s) finished with status ok"
+            f"no winners: none of {len(dataset.records)} measurement(s) finished with status ok"
             + (f"; `tunectl failures --results {results}` lists the {failed} that failed" if failed else "")
         )
+    print_quality(console, quality, results)
 
 
-def _winner_json(winner: Any) -> dict[str, Any]:
+def _winner_json(winner: Any, flags: Iterable[str]) -> dict[str, Any]:
     out = {k: v for k, v in dataclasses.asdict(winner).items() if k not in ("static", "shape", "config")}
     out.update(static=dict(winner.static), shape=dict(winner.shape), config=dict(winner.config))
-    return {**out, "reason": winner.reason}
+    return {**out, "reason": winner.reason, "flags": sorted(flags)}
 
 
 def failures_cmd(

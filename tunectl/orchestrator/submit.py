@@ -29,9 +29,7 @@ from tunectl.core.plan import Plan, WorkItem, check_size, plan
 from tunectl.core.record import Record
 from tunectl.core.registry import get_task
 from tunectl.core.spec import MeasureSpec, ResourceSpec, Spec, load_spec, parse_spec
-from tunectl.decide.probes import probed
-from tunectl.decide.refine import refined
-from tunectl.decide.search import Search
+from tunectl.decide.work import tuning_work
 from tunectl.orchestrator.builds import CompileOptions
 from tunectl.orchestrator.cluster import (
     Placement,
@@ -229,8 +227,7 @@ def submit(
         def check(static: Key, shape: Key) -> str | None:
             return task.check_point(dict(static), dict(shape))
 
-        found = Search(work, spec.search, pool)
-        return probed(refined(found, work, check), found, work, check, pool)
+        return tuning_work(work, check, pool)
 
     out = run(
         search, spec.resources, spec.measure, results=results, info=info, resumed=previous is not None,
