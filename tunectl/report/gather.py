@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from tunectl.core import stats
 from tunectl.core.keys import Key, from_json, value_order
 from tunectl.core.record import Phase, Record
+from tunectl.decide.quality import noise_known
 from tunectl.decide.select import Winner, latest_comparisons, select_winners
 from tunectl.report.drift import DriftPanel, drift_panel
 from tunectl.report.grids import Cell, Grid, Group, Point, label, noise_grid, short_labels, speedup_grids
@@ -172,6 +173,8 @@ def _noise_cell(row: Record) -> Cell:
         return Cell(None, status.replace("_result", ""), note, status, shape, config)
     noise, median, phase = row.rel_noise, row.median_us, str(row.phase)
     note = f"median {median:,.1f} µs ({phase})" if median is not None else phase
+    if noise is not None and not noise_known(row):  # one sample: no spread to speak of
+        return Cell(None, "?", f"{note}; one sample, its noise unknown", "ok", shape, config)
     return Cell(noise, f"{noise:.1%}" if noise is not None else "-", note, "ok", shape, config)
 
 
