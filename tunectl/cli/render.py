@@ -90,11 +90,55 @@ def _winner_notes(
     return [*notes, key] if key else notes
 
 
+RUN_COLUMNS = ("run", "name", "task", "state", "started", "planned", "done", "failed")
+#: the columns that give way, with an ellipsis, when the terminal is narrow; the others stay whole
+_GIVING = ("name", "task", "failed")
+_LEAST = 6  # a column that gives way keeps this many characters ("quick…")
+
+
+def runs_table(rows: Sequence[tuple[str, ...]], title: str, width: int) -> Table:
+    """The runs, one row each (``RUN_COLUMNS``), within ``width`` columns: ids, states and counts stay
+    whole (an id cut short cannot be resumed); a long name, task or failure list ends in an ellipsis
+    rather than being split mid-word; the start time (the run id holds it too, in UTC) is left out
+    where it does not fit. ``runs --json`` has everything whole."""
+    natural = {c: max([len(c), *(len(r[i]) for r in rows)]) for i, c in enumerate(RUN_COLUMNS)}
+    columns = list(RUN_COLUMNS)
+    if _room(columns, natural, width) < _LEAST * len(_GIVING):
+        columns.remove("started")
+    widths = _shrunk({c: natural[c] for c in _GIVING}, _room(columns, natural, width))
+    table = Table(title=title, title_justify="left", padding=(0, 1, 0, 0))  # a space after each cell
+    for column in columns:
+        numeric = column in ("planned", "done")
+        width_ = widths.get(column, natural[column])
+        table.add_column(column, justify="right" if numeric else "left", no_wrap=True, width=width_)
+    for row in rows:
+        table.add_row(*(cell for column, cell in zip(RUN_COLUMNS, row, strict=True) if column in columns))
+    return table
+
+
+def _room(columns: Sequence[str], natural: dict[str, int], width: int) -> int:
+    """What is left for the columns that give way: ``width`` less borders, padding and the others."""
+    return width - (2 * len(columns) + 1) - sum(natural[c] for c in columns if c not in _GIVING)
+
+
+def _shrunk(widths: dict[str, int], room: int) -> dict[str, int]:
+    """``widths`` narrowed, the widest first, until they fit in ``room`` or each is ``_LEAST``."""
+    out = dict(widths)
+    while sum(out.values()) > room:
+        widest = max(out, key=lambda c: out[c])
+        if out[widest] <= _LEAST:
+            break
+        out[widest] -= 1
+    return out
+
+
 def validation_table(validation: Any, title: str, quality: Quality | None = None) -> Table:
     """Per point: the bundle's config, per-layer times of default and bundle, speedup and interval;
     with ``quality``, a ``!`` column marking the points whose comparison rests on flagged rows."""
     flagged = {(p[2], p[3]): mark(flags) for p, flags in quality.flags.items()} if quality else {}
-    marks = [flagged.get((key_text(p.static), key_text(p.shape)), "") for p in validation.points]
+    marks = [
+        flagged.get((key_text(p.static), key_text(p.shape)), "") if flagged else "" for p in validation.points
+    ]
     table = Table(title=title, title_justify="left")
     for col in ("shape", "bundle config"):
         table.add_column(col, overflow="fold", min_width=8)

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from tunectl.cli._common import DEFAULT_RESULTS, ResultsOption, library_errors
 from tunectl.cli.quality import damaged_lines, print_quality
-from tunectl.cli.render import compact, winners_table
+from tunectl.cli.render import compact, runs_table, winners_table
 from tunectl.core.files import canonical_json
 from tunectl.core.record import Record
 
@@ -36,26 +36,27 @@ def list_runs_cmd(results: ResultsOption = DEFAULT_RESULTS, as_json: JsonOption 
     if as_json:
         typer.echo(canonical_json([_run_json(r) for r in runs], indent=2))
         return
-    table = Table(title=f"runs in {results}", title_justify="left")
-    width = max((len(r.info.run_id) for r in runs), default=3)
-    table.add_column("run", no_wrap=True, min_width=width)  # an id cut short cannot be resumed
-    for col in ("name", "task", "state", "started", "planned", "done", "failed"):
-        table.add_column(col, overflow="fold")
-    for run in runs:
-        failed = ", ".join(f"{n} {s}" for s, n in run.failed.items()) or "0"
-        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.info.created_at))
-        kind = "" if run.info.kind == "tune" else f" ({run.info.kind})"  # validate, holdout, probe
-        table.add_row(
-            run.info.run_id,
-            run.info.name + kind,
-            run.info.task,
-            run.state,
-            started,
-            str(run.info.num_planned),
-            str(run.num_done),
-            failed,
-        )
-    Console().print(table)
+    rows = [_run_row(run) for run in runs]
+    console = Console()
+    console.print(runs_table(rows, f"runs in {results}", console.width))
+
+
+def _run_row(run: Any) -> tuple[str, ...]:
+    """A run as the table shows it: id, name, task, state, started, planned, done, failed."""
+    failed = ", ".join(f"{n} {s}" for s, n in run.failed.items()) or "0"
+    started = time.strftime("%m-%d %H:%M", time.localtime(run.info.created_at))
+    kind = "" if run.info.kind == "tune" else f" ({run.info.kind})"  # validate, holdout, probe
+    info = run.info
+    return (
+        info.run_id,
+        info.name + kind,
+        info.task,
+        run.state,
+        started,
+        str(info.num_planned),
+        str(run.num_done),
+        failed,
+    )
 
 
 def _run_json(run: Any) -> dict[str, Any]:

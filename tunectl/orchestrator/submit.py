@@ -43,8 +43,16 @@ from tunectl.orchestrator.cluster import (
 from tunectl.orchestrator.compiling import note_builds, start_builds, worker_setup
 from tunectl.orchestrator.dispatch import DispatchOptions, dispatch
 from tunectl.orchestrator.feed import Lane, lookahead
-from tunectl.store.results import ResultsWriter, read_results
-from tunectl.store.runs import RunInfo, driver_alive, load_run, new_run_id, run_exists, run_log_path, save_run
+from tunectl.store.results import ResultsWriter, done_item_ids, read_results
+from tunectl.store.runs import (
+    RunInfo,
+    load_run,
+    new_run_id,
+    refuse_if_running,
+    run_exists,
+    run_log_path,
+    save_run,
+)
 
 log = logging.getLogger("tunectl.run")
 
@@ -169,17 +177,8 @@ def _spec_for(
         )
     if info.state == "finished":
         raise UserError(f"run {resume} already finished; nothing to resume")
-    refuse_if_running(info)
+    refuse_if_running(info, results)
     return parse_spec(info.spec_text, info.spec_path, info.name), info
-
-
-def refuse_if_running(info: RunInfo) -> None:
-    """A resume of ``info`` is refused while the driver that runs it is alive."""
-    if info.state == "running" and driver_alive(info):
-        raise UserError(
-            f"run {info.run_id} is still running (pid {info.driver_pid}); stop it first: "
-            f"`tunectl cancel {info.run_id}`"
-        )
 
 
 def new_run(
@@ -272,7 +271,10 @@ def run(
                 builders=builders, writer=writer, progress=progress, options=options, strategy=strategy,
             )  # fmt: skip
             writer.close()
-        run_file.save("finished")  # _measure raised unless every item of the work has its row
+        # _measure raised unless every item has its row; planned was an estimate (finals of every point
+        # counted at the most arms, say), and a finished run planned what it did.
+        done = len(done_item_ids(results, info.run_id))
+        run_file.save("finished", info=dataclasses.replace(run_file.info, num_planned=done))
     except BaseException as exc:
         _close_after_stop(writer)
         state = _stopped_state(exc)
