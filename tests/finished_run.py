@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from tunectl.store.results import ResultsWriter, part_files, read_part_records
 from tunectl.store.runs import RunInfo, save_run
 
 RUN = "r20261201-000000-abcdef"
+ENV = json.dumps({"device_name": "cpu: test", "device_kind": "cpu"})
 Tweak = Callable[[Record], Record]  # what the device did to a row (drift, few samples, noise)
 
 
@@ -52,6 +54,7 @@ def _row(item: WorkItem, config: Key, member: int, clock: itertools.count[int]) 
         group_id=item.item_id if item.arms else "",
         device_name="cpu: test",
         device_kind="cpu",
+        env_json=ENV,
         finished_at=float(next(clock)),
         **speedup,
     )
