@@ -33,7 +33,9 @@ def winners_table(winners: Sequence[Winner], title: str = "winners", quality: Qu
     one_static = len({w.static for w in winners}) == 1
     same_config = _constant(w.config for w in winners)
     marks = {w.point: mark(quality.of(w.point)) for w in winners} if quality else {}
-    table = Table(title=title, title_justify="left")
+    table = Table(
+        title=title, title_justify="left", padding=(0, 1, 0, 0)
+    )  # fits 80 columns with its ! column
     if not one_static:
         table.add_column("static", overflow="fold")
     table.add_column("shape", overflow="fold", min_width=11)
