@@ -43,6 +43,7 @@ from tunectl.orchestrator.cluster import (
 from tunectl.orchestrator.compiling import note_builds, start_builds, worker_setup
 from tunectl.orchestrator.dispatch import DispatchOptions, dispatch
 from tunectl.orchestrator.feed import Lane, lookahead
+from tunectl.orchestrator.notes import keep_notes
 from tunectl.store.results import ResultsWriter, done_item_ids, read_results
 from tunectl.store.runs import (
     RunInfo,
@@ -271,8 +272,7 @@ def run(
                 builders=builders, writer=writer, progress=progress, options=options, strategy=strategy,
             )  # fmt: skip
             writer.close()
-        # _measure raised unless every item has its row; planned was an estimate (finals of every point
-        # counted at the most arms, say), and a finished run planned what it did.
+        # Every item has its row (else _measure raised): planned, an estimate till now, is what was done.
         done = len(done_item_ids(results, info.run_id))
         run_file.save("finished", info=dataclasses.replace(run_file.info, num_planned=done))
     except BaseException as exc:
@@ -284,7 +284,7 @@ def run(
         raise
     finally:
         try:
-            _release(pools, builders, owns_ray)
+            _release(pools, builders, owns_ray, (results, info.run_id))
         except KeyboardInterrupt:  # a stop while the workers are let go: the run's state is recorded
             raise RunStopped(info.run_id, run_file.info.state) from None
     out.seconds = time.time() - started
@@ -380,9 +380,11 @@ def _measure(
              info.run_id, stats.num_records, stats.num_worker_failures, stats.num_requeued)  # fmt: skip
 
 
-def _release(pools: list[Pool], builders: list[tuple[Any, str]], owns_ray: bool) -> None:
-    stop_builders(builders)
-    stop_pools(pools)
+def _release(
+    pools: list[Pool], builders: list[tuple[Any, str]], owns_ray: bool, run: tuple[Path, str]
+) -> None:
+    """Stop the compile processes and workers (what they noted on the side goes to the run's log), and Ray."""
+    keep_notes([*(stop_builders(builders) or []), *(stop_pools(pools) or [])], *run)
     if owns_ray:
         import ray
 
