@@ -63,8 +63,8 @@ class ExportResult:
         lost = sum(any(lost.run_id == run_id for lost in w.lost) for w in self.winners)
         return (
             f"run {run_id}: left out {len(parts)} unreadable part(s) ({parts[0].path}"
-            f"{', ...' if len(parts) > 1 else ''}); {lost} entr{'y says' if lost == 1 else 'ies say'} "
-            "in its reason that it was chosen without rows lost there"
+            f"{', ...' if len(parts) > 1 else ''}); {lost} entr{'y' if lost == 1 else 'ies'} chosen without "
+            "rows lost there, each saying so in its reason"
         )
 
     @property
