@@ -247,3 +247,74 @@ def test_every_command_is_in_the_readme() -> None:
     readme = (Path(__file__).parents[1] / "README.md").read_text()
     for name in typer.main.get_command(app).commands:  # type: ignore[attr-defined]
         assert f"tunectl {name}" in readme, f"`tunectl {name}` is not in the README"
+
+
+@pytest.mark.parametrize("command", ["winners", "failures"])
+def test_an_unknown_task_exits_2_with_one_line_naming_the_tasks_there(tmp_path: Path, command: str) -> None:
+    root = _results_with_a_run(tmp_path)
+    out = run(command, "--results", str(root), "--task", "nope")
+    assert out.exit_code == 2, out.output
+    assert out.output.strip() == f"error: no results of task 'nope' in {root} (it holds t)"
+
+
+def test_runs_at_80_columns_split_no_word(tmp_path: Path) -> None:
+    root = _results_with_a_run(tmp_path, status="error")
+    save_run(
+        root,
+        RunInfo(
+            "r20261201-000000-abcdef",
+            "quickstart",
+            "decode_attention",
+            "s.toml",
+            TINY_SPEC,
+            "interrupted",
+            36,
+            0.0,
+            0.0,
+        ),
+    )
+    out = run("runs", "--results", str(root))
+    body = out.output.split("┡")[1].splitlines()[1:-1]
+    assert len(body) == 1, "one line per run: nothing wrapped onto a second line"
+    cells = [c.strip() for c in body[0].split("│")[1:-1]]
+    assert cells[0] == "r20261201-000000-abcdef" and "interrupted" in cells
+    assert all(
+        c.rstrip("…") in full for c, full in zip(cells[1:3], ("quickstart", "decode_attention"), strict=True)
+    )
+    assert cells[-3:] == ["36", "2", "1 error"]
+
+
+def test_a_resume_of_a_running_run_says_how_to_stop_it_with_its_results(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    for root, option in (
+        (tmp_path / "elsewhere", f" --results {tmp_path / 'elsewhere'}"),
+        (Path("tunectl-results"), ""),
+    ):
+        info = RunInfo("r1", "tiny", "decode_attention", "tiny.toml", TINY_SPEC, "running", 24, 0.0, 0.0)
+        save_run(root, info.with_driver())  # driven by this very process: alive
+        out = run("submit", "--resume", "r1", *(["--results", str(root)] if option else []))
+        assert out.exit_code == 2, out.output
+        assert out.output.strip().endswith(f"stop it first: `tunectl cancel r1{option}`"), out.output
+
+
+@pytest.mark.parametrize("name", ["tiny-2.b", "café", "-x", "a b", "x" * 129, "x" * 128, "_x", "1"])
+def test_spec_names_and_bundle_names_follow_one_rule_in_one_wording(name: str) -> None:
+    from tunectl.core.errors import SpecError
+    from tunectl.core.files import NAME_RULE
+    from tunectl.store.bundle import check_name
+
+    def refusal(check: object) -> str | None:
+        try:
+            check()  # type: ignore[operator]
+        except (SpecError, UserError) as exc:
+            return str(exc)
+        return None
+
+    as_spec = refusal(
+        lambda: parse_spec(TINY_SPEC.replace('name = "tiny"', f"name = {json.dumps(name)}"), "t.toml")
+    )
+    as_bundle = refusal(lambda: check_name("name", name))
+    assert (as_spec is None) == (as_bundle is None)
+    assert as_spec is None or (NAME_RULE in as_spec and NAME_RULE in (as_bundle or ""))

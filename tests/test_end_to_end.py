@@ -32,6 +32,8 @@ def test_submit_export_lookup(ray_two_gpus: None, tiny_spec: Path, tmp_path: Pat
     assert "winners of" in out.output and "speedup" in out.output
 
     rows = read_results(results)
+    [run] = json.loads(runner.invoke(app, ["runs", "--results", str(results), "--json"]).output)
+    assert run["state"] == "finished" and run["num_planned"] == run["num_done"] == len(rows)
     measured = [r for r in rows if r.phase == "measure"]
     assert len(measured) == 24 and {r.status for r in rows} == {"ok"}
     assert all(r.median_us > 0 and r.num_samples >= 3 for r in rows)

@@ -376,3 +376,22 @@ def test_a_later_package_whose_loaded_output_differs_from_its_build_is_not_publi
     )
     assert _flex.usable(task.name, "cpu")  # a bad package, not a bad target
     assert "output differs from the kernel it was built from" in caplog.text
+
+
+def test_a_compile_process_builds_a_package_for_more_shapes_of_one_kernel_than_dynamos_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch._dynamo.config as dynamo_config
+
+    from tunectl.tasks.compile import BUILDER_RECOMPILE_LIMIT
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    torch._dynamo.reset()  # no entries of earlier tests
+    monkeypatch.setattr(dynamo_config, "recompile_limit", 1)  # Dynamo's 8, as if 8 shapes were built
+    task = FlexPrefill(aot=True)
+    shapes = [{"batch": 1, "seq_len": 128}, {"batch": 1, "seq_len": 256}]
+    for shape in shapes:
+        build(task, STATIC, shape, CONFIG, "cpu")
+    built = [_flex.aot_package(task.name, task.compile_key(STATIC, s, CONFIG), "cpu") for s in shapes]
+    assert all(path is not None and path.is_file() for path in built), "no shape fell back for want of room"
+    assert dynamo_config.recompile_limit >= BUILDER_RECOMPILE_LIMIT

@@ -105,9 +105,7 @@ def test_damaged_empty_and_foreign_parts_are_skipped_with_one_warning_each(
     assert {str(b.path) for b in check_parts(root)} == set(map(str, bad))
 
 
-@pytest.mark.parametrize(
-    "command", [["runs"], ["winners"], ["failures"], ["winners", "--json"], ["runs", "--json"]]
-)
+@pytest.mark.parametrize("command", [["runs"], ["failures"], ["runs", "--json"]])
 def test_read_commands_go_on_past_a_damaged_part(tmp_path: Path, command: list[str]) -> None:
     root = _dataset(tmp_path)
     _damage(root)
@@ -115,6 +113,16 @@ def test_read_commands_go_on_past_a_damaged_part(tmp_path: Path, command: list[s
     assert out.exit_code == 0, out.output
     assert out.exception is None, "no traceback"
     assert out.output.count("warning: skipped") == 3, "one line per damaged file"
+
+
+@pytest.mark.parametrize("command", [["winners"], ["winners", "--json"]])
+def test_winners_go_on_past_damaged_parts_with_one_line_per_run(tmp_path: Path, command: list[str]) -> None:
+    root = _dataset(tmp_path)
+    _damage(root)
+    out = CliRunner().invoke(app, [*command, "--results", str(root)], env={"COLUMNS": "200"})
+    assert out.exit_code == 0, out.output
+    assert out.exception is None, "no traceback"
+    assert out.stderr.count("warning: run r1 has 3 unreadable results file(s)") == 1, out.stderr
 
 
 def test_doctor_lists_damaged_files_and_quarantines_them_without_deleting(tmp_path: Path) -> None:

@@ -10,11 +10,12 @@ from typing import Annotated
 import typer
 
 from tunectl.core.errors import TunectlError, UserError
+from tunectl.store.runs import DEFAULT_RESULTS
 
 ResultsOption = Annotated[
     Path, typer.Option("--results", help="The results dataset (a directory of Parquet files).")
 ]
-DEFAULT_RESULTS = Path("tunectl-results")
+__all__ = ["DEFAULT_RESULTS", "ResultsOption", "fail", "library_errors"]
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:

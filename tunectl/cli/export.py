@@ -70,26 +70,35 @@ def export_bundle_cmd(
             "--strict", help="Publish nothing (exit 2) if any region inside the ranges answers None."
         ),
     ] = False,
+    skip_damaged: Annotated[
+        bool,
+        typer.Option(
+            "--skip-damaged",
+            help="Publish even though some results files of the runs cannot be read (`tunectl doctor` "
+            "lists them): without their rows, each entry whose point lost rows saying so in its reason.",
+        ),
+    ] = False,
 ) -> None:
     """Pick the winners from RESULTS and publish them as an immutable, checksummed bundle. Every region
-    inside the declared ranges that lookup would answer None in is listed, one line each.
+    inside the declared ranges that lookup would answer None in is listed, one line each. Exits 1,
+    publishing nothing, when a results file of the runs cannot be read, unless --skip-damaged.
 
     Example:
     \b
         tunectl export bundle --name quickstart --version 1 --out bundles
         tunectl export bundle --name quickstart --version 2 --validate
         tunectl export bundle --name decode --version 3 --margin 0.02 --strict
+        tunectl export bundle --name decode --version 4 --skip-damaged
     """
+    choices = (margin, fill, strict, skip_damaged)
     if validate:
         _export_validated(name, version, out, results, run, task, device, spec or [], layers, rounds, address,
-                          (margin, fill, strict))  # fmt: skip
+                          choices)  # fmt: skip
         return
     from tunectl.formats.export import Choices, Scope, export_bundle
 
     with library_errors():
-        res = export_bundle(
-            results, name, version, out, Scope(run, task, device), Choices(margin, fill, strict)
-        )
+        res = export_bundle(results, name, version, out, Scope(run, task, device), Choices(*choices))
     filled = sum(w.served_by is not None for w in res.winners)
     regional = sum(w.basis == "region" for w in res.winners)
     typer.echo(
@@ -105,7 +114,7 @@ def export_bundle_cmd(
 def _export_validated(
     name: str, version: str, out: str, results: Path, run: list[str] | None, task: str | None,
     device: str | None, specs: list[Path], layers: int, rounds: int, address: str | None,
-    choices: tuple[float | None, bool, bool],
+    choices: tuple[float | None, bool, bool, bool],
 ) -> None:  # fmt: skip
     from rich.console import Console
 
@@ -125,7 +134,7 @@ def _export_validated(
             )  # fmt: skip
     finally:
         bar.stop()
-    print_validation(console, runs)
+    print_validation(console, runs, results)
     typer.echo(
         f"validated and published {name}/{version} at {res.location}: {len(res.winners)} entries "
         f"from {len(res.source_runs)} run(s)"

@@ -7,7 +7,9 @@ from typing import Any
 
 from rich.table import Table
 
-from tunectl.core.keys import Key, Value
+from tunectl.cli.quality import legend, mark
+from tunectl.core.keys import Key, Value, key_text
+from tunectl.decide.quality import Quality, noise_known
 from tunectl.decide.select import Winner
 
 
@@ -24,31 +26,57 @@ def _constant(keys: Iterable[Key]) -> dict[str, Value]:
     return {n: v for n, v in dicts[0].items() if all(n in d and d[n] == v for d in dicts)}
 
 
-def winners_table(winners: Sequence[Winner], title: str = "winners") -> Table:
-    """Per point: the chosen config, its median, the default's median, the speedup and its interval."""
+def winners_table(winners: Sequence[Winner], title: str = "winners", quality: Quality | None = None) -> Table:
+    """Per point: the chosen config, its median, the default's median, the speedup and its interval;
+    with ``quality``, a ``!`` column marking the points whose decision rests on flagged rows."""
     same_static = _constant(w.static for w in winners) if len({w.static for w in winners}) > 1 else {}
     one_static = len({w.static for w in winners}) == 1
     same_config = _constant(w.config for w in winners)
-    table = Table(title=title, title_justify="left")
+    marks = {w.point: mark(quality.of(w.point)) for w in winners} if quality else {}
+    table = Table(
+        title=title, title_justify="left", padding=(0, 1, 0, 0)
+    )  # fits 80 columns with its ! column
     if not one_static:
         table.add_column("static", overflow="fold")
     table.add_column("shape", overflow="fold", min_width=11)
     table.add_column("winner config", overflow="fold", min_width=11)
-    for col in ("median µs", "default µs", "speedup", "95% CI|noise"):
+    for col in (
+        "median µs",
+        "default µs",
+        "speedup",
+        "95% CI|noise",
+        *(["!"] if any(marks.values()) else []),
+    ):
         table.add_column(col, justify="right", no_wrap=True)
     for w in winners:
-        default = f"{w.default_median_us:,.1f}" if w.default_median_us is not None else "failed"
-        speedup = f"{w.speedup:.2f}x" if w.speedup is not None else "-"
-        spread = f"{w.speedup_lo:.2f}-{w.speedup_hi:.2f}" if w.basis == "final" else f"±{w.rel_noise:.1%}"
         row = [
             compact(w.shape),
             compact(w.config, same_config) + (" (default)" if w.is_default else ""),
             f"{w.median_us:,.1f}",
-            default,
-            speedup,
-            spread,
+            f"{w.default_median_us:,.1f}" if w.default_median_us is not None else "failed",
+            f"{w.speedup:.2f}x" if w.speedup is not None else "-",
+            _spread(w),
+            *([marks[w.point]] if any(marks.values()) else []),
         ]
         table.add_row(*([] if one_static else [compact(w.static, same_static)]), *row)
+    table.caption = "\n".join(_winner_notes(winners, one_static, same_static, same_config, quality)) or None
+    return table
+
+
+def _spread(w: Winner) -> str:
+    """The finals' interval, or the winner's noise (unknown from one sample)."""
+    if w.basis == "final":
+        return f"{w.speedup_lo:.2f}-{w.speedup_hi:.2f}"
+    return f"±{w.rel_noise:.1%}" if noise_known(w) else "±?"
+
+
+def _winner_notes(
+    winners: Sequence[Winner],
+    one_static: bool,
+    same_static: dict[str, Value],
+    same_config: dict[str, Value],
+    quality: Quality | None,
+) -> list[str]:
     notes = []
     if one_static and winners:
         notes.append(compact(winners[0].static))
@@ -58,20 +86,71 @@ def winners_table(winners: Sequence[Winner], title: str = "winners") -> Table:
         notes.append("every winner: " + " ".join(f"{k}={v}" for k, v in same_config.items()))
     if any(w.basis == "final" for w in winners):
         notes.append("95% CI: the paired speedup's, from the finals; ±: the winner's p20-p80 noise")
-    table.caption = "\n".join(notes) or None
+    if any(w.basis != "final" and not noise_known(w) for w in winners):
+        notes.append("±?: one sample, its noise unknown")
+    key = legend(quality) if quality else None
+    return [*notes, key] if key else notes
+
+
+RUN_COLUMNS = ("run", "name", "task", "state", "started", "planned", "done", "failed")
+#: the columns that give way, with an ellipsis, when the terminal is narrow; the others stay whole
+_GIVING = ("name", "task", "failed")
+_LEAST = 6  # a column that gives way keeps this many characters ("quick…")
+
+
+def runs_table(rows: Sequence[tuple[str, ...]], title: str, width: int) -> Table:
+    """The runs, one row each (``RUN_COLUMNS``), within ``width`` columns: ids, states and counts stay
+    whole (an id cut short cannot be resumed); a long name, task or failure list ends in an ellipsis
+    rather than being split mid-word; the start time (the run id holds it too, in UTC) is left out
+    where it does not fit. ``runs --json`` has everything whole."""
+    natural = {c: max([len(c), *(len(r[i]) for r in rows)]) for i, c in enumerate(RUN_COLUMNS)}
+    columns = list(RUN_COLUMNS)
+    if _room(columns, natural, width) < _LEAST * len(_GIVING):
+        columns.remove("started")
+    widths = _shrunk({c: natural[c] for c in _GIVING}, _room(columns, natural, width))
+    table = Table(title=title, title_justify="left", padding=(0, 1, 0, 0))  # a space after each cell
+    for column in columns:
+        numeric = column in ("planned", "done")
+        width_ = widths.get(column, natural[column])
+        table.add_column(column, justify="right" if numeric else "left", no_wrap=True, width=width_)
+    for row in rows:
+        table.add_row(*(cell for column, cell in zip(RUN_COLUMNS, row, strict=True) if column in columns))
     return table
 
 
-def validation_table(validation: Any, title: str) -> Table:
-    """Per point: the bundle's config, per-layer times of default and bundle, speedup and interval."""
+def _room(columns: Sequence[str], natural: dict[str, int], width: int) -> int:
+    """What is left for the columns that give way: ``width`` less borders, padding and the others."""
+    return width - (2 * len(columns) + 1) - sum(natural[c] for c in columns if c not in _GIVING)
+
+
+def _shrunk(widths: dict[str, int], room: int) -> dict[str, int]:
+    """``widths`` narrowed, the widest first, until they fit in ``room`` or each is ``_LEAST``."""
+    out = dict(widths)
+    while sum(out.values()) > room:
+        widest = max(out, key=lambda c: out[c])
+        if out[widest] <= _LEAST:
+            break
+        out[widest] -= 1
+    return out
+
+
+def validation_table(validation: Any, title: str, quality: Quality | None = None) -> Table:
+    """Per point: the bundle's config, per-layer times of default and bundle, speedup and interval;
+    with ``quality``, a ``!`` column marking the points whose comparison rests on flagged rows."""
+    flagged = {(p[2], p[3]): mark(flags) for p, flags in quality.flags.items()} if quality else {}
+    marks = [
+        flagged.get((key_text(p.static), key_text(p.shape)), "") if flagged else "" for p in validation.points
+    ]
     table = Table(title=title, title_justify="left")
     for col in ("shape", "bundle config"):
         table.add_column(col, overflow="fold", min_width=8)
     for col in ("default µs", "bundle µs", "speedup", "95% CI"):
         table.add_column(col, justify="right", overflow="fold")
     table.add_column("verdict", justify="right", no_wrap=True, min_width=6)  # the column a reader needs whole
+    if any(marks):
+        table.add_column("!", justify="right", no_wrap=True)
     style = {"faster": "green", "slower": "red", "tie": "default"}
-    for p in validation.points:
+    for p, marked in zip(validation.points, marks, strict=True):
         s = p.speedup
         table.add_row(
             compact(p.shape),
@@ -81,12 +160,14 @@ def validation_table(validation: Any, title: str) -> Table:
             f"{s.estimate:.3f}x" if s else "-",
             f"{s.lo:.3f}-{s.hi:.3f}" if s else "-",
             f"[{style.get(p.verdict, 'yellow')}]{p.verdict}[/]",
+            *([marked] if any(marks) else []),
         )
     g = validation.geomean
     notes = [f"{validation.layers} layers per stack, {validation.rounds} interleaved rounds; µs per layer"]
     if g is not None:
         notes.append(f"geometric mean: {g.estimate:.3f}x, 95% CI {g.lo:.3f}-{g.hi:.3f}")
-    table.caption = "\n".join(notes)
+    key = legend(quality) if quality else None
+    table.caption = "\n".join([*notes, key] if key else notes)
     return table
 
 

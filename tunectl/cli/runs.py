@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -12,7 +13,8 @@ from rich.console import Console
 from rich.table import Table
 
 from tunectl.cli._common import DEFAULT_RESULTS, ResultsOption, library_errors
-from tunectl.cli.render import compact, winners_table
+from tunectl.cli.quality import damaged_lines, print_quality
+from tunectl.cli.render import compact, runs_table, winners_table
 from tunectl.core.files import canonical_json
 from tunectl.core.record import Record
 
@@ -34,26 +36,27 @@ def list_runs_cmd(results: ResultsOption = DEFAULT_RESULTS, as_json: JsonOption 
     if as_json:
         typer.echo(canonical_json([_run_json(r) for r in runs], indent=2))
         return
-    table = Table(title=f"runs in {results}", title_justify="left")
-    width = max((len(r.info.run_id) for r in runs), default=3)
-    table.add_column("run", no_wrap=True, min_width=width)  # an id cut short cannot be resumed
-    for col in ("name", "task", "state", "started", "planned", "done", "failed"):
-        table.add_column(col, overflow="fold")
-    for run in runs:
-        failed = ", ".join(f"{n} {s}" for s, n in run.failed.items()) or "0"
-        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.info.created_at))
-        kind = "" if run.info.kind == "tune" else f" ({run.info.kind})"  # validate, holdout, probe
-        table.add_row(
-            run.info.run_id,
-            run.info.name + kind,
-            run.info.task,
-            run.state,
-            started,
-            str(run.info.num_planned),
-            str(run.num_done),
-            failed,
-        )
-    Console().print(table)
+    rows = [_run_row(run) for run in runs]
+    console = Console()
+    console.print(runs_table(rows, f"runs in {results}", console.width))
+
+
+def _run_row(run: Any) -> tuple[str, ...]:
+    """A run as the table shows it: id, name, task, state, started, planned, done, failed."""
+    failed = ", ".join(f"{n} {s}" for s, n in run.failed.items()) or "0"
+    started = time.strftime("%m-%d %H:%M", time.localtime(run.info.created_at))
+    kind = "" if run.info.kind == "tune" else f" ({run.info.kind})"  # validate, holdout, probe
+    info = run.info
+    return (
+        info.run_id,
+        info.name + kind,
+        info.task,
+        run.state,
+        started,
+        str(info.num_planned),
+        str(run.num_done),
+        failed,
+    )
 
 
 def _run_json(run: Any) -> dict[str, Any]:
@@ -136,13 +139,23 @@ TaskOption = Annotated[str | None, typer.Option(help="Only this task.")]
 
 
 def read_checked(results: Path, run: list[str] | None, task: str | None) -> list[Record]:
-    """The records asked for, once the dataset and every named run are known to exist (else exit 2)."""
-    from tunectl.store.results import read_results, require_dataset
+    """The records asked for, once the dataset, every named run and the task are known to exist (else
+    exit 2); each unreadable file is skipped with a warning."""
+    from tunectl.store.results import read_results
+
+    _check_asked(results, run, task)
+    with library_errors():
+        return read_results(results, run_ids=run, task=task)
+
+
+def _check_asked(results: Path, run: list[str] | None, task: str | None) -> None:
+    from tunectl.store.results import require_dataset, require_task
     from tunectl.store.runs import require_runs
 
     with library_errors():
         require_runs(require_dataset(results), run or [])
-        return read_results(results, run_ids=run, task=task)
+        if task is not None:
+            require_task(results, task)
 
 
 def winners_cmd(
@@ -151,35 +164,42 @@ def winners_cmd(
     task: TaskOption = None,
     as_json: JsonOption = False,
 ) -> None:
-    """Show the winner per point: config, median, the default's median, speedup.
+    """Show the winner per point: config, median, the default's median, speedup. A ! column marks the
+    points whose decision rests on flagged rows (drift, too few samples, noise over the target, rows
+    lost to an unreadable file); the last line counts them.
 
     Example:
     \b
         tunectl winners --run r20261129-221300-3fa2c1 --task decode_attention
     """
-    from tunectl.formats.export import facts_of, select_from
+    from tunectl.formats.export import assessed_winners
+    from tunectl.store.results import read_dataset
 
-    records = read_checked(results, run, task)
+    _check_asked(results, run, task)
     with library_errors():
-        winners = select_from(records, facts_of(results, (r.run_id for r in records)))
+        dataset = read_dataset(results, run_ids=run, task=task)
+        winners, quality = assessed_winners(results, dataset)
+    for line in damaged_lines(dataset, results):
+        typer.secho(f"warning: {line}", err=True, fg=typer.colors.YELLOW)
     if as_json:
-        typer.echo(canonical_json([_winner_json(w) for w in winners], indent=2))
+        typer.echo(canonical_json([_winner_json(w, quality.of(w.point)) for w in winners], indent=2))
         return
     console = Console()
     for name in sorted({w.task for w in winners}):
-        console.print(winners_table([w for w in winners if w.task == name], title=f"winners: {name}"))
+        console.print(winners_table([w for w in winners if w.task == name], f"winners: {name}", quality))
     if not winners:
-        failed = sum(not r.ok for r in records)
+        failed = sum(not r.ok for r in dataset.records)
         console.print(
-            f"no winners: none of {len(records)} measurement(s) finished with status ok"
+            f"no winners: none of {len(dataset.records)} measurement(s) finished with status ok"
             + (f"; `tunectl failures --results {results}` lists the {failed} that failed" if failed else "")
         )
+    print_quality(console, quality, results)
 
 
-def _winner_json(winner: Any) -> dict[str, Any]:
+def _winner_json(winner: Any, flags: Iterable[str]) -> dict[str, Any]:
     out = {k: v for k, v in dataclasses.asdict(winner).items() if k not in ("static", "shape", "config")}
     out.update(static=dict(winner.static), shape=dict(winner.shape), config=dict(winner.config))
-    return {**out, "reason": winner.reason}
+    return {**out, "reason": winner.reason, "flags": sorted(flags)}
 
 
 def failures_cmd(

@@ -16,6 +16,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from tunectl.cli._common import DEFAULT_RESULTS, ResultsOption, fail, library_errors
+from tunectl.cli.quality import print_quality
 from tunectl.cli.render import compact, winners_table
 from tunectl.core.plan import CONFIRM_ABOVE_ITEMS
 
@@ -256,8 +257,8 @@ def submit(
 
 def _print_summary(console: Console, out: Any, results: Path) -> None:
     """What the run did: its counts, the points it skipped, and its winners."""
-    from tunectl.formats.export import facts_of, select_from
-    from tunectl.store.results import read_results
+    from tunectl.formats.export import assessed_winners
+    from tunectl.store.results import read_dataset
 
     counts = ", ".join(f"{n} {s}" for s, n in sorted(out.statuses.items()))
     console.print(
@@ -268,9 +269,10 @@ def _print_summary(console: Console, out: Any, results: Path) -> None:
     for static, shape, why in out.plan.skipped_points:
         console.print(f"[yellow]skipped[/] {dict(static)} {dict(shape)}: {why}")
     with library_errors():
-        records = read_results(results, run_ids=[out.run_id])
-        winners = select_from(records, facts_of(results, [out.run_id]))
-    console.print(winners_table(winners, title=f"winners of {out.run_id} ({out.plan.spec.task})"))
+        dataset = read_dataset(results, run_ids=[out.run_id])
+        winners, quality = assessed_winners(results, dataset)
+    records = dataset.records
+    console.print(winners_table(winners, f"winners of {out.run_id} ({out.plan.spec.task})", quality))
     probes = {r.shape_key for r in records if r.phase == "probe"}
     if probes:
         console.print(
@@ -278,6 +280,7 @@ def _print_summary(console: Console, out: Any, results: Path) -> None:
             "regions, and `tunectl export bundle` chooses each probed cell's config over its region"
         )
     console.print(f"results: {results}")
+    print_quality(console, quality, results)
     if not winners:
         failed = Counter(str(r.status) for r in records if not r.ok)
         counts = ", ".join(f"{n} {s}" for s, n in sorted(failed.items())) or "no measurement"

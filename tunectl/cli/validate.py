@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 
 from tunectl.cli._common import DEFAULT_RESULTS, ResultsOption, fail, library_errors
+from tunectl.cli.quality import print_quality
 from tunectl.cli.render import compact, holdout_table, validation_table
 from tunectl.cli.submit import RunBar, connect_trapping_cancel, run_events
 from tunectl.decide.validate import DEFAULT_LAYERS, DEFAULT_ROUNDS
@@ -77,7 +78,7 @@ def validate_cmd(
         bundle, spec, results, layers=layers, rounds=rounds, progress=bar, resume=resume,
         address=address, num_gpus=num_gpus, connect_fn=connect_trapping_cancel,
     ))  # fmt: skip
-    print_validation(console, [run])
+    print_validation(console, [run], results)
     if run.validation.losers:
         raise typer.Exit(1)
 
@@ -136,10 +137,15 @@ def print_holdout(console: Console, run: Any, results: Path) -> None:
     console.print(f"[red]{losing}[/]" if held.failed else losing)
 
 
-def print_validation(console: Console, runs: Sequence[Any]) -> None:
+def print_validation(console: Console, runs: Sequence[Any], results: Path) -> None:
+    """Each run's table, what it did not validate and why, and its measurement quality."""
+    from tunectl.decide.quality import Quality, run_quality
+
     for run in runs:
         title = f"stacked validation of {run.spec}" + (f" (run {run.run_id})" if run.run_id else "")
-        console.print(validation_table(run.validation, title))
+        with library_errors():
+            quality = run_quality(results, run.run_id) if run.run_id else Quality()
+        console.print(validation_table(run.validation, title, quality))
         for why, n in sorted(Counter(s.why for s in run.skipped).items()):
             console.print(f"not validated: {n} point(s): {why}")
         for p in run.validation.failures:
@@ -147,3 +153,4 @@ def print_validation(console: Console, runs: Sequence[Any]) -> None:
         losers = run.validation.losers
         if losers:
             console.print(f"[red]slower than the defaults beyond noise at {len(losers)} point(s)[/]")
+        print_quality(console, quality, results, noun="point", again="validate")

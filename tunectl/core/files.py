@@ -7,12 +7,24 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
 Writer = Callable[[IO[bytes]], object]
+
+#: the rule for a name that becomes part of a path: a spec's name, a bundle's name and version
+NAME_RULE = "1 to 128 ASCII letters (A-Z, a-z), digits, '.', '_' or '-', starting with a letter or digit"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def name_problem(value: object) -> str | None:
+    """Why ``value`` cannot be a name that becomes part of a path (``NAME_RULE``); None if it can."""
+    if isinstance(value, str) and _NAME.match(value):
+        return None
+    return f"must be {NAME_RULE}"
 
 
 def atomic_write(path: str | os.PathLike[str], data: bytes | Writer, *, make_parents: bool = False) -> Path:

@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from tunectl.core.errors import SpecError
+from tunectl.core.files import name_problem
 from tunectl.core.keys import InvalidKeyError, Key, Value, make_key, normalise_value, product
 from tunectl.core.params import Rule
 from tunectl.core.registry import PlannedTask, get_task, task_names
@@ -223,8 +224,9 @@ class _Validator:
             raise self.fail(unknown[0], f"unknown key; expected one of {', '.join(sorted(_TOP_LEVEL))}")
         task = self.task(raw.get("task"))
         name = raw.get("name", default_name)
-        if not isinstance(name, str) or not name.replace("-", "").replace("_", "").isalnum():
-            raise self.fail("name", "must be a string of letters, digits, '-' and '_'")
+        problem = name_problem(name) if self.check_values else None
+        if problem or not isinstance(name, str):
+            raise self.fail("name", f"{name!r} {problem or 'must be a string'}")
         if not isinstance(raw.get("description", ""), str):
             raise self.fail("description", "must be a string")
         rules = task.param_rules

@@ -51,6 +51,7 @@ from tunectl.core.spec import DEFAULT_MARGIN
 
 __all__ = [
     "SELECTED_PHASES",
+    "LostRows",
     "Selectable",
     "Winner",
     "fidelity",
@@ -58,6 +59,20 @@ __all__ = [
     "one_timing",
     "select_winners",
 ]
+
+
+@dataclass(frozen=True)
+class LostRows:
+    """Rows of run ``run_id`` at a point, lost to parts of the results that cannot be read (or, where
+    which points a part held cannot be told, perhaps lost: ``certain`` False)."""
+
+    run_id: str
+    certain: bool = True
+
+    def __str__(self) -> str:
+        if self.certain:
+            return f"run {self.run_id} lost rows here to an unreadable part: chosen from what remains"
+        return f"run {self.run_id} has unreadable parts, and rows here may be among what it lost"
 
 
 @dataclass(frozen=True)
@@ -87,17 +102,25 @@ class Winner:
     near_ties: int = 0  # finalists within the tie tolerance of the best, besides this one
     tie_by: str = ""  # what chose among them: "neighbours" or "canonical order"
     region: str = ""  # how the config held over the cell's region, where probes measured it
+    lost: tuple[LostRows, ...] = ()  # runs whose rows here (or at the serving point) cannot be read
+
+    @property
+    def point(self) -> Point:
+        """Where it was chosen, as a record names its point (``Record.point``)."""
+        return (self.task, self.device_name, key_text(self.static), key_text(self.shape))
 
     @property
     def reason(self) -> str:
         """Why this config is the entry, in a line."""
+        caveat = "".join(f"; {lost}" for lost in self.lost)
         if self.basis == "region":  # chosen by the probes of its region (tunectl.decide.probes)
-            return self.region
+            return self.region + caveat
         held = f"; {self.region}" if self.region else ""
         if self.served_by is None:
-            return self._reason + held
+            return self._reason + held + caveat
         source = key_text(self.served_by)
-        return f"served by the tuned point {source} ({self.served_why} here); there: {self._reason}{held}"
+        there = f"there: {self._reason}{held}"
+        return f"served by the tuned point {source} ({self.served_why} here); {there}{caveat}"
 
     @property
     def _reason(self) -> str:

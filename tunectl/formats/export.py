@@ -16,16 +16,18 @@ from pathlib import Path
 from typing import Any
 
 from tunectl.core.buckets import make_bucketer
-from tunectl.core.errors import UserError
+from tunectl.core.errors import ResultsError, UserError
 from tunectl.core.keys import Key, key_json, value_order
 from tunectl.core.plan import RunFacts, selectable_in
 from tunectl.core.record import SELECTED_PHASES, Phase, Record
 from tunectl.core.spec import DEFAULT_MARGIN
 from tunectl.decide.coverage import Hole, cover
 from tunectl.decide.probes import point_timings, regional
+from tunectl.decide.quality import Quality, assess_winners, targets_of
 from tunectl.decide.select import Winner, select_winners
+from tunectl.decide.work import shortfalls, with_shortfalls
 from tunectl.store.bundle import TaskTable, build_files, check_name, publish
-from tunectl.store.results import read_results
+from tunectl.store.results import DamagedPart, Dataset, read_dataset, read_results
 from tunectl.store.runs import effective_state, load_run, run_exists, run_facts
 from tunectl.store.stores import open_store
 
@@ -41,14 +43,29 @@ class ExportResult:
     source_runs: tuple[str, ...]
     holes: tuple[Hole, ...] = ()  # regions inside the declared ranges where lookup answers None
     unfinished: tuple[tuple[str, str], ...] = ()  # (run id, state) of source runs that did not finish
+    damaged: tuple[DamagedPart, ...] = ()  # unreadable parts left out (``Choices.skip_damaged``)
 
     def notes(self) -> list[str]:
-        """One line per region that answers None and per source run that did not finish."""
-        return [h.line() for h in self.holes] + [
-            f"run {run_id} is {state}, not finished: its entries come from what it measured; "
-            f"`tunectl submit --resume {run_id}` measures the rest (then export a new version)"
-            for run_id, state in self.unfinished
-        ]
+        """One line per region that answers None, per source run that did not finish, and per run
+        whose unreadable parts were left out."""
+        return (
+            [h.line() for h in self.holes]
+            + [
+                f"run {run_id} is {state}, not finished: its entries come from what it measured; "
+                f"`tunectl submit --resume {run_id}` measures the rest (then export a new version)"
+                for run_id, state in self.unfinished
+            ]
+            + [self._damage_note(run_id) for run_id in sorted({p.run_id for p in self.damaged})]
+        )
+
+    def _damage_note(self, run_id: str) -> str:
+        parts = [p for p in self.damaged if p.run_id == run_id]
+        lost = sum(any(lost.run_id == run_id for lost in w.lost) for w in self.winners)
+        return (
+            f"run {run_id}: left out {len(parts)} unreadable part(s) ({parts[0].path}"
+            f"{', ...' if len(parts) > 1 else ''}); {lost} entr{'y' if lost == 1 else 'ies'} chosen without "
+            "rows lost there, each saying so in its reason"
+        )
 
     @property
     def path(self) -> Path:
@@ -120,6 +137,30 @@ def winners_in(
     return select_from(records, facts_of(results, (r.run_id for r in records)))
 
 
+def assessed_winners(results: str | Path, dataset: Dataset) -> tuple[list[Winner], Quality]:
+    """The winners ``dataset``'s records hold (as ``tunectl winners`` and ``submit`` show them), each
+    whose point lost rows to an unreadable part saying so, and the quality of the rows they rest on."""
+    records = dataset.records
+    winners = select_from(records, facts_of(results, (r.run_id for r in records)))
+    if dataset.damaged:
+        winners = with_shortfalls(winners, shortfalls(results, dataset))
+    return winners, assess_winners(records, winners, targets_of(results, (r.run_id for r in records)))
+
+
+class DamagedResultsError(ResultsError):
+    """Results a bundle would be chosen from include parts that cannot be read: nothing is published."""
+
+    def __init__(self, results: str | Path, parts: Sequence[DamagedPart]) -> None:
+        self.results, self.parts = Path(results), tuple(parts)
+        first = self.parts[0]
+        more = f" (and {len(parts) - 1} more)" if len(parts) > 1 else ""
+        runs = ", ".join(sorted({p.run_id for p in parts}))
+        super().__init__(
+            f"not published: {first.path} cannot be read ({first.why}){more}, so run {runs} lacks rows; "
+            f"`tunectl doctor --results {results}` lists such files, --skip-damaged publishes without them"
+        )
+
+
 def _bucketing(facts: Mapping[str, RunFacts], task: str) -> dict[str, dict[str, Any]]:
     """The bucket policy each shape dimension was tuned with; runs must agree. Runs without a spec
     (imported from another tuner's log) bucket nothing: their dimensions are ``exact``."""
@@ -180,6 +221,7 @@ class Choices:
     margin: float | None = None
     fill: bool = True
     strict: bool = False
+    skip_damaged: bool = False  # publish without the rows of unreadable parts (else DamagedResultsError)
 
 
 DEFAULT_CHOICES = Choices()
@@ -216,10 +258,13 @@ class PreparedBundle:
     source_runs: tuple[str, ...]
     holes: tuple[Hole, ...] = ()
     unfinished: tuple[tuple[str, str], ...] = ()
+    damaged: tuple[DamagedPart, ...] = ()
 
     def result(self, location: str) -> ExportResult:
         """What publishing these files at ``location`` gives."""
-        return ExportResult(location, self.winners, self.source_runs, self.holes, self.unfinished)
+        return ExportResult(
+            location, self.winners, self.source_runs, self.holes, self.unfinished, self.damaged
+        )
 
 
 def prepare_bundle(
@@ -233,7 +278,8 @@ def prepare_bundle(
     without a result of its own filled from a tuned point beside it (``choices.fill``)."""
     check_name("name", name)
     check_name("version", version)
-    records, probes = _exported(results, scope)
+    dataset = _readable(results, scope, choices)
+    records, probes = _exported(results, scope, dataset.records)
     source_runs = tuple(sorted({r.run_id for r in [*records, *probes]}))
     facts = facts_of(results, source_runs)
     selected = select_from(records, facts, margin=choices.margin)
@@ -245,6 +291,8 @@ def prepare_bundle(
         unmeasured=_failed_points(records, selected), fill=choices.fill,
     )  # fmt: skip
     winners = sorted(coverage.winners, key=lambda w: (w.task, value_order(w.static), value_order(w.shape)))
+    if dataset.damaged:
+        winners = with_shortfalls(winners, shortfalls(results, dataset))
     tasks = sorted({w.task for w in winners})
     tables = {t: _table(t, [w for w in winners if w.task == t], facts) for t in tasks}
     if probes:  # each probed cell's config chosen over its region (tunectl.decide.probes)
@@ -258,7 +306,7 @@ def prepare_bundle(
                   for t, table in tables.items()}  # fmt: skip
     files = build_files(name, version, list(tables.values()), source_runs, _environment(records))
     return PreparedBundle(name, version, files, tuple(winners), source_runs, coverage.holes,
-                          unfinished_runs(results, source_runs))  # fmt: skip
+                          unfinished_runs(results, source_runs), dataset.damaged)  # fmt: skip
 
 
 def unfinished_runs(results: str | Path, run_ids: Iterable[str]) -> tuple[tuple[str, str], ...]:
@@ -287,10 +335,17 @@ def _failed_points(records: Sequence[Record], winners: Sequence[Winner]) -> dict
     }
 
 
-def _exported(results: str | Path, scope: Scope) -> tuple[list[Record], list[Record]]:
+def _readable(results: str | Path, scope: Scope, choices: Choices) -> Dataset:
+    """``scope``'s results; ``DamagedResultsError`` if a part cannot be read, unless skipped."""
+    dataset = read_dataset(results, run_ids=scope.run_ids, task=scope.task)
+    if dataset.damaged and not choices.skip_damaged:
+        raise DamagedResultsError(results, dataset.damaged)
+    return dataset
+
+
+def _exported(results: str | Path, scope: Scope, rows: list[Record]) -> tuple[list[Record], list[Record]]:
     """The records a bundle is selected from (one device's single-call measurements), and the
-    probes of its cells' regions (``tunectl probe``) on that device."""
-    rows = read_results(results, run_ids=scope.run_ids, task=scope.task)
+    probes of its cells' regions (``tunectl probe``) on that device, of ``rows`` (``scope``'s)."""
     records = [r for r in rows if r.phase in SELECTED_PHASES]
     records = _bucketable(records, asked_for_runs=scope.run_ids is not None)
     if scope.device is not None:

@@ -40,13 +40,20 @@ class Builder:
     """One compile process. ``build`` calls run one at a time."""
 
     def __init__(self, index: int) -> None:
-        self.index = index
+        from tunectl.orchestrator.notes import install
         from tunectl.tasks.compile import build_device
+
+        self.notes = install()  # warnings and library logs: to the run's log, not the console
+        self.index = index
 
         self.device = build_device(index)
         self._tasks: dict[str, Any] = {}
         self._point: Any = None
         self._inputs: Any = None
+
+    def close(self) -> list[Any]:
+        """What this process noted on the side (``tunectl.orchestrator.notes``), at the run's end."""
+        return self.notes.drain(f"compile process pid {os.getpid()} on {socket.gethostname()}")
 
     def describe(self) -> dict[str, Any]:
         ctx = ray.get_runtime_context()

@@ -20,6 +20,7 @@ from typing import Any
 import ray
 
 from tunectl.core.errors import UserError
+from tunectl.orchestrator.notes import Note, drained
 
 #: Pool names for devices of no declared accelerator type.
 UNTYPED_GPU = "GPU"
@@ -294,10 +295,15 @@ def start_builders(
     return builders
 
 
-def stop_builders(builders: Sequence[tuple[Any, str]]) -> None:
+def stop_builders(builders: Sequence[tuple[Any, str]]) -> list[Note]:
+    """Kill every compile process for good; what they noted on the side (``tunectl.orchestrator.notes``)."""
+    notes: list[Note] = []
+    with contextlib.suppress(Exception):  # best effort: a process that does not answer keeps its notes
+        notes = drained([actor for actor, _ in builders])
     for actor, _ in builders:
         with contextlib.suppress(Exception):  # already gone
             ray.kill(actor, no_restart=True)
+    return notes
 
 
 def _actor(cls: type) -> Any:
@@ -305,14 +311,14 @@ def _actor(cls: type) -> Any:
     return cls
 
 
-def stop_pools(pools: Sequence[Pool]) -> None:
-    """Kill every worker for good and give the reserved GPUs back. Never raises."""
+def stop_pools(pools: Sequence[Pool]) -> list[Note]:
+    """Kill every worker for good and give the reserved GPUs back; what the workers noted on the side
+    (``tunectl.orchestrator.notes``). Never raises."""
     from ray.util.placement_group import remove_placement_group
 
-    workers = [w for pool in pools for w in pool.workers]
+    notes: list[Note] = []
     with contextlib.suppress(Exception):  # best effort: let idle workers tidy up their journals
-        closing = [w.close.remote() for w in workers]
-        ray.wait(closing, num_returns=len(closing), timeout=2.0)
+        notes = drained([w for pool in pools for w in pool.workers])
     for pool in pools:
         for worker in pool.workers:
             with contextlib.suppress(Exception):  # already gone: nothing to stop
@@ -320,3 +326,4 @@ def stop_pools(pools: Sequence[Pool]) -> None:
         if pool.placement_group is not None:
             with contextlib.suppress(Exception):  # already removed, or the cluster is gone
                 remove_placement_group(pool.placement_group)
+    return notes

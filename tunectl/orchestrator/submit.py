@@ -29,9 +29,7 @@ from tunectl.core.plan import Plan, WorkItem, check_size, plan
 from tunectl.core.record import Record
 from tunectl.core.registry import get_task
 from tunectl.core.spec import MeasureSpec, ResourceSpec, Spec, load_spec, parse_spec
-from tunectl.decide.probes import probed
-from tunectl.decide.refine import refined
-from tunectl.decide.search import Search
+from tunectl.decide.work import tuning_work
 from tunectl.orchestrator.builds import CompileOptions
 from tunectl.orchestrator.cluster import (
     Placement,
@@ -45,8 +43,17 @@ from tunectl.orchestrator.cluster import (
 from tunectl.orchestrator.compiling import note_builds, start_builds, worker_setup
 from tunectl.orchestrator.dispatch import DispatchOptions, dispatch
 from tunectl.orchestrator.feed import Lane, lookahead
-from tunectl.store.results import ResultsWriter, read_results
-from tunectl.store.runs import RunInfo, driver_alive, load_run, new_run_id, run_exists, run_log_path, save_run
+from tunectl.orchestrator.notes import keep_notes
+from tunectl.store.results import ResultsWriter, done_item_ids, read_results
+from tunectl.store.runs import (
+    RunInfo,
+    load_run,
+    new_run_id,
+    refuse_if_running,
+    run_exists,
+    run_log_path,
+    save_run,
+)
 
 log = logging.getLogger("tunectl.run")
 
@@ -171,17 +178,8 @@ def _spec_for(
         )
     if info.state == "finished":
         raise UserError(f"run {resume} already finished; nothing to resume")
-    refuse_if_running(info)
+    refuse_if_running(info, results)
     return parse_spec(info.spec_text, info.spec_path, info.name), info
-
-
-def refuse_if_running(info: RunInfo) -> None:
-    """A resume of ``info`` is refused while the driver that runs it is alive."""
-    if info.state == "running" and driver_alive(info):
-        raise UserError(
-            f"run {info.run_id} is still running (pid {info.driver_pid}); stop it first: "
-            f"`tunectl cancel {info.run_id}`"
-        )
 
 
 def new_run(
@@ -229,8 +227,7 @@ def submit(
         def check(static: Key, shape: Key) -> str | None:
             return task.check_point(dict(static), dict(shape))
 
-        found = Search(work, spec.search, pool)
-        return probed(refined(found, work, check), found, work, check, pool)
+        return tuning_work(work, check, pool)
 
     out = run(
         search, spec.resources, spec.measure, results=results, info=info, resumed=previous is not None,
@@ -275,7 +272,9 @@ def run(
                 builders=builders, writer=writer, progress=progress, options=options, strategy=strategy,
             )  # fmt: skip
             writer.close()
-        run_file.save("finished")  # _measure raised unless every item of the work has its row
+        # Every item has its row (else _measure raised): planned, an estimate till now, is what was done.
+        done = len(done_item_ids(results, info.run_id))
+        run_file.save("finished", info=dataclasses.replace(run_file.info, num_planned=done))
     except BaseException as exc:
         _close_after_stop(writer)
         state = _stopped_state(exc)
@@ -285,7 +284,7 @@ def run(
         raise
     finally:
         try:
-            _release(pools, builders, owns_ray)
+            _release(pools, builders, owns_ray, (results, info.run_id))
         except KeyboardInterrupt:  # a stop while the workers are let go: the run's state is recorded
             raise RunStopped(info.run_id, run_file.info.state) from None
     out.seconds = time.time() - started
@@ -381,9 +380,11 @@ def _measure(
              info.run_id, stats.num_records, stats.num_worker_failures, stats.num_requeued)  # fmt: skip
 
 
-def _release(pools: list[Pool], builders: list[tuple[Any, str]], owns_ray: bool) -> None:
-    stop_builders(builders)
-    stop_pools(pools)
+def _release(
+    pools: list[Pool], builders: list[tuple[Any, str]], owns_ray: bool, run: tuple[Path, str]
+) -> None:
+    """Stop the compile processes and workers (what they noted on the side goes to the run's log), and Ray."""
+    keep_notes([*(stop_builders(builders) or []), *(stop_pools(pools) or [])], *run)
     if owns_ray:
         import ray
 

@@ -41,11 +41,11 @@ from tunectl.formats.export import (
     Scope,
     prepare_bundle,
 )
-from tunectl.orchestrator.submit import Progress, RunOptions, new_run, refuse_if_running, run
+from tunectl.orchestrator.submit import Progress, RunOptions, new_run, run
 from tunectl.runtime import Bundle
 from tunectl.store.bundle import MANIFEST, publish, publish_local
 from tunectl.store.results import read_results
-from tunectl.store.runs import RunInfo, load_run, run_exists
+from tunectl.store.runs import RunInfo, load_run, refuse_if_running, run_exists
 from tunectl.store.stores import open_store, read_bundle
 
 
@@ -139,7 +139,7 @@ def _resumable(results: Path, run_id: str, kind: str, spec: Spec, digest: str) -
             "probes per cell, short list, layers or rounds); give the options it was started with, or "
             "leave out --resume"
         )
-    refuse_if_running(info)
+    refuse_if_running(info, results)
     return info
 
 

@@ -44,9 +44,11 @@ class TuneWorker:
 
     def __init__(self, num_threads: int, compile_ahead: bool = False, warm_up: tuple[str, ...] = ()) -> None:
         from tunectl.measure.runner import ItemRunner
+        from tunectl.orchestrator.notes import install
         from tunectl.orchestrator.pipeline import CompileAheadRunner
         from tunectl.tasks.registry import get_task
 
+        self.notes = install()  # warnings and library logs: to the run's log, not the console
         self.incarnation = secrets.token_hex(8)  # calls sent to an earlier process are not run by this one
         self.journal = journal_path(ray.get_runtime_context().get_actor_id() or f"pid-{os.getpid()}")
         self.last_words = _read_last_words(self.journal)
@@ -106,9 +108,11 @@ class TuneWorker:
         self._note(None, self.runner.preparing() if self.compile_ahead else None)  # type: ignore[attr-defined]
         return record
 
-    def close(self) -> None:
-        """Remove the journal (the run is over; nobody will ask for last words)."""
+    def close(self) -> list[Any]:
+        """Remove the journal (the run is over; nobody will ask for last words); what this process
+        noted on the side (``tunectl.orchestrator.notes``)."""
         self.journal.unlink(missing_ok=True)
+        return self.notes.drain(f"worker pid {os.getpid()} on {socket.gethostname()} ({self.device})")
 
     def _note(self, running: str | None, preparing: str | None, arm: str | None = None) -> None:
         data = canonical_json({"pid": os.getpid(), "running": running, "preparing": preparing, "arm": arm})

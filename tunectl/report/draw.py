@@ -7,6 +7,10 @@
 - validation: each shape's speedup with its 95 % interval, coloured by verdict;
 - imported logs: per shape, every choice's time over Inductor's pick (its fastest), on a log scale;
 - drift: each worker's probe over its life (``tunectl.report.drift``).
+
+Every plot is as wide as the page's column (``PAGE_WIDTH_IN``) and carries no title of its own: the
+page's heading above it says what it shows; a heatmap of one value of further shape dimensions says
+which (``plot_title``).
 """
 
 from __future__ import annotations
@@ -19,11 +23,10 @@ from typing import Any
 
 from tunectl.report.drift import draw_drift
 from tunectl.report.gather import ImportedPanel, ReportData, ValidationPanel
-from tunectl.report.grids import Grid, label
+from tunectl.report.grids import PAGE_WIDTH_IN, Grid, label
 
 PLOT_FILE = re.compile(r"(speedup|noise|validation|bundle|imported|drift)-\d+\.png")
 _DPI = 100
-_MAX_WIDTH_IN = 12.5  # the page's column is 1300 px wide
 _FAILED: dict[str, Any] = {"facecolor": "#d0d0d0", "edgecolor": "#666666", "hatch": "//", "lw": 0}
 _VERDICT_COLOURS = {"faster": "#2166ac", "slower": "#b2182b", "tie": "#878787"}
 
@@ -32,16 +35,17 @@ def _wrap(text: str, inches: float) -> str:
     return "\n".join(textwrap.wrap(text, max(30, int(inches * 11))))
 
 
-def _title(fig: Any, text: str, width_in: float) -> None:
-    """The title across the whole figure, wrapped to its width (an axes title runs off a wide one)."""
-    fig.suptitle(_wrap(text, width_in), x=0.01, ha="left", fontsize=9)
+def plot_title(grid: Grid) -> str:
+    """What a heatmap says above itself: the values of the shape dimensions beyond its rows and
+    columns it holds, or nothing (the page's heading names its group)."""
+    return f"at {label(grid.fixed)}" if grid.fixed else ""
 
 
 def _cell_size(grid: Grid) -> tuple[float, float]:
     """Inches per column and per row: room for three lines of text while it fits the page."""
     wide = 1.15 if grid.kind == "speedup" else 0.62
     label_in = 0.075 * max(map(len, grid.rows), default=1)
-    col_in = min(wide, max(0.22, (_MAX_WIDTH_IN - 2.2 - label_in) / max(len(grid.cols), 1)))
+    col_in = min(wide, max(0.22, (PAGE_WIDTH_IN - 2.2 - label_in) / max(len(grid.cols), 1)))
     row_in = (0.62 if grid.kind == "speedup" else 0.3) if col_in >= 0.45 else 0.24
     return col_in, row_in
 
@@ -134,17 +138,21 @@ def _colour_bar(grid: Grid, bar: Any) -> None:
 
 
 def draw_grid(grid: Grid, path: Path) -> None:
+    grid_figure(grid).savefig(path, dpi=_DPI)
+
+
+def grid_figure(grid: Grid) -> Any:
+    """The heatmap of ``grid`` as a matplotlib ``Figure``, the page's width."""
     import numpy as np
     from matplotlib import colormaps
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
     col_in, row_in = _cell_size(grid)
-    label_in = 0.075 * max(map(len, grid.rows), default=1)
     legend_lines = math.ceil(len(grid.legend) / 3)
-    width = min(_MAX_WIDTH_IN, 2.4 + label_in + len(grid.cols) * col_in)
-    height = 1.4 + len(grid.rows) * row_in + 0.2 * legend_lines + (0.5 if grid.kind == "noise" else 0.1)
-    fig = Figure(figsize=(width, height), layout="constrained")
+    width = PAGE_WIDTH_IN
+    height = 1.0 + len(grid.rows) * row_in + 0.2 * legend_lines + (0.5 if grid.kind == "noise" else 0.1)
+    fig = Figure(figsize=(width, height + (0.4 if grid.fixed else 0.0)), layout="constrained")
     ax = fig.add_subplot()
     values = np.full((len(grid.rows), len(grid.cols)), np.nan)
     for (i, j), cell in grid.cells.items():
@@ -167,8 +175,9 @@ def draw_grid(grid: Grid, path: Path) -> None:
     ax.set_yticks(range(len(grid.rows)), grid.rows, fontsize=7.5)
     ax.set_xlabel(grid.col_name, fontsize=8.5)
     ax.set_ylabel(grid.row_name, fontsize=8.5)
-    _title(fig, grid.title, width)
-    fig.savefig(path, dpi=_DPI)
+    if plot_title(grid):
+        fig.suptitle(_wrap(plot_title(grid), width), x=0.01, ha="left", fontsize=9)
+    return fig
 
 
 def draw_validation(panel: ValidationPanel, path: Path) -> None:
@@ -181,7 +190,7 @@ def draw_validation(panel: ValidationPanel, path: Path) -> None:
     above = [(s if c.hi is None else c.hi) - s for c, s in zip(checks, speedups, strict=True)]
     labels = [label(c.shape) for c in checks]
     slant = len(checks) > 4
-    width = min(_MAX_WIDTH_IN, 5.5 + 0.6 * len(checks))
+    width = PAGE_WIDTH_IN
     fig = Figure(
         figsize=(width, 3.2 + (0.045 * max(map(len, labels)) if slant else 0.2)), layout="constrained"
     )
@@ -200,7 +209,6 @@ def draw_validation(panel: ValidationPanel, path: Path) -> None:
     ax.set_xticks(x, labels, fontsize=7.5)
     _slant(ax, slant)
     ax.set_ylabel("speedup over default (×)")
-    _title(fig, panel.group.title, width)
     verdicts = [Patch(color=c, alpha=0.45, label=v) for v, c in _VERDICT_COLOURS.items()]
     handles = [*ax.get_legend_handles_labels()[0], *verdicts]
     ax.legend(handles=handles, fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0))
@@ -211,7 +219,7 @@ def draw_imported(panel: ImportedPanel, path: Path) -> None:
     """Per shape (a row), each choice's time over Inductor's pick: how much its autotuning won."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(8.0, 1.4 + 0.38 * len(panel.points)), layout="constrained")
+    fig = Figure(figsize=(PAGE_WIDTH_IN, 1.0 + 0.38 * len(panel.points)), layout="constrained")
     ax = fig.add_subplot()
     for i, point in enumerate(panel.points):
         ratios = [r for r in map(point.over_pick, point.choices) if r is not None]
@@ -225,7 +233,6 @@ def draw_imported(panel: ImportedPanel, path: Path) -> None:
     ax.set_yticks(range(len(panel.points)), names, fontsize=7.5)
     ax.invert_yaxis()
     ax.set_xlabel("time over Inductor's pick (×, log scale): ◆ the pick, ● every other choice")
-    _title(fig, panel.group.title, 8.0)
     fig.savefig(path, dpi=_DPI)
 
 

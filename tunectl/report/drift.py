@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tunectl.core.record import Record
+from tunectl.report.grids import PAGE_WIDTH_IN
 
 PLOT = "drift-001.png"
 
@@ -99,7 +100,7 @@ def draw_drift(panel: DriftPanel, path: Any) -> None:
     """One line per worker: its probe over its first reading against minutes; shifts marked ×."""
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(9.0, 3.6), layout="constrained")
+    fig = Figure(figsize=(PAGE_WIDTH_IN, 3.6), layout="constrained")
     ax = fig.add_subplot()
     for worker in panel.workers:
         x = [r.at_s / 60 for r in worker.readings]
@@ -114,6 +115,4 @@ def draw_drift(panel: DriftPanel, path: Any) -> None:
     ax.set_xlabel("minutes since the first probe")
     ax.set_ylabel("probe time over the worker's first (×)")
     ax.legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.suptitle("drift guard: each worker's probe over its life (× where a shift was seen)", x=0.01,
-                 ha="left", fontsize=9)  # fmt: skip
     fig.savefig(path, dpi=100)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from tunectl.core import stats
 from tunectl.core.keys import Key, from_json, value_order
 from tunectl.core.record import Phase, Record
+from tunectl.decide.quality import noise_known
 from tunectl.decide.select import Winner, latest_comparisons, select_winners
 from tunectl.report.drift import DriftPanel, drift_panel
 from tunectl.report.grids import Cell, Grid, Group, Point, label, noise_grid, short_labels, speedup_grids
@@ -124,7 +125,8 @@ class BundleSection:
     name: str  # name/version
     location: str
     points: tuple[Point, ...]
-    panels: tuple[SpeedupPanel, ...]
+    panels: tuple[SpeedupPanel, ...]  # the groups whose entries are not the results' winners
+    repeated: tuple[Group, ...] = ()  # groups whose entries are the winners above, speedups and all
 
 
 @dataclass(frozen=True)
@@ -172,6 +174,8 @@ def _noise_cell(row: Record) -> Cell:
         return Cell(None, status.replace("_result", ""), note, status, shape, config)
     noise, median, phase = row.rel_noise, row.median_us, str(row.phase)
     note = f"median {median:,.1f} µs ({phase})" if median is not None else phase
+    if noise is not None and not noise_known(row):  # one sample: no spread to speak of
+        return Cell(None, "?", f"{note}; one sample, its noise unknown", "ok", shape, config)
     return Cell(noise, f"{noise:.1%}" if noise is not None else "-", note, "ok", shape, config)
 
 
@@ -266,6 +270,38 @@ def bundle_points(bundle: Bundle) -> tuple[Point, ...]:
     return tuple(points)
 
 
+def bundle_section(bundle: Bundle, winners: Sequence[Point]) -> BundleSection:
+    """``bundle``'s entries, and a heatmap per group whose entries differ from ``winners`` (the
+    results'); a group whose entries are those winners with the same speedups is not drawn again."""
+    entries = bundle_points(bundle)
+    repeated = _same_groups(entries, winners)
+    shown = speedup_panels([p for p in entries if p.group not in repeated], "bundle")
+    name = f"{bundle.name}/{bundle.version}"
+    return BundleSection(
+        name, bundle.location, entries, shown, tuple(g for g in _groups(entries) if g in repeated)
+    )
+
+
+def _same_groups(entries: Sequence[Point], winners: Sequence[Point]) -> set[Group]:
+    """The groups where ``entries`` and ``winners`` choose the same configs with the same speedups."""
+
+    def table(points: Iterable[Point]) -> dict[Group, dict[Key, tuple[Key, float | None]]]:
+        out: dict[Group, dict[Key, tuple[Key, float | None]]] = {}
+        for p in points:
+            out.setdefault(p.group, {})[p.shape] = (
+                p.config,
+                None if p.speedup is None else round(p.speedup, 6),
+            )
+        return out
+
+    theirs = table(winners)
+    return {group for group, mine in table(entries).items() if theirs.get(group) == mine}
+
+
+def _groups(points: Iterable[Point]) -> list[Group]:
+    return list(by_group(points, lambda p: p.group))
+
+
 def speedup_panels(points: Iterable[Point], plot_prefix: str) -> tuple[SpeedupPanel, ...]:
     panels: list[SpeedupPanel] = []
     for group, members in by_group(points, lambda p: p.group).items():
@@ -316,12 +352,6 @@ def gather(rows: Sequence[Record], bundle: Bundle | None = None) -> ReportData:
         )
         for n, (group, members) in enumerate(by_group(_latest(measured), _group).items(), start=1)
     )
-    section = None
-    if bundle is not None:
-        entries = bundle_points(bundle)
-        section = BundleSection(
-            f"{bundle.name}/{bundle.version}", bundle.location, entries, speedup_panels(entries, "bundle")
-        )
     return ReportData(
         runs=dict(sorted(Counter(r.run_id for r in rows).items())),
         statuses=dict(Counter(str(r.status) for r in rows).most_common()),
@@ -331,7 +361,7 @@ def gather(rows: Sequence[Record], bundle: Bundle | None = None) -> ReportData:
         noise=noise,
         validation=validation_panels(rows),
         imported=imported_panels(imported),
-        bundle=section,
+        bundle=None if bundle is None else bundle_section(bundle, points),
         drift=drift_panel(measured),
     )
 

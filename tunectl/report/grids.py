@@ -13,6 +13,9 @@ from typing import Any
 
 from tunectl.core.keys import Key, Value, value_order
 
+#: every plot's width: the page's column is 1300 px wide, and a plot at 100 dpi fills it (1250 px)
+PAGE_WIDTH_IN = 12.5
+
 
 @dataclass(frozen=True)
 class Group:

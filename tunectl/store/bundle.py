@@ -23,7 +23,6 @@ import io
 import json
 import logging
 import os
-import re
 import secrets
 import shutil
 import tarfile
@@ -35,14 +34,13 @@ from typing import Any, Protocol
 
 from tunectl import __version__
 from tunectl.core.errors import BundleError, BundleExistsError, UserError
-from tunectl.core.files import atomic_write, canonical_json, json_bytes, sync_dir, write_synced
+from tunectl.core.files import atomic_write, canonical_json, json_bytes, name_problem, sync_dir, write_synced
 from tunectl.core.keys import from_json
 from tunectl.runtime import CHANNELS, MANIFEST, SCHEMA_VERSION, Fetcher, load_bundle, safe_member
 from tunectl.runtime.format import ARCHIVE_SUFFIXES, BundleCorruptError, stat_columns
 from tunectl.runtime.sources import Source, read_local, read_verified, resolve
 
 log = logging.getLogger("tunectl.store.bundle")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 @dataclass(frozen=True)
@@ -56,10 +54,10 @@ class TaskTable:
 
 
 def check_name(kind: str, value: str) -> str:
-    if not _NAME.match(value) or value in (".", ".."):
-        raise UserError(
-            f"bundle {kind} {value!r} must be letters, digits, '.', '_' or '-' (not starting with one)"
-        )
+    """``value`` if it may be a bundle's ``kind`` (name or version; ``NAME_RULE``), else a ``UserError``."""
+    problem = name_problem(value)
+    if problem:
+        raise UserError(f"bundle {kind} {value!r} {problem}")
     return value
 
 
@@ -279,10 +277,10 @@ def list_bundles(store: BundleStore) -> tuple[list[VersionListing], list[Channel
     """Every published version (one with a readable manifest) and every channel in ``store``."""
     versions, channels = [], []
     for name in store.list_dir(""):
-        if not _NAME.match(name):
+        if name_problem(name):
             continue
         for version in store.list_dir(name):
-            if not _NAME.match(version):
+            if name_problem(version):
                 continue  # staging directories, channels
             try:
                 manifest = json.loads(store.read(f"{name}/{version}/{MANIFEST}"))

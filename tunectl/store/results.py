@@ -16,9 +16,11 @@ This is the one module that imports pyarrow.
 from __future__ import annotations
 
 import logging
+import re
 import secrets
 import time
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,8 @@ PARTITIONS = ("task", "run_id")
 __all__ = [
     "SCHEMA_VERSION",
     "BadPart",
+    "DamagedPart",
+    "Dataset",
     "NoResultsError",
     "ResultsWriter",
     "atomic_write",
@@ -38,10 +42,12 @@ __all__ = [
     "done_item_ids",
     "part_files",
     "quarantine",
+    "read_dataset",
     "read_part",
     "read_part_records",
     "read_results",
     "require_dataset",
+    "require_task",
 ]
 _TIMESTAMPS = ("started_at", "finished_at")
 log = logging.getLogger("tunectl.store.results")
@@ -148,12 +154,45 @@ _REQUIRED = ("item_id", "status", "finished_at")
 _warned: set[str] = set()
 
 
+@dataclass(frozen=True)
+class DamagedPart:
+    """A part of the dataset no reader can use, and why; its rows are missing from every read."""
+
+    path: Path
+    why: str
+
+    @property
+    def task(self) -> str:
+        return self.path.parent.parent.name.removeprefix("task=")
+
+    @property
+    def run_id(self) -> str:
+        return self.path.parent.name.removeprefix("run_id=")
+
+
 class BadPart(ResultsError):
     """A Parquet file under the dataset that cannot be read as results (damaged, empty, foreign)."""
 
     def __init__(self, path: Path, why: str) -> None:
-        self.path = path
+        self.path, self.why = path, why
         super().__init__(f"{path}: {why}")
+
+    @property
+    def part(self) -> DamagedPart:
+        return DamagedPart(self.path, self.why)
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """What a read of the dataset found: the records, and the parts it could not read."""
+
+    records: list[Record]
+    damaged: tuple[DamagedPart, ...] = ()
+
+    @property
+    def damaged_runs(self) -> tuple[str, ...]:
+        """The runs that lost rows to unreadable parts, in order."""
+        return tuple(sorted({part.run_id for part in self.damaged}))
 
 
 class NoResultsError(ResultsError, UserError):
@@ -168,6 +207,14 @@ def require_dataset(root: str | Path) -> Path:
     if not (root / "_runs").is_dir() and not any(root.glob("task=*/run_id=*")):
         raise NoResultsError(f"{root} is not a results dataset (no runs, no task=*/run_id=* parts)")
     return root
+
+
+def require_task(root: str | Path, task: str) -> None:
+    """A ``NoResultsError`` unless ``root`` holds results of ``task``, naming the tasks it holds."""
+    tasks = sorted({p.name.removeprefix("task=") for p in Path(root).glob("task=*") if p.is_dir()})
+    if task not in tasks:
+        held = f"it holds {', '.join(tasks)}" if tasks else "it holds none"
+        raise NoResultsError(f"no results of task {task!r} in {root} ({held})")
 
 
 def part_files(root: str | Path, run_ids: Iterable[str] | None = None, task: str | None = None) -> list[Path]:
@@ -257,30 +304,46 @@ def quarantine(root: str | Path, paths: Iterable[str | Path]) -> list[tuple[Path
 
 
 def _first_line(exc: BaseException) -> str:
-    return next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+    line = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+    return _SOURCE.sub("", line).split(". ")[0]  # the path is said once, by whoever reports the part
 
 
-def read_results(
-    root: str | Path, run_ids: Iterable[str] | None = None, task: str | None = None
-) -> list[Record]:
+#: pyarrow's prefix naming the file it could not open
+_SOURCE = re.compile(r"^Could not open Parquet input source '[^']*': ")
+
+
+def read_dataset(root: str | Path, run_ids: Iterable[str] | None = None, task: str | None = None) -> Dataset:
     """The dataset's records (optionally of some runs or one task), one per (run, item): the last
-    finished where an item was measured again. Rows written by earlier versions read as records too.
-
-    A part that cannot be read (damaged, empty, of another schema) is skipped with one warning per
-    file and process (logger ``tunectl.store.results``); ``tunectl doctor`` lists and quarantines them.
+    finished where an item was measured again, and the parts that could not be read (damaged, empty,
+    of another schema), whose rows are missing. Rows written by earlier versions read as records too.
     """
     root = Path(root)
     if not root.is_dir():
         raise NoResultsError(f"no results dataset at {root} (no such directory); give --results DIR")
     records: list[Record] = []
+    damaged: list[DamagedPart] = []
     for path in part_files(root, run_ids, task):
         try:
             records.extend(read_part_records(path))
         except BadPart as exc:
-            if str(path) not in _warned:
-                _warned.add(str(path))
-                log.warning("skipped %s; `tunectl doctor --results %s` lists such files", exc, root)
-    return list(latest(records, key=lambda r: (r.run_id, r.item_id)).values())
+            damaged.append(exc.part)
+    return Dataset(list(latest(records, key=lambda r: (r.run_id, r.item_id)).values()), tuple(damaged))
+
+
+def read_results(
+    root: str | Path, run_ids: Iterable[str] | None = None, task: str | None = None
+) -> list[Record]:
+    """``read_dataset``'s records; each part that cannot be read is skipped with one warning per
+    file and process (logger ``tunectl.store.results``); ``tunectl doctor`` lists and quarantines them.
+    """
+    dataset = read_dataset(root, run_ids, task)
+    for part in dataset.damaged:
+        if str(part.path) not in _warned:
+            _warned.add(str(part.path))
+            log.warning(
+                "skipped %s: %s; `tunectl doctor --results %s` lists such files", part.path, part.why, root
+            )
+    return dataset.records
 
 
 def done_item_ids(root: str | Path, run_id: str) -> set[str]:

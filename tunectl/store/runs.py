@@ -31,6 +31,8 @@ from tunectl.core.plan import RunFacts
 from tunectl.core.record import Record
 
 RUNS_DIR = "_runs"
+#: the results dataset a command reads and writes when not given --results
+DEFAULT_RESULTS = Path("tunectl-results")
 log = logging.getLogger("tunectl.store.results")
 _warned: set[str] = set()
 STATES = ("running", "finished", "interrupted", "cancelled", "failed")
@@ -95,6 +97,11 @@ class RunSummary:
 def new_run_id() -> str:
     """Sortable by start time, unique across drivers: r20261129-221300-3fa2c1."""
     return time.strftime("r%Y%m%d-%H%M%S-", time.gmtime()) + secrets.token_hex(3)
+
+
+def results_option(root: str | Path) -> str:
+    """`` --results ROOT`` for a command a user is told to run, "" where ``root`` is the default."""
+    return "" if Path(root) == DEFAULT_RESULTS else f" --results {root}"
 
 
 def run_log_path(root: str | Path, run_id: str) -> Path:
@@ -201,6 +208,15 @@ def effective_state(info: RunInfo) -> str:
     if info.state == "running" and driver_alive(info) is False:
         return "interrupted"
     return info.state
+
+
+def refuse_if_running(info: RunInfo, results: str | Path) -> None:
+    """A resume of ``info`` (a run in ``results``) is refused while the driver that runs it is alive."""
+    if info.state == "running" and driver_alive(info):
+        raise UserError(
+            f"run {info.run_id} is still running (pid {info.driver_pid}); stop it first: "
+            f"`tunectl cancel {info.run_id}{results_option(results)}`"
+        )
 
 
 def cancel_local_run(root: str | Path, run_id: str, wait_s: float = 15.0) -> str:

@@ -45,7 +45,7 @@ from typing import Any
 from tunectl.core.files import atomic_write, canonical_json, move
 from tunectl.core.params import Rule
 from tunectl.tasks.base import InvalidConfig
-from tunectl.tasks.compile import cache_dir
+from tunectl.tasks.compile import cache_dir, raise_recompile_limits
 
 #: config names passed through to ``flex_attention(kernel_options=...)``, with their types.
 KERNEL_OPTIONS: dict[str, type] = {
@@ -63,7 +63,6 @@ KERNEL_OPTION_RULES: dict[str, Rule] = {
     name: Rule.one_of(True, False) if kind is bool else Rule("str") if kind is str else Rule.integer(1)
     for name, kind in KERNEL_OPTIONS.items()
 }
-_RECOMPILE_LIMIT = 256
 
 _state: dict[str, Any] = {"compiled": None, "point": None, "packages": {}}
 
@@ -130,7 +129,7 @@ def flex_for(device: str, point: object, compiled: bool = True) -> Any:
         return flex_attention
     _enter(point)
     if _state["compiled"] is None:
-        _raise_recompile_limits()
+        raise_recompile_limits()
         _state["compiled"] = torch.compile(flex_attention, dynamic=False, fullgraph=True)
     return _state["compiled"]
 
@@ -448,17 +447,3 @@ def why(exc: BaseException) -> str:
     """One short line naming what ``exc`` says."""
     lines = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {lines[0][:200]}" if lines else type(exc).__name__
-
-
-def _raise_recompile_limits() -> None:
-    """One point compiles one entry per kernel-option set; never fall back to eager for want of room."""
-    import torch._dynamo.config as dynamo_config
-
-    for name in (
-        "recompile_limit",
-        "cache_size_limit",
-        "accumulated_recompile_limit",
-        "accumulated_cache_size_limit",
-    ):
-        if hasattr(dynamo_config, name):
-            setattr(dynamo_config, name, max(getattr(dynamo_config, name), _RECOMPILE_LIMIT))

@@ -62,8 +62,9 @@ def cache_env(root: str | Path) -> dict[str, str]:
     }
 
 
-def compile_key(task: TuningTask, static: Mapping[str, Any], shape: Mapping[str, Any],
-                config: Mapping[str, Any]) -> str | None:  # fmt: skip
+def compile_key(
+    task: TuningTask, static: Mapping[str, Any], shape: Mapping[str, Any], config: Mapping[str, Any]
+) -> str | None:
     """The task's compile key for one item, with the task's name in it; None: nothing to build."""
     key = task.compile_key(dict(static), dict(shape), dict(config))
     return None if key is None else f"{task.name}:{key}"
@@ -75,14 +76,46 @@ def key_of(*parts: Mapping[str, Any]) -> str:
 
 
 InputsFor = Callable[[Mapping[str, Any], Mapping[str, Any]], Any]
+#: Dynamo's limits on the compiled entries of one function, raised to at least this: a measuring worker
+#: compiles one entry per kernel-option set of a point (it drops them when it moves on)
+RECOMPILE_LIMIT = 256
+#: and in a compile process, which keeps every entry of its life: one per shape and option set it built
+BUILDER_RECOMPILE_LIMIT = 1 << 16
 
 
-def build(task: TuningTask, static: Mapping[str, Any], shape: Mapping[str, Any],
-          config: Mapping[str, Any], device: str, inputs_for: InputsFor | None = None) -> float:  # fmt: skip
+def raise_recompile_limits(limit: int = RECOMPILE_LIMIT) -> None:
+    """Raise Dynamo's limits on compiled entries per function (``recompile_limit``, called
+    ``cache_size_limit`` before torch 2.6, and their totals) to at least ``limit``, so that no
+    compile falls back to eager (or fails, under ``fullgraph``) for want of room. Nothing without torch."""
+    try:
+        import torch._dynamo.config as dynamo_config
+    except ImportError:
+        return
+    for name in (
+        "recompile_limit",
+        "cache_size_limit",
+        "accumulated_recompile_limit",
+        "accumulated_cache_size_limit",
+    ):
+        if hasattr(dynamo_config, name):
+            setattr(dynamo_config, name, max(getattr(dynamo_config, name), limit))
+
+
+def build(
+    task: TuningTask,
+    static: Mapping[str, Any],
+    shape: Mapping[str, Any],
+    config: Mapping[str, Any],
+    device: str,
+    inputs_for: InputsFor | None = None,
+) -> float:
     """Compile one item's kernel into the caches; the seconds it took. Raises what the compile raises.
 
     ``inputs_for(static, shape)``: the point's inputs, from a caller that keeps them across builds.
+    A compile process builds many shapes of one kernel (one Dynamo entry each): Dynamo's limits are
+    raised first (``BUILDER_RECOMPILE_LIMIT``).
     """
+    raise_recompile_limits(BUILDER_RECOMPILE_LIMIT)
     started = time.perf_counter()
     shape = task.build_shape(dict(static), dict(shape), dict(config))
     inputs = (

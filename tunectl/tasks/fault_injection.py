@@ -13,6 +13,8 @@ is what the config says it is. Config parameters (all optional; the default conf
     ``exit``      ends the worker process with ``os._exit`` (``crash``), as a poisoned CUDA context does
     ``exit_once`` ends the worker process the first time this config runs at this shape, then
                   behaves (needs ``token``; a marker file in the temp dir remembers the first time)
+    ``warn``      returns the right output, having raised a ``UserWarning`` while it was prepared
+                  (as a kernel library does on a first call)
 - ``where``: ``call`` (default) or ``prepare``: whether the fault fires when the kernel runs or
   while it is prepared (compiled); ``wrong`` and ``nan`` always show in the output of the call
 - ``compile_ms``: milliseconds ``prepare`` sleeps (a compiler stand-in; sleeping releases the GIL,
@@ -33,6 +35,7 @@ import hashlib
 import os
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -42,9 +45,10 @@ from tunectl.core.params import Rule
 from tunectl.tasks.base import InvalidConfig, Params, Task
 from tunectl.tasks.compile import cache_dir, key_of
 
-FAULTS = ("none", "raise", "invalid", "wrong", "nan", "hang", "exit", "exit_once")
+FAULTS = ("none", "raise", "invalid", "wrong", "nan", "hang", "exit", "exit_once", "warn")
 COMPILE_FAULTS = ("raise", "exit", "hang")
 LOAD_MS = 1.0  # loading a cached artifact
+WARNING = "injected: a kernel library's warning on a first call"  # what fault "warn" says
 EXIT_CODE = 71
 _OUTPUT_FAULTS = ("wrong", "nan")  # faults of the output: they show when the kernel runs
 
@@ -98,6 +102,9 @@ class FaultInjection(Task):
         if where not in ("call", "prepare"):
             raise InvalidConfig(f"where must be 'call' or 'prepare', not {where!r}")
         _compile(config)
+        if fault == "warn":
+            warnings.warn(WARNING, UserWarning, stacklevel=1)
+            fault = "none"
         if where == "prepare" and fault not in _OUTPUT_FAULTS:
             _misbehave(fault, config, shape)
             fault = "none"

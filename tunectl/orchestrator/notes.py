@@ -1,0 +1,165 @@
+"""What worker and compile processes say on the side: Python warnings and the logs of the libraries they
+load (torch, Triton, FlashInfer, CUTLASS, tunectl's own), kept out of the console and in the run's log.
+
+Ray forwards a worker's stderr to the driver's console, so a warning a kernel library raises once per
+compile would scroll the progress bar away. Each worker and compile process instead installs
+``ProcessNotes`` when it starts: warnings and those loggers' records are counted by kind and text, and
+handed back when the process is closed (``drain``). The driver writes them to the run's log
+(``tunectl logs RUN``) and says on the console, per kind, how many there were (``summary_lines``).
+What a process says in its last moments before it dies is lost with it; its death is reported anyway.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+import warnings
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+#: loggers whose records (WARNING and above) go to the run's log rather than the console
+NOISY_LOGGERS = ("torch", "triton", "flashinfer", "cutlass", "cuda", "tunectl")
+MAX_TEXTS = 500  # distinct texts kept per process; the rest are counted under their kind
+log = logging.getLogger("tunectl.run")
+
+
+@dataclass(frozen=True)
+class Note:
+    """``count`` times ``text`` of ``kind`` (a warning's category, or a logger's name) from ``source``."""
+
+    kind: str
+    text: str
+    count: int
+    source: str = ""
+
+
+class ProcessNotes(logging.Handler):
+    """Counts this process's warnings and the noisy loggers' records by (kind, text)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.counts: Counter[tuple[str, str]] = Counter()
+
+    def add(self, kind: str, text: str) -> None:
+        key = (kind, text)
+        if key not in self.counts and len(self.counts) >= MAX_TEXTS:
+            key = (kind, "(more of this kind, not kept)")
+        self.counts[key] += 1
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.add(record.name, record.getMessage().strip())
+        except Exception:  # a record that cannot be formatted is not worth a crash
+            self.handleError(record)
+
+    def show_warning(
+        self,
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: TextIO | None = None,
+        line: str | None = None,
+    ) -> None:
+        """``warnings.showwarning`` for this process: counted, never printed."""
+        self.add(category.__name__, f"{message} ({Path(filename).name}:{lineno})")
+
+    def drain(self, source: str = "") -> list[Note]:
+        """What was counted since the last drain, most frequent first; the counts start again."""
+        notes = [Note(kind, text, n, source) for (kind, text), n in self.counts.most_common()]
+        self.counts.clear()
+        return notes
+
+
+def install(loggers: Sequence[str] = NOISY_LOGGERS) -> ProcessNotes:
+    """Route this process's warnings and ``loggers`` into a new ``ProcessNotes`` (for good: a worker
+    or compile process calls it once, when it starts)."""
+    notes = ProcessNotes()
+    warnings.showwarning = notes.show_warning
+    for name in loggers:
+        logger = logging.getLogger(name)
+        for handler in [h for h in logger.handlers if _to_console(h)]:
+            logger.removeHandler(handler)
+        logger.addHandler(notes)
+        logger.propagate = False
+    return notes
+
+
+@contextmanager
+def captured(loggers: Sequence[str] = NOISY_LOGGERS) -> Iterator[ProcessNotes]:
+    """``install`` for the length of a block, everything as it was after it (for tests)."""
+    showwarning = warnings.showwarning
+    saved = {
+        name: (list(logging.getLogger(name).handlers), logging.getLogger(name).propagate) for name in loggers
+    }
+    try:
+        yield install(loggers)
+    finally:
+        warnings.showwarning = showwarning
+        for name, (handlers, propagate) in saved.items():
+            logger = logging.getLogger(name)
+            logger.handlers[:] = handlers
+            logger.propagate = propagate
+
+
+def _to_console(handler: logging.Handler) -> bool:
+    return isinstance(handler, logging.StreamHandler) and getattr(handler, "stream", None) in (
+        sys.stderr,
+        sys.stdout,
+    )
+
+
+def write_notes(path: Path, notes: Iterable[Note]) -> None:
+    """Append ``notes`` to the run's log at ``path``, a line each, in the log's own format."""
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S,000")
+    lines = [f"{stamp} NOTE {n.source or 'a process'}: {n.kind} x{n.count}: {n.text}\n" for n in notes]
+    if lines:
+        with open(path, "a", encoding="utf-8") as log:
+            log.writelines(lines)
+
+
+def summary_lines(notes: Sequence[Note], where: str, most: int = 5) -> list[str]:
+    """One line per kind: how many there were and where to read them (``where``: the command)."""
+    kinds: Counter[str] = Counter()
+    for note in notes:
+        kinds[note.kind] += note.count
+    lines = [
+        f"{n} {kind} message(s) from worker and compile processes; `{where}` shows them"
+        for kind, n in kinds.most_common(most)
+    ]
+    if len(kinds) > most:
+        lines.append(f"and {len(kinds) - most} more kind(s) of message; `{where}` shows them")
+    return lines
+
+
+def drained(actors: Sequence[Any], timeout_s: float = 2.0) -> list[Note]:
+    """The notes of ``actors`` (workers, compile processes), from their ``close`` calls answered in
+    ``timeout_s``; those that do not answer keep theirs."""
+    import ray
+
+    refs = [a.close.remote() for a in actors]
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    notes: list[Note] = []
+    for ref in ready:
+        try:
+            notes += ray.get(ref) or []
+        except Exception:  # a process gone: its notes with it
+            continue
+    return notes
+
+
+def keep_notes(notes: Sequence[Note], results: Path, run_id: str) -> None:
+    """Write ``notes`` to run ``run_id``'s log in ``results``, and say on the console, per kind, how
+    many there were and how to read them."""
+    from tunectl.store.runs import results_option, run_log_path
+
+    if not notes:
+        return
+    write_notes(run_log_path(results, run_id), notes)
+    for line in summary_lines(notes, f"tunectl logs {run_id}{results_option(results)}"):
+        log.warning(line)
