@@ -13,7 +13,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from tests.test_refine import SPEC, _spec, _winner, drive, work_of
+from tests.unit.test_refine import SPEC, _spec, _winner, drive, work_of
 from tunectl.cli import app
 from tunectl.core.keys import Key, make_key
 from tunectl.core.plan import plan

@@ -10,7 +10,7 @@ from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 PYPROJECT = """
 [[tool.importlinter.contracts]]

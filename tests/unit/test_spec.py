@@ -7,14 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import TINY_SPEC
 from tunectl.core.errors import SpecError
 from tunectl.core.spec import load_spec, parse_spec
 
-from .conftest import TINY_SPEC
-
 
 def test_quickstart_spec_loads_as_frozen_dataclasses() -> None:
-    spec = load_spec(Path(__file__).parents[1] / "configs" / "quickstart.toml")
+    spec = load_spec(Path(__file__).parents[2] / "configs" / "quickstart.toml")
     assert spec.task == "decode_attention" and spec.name == "quickstart"
     assert [d.name for d in spec.shapes] == ["batch", "kv_len"]
     assert len(spec.shape_grid()) >= 3 and len(spec.configs) >= 4

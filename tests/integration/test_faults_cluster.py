@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import local_cluster
-from tests.test_faults import assert_one_row_per_item, planned_ids, write_spec
+from tests.integration.test_faults import assert_one_row_per_item, planned_ids, write_spec
 from tunectl.orchestrator.submit import submit
 from tunectl.store.runs import run_log_path
 

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from tests.test_faults import raw_row_count
-from tests.test_faults_driver import _InterruptedAt
-from tests.test_refine import SPEC, _spec
+from tests.integration.test_faults import raw_row_count
+from tests.integration.test_faults_driver import _InterruptedAt
+from tests.unit.test_refine import SPEC, _spec
 from tunectl.cli import app
 from tunectl.core.errors import UserError
 from tunectl.core.keys import key_text, make_key
@@ -23,7 +23,7 @@ from tunectl.orchestrator.validate import HoldoutRun, validate_holdout
 from tunectl.store.results import read_results
 from tunectl.store.runs import load_run
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 RANGED_KV = '[shapes.kv_len]\nrange = [1024, 8192]\nvalues = [1024]\nstep = 512\nbucket = "ceil"'
 
 

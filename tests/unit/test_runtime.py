@@ -36,7 +36,7 @@ from tunectl.runtime import (
 )
 from tunectl.store.bundle import LocalStore, TaskTable, build_files, pack, promote, publish_local
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 STATIC = {"dtype": "bfloat16", "num_q_heads": 32, "num_kv_heads": 8, "head_dim": 128, "window": [-1, -1]}
 H200 = {
     "device_kind": "cuda",

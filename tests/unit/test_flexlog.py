@@ -21,7 +21,7 @@ from tunectl.formats.flexlog import TASK, import_flex_log, parse_flex_log
 from tunectl.store.results import read_results
 from tunectl.store.runs import list_runs
 
-DATA = Path(__file__).parent / "data" / "flex_logs"
+DATA = Path(__file__).parents[1] / "data" / "flex_logs"
 STATIC_LOG = DATA / "torch211-h200-forward-backward.json"
 DYNAMIC_LOG = DATA / "torch211-h200-dynamic.json"
 NAMED_LOG = DATA / "torch213-named.json"

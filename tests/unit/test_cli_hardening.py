@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tests.test_bundle import ENV, table
-from tests.test_results import _record
+from tests.conftest import TINY_SPEC
+from tests.unit.test_bundle import ENV, table
+from tests.unit.test_results import _record
 from tunectl.cli import app
 from tunectl.core.errors import UserError
 from tunectl.core.plan import CONFIRM_ABOVE_ITEMS, count_plan
@@ -25,8 +26,6 @@ from tunectl.runtime import BundleCorruptError, load_bundle
 from tunectl.store.bundle import LocalStore, build_files, list_bundles, promote, publish
 from tunectl.store.results import ResultsWriter
 from tunectl.store.runs import RunInfo, save_run
-
-from .conftest import TINY_SPEC
 
 #: 1000 batches x 1000 kv lengths x 10 configs (5 splits x 2 gqa): ten million items
 _THOUSAND = "values = [" + ", ".join(map(str, range(1, 1001))) + "]"
@@ -211,7 +210,7 @@ def test_a_bundle_member_linking_outside_the_bundle_is_refused(tmp_path: Path) -
 
 def test_a_plain_export_leaves_out_a_dynamic_shape_import(tmp_path: Path) -> None:
     results = tmp_path / "results"
-    log = Path(__file__).parent / "data" / "flex_logs" / "torch211-h200-dynamic.json"
+    log = Path(__file__).parents[1] / "data" / "flex_logs" / "torch211-h200-dynamic.json"
     assert run("import", "flex-log", str(log), "--results", str(results)).exit_code == 0
     writer = ResultsWriter(results)  # a tuned run of the same device beside it
     stats = {
@@ -244,6 +243,6 @@ def test_a_plain_export_leaves_out_a_dynamic_shape_import(tmp_path: Path) -> Non
 def test_every_command_is_in_the_readme() -> None:
     import typer
 
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
     for name in typer.main.get_command(app).commands:  # type: ignore[attr-defined]
         assert f"tunectl {name}" in readme, f"`tunectl {name}` is not in the README"

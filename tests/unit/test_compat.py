@@ -14,7 +14,7 @@ from tunectl.store.results import read_results
 from tunectl.store.runs import load_run, run_facts, summarise_runs
 from tunectl.store.stores import read_bundle
 
-V1 = Path(__file__).parent / "data" / "v1"
+V1 = Path(__file__).parents[1] / "data" / "v1"
 RUN = "r20261130-120000-aaaaaa"
 
 

@@ -13,7 +13,7 @@ import duckdb
 import pytest
 from typer.testing import CliRunner
 
-from tests.test_results import _record
+from tests.unit.test_results import _record
 from tunectl.cli import app
 from tunectl.core.record import Record
 from tunectl.store.results import ResultsWriter, check_parts, part_files, read_results

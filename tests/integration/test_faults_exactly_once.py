@@ -17,8 +17,8 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.conftest import TINY_SPEC
-from tests.test_faults import raw_row_count
-from tests.test_faults_driver import driver
+from tests.integration.test_faults import raw_row_count
+from tests.integration.test_faults_driver import driver
 from tunectl.cli import app
 from tunectl.core.plan import plan
 from tunectl.core.spec import load_spec

@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tests.test_report import _Page, results  # noqa: F401 (the results fixture)
+from tests.unit.test_report import _Page, results  # noqa: F401 (the results fixture)
 from tunectl.cli import app
 from tunectl.core.keys import make_key
 from tunectl.report.draw import draw_grid, noise_scale
 from tunectl.report.gather import Check
 from tunectl.report.grids import Cell, Group, Point, noise_grid, short_labels, speedup_grids
 
-FLEX_LOG = Path(__file__).parent / "data" / "flex_logs" / "torch211-h200-forward-backward.json"
+FLEX_LOG = Path(__file__).parents[1] / "data" / "flex_logs" / "torch211-h200-forward-backward.json"
 GROUP = Group("t", "", make_key({"d": 1}))
 
 

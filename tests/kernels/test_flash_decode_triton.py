@@ -19,7 +19,7 @@ from tunectl.tasks.compile import compile_key
 from tunectl.tasks.flash_decode import BACKEND_DEFAULTS, BACKEND_OPTIONS, FlashDecode
 
 STATIC = flash_static()
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_backend_declares_its_options_and_untuned_call() -> None:

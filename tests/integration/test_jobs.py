@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_faults import assert_one_row_per_item, planned_ids, write_spec
+from tests.integration.test_faults import assert_one_row_per_item, planned_ids, write_spec
 from tunectl.store.runs import load_run
 
 pytestmark = pytest.mark.slow

@@ -18,7 +18,7 @@ from tunectl.runtime import BundleCorruptError, BundleNotFoundError, load_bundle
 from tunectl.store.bundle import TaskTable, build_files, list_bundles, promote, publish, read_channel
 from tunectl.store.stores import ArrowStore, LocalStore, fetch, open_store
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 STATIC = {"dtype": "float32", "num_q_heads": 4, "num_kv_heads": 2, "head_dim": 16, "page_size": 8}
 
 

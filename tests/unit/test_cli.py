@@ -11,9 +11,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from tests.conftest import TINY_SPEC
 from tunectl.cli import app
-
-from .conftest import TINY_SPEC
 
 
 def _commands(
@@ -34,7 +33,7 @@ def test_every_command_says_what_it_does(path: tuple[str, ...]) -> None:
 
 
 LEAVES = [p for p, c in _commands(typer.main.get_command(app)) if not hasattr(c, "commands")]
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+README = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
 
 
 @pytest.mark.parametrize("path", LEAVES, ids=" ".join)

@@ -13,14 +13,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from tests.conftest import TINY_SPEC
 from tunectl.cli import app
 from tunectl.core.errors import SpecError, UserError
 from tunectl.core.params import Rule
 from tunectl.core.plan import count_plan, plan
 from tunectl.core.spec import TABLE_RULES, parse_spec
 from tunectl.tasks.registry import get_task, task_names
-
-from .conftest import TINY_SPEC
 
 
 def _error(text: str) -> str:

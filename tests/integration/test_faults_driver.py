@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tests.test_faults import assert_one_row_per_item, planned_ids, raw_row_count, write_spec
+from tests.integration.test_faults import assert_one_row_per_item, planned_ids, raw_row_count, write_spec
 from tunectl.cli import app
 from tunectl.cli.submit import stopped_message
 from tunectl.core.plan import WorkItem, plan

@@ -264,7 +264,7 @@ def builds_logged(cache: Path) -> Counter[str]:
 def test_each_kernel_is_compiled_once_per_node_and_workers_only_load_it(
     tmp_path: Path, ray_two_gpus: None
 ) -> None:
-    from tests.test_faults import assert_one_row_per_item, planned_ids, write_spec
+    from tests.integration.test_faults import assert_one_row_per_item, planned_ids, write_spec
     from tunectl.orchestrator.submit import submit
 
     configs = '[[configs]]\nfault = "none"\ncompile_ms = 400\nvariant = [0, 1, 2]\n'
@@ -287,7 +287,7 @@ def test_each_kernel_is_compiled_once_per_node_and_workers_only_load_it(
 def test_a_compiler_that_fails_dies_or_hangs_never_takes_down_a_gpu_worker(
     tmp_path: Path, ray_two_gpus: None
 ) -> None:
-    from tests.test_faults import assert_one_row_per_item, planned_ids, write_spec
+    from tests.integration.test_faults import assert_one_row_per_item, planned_ids, write_spec
     from tunectl.orchestrator.submit import submit
 
     configs = """
@@ -322,7 +322,7 @@ def test_a_comparison_goes_on_without_the_arms_whose_kernel_failed_to_build(
 ) -> None:
     """Held-out shapes compare every config at a point where some are invalid: a build that fails for
     one arm is that arm's record, and the other arms are still timed; a failed baseline fails them all."""
-    from tests.test_faults import assert_one_row_per_item, write_spec
+    from tests.integration.test_faults import assert_one_row_per_item, write_spec
     from tunectl.core.plan import comparison
     from tunectl.core.record import Phase
     from tunectl.core.spec import load_spec

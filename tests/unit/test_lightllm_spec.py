@@ -9,14 +9,14 @@ from typing import Any
 from typer.testing import CliRunner
 
 from tests.decode_keys import decode_run_key, lightllm_lookup, lightllm_static_key
-from tests.test_formats import ENV
+from tests.unit.test_formats import ENV
 from tunectl.cli import app
 from tunectl.core.plan import plan
 from tunectl.core.spec import load_spec
 from tunectl.runtime import load_bundle
 from tunectl.store.bundle import TaskTable, build_files, publish_local
 
-SPEC = Path(__file__).resolve().parents[1] / "configs" / "lightllm" / "flash_decode.toml"
+SPEC = Path(__file__).resolve().parents[2] / "configs" / "lightllm" / "flash_decode.toml"
 LIGHTLLM_STATIC_KEY = lightllm_static_key(page_size=128)  # bf16, 32/8 heads, d128, page 128, causal
 
 

@@ -23,7 +23,7 @@ from tunectl.tasks.compile import cache_env
 from tunectl.tasks.flash_decode import BACKEND_DEFAULTS, FlashDecode
 
 torch = pytest.importorskip("torch")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def wrapper_init(float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False, use_tensor_cores=False,

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from tunectl.cli import app
 from tunectl.core.spec import load_spec
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 IMAGE_ROOT = "/home/ray/tunectl/"  # where deploy/Dockerfile puts the repository
 

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from tests.test_faults import raw_row_count
-from tests.test_faults_driver import _InterruptedAt
-from tests.test_refine import _spec, answer, drive, work_of
+from tests.integration.test_faults import raw_row_count
+from tests.integration.test_faults_driver import _InterruptedAt
+from tests.unit.test_refine import _spec, answer, drive, work_of
 from tunectl.cli import app
 from tunectl.core.buckets import make_bucketer
 from tunectl.core.errors import UserError

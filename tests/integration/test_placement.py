@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import local_cluster
-from tests.test_faults import assert_one_row_per_item, planned_ids, write_spec
+from tests.integration.test_faults import assert_one_row_per_item, planned_ids, write_spec
 from tunectl.core.errors import UserError
 from tunectl.core.record import Record
 from tunectl.orchestrator.submit import submit

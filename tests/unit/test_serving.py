@@ -15,7 +15,7 @@ import pytest
 
 from tunectl.store.bundle import LocalStore, TaskTable, build_files, promote, publish_local
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SERVING = ROOT / "deploy" / "serving"
 MODEL = {"dtype": "float32", "num_q_heads": 8, "num_kv_heads": 2, "head_dim": 64, "page_size": 16}
 HEAVY = ("ray", "pyarrow", "torch", "typer", "rich", "numpy")
