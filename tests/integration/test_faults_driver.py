@@ -160,19 +160,6 @@ def test_a_driver_killed_while_compile_processes_build_resumes_to_one_row_per_it
     assert {r.status for r in rows} == {"ok"}
 
 
-def test_a_cancel_is_recorded_cancelled_even_when_it_arrives_as_a_plain_interrupt() -> None:
-    from tunectl.orchestrator import submit as orchestration
-
-    orchestration._cancel_requested.clear()
-    assert orchestration._stopped_state(KeyboardInterrupt()) == "interrupted"
-    with pytest.raises(orchestration.RunCancelled):
-        orchestration.request_cancel()
-    try:  # a library (Ray inside ray.wait) may re-raise the cancel as a plain KeyboardInterrupt
-        assert orchestration._stopped_state(KeyboardInterrupt()) == "cancelled"
-    finally:
-        orchestration._cancel_requested.clear()
-
-
 class _LosesAnItem(FixedItems):
     """Fixed work with a fault on the driver's side: the first item it hands out never reaches a worker."""
 

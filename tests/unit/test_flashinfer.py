@@ -1,5 +1,5 @@
-"""The FlashInfer decode backend: its arguments, config rules, compile key and cache, on CPU; the kernel
-against the reference on a GPU (``gpu`` marker).
+"""The FlashInfer decode backend: its arguments, config rules, compile key and cache, on CPU (the kernel
+against the reference on a GPU: tests/gpu/test_gpu_flashinfer.py).
 
 FlashInfer is not installed in CI, so the mapping is bound to the signatures FlashInfer 0.7.2.post1
 declares (flashinfer/decode.py, ``BatchDecodeWithPagedKVCacheWrapper.__init__`` and the keyword
@@ -276,40 +276,3 @@ def test_serving_gets_the_plan_options_and_what_to_make_the_wrapper_with() -> No
     assert tuned.kwargs == {"fixed_split_size": 16} and tuned.requires["use_tensor_cores"] is True
     arrays = _arrays(_inputs())
     _bind(wrapper_plan, {**fi.plan_kwargs(STATIC, {}, **arrays), **tuned.kwargs})  # plan() takes them
-
-
-# -- on a GPU ------------------------------------------------------------------------------------------
-
-GPU_STATIC = {**STATIC, "head_dim": 128, "num_q_heads": 32, "num_kv_heads": 8}
-GPU_CONFIGS = [
-    {"backend": "flashinfer"},
-    {"backend": "flashinfer", "use_tensor_cores": True},
-    {"backend": "flashinfer", "use_tensor_cores": True, "fixed_split_size": 4},
-    {"backend": "flashinfer", "use_tensor_cores": True, "disable_split_kv": True},
-    {"backend": "flashinfer", "kv_layout": "HND"},
-]
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("variant", [{}, {"window": (300, 0)}, {"softcap": 30.0}, {"page_size": 128}])
-@pytest.mark.parametrize("config", GPU_CONFIGS, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
-def test_flashinfer_matches_the_reference_eagerly_and_replayed_in_a_cuda_graph(
-    config: dict[str, Any], variant: dict[str, Any]
-) -> None:
-    from tunectl.measure.timing import make_sampler
-    from tunectl.tasks.base import DTYPE_TOLERANCE
-
-    static, shape = {**GPU_STATIC, **variant}, {"batch": 4, "kv_len": 2000, "q_len": 1}
-    task = FlashDecode()
-    inputs = task.build_inputs(static, shape, "cuda")
-    ref = task.reference(static, shape, inputs)
-    call = task.prepare(static, shape, config, inputs)
-    atol, rtol = DTYPE_TOLERANCE[static["dtype"]]
-    torch.testing.assert_close(call().float(), ref.float(), atol=atol, rtol=rtol)
-    sample = make_sampler(call, "cuda", "graph", "cold")  # captures run() alone, as serving replays it
-    out = call()
-    out.zero_()  # the graph writes the same buffer: only a replay can refill it now
-    assert sample() > 0
-    torch.cuda.synchronize()
-    torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=rtol)
