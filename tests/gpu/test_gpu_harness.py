@@ -1,4 +1,4 @@
-"""The timing harness and the NVML readings on a GPU (their logic on CPU: tests/unit/test_nvml_readings.py)."""
+"""The timing harness and the NVML readings on a GPU (their logic: tests/unit/test_nvml_readings.py)."""
 
 from __future__ import annotations
 

@@ -59,7 +59,7 @@ def test_a_comparison_at_an_untuned_point_leaves_the_inputs_as_built_and_checks_
 
     from tunectl.tasks.registry import get_task
 
-    static = flash_static(page_size=128)
+    static = flash_static(page_size=128, num_q_heads=4, num_kv_heads=2, head_dim=16)  # small: a CPU's sdpa
     shape = {"batch": 14, "kv_len": 1452, "q_len": 1}
     arms = [
         {"backend": "sdpa"},
