@@ -93,6 +93,39 @@ def test_limits_are_exclusive(tmp_path: Path) -> None:
     assert (shape.long_modules, shape.long_functions) == ([], [])
 
 
+KERNEL = """
+import triton
+
+
+@triton.jit
+def _kernel(x):
+    pass
+
+
+CONFIGS = [1, 2]  # fmt: skip
+"""
+
+
+def test_format_skips_count_outside_kernel_files_only(tmp_path: Path) -> None:
+    _tree(tmp_path, long_function_lines=1, module_lines=1)
+    (tmp_path / "tunectl" / "kernel.py").write_text(KERNEL)
+    (tmp_path / "tunectl" / "plain.py").write_text('X = [1, 2]  # fmt: skip\nY = "# fmt: skip"\n')
+    shape = code_shape.measure(tmp_path, "tunectl", label="made")
+    assert shape.format_skips == ["tunectl/plain.py:1"]  # a comment, not a string; not in the kernel file
+    assert shape.over_limits()
+    (tmp_path / "tunectl" / "plain.py").write_text("X = [1, 2]\n")
+    assert not code_shape.measure(tmp_path, "tunectl", label="made").over_limits()
+
+
+def test_check_exits_1_on_a_tree_over_its_limits(tmp_path: Path) -> None:
+    script = ROOT / "benchmarks" / "code_shape.py"
+    tree = ROOT / "benchmarks"  # inside the repository, measured against its pyproject.toml
+    done = subprocess.run([sys.executable, str(script), str(tree), "--check"], capture_output=True, text=True)
+    over = code_shape.measure(ROOT, "benchmarks", label="now").over_limits()
+    assert done.returncode == (1 if over else 0), done.stderr
+    assert "| `# fmt: skip` outside kernel files |" in done.stdout
+
+
 def _git(repo: Path, *args: str) -> None:
     subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
 
