@@ -16,6 +16,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Ray prints a usage-stats banner and a dashboard warning otherwise.
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# The cost model's calls report their cost rather than sleep it, here and in every Ray worker and
+# driver started from here: decisions made from its times are the same on a busy machine.
+os.environ.setdefault("TUNECTL_SIMULATED_COSTS", "1")
 
 
 @pytest.fixture(scope="session")

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
+
 from tunectl.core.spec import MeasureSpec
-from tunectl.measure.harness import interleave, measure, scaled
+from tunectl.measure.harness import cpu_sampler, interleave, measure, scaled
+from tunectl.measure.timing import stack_sampler
+from tunectl.tasks.cost_model import SIMULATED_ENV, CostModel
 
 
 class Clock:
@@ -52,3 +56,27 @@ def test_interleave_times_every_config_in_every_round_in_a_seeded_order() -> Non
     again, log2 = Clock(), []
     interleave([again.sampler(n, log2) for n in "abc"], 5, settings, seed=7, clock=lambda: again.now)
     assert log2 == log, "the same seed gives the same order"
+
+
+def test_a_simulated_call_is_timed_by_the_cost_it_reports_alone_and_in_a_stack() -> None:
+    calls: list[str] = []
+
+    def call() -> None:
+        calls.append("called")
+
+    call.simulated_us = 250.0  # type: ignore[attr-defined]
+    assert [cpu_sampler(call)() for _ in range(3)] == [250.0] * 3 and len(calls) == 3
+    assert stack_sampler([call, call], "cpu", "eager")() == 500.0 and len(calls) == 5
+
+
+def test_the_cost_model_reports_its_cost_when_simulated_and_sleeps_it_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    task, shape = CostModel(), {"batch": 8, "kv_len": 2048}
+    config = task.complete_config({"fixed_ms": 0.5, "per_kv_ms": 0.25})
+    inputs = task.build_inputs({"capacity": 1 << 20}, shape, "cpu")
+    monkeypatch.setenv(SIMULATED_ENV, "1")
+    call = task.prepare({"capacity": 1 << 20}, shape, config, inputs)
+    assert call.simulated_us == 1000.0 and call() is inputs["x"]  # type: ignore[attr-defined]
+    monkeypatch.delenv(SIMULATED_ENV)
+    assert not hasattr(task.prepare({"capacity": 1 << 20}, shape, config, inputs), "simulated_us")

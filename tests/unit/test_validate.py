@@ -53,7 +53,7 @@ def test_a_stack_times_each_call_per_layer() -> None:
     # what the assertions allow
     default, slow = _compare((DEFAULT, SLOW), phase="validate", layers=3, rounds=6)
     assert default.layers == slow.layers == 3 and slow.phase == "validate"
-    assert slow.median_us is not None and 900 <= slow.median_us < 5000, "per layer: one 1 ms call"
+    assert slow.median_us is not None and slow.median_us >= 900, "per layer: one 1 ms sleep, never shorter"
     assert slow.speedup is not None and slow.speedup < 0.1, "a 1 ms call against a no-op"
     assert slow.speedup_hi is not None and slow.speedup_hi < 0.5
 
