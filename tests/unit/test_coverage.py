@@ -1,6 +1,6 @@
 """Export after refinement: refined points become entries, every cell maps to one, the margin holds.
 
-Results come from the simulated device of tests/test_refine.py (true times of the cost model task),
+Results come from the simulated device of tests/unit/test_refine.py (true times of the cost model task),
 written to a results directory as a run would write them; export and lookup are the real ones.
 """
 

@@ -2,7 +2,7 @@
 
 The cost model task (tunectl/tasks/cost_model.py) says what each config costs at each shape, so where the
 winner changes is known: the per-batch config beats the default below batch 20. These tests play
-the dispatcher, as tests/test_search.py does: take the items the work asks for, answer each with the
+the dispatcher, as tests/unit/test_search.py does: take the items the work asks for, answer each with the
 record a device would give (its true time, 1 % noise), and feed them back.
 """
 
