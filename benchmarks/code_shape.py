@@ -10,13 +10,18 @@ For a tree (default ``tunectl/``) it counts and lists:
   or written, such as ``row["median_us"]``; a record read by attribute (``record.median_us``) is not;
 - imports that run back up the ``layers`` contract of the import-linter settings in the tree's
   ``pyproject.toml``: an import statement (at module level or inside a function) in a module of one
-  layer naming a module of a higher layer. Modules of no layer are not counted.
+  layer naming a module of a higher layer. Modules of no layer are not counted;
+- ``# fmt: skip`` comments outside kernel files (a kernel file defines a ``@triton.jit`` function):
+  limits are met at seams, not by switching the formatter off.
+
+``--check`` exits 1 where this checkout's tree has a module over 400 lines, a function over 40 lines
+or a ``# fmt: skip`` outside a kernel file (the limits CI can hold a tree to).
 
 ``--ref GIT_REF`` measures that commit too (its tree and its own ``pyproject.toml``, unpacked with
 ``git archive`` into a temporary folder) and prints the two side by side, the ref first, then this
 checkout's working tree.
 
-    python benchmarks/code_shape.py [TREE] [--ref GIT_REF]
+    python benchmarks/code_shape.py [TREE] [--ref GIT_REF] [--check]
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import tokenize
 import tomllib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -51,6 +57,11 @@ class Shape:
     long_functions: list[str] = field(default_factory=list)
     row_subscripts: list[str] = field(default_factory=list)
     upward_imports: list[str] = field(default_factory=list)
+    format_skips: list[str] = field(default_factory=list)
+
+    def over_limits(self) -> bool:
+        """Whether the tree breaks a limit ``--check`` holds it to."""
+        return bool(self.long_modules or self.long_functions or self.format_skips)
 
 
 MEASURES = (
@@ -58,6 +69,7 @@ MEASURES = (
     (f"functions over {MAX_FUNCTION_LINES} lines", "long_functions"),
     ("result rows read by field name", "row_subscripts"),
     ("imports up the layers", "upward_imports"),
+    ("`# fmt: skip` outside kernel files", "format_skips"),
 )
 
 
@@ -79,6 +91,8 @@ def measure(root: Path, tree: str, *, label: str) -> Shape:
             shape.long_modules.append(f"{where}: {num_lines}")
         shape.long_functions += [f"{where}:{line} {name}: {n}" for line, name, n in long_functions(module)]
         shape.row_subscripts += [f"{where}:{line} {text}" for line, text in row_subscripts(module, fields)]
+        if not is_kernel_file(module):
+            shape.format_skips += [f"{where}:{line}" for line in format_skips(sources[path])]
         name = module_name(root, path)
         is_package = path.name == "__init__.py"
         for line, target in imports_of(module, name, is_package=is_package, modules=modules):
@@ -166,6 +180,23 @@ def _functions(node: ast.AST, prefix: str) -> Iterator[tuple[ast.FunctionDef | a
             yield from _functions(child, prefix + child.name + ".")
         else:
             yield from _functions(child, prefix)
+
+
+def is_kernel_file(module: ast.Module) -> bool:
+    """Whether the module defines a kernel: a function decorated ``@triton.jit`` (or ``@jit``)."""
+    for node in ast.walk(module):
+        if isinstance(node, ast.FunctionDef):
+            for deco in node.decorator_list:
+                target = deco.func if isinstance(deco, ast.Call) else deco
+                if ast.unparse(target).split(".")[-1] == "jit":
+                    return True
+    return False
+
+
+def format_skips(source: str) -> list[int]:
+    """The lines of ``# fmt: skip`` comments (comments only: not the words inside a string)."""
+    tokens = tokenize.generate_tokens(io.StringIO(source).readline)
+    return [t.start[0] for t in tokens if t.type == tokenize.COMMENT and t.string.strip() == "# fmt: skip"]
 
 
 def row_subscripts(module: ast.Module, fields: frozenset[str]) -> list[tuple[int, str]]:
@@ -291,6 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("tree", nargs="?", default="tunectl", help="folder to measure (default: tunectl)")
     parser.add_argument("--ref", help="also measure this commit, and print the two side by side")
+    parser.add_argument("--check", action="store_true", help="exit 1 if this checkout's tree breaks a limit")
     args = parser.parse_args(argv)
     repo = Path(__file__).resolve().parents[1]
     try:
@@ -301,7 +333,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"code_shape: {exc}", file=sys.stderr)
         return 2
     print(report(shapes))
-    return 0
+    return 1 if args.check and shapes[-1].over_limits() else 0
 
 
 def _tree_in(repo: Path, tree: str) -> str:

@@ -107,8 +107,8 @@ tune_then_check() {  # tune_step $1 $2 $3, then check_bundle once the run finish
 }
 case "${1:?step}" in
   smoke)
-    timeout 300 python -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_kernels.py \
-      tests/test_gpu_sampler_methods.py tests/test_gpu_harness.py tests/test_gpu_comparisons.py 2>&1 | tail -n 25 | tee "$OUT/gpu-tests.txt"
+    timeout 300 python -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_gpu_kernels.py \
+      tests/gpu/test_gpu_sampler_methods.py tests/gpu/test_gpu_harness.py tests/gpu/test_gpu_comparisons.py 2>&1 | tail -n 25 | tee "$OUT/gpu-tests.txt"
     timeout 200 python benchmarks/sampler_methods.py 2>&1 | tail -n 60 | tee "$OUT/sampler_methods.md"
     ;;
   drift)

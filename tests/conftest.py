@@ -1,4 +1,6 @@
-"""Shared fixtures. Ray fixtures start real (local) Ray instances; each is module-scoped."""
+"""Shared fixtures of every tier. ``ray_two_gpus`` is one real local Ray instance per session (per
+xdist worker), shared by the tests that ask for it; ``local_cluster`` starts a multi-node cluster of
+its own for a block."""
 
 from __future__ import annotations
 
@@ -14,20 +16,37 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Ray prints a usage-stats banner and a dashboard warning otherwise.
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# The cost model's calls report their cost rather than sleep it, here and in every Ray worker and
+# driver started from here: decisions made from its times are the same on a busy machine.
+os.environ.setdefault("TUNECTL_SIMULATED_COSTS", "1")
 
 
-@pytest.fixture(scope="module")
-def ray_two_gpus() -> Iterator[None]:
-    """A local Ray instance with 2 logical GPUs and 2 CPUs (the GPUs are for scheduling only)."""
+@pytest.fixture(scope="session")
+def _shared_ray() -> Iterator[dict[str, str]]:
+    """The session's local Ray instance, once started: its GCS address under "address"."""
+    started: dict[str, str] = {}
+    yield started
+    if started:
+        import ray
+
+        ray.shutdown()
+
+
+@pytest.fixture
+def ray_two_gpus(_shared_ray: dict[str, str]) -> None:
+    """A local Ray instance with 2 logical GPUs and 2 CPUs (the GPUs are for scheduling only).
+
+    Started once per session and shared: a run stops its workers and placement groups when it ends,
+    so the next test finds the instance as new. Started again after a test connected elsewhere (a
+    ``local_cluster`` block shuts Ray down when it ends)."""
     import ray
 
+    if ray.is_initialized() and ray.get_runtime_context().gcs_address == _shared_ray.get("address"):
+        return
     if ray.is_initialized():
         ray.shutdown()
     ray.init(address="local", num_cpus=2, num_gpus=2, include_dashboard=False, logging_level="ERROR")
-    try:
-        yield
-    finally:
-        ray.shutdown()
+    _shared_ray["address"] = ray.get_runtime_context().gcs_address
 
 
 @contextmanager

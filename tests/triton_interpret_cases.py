@@ -1,7 +1,7 @@
 """The triton decode backend in Triton's CPU interpreter: run as ``python -m tests.triton_interpret_cases``.
 
 The interpreter is chosen when triton is first imported (``TRITON_INTERPRET=1``), so these cases run in
-a process of their own (tests/test_flash_decode_triton.py starts it). Each case prepares one config
+a process of their own (tests/kernels/test_flash_decode_triton.py starts it). Each case prepares one config
 through the task, runs it and compares it with the task's reference; one JSON line per case.
 """
 

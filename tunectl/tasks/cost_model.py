@@ -12,10 +12,17 @@ winner changes between tuned points. One with ``fixed_ms = 0.5, unaligned_ms = 1
 wins at every tuned batch that is a multiple of 8 and loses at the batches between: a kernel whose
 tiles or waves fit exactly at round sizes only. ``capacity`` (static) is the largest ``batch * kv_len`` a
 point may have; a point above it is refused, as a KV cache that does not fit is.
+
+With ``TUNECTL_SIMULATED_COSTS=1`` in the environment of the processes that measure (the tests set it),
+a call does not sleep: it reports its cost as ``simulated_us``, and the CPU sampler takes that for its
+time (``tunectl.measure.harness.cpu_sampler``). A fake clock for the timing only: the records, the
+statistics and every decision made from them are computed as for a sleeping call, without the noise a
+busy machine adds to a sleep.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
@@ -24,6 +31,7 @@ from tunectl.core.params import Rule
 from tunectl.tasks.base import Params, Task
 
 _TERMS = ("fixed_ms", "per_batch_ms", "per_kv_ms", "unaligned_ms")
+SIMULATED_ENV = "TUNECTL_SIMULATED_COSTS"
 
 
 class CostModel(Task):
@@ -67,6 +75,13 @@ class CostModel(Task):
     ) -> Callable[[], Any]:
         seconds = cost_ms(config, shape) / 1e3
         x = inputs["x"]
+        if os.environ.get(SIMULATED_ENV) == "1":
+
+            def reported() -> Any:
+                return x
+
+            reported.simulated_us = seconds * 1e6  # type: ignore[attr-defined]
+            return reported
 
         def call() -> Any:
             time.sleep(seconds)

@@ -2,7 +2,7 @@
 before records carried typed fields and runs carried plan-time facts.
 
 Run with that version's sources first on the path (``PYTHONPATH=<0.1.0 sources> python make.py OUT``);
-the files it writes are checked in beside it, and tests/test_compat.py reads them with this version.
+the files it writes are checked in beside it, and tests/unit/test_compat.py reads them with this version.
 """
 
 from __future__ import annotations

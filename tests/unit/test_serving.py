@@ -1,0 +1,142 @@
+"""The serving side: a light install, the example server, and the image that ships it."""
+
+from __future__ import annotations
+
+import email
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tunectl.store.bundle import LocalStore, TaskTable, build_files, promote, publish_local
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVING = ROOT / "deploy" / "serving"
+MODEL = {"dtype": "float32", "num_q_heads": 8, "num_kv_heads": 2, "head_dim": 64, "page_size": 16}
+HEAVY = ("ray", "pyarrow", "torch", "typer", "rich", "numpy")
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Path:
+    """A decode_attention bundle for the server's model, promoted to stable."""
+    entries = tuple(
+        {
+            "static": MODEL,
+            "shape": {"batch": b, "kv_len": 2048},
+            "config": {"num_splits": s, "gqa": "grouped"},
+        }
+        for b, s in ((1, 1), (4, 4), (16, 8))
+    )
+    shapes = {
+        "batch": {"policy": "pow2", "points": [1, 4, 16]},
+        "kv_len": {"policy": "ceil", "points": [2048]},
+    }
+    table = TaskTable("decode_attention", tuple(MODEL), shapes, entries)
+    root = tmp_path / "bundles"
+    publish_local(root, "serve", "1", build_files("serve", "1", [table], ["r1"], {"device_kind": "cpu"}))
+    promote(LocalStore(root), "serve", "1", "stable")
+    return root
+
+
+def serve(bundle: str, policy: str = "warn", **env: str) -> subprocess.CompletedProcess[str]:
+    environ = {**os.environ, "TUNECTL_BUNDLE": bundle, "TUNECTL_ENV_POLICY": policy, **env}
+    cmd = [sys.executable, str(SERVING / "serve.py"), "--steps", "6"]
+    return subprocess.run(cmd, capture_output=True, text=True, env=environ, cwd=ROOT, timeout=120)
+
+
+def test_the_server_loads_the_channel_logs_it_and_decodes_with_it(store: Path) -> None:
+    done = serve(f"{store}/serve@stable")
+    assert done.returncode == 0, done.stderr
+    log = done.stderr
+    assert "loaded bundle serve/1 (channel stable)" in log and "task decode_attention: 3 entries" in log
+    assert "step 1 batch=3 kv_len=1001 tuned {'num_splits': 4, 'gather': 'index', 'gqa': 'grouped'}" in log
+    assert "served 6 steps: 5 tuned, 1 on defaults" in log  # batch 2 has no pow2 bucket: default
+
+
+def test_a_corrupt_bundle_never_stops_the_server(store: Path) -> None:
+    (store / "serve/1/tables/decode_attention.json").write_text("[]")
+    done = serve(f"{store}/serve@stable")
+    assert done.returncode == 0, done.stderr
+    assert (
+        "does not match its checksum" in done.stderr and "decoding with the kernel's defaults" in done.stderr
+    )
+    assert "served 6 steps: 0 tuned, 6 on defaults" in done.stderr
+
+
+def test_strict_refuses_a_bundle_from_another_machine_before_serving(store: Path) -> None:
+    done = serve(f"{store}/serve@stable", policy="strict", TUNECTL_DEVICE_NAME="NVIDIA H200")
+    assert done.returncode == 3
+    assert "refusing to serve" in done.stderr and "step 0" not in done.stderr
+
+
+def test_the_base_install_is_the_runtime_and_the_standard_library(tmp_path: Path, store: Path) -> None:
+    """`pip install .` without extras, as the serving image does, in a copy of the sources."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    shutil.copytree(ROOT / "tunectl", src / "tunectl", ignore=shutil.ignore_patterns("__pycache__"))
+    target = tmp_path / "site"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(target),
+            str(src),
+        ],
+        check=True,
+        capture_output=True,
+        cwd=tmp_path,
+    )
+    meta = email.message_from_string(
+        next(target.glob("tunectl-*.dist-info")).joinpath("METADATA").read_text()
+    )
+    base = [r for r in meta.get_all("Requires-Dist") or [] if "extra ==" not in r]
+    assert base == [], f"the base install pulls in {base}"
+    importable = sorted(p.stem for p in target.iterdir() if (p / "__init__.py").exists() or p.suffix == ".py")
+    assert importable == ["tunectl"], f"top-level packages beside tunectl in a serving image: {importable}"
+    code = f"""
+import json, sys
+sys.path.insert(0, {str(target)!r})
+from tunectl.runtime import load_bundle
+from tunectl.runtime import adapters
+b = load_bundle({f"{store}/serve@stable"!r})
+call = adapters.call(b, "decode_attention", **{MODEL!r}, batch=3, kv_len=100)
+print(json.dumps({{"kwargs": call.kwargs, "from": b.__class__.__module__.split(".")[0],
+                  "modules": sorted({{m.split(".")[0] for m in sys.modules}})}}))
+"""
+    out = subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got["kwargs"] == {"num_splits": 4, "gather": "index", "gqa": "grouped"}
+    assert [m for m in got["modules"] if m not in sys.stdlib_module_names and m != "__main__"] == ["tunectl"]
+
+
+def test_the_image_installs_the_base_package_and_runs_the_server() -> None:
+    dockerfile = (SERVING / "Dockerfile").read_text()
+    steps = [
+        line.split(None, 1)
+        for line in dockerfile.replace("\\\n", " ").splitlines()
+        if line and line[0] != "#"
+    ]
+    runs = " ".join(arg for op, arg in steps if op == "RUN")
+    installs = [set(args.split()) for args in re.findall(r"pip install ([^&]*)", runs)]
+    assert {"."} in [i & {".", ".[tune]", ".[dev]"} for i in installs]  # tunectl itself, without extras
+    assert not any(pkg.split("=")[0] in ("ray", "pyarrow", "typer", "rich") for i in installs for pkg in i)
+    for op, arg in steps:
+        if op == "COPY":
+            *sources, _ = arg.split()
+            assert all((ROOT / s).exists() for s in sources), arg
+    entry = json.loads(next(arg for op, arg in steps if op == "ENTRYPOINT"))
+    assert entry[-1] == "/srv/serve.py" and "COPY deploy/serving/serve.py ./serve.py" in dockerfile
