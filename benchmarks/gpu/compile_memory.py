@@ -7,7 +7,8 @@ builds left), the peak this process allocated and reserved, and the peak the who
 (polled, so a package's check in a process of its own counts). With ``--trace``, the largest
 allocations of each build are listed with where they were made.
 
-    python benchmarks/compile_memory.py --page 16 --points 16x16384,32x16384,64x16384 --out /tmp/compile-mem
+    python benchmarks/gpu/compile_memory.py --page 16 --points 16x16384,32x16384,64x16384 \
+        --out /tmp/compile-mem
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ guard's probes and looks, the samples themselves, the device-state reads, the re
 With ``--cache`` pointing at a run's compile cache (``tunectl submit --compile-cache``) the kernels load
 as a worker's would; without it they compile here, and loading dominates.
 
-    python benchmarks/item_cost.py configs/h200/flex_prefill.toml --cache /tmp/fleet-x/cache-prefill-1
-    python benchmarks/item_cost.py configs/quickstart.toml      # on the CPU
+    python benchmarks/costs/item_cost.py configs/h200/flex_prefill.toml --cache /tmp/fleet-x/cache-prefill-1
+    python benchmarks/costs/item_cost.py configs/quickstart.toml      # on the CPU
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 #: (part, module path suffix, function): cumulative time of each, over all the items. (Not the item's
 #: whole call or its first kernel call: loading a kernel resets the profiler's view of the frames

@@ -1,16 +1,16 @@
 """Does a fleet tune faster? Real sweeps on 1 and N GPUs of one host, compile interference, and a
 simulation of larger fleets fed with the per-item times those sweeps recorded.
 
-    python benchmarks/fleet.py sweeps --out DIR [--grids decode prefill] [--gpus 2 1]
+    python benchmarks/costs/fleet.py sweeps --out DIR [--grids decode prefill] [--gpus 2 1]
         each grid on N GPUs and on 1, back to back, first with empty compile caches (cold), then again
         with the caches the cold run left (warm); a Markdown table and DIR/sweeps.json
-    python benchmarks/fleet.py interference --out DIR
+    python benchmarks/costs/fleet.py interference --out DIR
         the same decode configs timed with compile processes idle, busy compiling a FlexAttention
         grid on the same GPU, and idle again: busy / idle per config against the noise
-    python benchmarks/fleet.py simulate --sweeps DIR/sweeps.json
+    python benchmarks/costs/fleet.py simulate --sweeps DIR/sweeps.json
         8, 32 and 128 GPUs over 1-16 nodes: workers that compile for themselves (before) against
         compile processes per node (now), fed with the recorded per-item times
-    python benchmarks/fleet.py table --sweeps DIR/sweeps.json   # the sweeps' table again
+    python benchmarks/costs/fleet.py table --sweeps DIR/sweeps.json   # the sweeps' table again
 
 Run on the GPU host from the project root (sweeps and interference need GPUs; simulate does not).
 """
@@ -29,7 +29,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 GRIDS = {
     "decode": "configs/h200/flash_decode_page256.toml",
     "prefill": "configs/h200/flex_prefill.toml",
@@ -367,7 +367,7 @@ def cmd_agree(args: argparse.Namespace) -> None:
 
 def cmd_simulate(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(ROOT))
-    from benchmarks.fleet_model import simulate_table
+    from benchmarks.costs.fleet_model import simulate_table
 
     runs = json.loads(Path(args.sweeps).read_text())
     print(simulate_table(runs, builders_per_gpu=args.builders_per_gpu, items_per_gpu=args.items_per_gpu))

@@ -15,7 +15,7 @@ first, and flash-attn-4 and FlexAttention decode through ``flash_decode``'s prep
 and 1 x 32768 tokens, page 128 (the H200 spec's static parameters), with the fa4/Flex ratio per
 method.
 
-    python benchmarks/sampler_methods.py [--device cuda:0] [--seconds 0.3]   # under 3 minutes on an H200
+    python benchmarks/gpu/sampler_methods.py [--device cuda:0] [--seconds 0.3]   # under 3 minutes on an H200
 
 Rows print as they are measured (the copies first, then the decode kernels, whose first call compiles).
 """
@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tunectl.core.spec import MeasureSpec, load_spec
 from tunectl.measure.difference import FLUSH, cuda_difference_sampler
@@ -40,7 +40,7 @@ COPY_US = (10, 20, 40, 100, 400, 2000)
 POINTS = ({"batch": 2, "kv_len": 3000, "q_len": 1}, {"batch": 1, "kv_len": 32768, "q_len": 1})
 BACKENDS = ("fa4", "flex")
 METHODS = ("replay", "difference, write flush", "difference, read flush", "do_bench")
-SPEC = Path(__file__).resolve().parents[1] / "configs" / "h200" / "flash_decode.toml"
+SPEC = Path(__file__).resolve().parents[2] / "configs" / "h200" / "flash_decode.toml"
 
 
 def time_methods(fn: Callable[[], Any], device: str, settings: MeasureSpec) -> dict[str, float]:

@@ -1,13 +1,13 @@
 """What limits the probed bundles at held-out shapes, read from the recorded H200 decode runs (no GPU).
 
     tar xzf benchmarks/results/h200_results.tar.gz -C /tmp
-    PYTHONPATH=. python benchmarks/holdout_offline.py rules    # other rules for choosing a probed cell
-    PYTHONPATH=. python benchmarks/holdout_offline.py denser   # every other seed's shapes as probes too
-    PYTHONPATH=. python benchmarks/holdout_offline.py waves    # the default Triton kernel's second wave
+    PYTHONPATH=. python benchmarks/studies/holdout_offline.py rules  # other rules for choosing a probed cell
+    PYTHONPATH=. python benchmarks/studies/holdout_offline.py denser # every other seed's shapes as probes too
+    PYTHONPATH=. python benchmarks/studies/holdout_offline.py waves  # the Triton default's second wave
 
 Each bundle is exported from the page's refined dense grid and its probe run, as
 ``h200-decode-dense-refined-probed-p{128,16}`` was, then scored on the holdout runs of seeds 1-7
-(``benchmarks/holdout_table.py``'s reading: pick / oracle from each run's interleaved comparison).
+(``benchmarks/studies/holdout_table.py``'s reading: pick / oracle from each run's interleaved comparison).
 
 - ``rules``: the probed cells chosen by another rule than the least worst loss over the cell's sites:
   the least geometric-mean loss, the least product of the two, each with and without the point's winner kept
@@ -38,7 +38,7 @@ from typer.testing import CliRunner
 
 import tunectl.decide.probes as probes
 import tunectl.formats.export as export
-from benchmarks.holdout_table import holdout_of
+from benchmarks.studies.holdout_table import holdout_of
 from tunectl.cli import app
 from tunectl.core.keys import Key, key_dict, make_key, value_order
 from tunectl.core.record import Phase, Record

@@ -1,6 +1,6 @@
 """What the serving runtime costs: one lookup, and loading (with verification) a large bundle.
 
-    python benchmarks/bench_runtime.py [--entries 100000] [--rounds 21]
+    python benchmarks/costs/bench_runtime.py [--entries 100000] [--rounds 21]
 
 Lookup: the median over rounds of the mean time per call in a loop of calls, next to a plain dict
 lookup with a prebuilt key in the same run (the floor any lookup keyed by parameters pays on top of).
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from tunectl.runtime import load_bundle  # noqa: E402

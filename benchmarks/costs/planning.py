@@ -17,8 +17,8 @@ so it counts the plan and the issued items, not the interpreter and the imports.
 instance (one worker per core), stopped once ``--rows`` rows are written; it reports the seconds
 until dispatch began and until the first row, and the driver's peak resident set.
 
-    python benchmarks/planning.py --old eb61142
-    python benchmarks/planning.py --submit 10000000
+    python benchmarks/costs/planning.py --old eb61142
+    python benchmarks/costs/planning.py --submit 10000000
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SIZES = (10**4, 10**5, 10**6, 10**7)
 CONFIGS = 10  # per point: the default and nine per-batch cost models
 WORKERS = 8  # the lane's workers, which sets its look-ahead

@@ -15,8 +15,8 @@ Three fresh processes share one compile cache, as a run's compile processes and 
 Each config's row is printed, and medians over the configs after the first (whose load also pays the
 process's one-time costs) that built both ways.
 
-    python benchmarks/flex_load.py --device cuda [--cache DIR] [--json OUT.json]
-    python benchmarks/flex_load.py --device cpu
+    python benchmarks/costs/flex_load.py --device cuda [--cache DIR] [--json OUT.json]
+    python benchmarks/costs/flex_load.py --device cpu
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tunectl.tasks.compile import cache_env
 

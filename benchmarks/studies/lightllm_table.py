@@ -1,6 +1,6 @@
 """What each level of decode tuning is worth: LightLLM's choice, FA3's full search, every backend.
 
-    PYTHONPATH=. python benchmarks/lightllm_table.py --results RESULTS --grid RUN [--grid RUN ...] \
+    PYTHONPATH=. python benchmarks/studies/lightllm_table.py --results RESULTS --grid RUN [--grid RUN ...] \
         [--holdout RUN ...] [--out benchmarks/results/lightllm.md]
 
 Three choices per shape, all timed in the same runs on the same GPU:

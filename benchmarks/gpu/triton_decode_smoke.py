@@ -9,7 +9,7 @@ it: CUDA graphs, cold L2, the difference method (K x (flush, call) minus K flush
 Achieved bandwidth is the task's ``bytes_moved`` over the median; % roof is against ``--roof-tbps``.
 About a minute on an H200, most of it Triton compiles.
 
-    python benchmarks/triton_decode_smoke.py [--roof-tbps 4.3] [--baseline]   # --baseline: fa4 too
+    python benchmarks/gpu/triton_decode_smoke.py [--roof-tbps 4.3] [--baseline]   # --baseline: fa4 too
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tunectl.core.record import Timing
 from tunectl.core.spec import MeasureSpec, load_spec
@@ -30,7 +30,7 @@ from tunectl.tasks import _adapters_triton
 from tunectl.tasks.base import InvalidConfig
 from tunectl.tasks.flash_decode import FlashDecode
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # the H200 decode spec's static key, less the page size each run sets
 STATIC = {k: v for k, v in load_spec(ROOT / "configs/h200/flash_decode.toml").static_grid()[0]
           if k != "page_size"}  # fmt: skip

@@ -9,7 +9,7 @@ upper bound on what finals over those configs could choose. A point is *found* w
 on the same runs.
 
     pip install optuna scipy   # not tunectl's dependencies: this script only
-    python benchmarks/sampler_replay.py --results RESULTS --run GRID_RUN [--budget 0.2 --budget 0.3]
+    python benchmarks/studies/sampler_replay.py --results RESULTS --run GRID_RUN [--budget 0.2 --budget 0.3]
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tunectl.core.keys import key_from_text
 from tunectl.decide.select import task_selectable

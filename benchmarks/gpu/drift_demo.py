@@ -1,6 +1,6 @@
 """The drift guard against an induced slowdown: the same decode configs timed three times.
 
-    PYTHONPATH=. python benchmarks/drift_demo.py [--out DIR]      # on a GPU host, ~3 minutes
+    PYTHONPATH=. python benchmarks/gpu/drift_demo.py [--out DIR]      # on a GPU host, ~3 minutes
 
 1. undisturbed (the baseline);
 2. with a load process on the same GPU that, from ``--load-after`` seconds into the run, runs matrix

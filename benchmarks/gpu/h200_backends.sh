@@ -3,23 +3,23 @@
 # timing.md (samplers) and lightllm.md, in steps that each fit one 10-minute command on the GPU host
 # (run from the project root there, after stage.sh's bootstrap with flashinfer-python==0.7.2.post1 and
 # nvidia-cudnn-frontend staged). Results accumulate in $RES; each step leaves its output in $OUT.
-#   bash benchmarks/h200_backends.sh smoke       # GPU tests of the backends, the samplers side by side
-#   bash benchmarks/h200_backends.sh drift       # the drift guard against an induced load
-#   bash benchmarks/h200_backends.sh grid 16     # the decode grid at one page size (16, then 128)
-#   bash benchmarks/h200_backends.sh holdout 128 # export, then random untuned shapes measured
+#   bash benchmarks/gpu/h200_backends.sh smoke       # GPU tests of the backends, the samplers side by side
+#   bash benchmarks/gpu/h200_backends.sh drift       # the drift guard against an induced load
+#   bash benchmarks/gpu/h200_backends.sh grid 16     # the decode grid at one page size (16, then 128)
+#   bash benchmarks/gpu/h200_backends.sh holdout 128 # export, then random untuned shapes measured
 #     (HOLDOUT_SEED=s: other shapes; NAME=bundle: a bundle already in $RES/bundles; HOLDOUT_STEP=128:
 #     lengths on whole pages only)
-#   bash benchmarks/h200_backends.sh odd 128     # every config, item by item, at a length off the page
-#   bash benchmarks/h200_backends.sh refined 128 # the grid with refinement (again to resume), then holdout
+#   bash benchmarks/gpu/h200_backends.sh odd 128     # every config, item by item, at a length off the page
+#   bash benchmarks/gpu/h200_backends.sh refined 128 # the grid with refinement (again to resume), then holdout
 #     (REFINE_BUDGET points, 16; REFINE_SHORTLIST=k: refined points measure their neighbours' k fastest)
-#   bash benchmarks/h200_backends.sh dense 128   # a dense grid (16 batches x 6 lengths), then holdout
+#   bash benchmarks/gpu/h200_backends.sh dense 128   # a dense grid (16 batches x 6 lengths), then holdout
 #     (REFINE_BUDGET=n: refined from the dense grid, n points at most)
-#   bash benchmarks/h200_backends.sh probe 128   # a finished grid's cells probed inside their regions,
+#   bash benchmarks/gpu/h200_backends.sh probe 128   # a finished grid's cells probed inside their regions,
 #     then exported with the probes (RUN: the grid, default the newest finished dense grid of the page;
 #     PER_CELL, SHORTLIST: tunectl probe's options; PROBE_RESUME=RUN_ID finishes a stopped probe run)
-#   bash benchmarks/h200_backends.sh memory      # device memory of compile processes' builds, alone
-#     (benchmarks/compile_memory.py) and in a page-16 run at large points, polled per process
-#   bash benchmarks/h200_backends.sh tables      # h200.md and lightllm.md from everything in $RES
+#   bash benchmarks/gpu/h200_backends.sh memory      # device memory of compile processes' builds, alone
+#     (benchmarks/gpu/compile_memory.py) and in a page-16 run at large points, polled per process
+#   bash benchmarks/gpu/h200_backends.sh tables      # h200.md and lightllm.md from everything in $RES
 # VALIDATE_TIMEOUT bounds a holdout check; VALIDATE_RESUME=RUN_ID finishes one that a limit stopped.
 # DEADLINE (epoch seconds) bounds the refined and dense steps' tuning and every check together instead.
 set -uo pipefail
@@ -109,10 +109,10 @@ case "${1:?step}" in
   smoke)
     timeout 300 python -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_kernels.py \
       tests/test_gpu_sampler_methods.py tests/test_gpu_harness.py tests/test_gpu_comparisons.py 2>&1 | tail -n 25 | tee "$OUT/gpu-tests.txt"
-    timeout 200 python benchmarks/sampler_methods.py 2>&1 | tail -n 60 | tee "$OUT/sampler_methods.md"
+    timeout 200 python benchmarks/gpu/sampler_methods.py 2>&1 | tail -n 60 | tee "$OUT/sampler_methods.md"
     ;;
   drift)
-    timeout 280 python benchmarks/drift_demo.py --out /tmp/drift-demo 2>&1 | tail -n 50 | tee "$OUT/drift_demo.md"
+    timeout 280 python benchmarks/gpu/drift_demo.py --out /tmp/drift-demo 2>&1 | tail -n 50 | tee "$OUT/drift_demo.md"
     ;;
   grid)
     spec=$(page_spec "${2:?page}")
@@ -178,7 +178,7 @@ for f in json.load(open(sys.argv[1])): print(f['status'], f['config_key'], (f.ge
   memory)
     # Builds one after another at growing points, as one compile process makes them; then a real run
     # at the large page-16 points (every process's device memory polled each second, as in each submit).
-    timeout 150 python benchmarks/compile_memory.py --page 16 --out "$OUT/compile-mem" \
+    timeout 150 python benchmarks/gpu/compile_memory.py --page 16 --out "$OUT/compile-mem" \
       --points 16x16384,32x16384,64x16384,96x16384,128x16384 --configs '[{"backend": "flex"}]' 2>&1 | grep '^{'
     spec=$(page_spec 16)
     sed -i -E 's/^name = .*/name = "h200-memory-p16"/; s/^values = \[1, 4, 16, 64, 256\]/values = [32, 64, 96, 128]/; s/^values = \[1024, 8192, 32768\]/values = [8192, 16384]/' "$spec"
@@ -188,7 +188,7 @@ print(collections.Counter((f['status'], (f.get('message') or '')[:60]) for f in 
     save
     ;;
   tables)
-    python benchmarks/h200_report.py --results "$RES" --out "$OUT/h200.md"
+    python benchmarks/studies/h200_report.py --results "$RES" --out "$OUT/h200.md"
     save
     ;;
 esac

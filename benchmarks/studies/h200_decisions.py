@@ -1,8 +1,8 @@
 """Do the decisions hold? Reproducibility of winners, search cost, stacked validation — from results.
 
-    python benchmarks/h200_decisions.py --results RESULTS > benchmarks/results/h200_decisions.md
+    python benchmarks/studies/h200_decisions.py --results RESULTS > benchmarks/results/h200_decisions.md
 
-Reads every run in RESULTS (made by ``benchmarks/h200_session.sh``): grid runs of the same spec are
+Reads every run in RESULTS (made by ``benchmarks/gpu/h200_session.sh``): grid runs of the same spec are
 paired in start order for reproducibility; the first grid run of each spec is the ground truth for
 the search strategies' runs of that spec; validation runs are tabulated as ``tunectl validate``
 prints them.
@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import search_cost
 

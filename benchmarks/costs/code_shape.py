@@ -16,7 +16,7 @@ For a tree (default ``tunectl/``) it counts and lists:
 ``git archive`` into a temporary folder) and prints the two side by side, the ref first, then this
 checkout's working tree.
 
-    python benchmarks/code_shape.py [TREE] [--ref GIT_REF]
+    python benchmarks/costs/code_shape.py [TREE] [--ref GIT_REF]
 """
 
 from __future__ import annotations
@@ -292,7 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("tree", nargs="?", default="tunectl", help="folder to measure (default: tunectl)")
     parser.add_argument("--ref", help="also measure this commit, and print the two side by side")
     args = parser.parse_args(argv)
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     try:
         tree = _tree_in(repo, args.tree)
         shapes = [measure_ref(repo, args.ref, tree)] if args.ref else []

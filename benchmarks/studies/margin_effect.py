@@ -4,7 +4,7 @@ Unpacks ``benchmarks/results/h200_results.tar.gz`` (the Parquet results of the H
 each tuning run's winners as ``tunectl export bundle`` does with ``--margin 0`` and with the default
 ``--margin 0.02``, and prints, per run and in all, how many entries change config, and which:
 
-    python benchmarks/margin_effect.py [--archive PATH] [--margin 0.02]
+    python benchmarks/studies/margin_effect.py [--archive PATH] [--margin 0.02]
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from tunectl.store.results import read_results
 from tunectl.store.runs import list_runs
 
 HERE = Path(__file__).resolve().parent
-ARCHIVE = HERE / "results" / "h200_results.tar.gz"
+ARCHIVE = HERE.parent / "results" / "h200_results.tar.gz"
 
 
 def compare(root: Path, margin: float) -> list[str]:

@@ -1,6 +1,7 @@
 """Turn H200 tuning results into benchmarks/results/h200.md: winners, speedups, bandwidth, how to redo it.
 
-    PYTHONPATH=. python benchmarks/h200_report.py --results RESULTS_DIR [--out benchmarks/results/h200.md]
+    PYTHONPATH=. python benchmarks/studies/h200_report.py --results RESULTS_DIR \
+        [--out benchmarks/results/h200.md]
 
 Winners are the ones ``tunectl export bundle`` publishes (tunectl.decide.select). For flash_decode every
 backend's untuned call is in the spec (tunectl.tasks.flash_decode.BACKEND_DEFAULTS), so each winner is
@@ -35,13 +36,13 @@ REPRODUCE = """\
 # on the H200 host (Python 3.12, torch 2.11 + CUDA 13), with ray 2.60, flash-attn-4 4.0.0b36 and the
 # CUTLASS DSL 4.8.1, flash-attn 2.8.3 and flash-attn 3 built for SM90, FlashInfer 0.7.2.post1 with the
 # cuDNN frontend importable; then, from the project root:
-bash benchmarks/h200_backends.sh smoke        # pytest -m gpu (kernels, samplers); samplers side by side
-bash benchmarks/h200_backends.sh grid 16      # configs/h200/flash_decode.toml at page 16 (~4 min)
-bash benchmarks/h200_backends.sh grid 128     # the same at page 128
-bash benchmarks/h200_backends.sh drift        # the drift guard under an induced load
+bash benchmarks/gpu/h200_backends.sh smoke        # pytest -m gpu (kernels, samplers); samplers side by side
+bash benchmarks/gpu/h200_backends.sh grid 16      # configs/h200/flash_decode.toml at page 16 (~4 min)
+bash benchmarks/gpu/h200_backends.sh grid 128     # the same at page 128
+bash benchmarks/gpu/h200_backends.sh drift        # the drift guard under an induced load
 # earlier runs kept in the same dataset: configs/h200/flash_decode_page256.toml (two-GPU host) and
 # configs/h200/flex_prefill.toml, both timed by the replay method
-python benchmarks/h200_report.py --results RESULTS --before r20261129-225108-137a41 \\
+python benchmarks/studies/h200_report.py --results RESULTS --before r20261129-225108-137a41 \\
   --out benchmarks/results/h200.md
 ```
 Serving side: `tunectl.runtime.load_bundle(BUNDLE).lookup("flash_decode", causal=True,

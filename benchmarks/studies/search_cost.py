@@ -13,8 +13,9 @@ Cost is measurement work in units of one full measurement of one config (a scree
 with, are counted apart. A point is *found* when the winner's time in the exhaustive run is within
 1 % of the best time there (``grid best / its time >= 0.99``).
 
-    python benchmarks/search_cost.py replay --results RESULTS --run GRID_RUN
-    python benchmarks/search_cost.py runs --results RESULTS --run GRID_RUN --other HALVING_RUN --other ...
+    python benchmarks/studies/search_cost.py replay --results RESULTS --run GRID_RUN
+    python benchmarks/studies/search_cost.py runs --results RESULTS --run GRID_RUN \
+        --other HALVING_RUN --other ...
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tunectl.core.keys import key_text
 from tunectl.core.plan import RunFacts, WorkItem, plan

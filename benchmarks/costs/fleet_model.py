@@ -1,7 +1,7 @@
 """A model of a sweep on a fleet: workers that compile for themselves (before) against compile processes
 per node that build each kernel once, ahead, while workers only load (now).
 
-It is fed with what a real sweep recorded on one H200 (``benchmarks/fleet.py sweeps``): per item its
+It is fed with what a real sweep recorded on one H200 (``benchmarks/costs/fleet.py sweeps``): per item its
 kernel (compile key), the seconds its worker spent preparing it (``load_s``: with the kernel built,
 loading it and capturing its graph) and measuring it (``run_s``); per kernel the seconds a compile
 process took to build it (``build_s``). Assumptions, stated:

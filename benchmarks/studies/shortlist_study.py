@@ -21,7 +21,7 @@ with the configs each way measures (one look per config and point, counted befor
 and the finals).
 
     tar xzf benchmarks/results/h200_results.tar.gz -C /tmp
-    PYTHONPATH=. python benchmarks/shortlist_study.py --results /tmp/res2 \
+    PYTHONPATH=. python benchmarks/studies/shortlist_study.py --results /tmp/res2 \
         --tuning r20261202-132019-a416c3 --holdout r20261202-133935-e6f40f
 """
 

@@ -4,11 +4,11 @@ Every measurement runs `tunectl submit` end to end (a fresh driver process and a
 on the fault-injection task, whose configs cost exactly what they say, and reads the timing back from
 the results dataset (every row has its start and finish time and its worker).
 
-    python benchmarks/bench_orchestration.py overhead   # per-item cost of a near-zero-cost task
-    python benchmarks/bench_orchestration.py memory     # peak driver memory as the run grows
-    python benchmarks/bench_orchestration.py scaling    # N logical workers on a fixed-cost task
-    python benchmarks/bench_orchestration.py overlap    # device busy fraction, compile ahead off / on
-    python benchmarks/bench_orchestration.py all
+    python benchmarks/costs/bench_orchestration.py overhead   # per-item cost of a near-zero-cost task
+    python benchmarks/costs/bench_orchestration.py memory     # peak driver memory as the run grows
+    python benchmarks/costs/bench_orchestration.py scaling    # N logical workers on a fixed-cost task
+    python benchmarks/costs/bench_orchestration.py overlap    # device busy fraction, compile ahead off / on
+    python benchmarks/costs/bench_orchestration.py all
 
 ``overlap --spec SPEC --num-gpus N`` runs the same busy-fraction comparison on a real spec (on a GPU
 host, e.g. configs/h200/flex_prefill.toml). Each prints a Markdown table.
@@ -29,7 +29,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # Runs the CLI in this process and reports the process's own peak memory (VmHWM) and wall time.
 _DRIVER = """

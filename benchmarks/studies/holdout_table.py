@@ -1,6 +1,6 @@
 """Held-out shapes, bundle against bundle: pick / oracle per shape, side by side, from recorded runs.
 
-    PYTHONPATH=. python benchmarks/holdout_table.py --results RESULTS \
+    PYTHONPATH=. python benchmarks/studies/holdout_table.py --results RESULTS \
         --holdout LABEL=BUNDLE_DIR:HOLDOUT_RUN [--holdout ...] [--tuning LABEL=RUN ...] [--margin 0.02]
 
 Each ``--holdout`` names a bundle and the run ``tunectl validate BUNDLE --holdout N`` recorded for it;

@@ -10,8 +10,8 @@ the raw Parquet parts with DuckDB (no dedupe) once the last run is finished:
 - lost: items the plan has without a row, plus comparison items (the finals) that a search rebuilt
   from the run's rows still asks for.
 
-    python benchmarks/faults.py --cycles 50                 # the quickstart spec, local Ray, CPU
-    python benchmarks/faults.py --cycles 5 --max-delay 20   # a quick look
+    python benchmarks/costs/faults.py --cycles 50                 # the quickstart spec, local Ray, CPU
+    python benchmarks/costs/faults.py --cycles 5 --max-delay 20   # a quick look
 
 It prints a Markdown summary (and each cycle as it goes) and exits 1 if anything was lost or
 duplicated.
@@ -33,7 +33,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 STOPS = ("kill", "kill", "kill", "interrupt", "cancel")  # SIGKILL most often: it leaves the most behind
 
 

@@ -18,11 +18,11 @@ highest halving rung). A choice whose config
 did not run at the point counts as failed.
 
     tar xzf benchmarks/results/h200_results.tar.gz -C /tmp
-    PYTHONPATH=. python benchmarks/fill_study.py --results /tmp/res2 --run r20261201-040719-64e593 ...
+    PYTHONPATH=. python benchmarks/studies/fill_study.py --results /tmp/res2 --run r20261201-040719-64e593 ...
 
 ``--bundle-out DIR`` instead exports each run as a bundle whose unmeasured cells are filled by
 ``interp`` (``DIR/interp-RUN/1``; export's own code, its filling replaced here only), for
-``benchmarks/holdout_table.py`` to score at held-out shapes beside the bundle export made. With
+``benchmarks/studies/holdout_table.py`` to score at held-out shapes beside the bundle export made. With
 ``--fill hedge`` (``DIR/hedge-RUN/1``) every cell, measured or not, serves the config whose worst
 loss over the tuned corners of the region the cell serves (with ``ceil``: the cell's values and the
 grid values below them) is least, where that beats the cell's own choice by more than the margin.
@@ -41,7 +41,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tunectl.core.keys import Key
 from tunectl.core.record import Phase, Record, latest

@@ -1,6 +1,6 @@
 """FlashInfer's decode (both paths) and flash-attn 3 on one GPU, through the decode task as a run uses it.
 
-    python benchmarks/flashinfer_smoke.py [--pages 16 128] [--cache DIR] [--max-seconds 0.25]
+    python benchmarks/gpu/flashinfer_smoke.py [--pages 16 128] [--cache DIR] [--max-seconds 0.25]
 
 At batch x kv_len 1 x 32768, 4 x 8192 and 4 x 32768 (bf16, 32 query / 8 KV heads, head dim 128, one
 query token), page sizes 16 and 128, each config goes the way a tuning run takes it: the task's
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from tunectl.core.spec import load_spec  # noqa: E402

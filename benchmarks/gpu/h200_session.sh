@@ -2,11 +2,11 @@
 # The H200 measurements behind benchmarks/results/h200_search.md, in steps that each fit one
 # 10-minute command on the GPU host (run from the project root there, packages staged as
 # benchmarks/results/h200.md says). Results accumulate in $RES; each step copies them to $OUT.
-#   bash benchmarks/h200_session.sh 1   # the exhaustive grids (decode, prefill), first time
-#   bash benchmarks/h200_session.sh 2   # the same specs again: reproducibility
-#   bash benchmarks/h200_session.sh 3   # successive halving (the model-based sampler it also ran is retired)
-#   bash benchmarks/h200_session.sh 4   # export, and stacked validation against the defaults
-#   bash benchmarks/h200_session.sh 5   # as 4, on a fresh host: results from results.tar.gz, page 128
+#   bash benchmarks/gpu/h200_session.sh 1   # the exhaustive grids (decode, prefill), first time
+#   bash benchmarks/gpu/h200_session.sh 2   # the same specs again: reproducibility
+#   bash benchmarks/gpu/h200_session.sh 3   # successive halving (the model-based sampler it also ran is retired)
+#   bash benchmarks/gpu/h200_session.sh 4   # export, and stacked validation against the defaults
+#   bash benchmarks/gpu/h200_session.sh 5   # as 4, on a fresh host: results from results.tar.gz, page 128
 set -uo pipefail
 source /tmp/tunectl-site/env.sh
 export PYTHONPATH="$PWD:${PYTHONPATH:-}"
