@@ -17,7 +17,8 @@ best). Medians are the run's own single timings (a config's full measurement, el
 highest halving rung). A choice whose config
 did not run at the point counts as failed.
 
-    tar xzf benchmarks/results/h200_results.tar.gz -C /tmp
+    git show 45ad4e3:benchmarks/results/h200_results.tar.gz > /tmp/h200_results.tar.gz
+    tar xzf /tmp/h200_results.tar.gz -C /tmp
     PYTHONPATH=. python benchmarks/studies/fill_study.py --results /tmp/res2 --run r20261201-040719-64e593 ...
 
 ``--bundle-out DIR`` instead exports each run as a bundle whose unmeasured cells are filled by
@@ -42,6 +43,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from h200_archive import require
 
 from tunectl.core.keys import Key
 from tunectl.core.record import Phase, Record, latest
@@ -233,6 +236,7 @@ def main() -> int:
         help="with --bundle-out",
     )
     args = parser.parse_args()
+    require(args.results)
     if args.bundle_out:
         for run in args.run:
             refilled_bundle(args.results, run, args.bundle_out, args.fill)

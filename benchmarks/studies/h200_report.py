@@ -19,6 +19,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from h200_archive import require
+
 from tunectl.core.keys import key_dict, key_from_text, key_text, make_key
 from tunectl.decide.select import Winner
 from tunectl.formats.export import winners_in
@@ -99,7 +101,8 @@ Caveats:
 - sgl-kernel does not run on this image (0.3.21 needs torch 2.9 / CUDA 12): its adapter is checked for
   argument mapping on CPU only; flash-attn 3 is the same kernel family and runs here.
 
-The results (Parquet, every run above) are in benchmarks/results/h200_results.tar.gz.
+The results (Parquet, every run above) are in `h200_results.tar.gz`, kept in git history:
+DATA.md says how to restore it.
 """
 
 
@@ -418,6 +421,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--before", default=None, help="an earlier decode run to compare the winners with")
     args = parser.parse_args()
+    require(args.results)
     text = render(args.results, args.before)
     if args.out is None:
         print(text)

@@ -1,6 +1,7 @@
 """What limits the probed bundles at held-out shapes, read from the recorded H200 decode runs (no GPU).
 
-    tar xzf benchmarks/results/h200_results.tar.gz -C /tmp
+    git show 45ad4e3:benchmarks/results/h200_results.tar.gz > /tmp/h200_results.tar.gz
+    tar xzf /tmp/h200_results.tar.gz -C /tmp
     PYTHONPATH=. python benchmarks/studies/holdout_offline.py rules  # other rules for choosing a probed cell
     PYTHONPATH=. python benchmarks/studies/holdout_offline.py denser # every other seed's shapes as probes too
     PYTHONPATH=. python benchmarks/studies/holdout_offline.py waves  # the Triton default's second wave
@@ -34,6 +35,7 @@ import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
+from h200_archive import RESULTS, require
 from typer.testing import CliRunner
 
 import tunectl.decide.probes as probes
@@ -46,7 +48,6 @@ from tunectl.decide.select import Winner, latest_comparisons
 from tunectl.store.results import read_results
 from tunectl.tasks import _adapters_triton as triton
 
-RESULTS = Path("/tmp/res2")  # where the tarball unpacks
 # per page: the refined dense grid and its probe run; the holdout runs of seeds 1-7
 RUNS = {
     128: (
@@ -278,6 +279,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("what", choices=("rules", "denser", "waves"))
     args = parser.parse_args(argv)
+    require(RESULTS)
     print("\n".join({"rules": rules, "denser": denser, "waves": waves}[args.what]()))
 
 

@@ -20,6 +20,8 @@ import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
+from h200_archive import require
+
 from tunectl.core.keys import Key, key_dict, key_text
 from tunectl.core.record import Phase, Record
 from tunectl.core.registry import get_task
@@ -102,6 +104,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--margin", type=float, default=DEFAULT_MARGIN)
     parser.add_argument("--pool", action="store_true", help="also: each NAME of labels NAME@... pooled")
     args = parser.parse_args(argv)
+    require(args.results)
     holdouts: dict[str, Holdout] = {}
     for spec in args.holdout:
         label, _, rest = spec.partition("=")

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from h200_archive import require
+
 from tunectl.core.buckets import make_bucketer
 from tunectl.core.keys import key_dict, key_from_text, key_text
 from tunectl.core.record import Record
@@ -220,6 +222,7 @@ def main() -> None:
     parser.add_argument("--holdout", action="append", default=[], help="run id measuring untuned shapes")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    require(args.results)
     intro = __doc__.split("\n\n", 2)[2]
     text = f"# LightLLM's choice, FA3 searched, and every backend, on one H200\n\n{intro}"
     text += "\n" + render(args.results, args.grid, args.holdout)

@@ -1,8 +1,9 @@
 """How many bundle entries the practical-equivalence margin changes on the recorded H200 results.
 
-Unpacks ``benchmarks/results/h200_results.tar.gz`` (the Parquet results of the H200 runs), selects
-each tuning run's winners as ``tunectl export bundle`` does with ``--margin 0`` and with the default
-``--margin 0.02``, and prints, per run and in all, how many entries change config, and which:
+Unpacks an archive of recorded results (by default ``/tmp/h200_results.tar.gz``, the H200 runs, restored
+from git history as benchmarks/results/DATA.md says), selects each tuning run's winners as ``tunectl
+export bundle`` does with ``--margin 0`` and with the default ``--margin 0.02``, and prints, per run
+and in all, how many entries change config, and which:
 
     python benchmarks/studies/margin_effect.py [--archive PATH] [--margin 0.02]
 """
@@ -14,15 +15,14 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from h200_archive import ARCHIVE, require
+
 from tunectl.core.keys import Key, key_text
 from tunectl.core.record import SELECTED_PHASES
 from tunectl.decide.select import Winner
 from tunectl.formats.export import facts_of, select_from
 from tunectl.store.results import read_results
 from tunectl.store.runs import list_runs
-
-HERE = Path(__file__).resolve().parent
-ARCHIVE = HERE.parent / "results" / "h200_results.tar.gz"
 
 
 def compare(root: Path, margin: float) -> list[str]:
@@ -60,6 +60,7 @@ def main() -> None:
     parser.add_argument("--archive", type=Path, default=ARCHIVE)
     parser.add_argument("--margin", type=float, default=0.02)
     args = parser.parse_args()
+    require(args.archive)
     with tempfile.TemporaryDirectory(prefix="tunectl-margin-") as tmp:
         with tarfile.open(args.archive) as tar:
             tar.extractall(tmp, filter="data")

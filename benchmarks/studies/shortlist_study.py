@@ -20,7 +20,8 @@ shape is served by its ``ceil`` cell's choice. It prints what that serves agains
 with the configs each way measures (one look per config and point, counted before halving's rungs
 and the finals).
 
-    tar xzf benchmarks/results/h200_results.tar.gz -C /tmp
+    git show 45ad4e3:benchmarks/results/h200_results.tar.gz > /tmp/h200_results.tar.gz
+    tar xzf /tmp/h200_results.tar.gz -C /tmp
     PYTHONPATH=. python benchmarks/studies/shortlist_study.py --results /tmp/res2 \
         --tuning r20261202-132019-a416c3 --holdout r20261202-133935-e6f40f
 """
@@ -37,6 +38,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fill_study import run_data
+from h200_archive import require
 
 from tunectl.core.keys import Key, make_key
 from tunectl.core.record import Phase, Record
@@ -113,6 +115,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--k", type=int, nargs="+", default=[1, 2, 3, 4])
     parser.add_argument("--coarse", nargs="+", metavar="DIM=V,V", help="play refinement from these values")
     args = parser.parse_args(argv)
+    require(args.results)
     _, by_static, _ = run_data(args.results, args.tuning)
     held_by_run = {}
     for run in args.holdout:
