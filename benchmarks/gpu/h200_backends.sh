@@ -2,7 +2,8 @@
 # The H200 measurements behind benchmarks/results/h200.md (decode backends at page 16 and 128),
 # timing.md (samplers) and lightllm.md, in steps that each fit one 10-minute command on the GPU host
 # (run from the project root there, after stage.sh's bootstrap with flashinfer-python==0.7.2.post1 and
-# nvidia-cudnn-frontend staged). Results accumulate in $RES; each step leaves its output in $OUT.
+# nvidia-cudnn-frontend staged). Results accumulate in $RES; each step leaves its output in $OUT. A session's
+# runs are committed as a file of their own, never into an earlier archive (benchmarks/results/DATA.md).
 #   bash benchmarks/gpu/h200_backends.sh smoke       # GPU tests of the backends, the samplers side by side
 #   bash benchmarks/gpu/h200_backends.sh drift       # the drift guard against an induced load
 #   bash benchmarks/gpu/h200_backends.sh grid 16     # the decode grid at one page size (16, then 128)

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The H200 measurements behind benchmarks/results/h200_search.md, in steps that each fit one
-# 10-minute command on the GPU host (run from the project root there, packages staged as
-# benchmarks/results/h200.md says). Results accumulate in $RES; each step copies them to $OUT.
+# The H200 measurements behind benchmarks/results/h200_decisions.md (and the grids search_replay.md
+# replays), in steps that each fit one 10-minute command on the GPU host (run from the project root
+# there, packages staged as benchmarks/results/h200.md says). Results accumulate in $RES; each step
+# copies them to $OUT. A session's runs are committed as a file of their own, never into an earlier
+# archive (benchmarks/results/DATA.md).
 #   bash benchmarks/gpu/h200_session.sh 1   # the exhaustive grids (decode, prefill), first time
 #   bash benchmarks/gpu/h200_session.sh 2   # the same specs again: reproducibility
 #   bash benchmarks/gpu/h200_session.sh 3   # successive halving (the model-based sampler it also ran is retired)
