@@ -239,11 +239,3 @@ def test_a_plain_export_leaves_out_a_dynamic_shape_import(tmp_path: Path) -> Non
     assert out.exit_code == 0, out.output
     assert "warning: left out 12 row(s) with symbolic sizes" in out.output
     assert load_bundle(str(tmp_path / "b" / "b" / "1")).lookup("decode_attention", d=1, b=1) is not None
-
-
-def test_every_command_is_in_the_readme() -> None:
-    import typer
-
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    for name in typer.main.get_command(app).commands:  # type: ignore[attr-defined]
-        assert f"tunectl {name}" in readme, f"`tunectl {name}` is not in the README"
