@@ -109,3 +109,8 @@ def test_every_relative_link_points_at_a_file_that_exists(page: Path) -> None:
         assert linked.exists(), f"{page.relative_to(ROOT)}: {target} points at nothing"
         if anchor and linked.suffix == ".md":
             assert anchor in _anchors(linked), f"{page.relative_to(ROOT)}: {target}: no such heading"
+
+
+def test_the_readme_test_command_is_the_line_ci_runs() -> None:
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").strip().splitlines()[-1]
+    assert f"```bash\n{ci}\n```" in _section(README.read_text(encoding="utf-8"), "Tests")
