@@ -13,7 +13,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.test_search import true_time
+from tests.unit.test_search import true_time
 from tunectl.core.keys import Key, key_text
 from tunectl.core.plan import WorkItem, plan
 from tunectl.core.record import Record

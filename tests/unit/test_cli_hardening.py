@@ -238,14 +238,6 @@ def test_a_plain_export_leaves_out_a_dynamic_shape_import(tmp_path: Path) -> Non
     assert load_bundle(str(tmp_path / "b" / "b" / "1")).lookup("decode_attention", d=1, b=1) is not None
 
 
-def test_every_command_is_in_the_readme() -> None:
-    import typer
-
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    for name in typer.main.get_command(app).commands:  # type: ignore[attr-defined]
-        assert f"tunectl {name}" in readme, f"`tunectl {name}` is not in the README"
-
-
 @pytest.mark.parametrize("command", ["winners", "failures"])
 def test_an_unknown_task_exits_2_with_one_line_naming_the_tasks_there(tmp_path: Path, command: str) -> None:
     root = _results_with_a_run(tmp_path)

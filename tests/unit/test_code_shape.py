@@ -1,4 +1,4 @@
-"""benchmarks/code_shape.py counts what it says it counts, on a small tree made here."""
+"""benchmarks/costs/code_shape.py counts what it says it counts, on a small tree made here."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from types import ModuleType
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "benchmarks" / "costs" / "code_shape.py"
 
 PYPROJECT = """
 [[tool.importlinter.contracts]]
@@ -45,7 +46,7 @@ def reads(row, settings, entry):
 
 
 def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("code_shape", ROOT / "benchmarks" / "code_shape.py")
+    spec = importlib.util.spec_from_file_location("code_shape", SCRIPT)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules["code_shape"] = module
@@ -118,7 +119,7 @@ def test_format_skips_count_outside_kernel_files_only(tmp_path: Path) -> None:
 
 
 def test_check_exits_1_on_a_tree_over_its_limits(tmp_path: Path) -> None:
-    script = ROOT / "benchmarks" / "code_shape.py"
+    script = SCRIPT
     tree = ROOT / "benchmarks"  # inside the repository, measured against its pyproject.toml
     done = subprocess.run([sys.executable, str(script), str(tree), "--check"], capture_output=True, text=True)
     over = code_shape.measure(ROOT, "benchmarks", label="now").over_limits()
@@ -144,9 +145,8 @@ def test_a_ref_is_measured_from_its_own_commit(tmp_path: Path) -> None:
 
 
 def test_bad_input_is_one_line_and_a_non_zero_exit(tmp_path: Path) -> None:
-    script = ROOT / "benchmarks" / "code_shape.py"
     for args in (["no-such-folder"], ["--ref", "no-such-ref"]):
-        done = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, cwd=ROOT)
+        done = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, cwd=ROOT)
         assert done.returncode == 2
         assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
 

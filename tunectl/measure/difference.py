@@ -22,7 +22,7 @@ would bias the band. For a call much shorter than the flush's jitter a differenc
 a measurement whose median is not above zero cannot tell the call from the flush, and the runner
 records it as an error that says so (never as a time that could win).
 
-The flush is a module constant, ``FLUSH``, one line to flip; ``benchmarks/sampler_methods.py``
+The flush is a module constant, ``FLUSH``, one line to flip; ``benchmarks/gpu/sampler_methods.py``
 times both on a GPU, and ``read`` is the default for the reason below until a measurement says
 otherwise:
 

@@ -16,7 +16,7 @@ what it does without them (``DEFAULTS``, the backend's untuned call):
   16-19 % slower than the fastest config there, against 0-2 % where its programs fit one wave. Where
   the runs timed ``one_wave``'s count as a fixed config (the same launch), it was faster than the
   occupancy count at 101 of 102 points, a median 0.91x (page 128) and 0.96x (page 16) its time
-  (``benchmarks/holdout_offline.py waves``).
+  (``benchmarks/studies/holdout_offline.py waves``).
 - ``BLOCK_N``: tokens per inner step, gathered one by one through the page table (any page size);
   a power of two from 16 to 256.
 - ``BLOCK_H``: query rows per program. A KV head has ``group x q_len`` rows (its query heads times the

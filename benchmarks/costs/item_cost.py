@@ -1,0 +1,122 @@
+"""Where one work item's time goes inside a worker, part by part: a spec's grid items run through the
+worker's own runner (``ItemRunner``) in this process, under cProfile, and each part of the item's path
+summed over the items.
+
+A run's rows say how long loading, point set-up and measuring took (``compile_ms``, ``setup_ms``,
+``measure_ms``, ``guard_ms``); this says what inside those, and what outside them, costs: the
+correctness check's comparison, building the sampler (its first estimate, graph capture), the drift
+guard's probes and looks, the samples themselves, the device-state reads, the record.
+
+With ``--cache`` pointing at a run's compile cache (``tunectl submit --compile-cache``) the kernels load
+as a worker's would; without it they compile here, and loading dominates.
+
+    python benchmarks/costs/item_cost.py configs/h200/flex_prefill.toml --cache /tmp/fleet-x/cache-prefill-1
+    python benchmarks/costs/item_cost.py configs/quickstart.toml      # on the CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import pstats
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+#: (part, module path suffix, function): cumulative time of each, over all the items. (Not the item's
+#: whole call or its first kernel call: loading a kernel resets the profiler's view of the frames
+#: already running, so those read zero; the items' wall times stand in for the whole.)
+PARTS = (
+    ("point set-up (inputs, reference)", "tunectl/measure/runner.py", "_load_point"),
+    ("loading (prepare)", "tunectl/measure/runner.py", "timed_prepare"),
+    ("check: the comparison with the reference", "tunectl/measure/runner.py", "_compare"),
+    ("sampler build", "tunectl/measure/timing.py", "make_sampler"),
+    ("  of which first estimate", "tunectl/measure/difference.py", "gpu_time_us"),
+    ("  of which graph capture", "tunectl/measure/difference.py", "graph_of"),
+    ("  of which spin cover", "tunectl/measure/difference.py", "cover"),
+    ("guard, whole (incl. the measurement)", "tunectl/measure/drift.py", "measure"),
+    ("  guard references (a point's first item; waits)", "tunectl/measure/drift.py", "_time_probe"),
+    ("  guard checks (before, looks, after)", "tunectl/measure/drift.py", "_check"),
+    ("  guard, all its own work (probes, looks, waits)", "tunectl/measure/drift.py", "_timed"),
+    ("  guard waits", "tunectl/measure/drift.py", "_came_back"),
+    ("sampling (harness collect)", "tunectl/measure/harness.py", "collect"),
+    ("device state reads", "tunectl/measure/nvml.py", "read_state"),
+    ("  of which NVML init", "pynvml.py", "nvmlInit"),
+    ("  of which power", "pynvml.py", "nvmlDeviceGetPowerUsage"),
+    ("  of which violation counters", "pynvml.py", "nvmlDeviceGetViolationStatus"),
+    ("event timer (one launch, synchronised)", "tunectl/measure/difference.py", "__call__"),
+)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("spec")
+    parser.add_argument("--cache", help="a run's compile cache root, to load kernels as its workers did")
+    parser.add_argument("--device", default=None, help="cuda:0 or cpu (default: cuda:0 where there is one)")
+    parser.add_argument("--limit", type=int, default=0, help="at most this many items (0: all)")
+    parser.add_argument("--json", help="write the parts and the per-item rows here")
+    args = parser.parse_args()
+    if args.cache:
+        from tunectl.tasks.compile import cache_env
+
+        os.environ.update(cache_env(args.cache))
+    import torch
+
+    from tunectl.core.plan import plan
+    from tunectl.core.spec import load_spec
+    from tunectl.measure.runner import ItemRunner
+
+    device = args.device or ("cuda:0" if torch.cuda.is_available() else "cpu")
+    spec = load_spec(args.spec)
+    items = list(plan(spec).work_items())[: args.limit or None]
+    runner = ItemRunner(device)
+    rows: list[dict[str, Any]] = []
+    profile = cProfile.Profile()
+    started = time.perf_counter()
+    for item in items:
+        t0 = time.perf_counter()
+        profile.enable()
+        record = runner.run("item-cost", item, spec.measure)
+        profile.disable()
+        assert not isinstance(record, list)
+        rows.append({
+            "config": record.config_key, "shape": record.shape_key, "status": str(record.status),
+            "wall_ms": (time.perf_counter() - t0) * 1e3, "median_us": record.median_us,
+            "num_samples": record.num_samples, "compile_ms": record.compile_ms,
+            "measure_ms": record.measure_ms, "guard_ms": record.guard_ms,
+        })  # fmt: skip
+    wall = time.perf_counter() - started
+    parts = cumulative(pstats.Stats(profile))
+    each = wall / max(len(items), 1) * 1e3
+    print(f"{len(items)} items on {device}, {wall:.1f} s in all ({each:.0f} ms each)\n")
+    print("| part | seconds | per item | calls |\n|---|---|---|---|")
+    for name, (seconds, calls) in parts.items():
+        print(f"| {name} | {seconds:.2f} | {seconds / max(len(items), 1) * 1e3:.1f} ms | {calls} |")
+    ok = [r for r in rows if r["status"] == "ok"]
+    if ok:
+        print(f"\nstatuses: {sum(1 for _ in ok)} ok of {len(rows)}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"parts": parts, "rows": rows, "wall_s": wall}, indent=1))
+    return 0
+
+
+def cumulative(stats: pstats.Stats) -> dict[str, tuple[float, int]]:
+    """Each of ``PARTS``: its cumulative seconds and primitive calls (summed over same-named entries)."""
+    table: dict[tuple[str, int, str], tuple[int, int, float, float, Any]] = stats.stats  # type: ignore[attr-defined]
+    out: dict[str, tuple[float, int]] = {}
+    for name, suffix, func in PARTS:
+        seconds, calls = 0.0, 0
+        for (path, _line, fname), (primitive, _total, _tt, ct, _callers) in table.items():
+            if fname == func and path.replace(os.sep, "/").endswith(suffix):
+                seconds, calls = seconds + ct, calls + primitive
+        out[name] = (round(seconds, 3), calls)
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())

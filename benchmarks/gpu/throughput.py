@@ -1,0 +1,147 @@
+"""Two measuring engines side by side on one GPU: what a run cost, where a worker's time went, and
+whether the two chose the same winners.
+
+``figures`` reads one results directory (one run) into its figures; ``compare`` sets the runs of two
+engines (``before``, ``after``) side by side, cold and warm caches, into ``throughput.json``'s form.
+The runs themselves come from ``benchmarks/gpu/throughput_h200.sh`` on the GPU host.
+
+    python benchmarks/gpu/throughput.py compare --runs /tmp/tp --out benchmarks/results/throughput.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "costs"))  # fleet.py
+
+#: warm-up samples a row's sampler took before its samples: the old engine warmed every measurement
+#: (the spec's 3); the new one warms a fresh graph sampler once and a reused one not at all, so 0 is
+#: counted for it (its kernel time is not overstated)
+WARMUP = {"before": 3, "after": 0}
+
+
+def figures(results: Path, warmup: int) -> dict[str, Any]:
+    """A run's wall span, GPU busy share, screening item cost and the guard's share of measuring."""
+    from fleet import run_figures
+
+    from tunectl.store.results import read_results
+
+    run = run_figures(results, warmup)
+    rows = [r.to_row() for r in read_results(results)]
+    screens = screen_item_seconds(rows)
+    parts = run["worker_time_s"]
+    return {
+        "span_s": run["span_s"],
+        "records": run["records"],
+        "gpu_busy": round(statistics.fmean(run["busy_fraction"].values()), 4),
+        "screen_item_ms": round(1e3 * statistics.median(screens), 1) if screens else None,
+        "guard_share": round(parts["of which guard"] / parts["measuring"], 4) if parts["measuring"] else None,
+        "worker_time_s": parts,
+        "statuses": run["statuses"],
+    }
+
+
+def screen_item_seconds(rows: list[dict[str, Any]]) -> list[float]:
+    """Each screening look's share of its call: a batch's rows share their start (the call's), so a
+    call's span over its rows is what each cost; a single look's span is its own."""
+    calls: dict[tuple[Any, Any], list[dict[str, Any]]] = {}
+    for r in rows:
+        if r["phase"] == "screen":
+            calls.setdefault((r["worker"], r["started_at"]), []).append(r)
+    per_look = []
+    for mine in calls.values():
+        span = _seconds(max(r["finished_at"] for r in mine) - mine[0]["started_at"])
+        per_look += [span / len(mine)] * len(mine)
+    return per_look
+
+
+def _seconds(value: Any) -> float:
+    return value.total_seconds() if hasattr(value, "total_seconds") else float(value)
+
+
+def winners(results: Path) -> dict[tuple[str, str], tuple[str, dict[str, float]]]:
+    """Per point (static, shape): the winner's config and every config's single-timing median."""
+    from tunectl.core.keys import key_text
+    from tunectl.decide.select import select_winners
+    from tunectl.store.results import read_results
+
+    records = list(read_results(results))
+    medians: dict[tuple[str, str], dict[str, float]] = {}
+    for r in records:
+        if r.ok and r.median_us and r.phase in ("measure", "screen", "final"):
+            medians.setdefault((r.static_key, r.shape_key), {})[r.config_key] = r.median_us
+    out = {}
+    for w in select_winners(records):
+        point = (key_text(w.static), key_text(w.shape))
+        out[point] = (key_text(w.config), medians.get(point, {}))
+    return out
+
+
+def same_decisions(before: Path, after: Path, within: float = 0.01) -> dict[str, Any]:
+    """Points where the two engines chose the same config, or configs within ``within`` of each other
+    by the before run's own times at that point."""
+    old, new = winners(before), winners(after)
+    points = sorted(set(old) & set(new))
+    same = 0
+    for p in points:
+        (a, times), (b, _) = old[p], new[p]
+        if a == b or (a in times and b in times and times[b] <= times[a] * (1 + within)):
+            same += 1
+    return {
+        "points": len(points),
+        "same_or_within": same,
+        "share": round(same / len(points), 4) if points else None,
+    }
+
+
+def cmd_compare(args: argparse.Namespace) -> None:
+    runs = Path(args.runs)
+    out: dict[str, Any] = {"runs": {}}
+    for caches in ("cold", "warm"):
+        for engine in ("before", "after"):
+            results = runs / f"res-{engine}-{caches}"
+            if (results).exists():
+                fig = figures(results, WARMUP[engine])
+                wall = runs / f"wall-{engine}-{caches}.txt"
+                fig["wall_s"] = float(wall.read_text()) if wall.exists() else None
+                out["runs"][f"{engine}-{caches}"] = fig
+    for name, figure in (
+        ("decode_grid_s", "wall_s"),
+        ("gpu_busy", "gpu_busy"),
+        ("screen_item_ms", "screen_item_ms"),
+        ("drift_guard_share", "guard_share"),
+    ):
+        out[name] = {
+            engine: {
+                c: out["runs"][f"{engine}-{c}"][figure]
+                for c in ("cold", "warm")
+                if f"{engine}-{c}" in out["runs"]
+            }
+            for engine in ("before", "after")
+        }
+    for caches in ("cold", "warm"):
+        b, a = runs / f"res-before-{caches}", runs / f"res-after-{caches}"
+        if b.exists() and a.exists():
+            out[f"same_winner_{caches}"] = same_decisions(b, a)
+    Path(args.out).write_text(json.dumps(out, indent=1, default=str))
+    print(json.dumps({k: v for k, v in out.items() if k != "runs"}, indent=1, default=str))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("compare")
+    c.add_argument("--runs", required=True, help="the folder throughput_h200.sh wrote (res-ENGINE-CACHES)")
+    c.add_argument("--out", required=True)
+    args = p.parse_args()
+    cmd_compare(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""Which configs must a point between tuned points try? Scored at held-out shapes, from recorded runs.
+
+For each shape of a holdout run (``tunectl validate --holdout``: every selectable config timed there
+in one interleaved comparison), the candidates are the ``k`` fastest configs at tuned points of a
+tuning run around it, ranked by each config's single-timing median there (its full measurement,
+else its look at the highest halving rung, as ``fill_study.run_data`` reads them):
+
+- ``ceil``: the point whose cell serves the shape under ``ceil`` (what export's lookup uses);
+- ``around``: the tuned points bracketing it in every dimension (up to 4 in two dimensions).
+
+The score is the best candidate's time at the shape over the fastest config's there (1.0: the
+shortlist held the best config). It says how short a list a point between tuned points may measure
+and still find what serving should run there; ``k = 1`` with ``ceil`` is the fastest config of the
+serving cell's point, before finals and the margin rule.
+
+``--coarse batch=1,4,16 kv_len=1024,8192`` plays refinement with a short list on a run that measured
+every config everywhere: the points on those values keep every config, each other point keeps only
+the ``k`` fastest of the coarse points around it, and chooses its fastest among them; each held-out
+shape is served by its ``ceil`` cell's choice. It prints what that serves against every config kept,
+with the configs each way measures (one look per config and point, counted before halving's rungs
+and the finals).
+
+    git show 45ad4e3:benchmarks/results/h200_results.tar.gz > /tmp/h200_results.tar.gz
+    tar xzf /tmp/h200_results.tar.gz -C /tmp
+    PYTHONPATH=. python benchmarks/studies/shortlist_study.py --results /tmp/res2 \
+        --tuning r20261202-132019-a416c3 --holdout r20261202-133935-e6f40f
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import statistics
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from fill_study import run_data
+from h200_archive import require
+
+from tunectl.core.keys import Key, make_key
+from tunectl.core.record import Phase, Record
+from tunectl.decide.coverage import sizes
+from tunectl.decide.select import latest_comparisons
+from tunectl.store.results import read_results
+
+
+def bracket(value: int, grid: Sequence[int]) -> list[int]:
+    """The grid values just below and just above ``value`` (one where it is a value or outside)."""
+    i = bisect.bisect_left(grid, value)
+    return sorted({grid[max(0, i - 1)], grid[min(i, len(grid) - 1)]})
+
+
+def ceil_of(value: int, grid: Sequence[int]) -> int:
+    return next((g for g in grid if g >= value), grid[-1])
+
+
+def around(shape: Key, tuned: Sequence[Key], how: str) -> list[Key]:
+    """The tuned shapes that ``how`` (``ceil`` or ``around``) takes candidates from."""
+    here = sizes(shape)
+    values = {dim: sorted({sizes(s)[dim] for s in tuned}) for dim in here}
+    if how == "ceil":
+        return [make_key({**dict(shape), **{d: ceil_of(v, values[d]) for d, v in here.items()}})]
+    keys = [dict(shape)]
+    for dim, v in here.items():
+        keys = [{**k, dim: b} for k in keys for b in bracket(v, values[dim])]
+    return [make_key(k) for k in keys]
+
+
+def shortlist(times: Mapping[Key, Mapping[Key, float]], shape: Key, k: int, how: str) -> set[Key]:
+    """The ``k`` fastest configs at each tuned point ``how`` takes candidates from for ``shape``."""
+    found: set[Key] = set()
+    for point in around(shape, list(times), how):
+        there = times.get(point, {})
+        found |= set(sorted(there, key=there.__getitem__)[:k])
+    return found
+
+
+def score(arms: Sequence[Record], candidates: set[Key]) -> float | None:
+    """The best candidate's time over the fastest config's, from one held-out comparison."""
+    ok = {r.config: (1.0 if r.is_default else r.speedup or 0.0) for r in arms if r.ok}
+    found = [ok[c] for c in candidates if ok.get(c)]
+    return max(ok.values()) / max(found) if found else None
+
+
+def coarse_play(
+    times: Mapping[Key, Mapping[Key, float]], coarse: Mapping[str, set[int]], k: int
+) -> tuple[dict[Key, Key], int]:
+    """Each point's choice when only the points on ``coarse`` values measured every config (module doc),
+    and how many configs were measured over all points."""
+    on_grid = [p for p in times if all(sizes(p)[d] in vs for d, vs in coarse.items())]
+    chosen: dict[Key, Key] = {}
+    measured = 0
+    for point, there in times.items():
+        kept = set(there)
+        if point not in on_grid:
+            kept &= shortlist({p: times[p] for p in on_grid}, point, k, "around")
+        measured += len(kept)
+        chosen[point] = min(kept, key=there.__getitem__)
+    return chosen, measured
+
+
+def summary(got: Sequence[float]) -> str:
+    return (f"{statistics.median(got):.3f} | {max(got):.3f} | {statistics.geometric_mean(got):.3f} "
+            f"| {sum(s <= 1.03 for s in got)} of {len(got)}")  # fmt: skip
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", type=Path, required=True)
+    parser.add_argument("--tuning", required=True, help="the tuning run (one static key)")
+    parser.add_argument("--holdout", action="append", required=True, help="a holdout run (repeat)")
+    parser.add_argument("--k", type=int, nargs="+", default=[1, 2, 3, 4])
+    parser.add_argument("--coarse", nargs="+", metavar="DIM=V,V", help="play refinement from these values")
+    args = parser.parse_args(argv)
+    require(args.results)
+    _, by_static, _ = run_data(args.results, args.tuning)
+    held_by_run = {}
+    for run in args.holdout:
+        records = [r for r in read_results(args.results, [run]) if r.phase == Phase.HOLDOUT]
+        held_by_run[run] = list(latest_comparisons(records, Phase.HOLDOUT).values())
+    if args.coarse:
+        coarse = {d: {int(v) for v in vs.split(",")} for d, _, vs in (c.partition("=") for c in args.coarse)}
+        print("| holdout run | points keep | configs measured | median | worst | geomean | within 3 % |")
+        print("|---|---|---|---|---|---|---|")
+        for run, held in held_by_run.items():
+            for k in [*args.k, 0]:
+                made = [coarse_play(times, coarse if k else {}, k) for times in by_static.values()]
+                chosen = {point: c for choice, _ in made for point, c in choice.items()}
+                got = [s for arms in held
+                       for cell in around(arms[0].shape, list(by_static.get(arms[0].static, {})), "ceil")
+                       if cell in chosen and (s := score(arms, {chosen[cell]})) is not None]  # fmt: skip
+                keep = f"the coarse points' {k} fastest" if k else "every config"
+                print(f"| {run} | {keep} | {sum(m for _, m in made)} | {summary(got)} |")
+        return
+    print(
+        "| holdout run | candidates | k | shapes | configs in the list (mean) | median | worst | geomean "
+        "| within 3 % |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for run, held in held_by_run.items():
+        for how in ("ceil", "around"):
+            for k in args.k:
+                lists = [(a, shortlist(by_static.get(a[0].static, {}), a[0].shape, k, how)) for a in held]
+                got = [s for arms, short in lists if (s := score(arms, short)) is not None]
+                if got:
+                    tried = statistics.mean(len(short) for _, short in lists)
+                    print(f"| {run} | {how} | {k} | {len(got)} | {tried:.1f} | {summary(got)} |")
+
+
+if __name__ == "__main__":
+    main()
