@@ -12,7 +12,6 @@ What a process says in its last moments before it dies is lost with it; its deat
 from __future__ import annotations
 
 import logging
-import sys
 import time
 import warnings
 from collections import Counter
@@ -83,7 +82,7 @@ def install(loggers: Sequence[str] = NOISY_LOGGERS) -> ProcessNotes:
     warnings.showwarning = notes.show_warning
     for name in loggers:
         logger = logging.getLogger(name)
-        for handler in [h for h in logger.handlers if _to_console(h)]:
+        for handler in [h for h in logger.handlers if not isinstance(h, logging.FileHandler)]:
             logger.removeHandler(handler)
         logger.addHandler(notes)
         logger.propagate = False
@@ -105,13 +104,6 @@ def captured(loggers: Sequence[str] = NOISY_LOGGERS) -> Iterator[ProcessNotes]:
             logger = logging.getLogger(name)
             logger.handlers[:] = handlers
             logger.propagate = propagate
-
-
-def _to_console(handler: logging.Handler) -> bool:
-    return isinstance(handler, logging.StreamHandler) and getattr(handler, "stream", None) in (
-        sys.stderr,
-        sys.stdout,
-    )
 
 
 def write_notes(path: Path, notes: Iterable[Note]) -> None:

@@ -97,8 +97,10 @@ def raise_recompile_limits(limit: int = RECOMPILE_LIMIT) -> None:
         "accumulated_recompile_limit",
         "accumulated_cache_size_limit",
     ):
-        if hasattr(dynamo_config, name):
+        try:  # a name this torch does not have, or an alias of one it no longer has
             setattr(dynamo_config, name, max(getattr(dynamo_config, name), limit))
+        except AttributeError:
+            continue
 
 
 def build(
