@@ -91,16 +91,14 @@ def raise_recompile_limits(limit: int = RECOMPILE_LIMIT) -> None:
         import torch._dynamo.config as dynamo_config
     except ImportError:
         return
-    for name in (
-        "recompile_limit",
-        "cache_size_limit",
-        "accumulated_recompile_limit",
-        "accumulated_cache_size_limit",
-    ):
-        try:  # a name this torch does not have, or an alias of one it no longer has
+    names = getattr(dynamo_config, "_config", {})
+    for current, older in (
+        ("recompile_limit", "cache_size_limit"),
+        ("accumulated_recompile_limit", "accumulated_cache_size_limit"),
+    ):  # the current name where this torch has it; setting its old alias as well broke it (torch 2.13)
+        name = current if current in names else older
+        if name in names:
             setattr(dynamo_config, name, max(getattr(dynamo_config, name), limit))
-        except AttributeError:
-            continue
 
 
 def build(
