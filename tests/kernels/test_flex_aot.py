@@ -387,11 +387,13 @@ def test_a_compile_process_builds_a_package_for_more_shapes_of_one_kernel_than_d
 
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     torch._dynamo.reset()  # no entries of earlier tests
-    monkeypatch.setattr(dynamo_config, "recompile_limit", 1)  # Dynamo's 8, as if 8 shapes were built
     task = FlexPrefill(aot=True)
     shapes = [{"batch": 1, "seq_len": 128}, {"batch": 1, "seq_len": 256}]
-    for shape in shapes:
-        build(task, STATIC, shape, CONFIG, "cpu")
+    # Dynamo's own patch (it restores its config as it was; a plain setattr's undo left the name unreadable)
+    with dynamo_config.patch(recompile_limit=1):  # Dynamo's 8, as if 8 shapes were built
+        for shape in shapes:
+            build(task, STATIC, shape, CONFIG, "cpu")
+        raised = dynamo_config.recompile_limit
     built = [_flex.aot_package(task.name, task.compile_key(STATIC, s, CONFIG), "cpu") for s in shapes]
     assert all(path is not None and path.is_file() for path in built), "no shape fell back for want of room"
-    assert dynamo_config.recompile_limit >= BUILDER_RECOMPILE_LIMIT
+    assert raised >= BUILDER_RECOMPILE_LIMIT
