@@ -98,3 +98,17 @@ def test_a_reused_sampler_is_not_warmed_again(monkeypatch: pytest.MonkeyPatch) -
     [second] = _ok(runner.run("r", _look(shape, GOOD, 1, 1.0), fixed))
     assert num_first == fixed.warmup + first.num_samples
     assert len(taken) - num_first == second.num_samples, "no warm-up samples the second time"
+
+
+def test_a_batch_under_compile_ahead_prepares_each_member_while_the_one_before_it_is_checked() -> None:
+    from tunectl.core.plan import batch
+    from tunectl.orchestrator.pipeline import CompileAheadRunner
+
+    runner, shape = CompileAheadRunner("cpu"), make_key({"n": 64})
+    third = make_key({"fault": "none", "variant": 2})
+    members = [_look(shape, config, 0, 0.25) for config in (GOOD, FAST, third)]
+    runner.next_item = _look(shape, make_key({"fault": "none", "variant": 3}), 0, 0.25)
+    records = _ok(runner.run("r", batch(members), SETTINGS))
+    assert [r.item_id for r in records] == [m.item_id for m in members]
+    assert runner.num_prepared_ahead == 2, "the second and third members were prepared ahead"
+    assert set(runner._ahead) == {runner.next_item.item_id}, "then the next call's item"

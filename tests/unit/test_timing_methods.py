@@ -181,3 +181,47 @@ def test_finals_whose_difference_median_is_not_above_zero_are_not_measurable() -
     assert round_times([[[10.0, 11.0]], [[9.0]]], 0) == [[10.5], [9.0]]
     with pytest.raises(NotMeasurable, match="timing = 'replay'"):
         round_times([[[10.0]], [[-0.2, 0.1, -0.1]]], 0)
+
+
+class QueueingGpu(FakeGpu):
+    """A device whose timer queues several launches and waits for them once (``EventTimer.many``);
+    ``waits`` counts the waits."""
+
+    def __init__(self, **costs: float) -> None:
+        super().__init__(**costs)
+        self.waits = 0
+
+    def many(self, launches: list[Callable[[], Any]], before: Callable[[], Any] | None = None) -> list[float]:
+        self.waits += 1
+        out = []
+        for launch in launches:
+            if before is not None:
+                before()
+            out.append(self.timer(launch))
+        return out
+
+
+def test_a_chunk_of_samples_is_queued_at_once_and_waits_for_the_device_once() -> None:
+    costs = {"call_us": 12.0, "flush_us": 30.0, "overhead_us": 5.0, "jitter_us": 1.0}
+    one_by_one, queued = FakeGpu(**costs), QueueingGpu(**costs)
+    samplers = [
+        difference_sampler(gpu.call, gpu.flush, num_calls=4, timer=timer, capture=gpu.capture)
+        for gpu, timer in ((one_by_one, one_by_one.timer), (queued, queued))
+    ]
+    settings = MeasureSpec(warmup=0, min_samples=16, max_samples=16, noise_target=0.0, max_seconds=10.0)
+    plain, chunked = (measure(s, settings) for s in samplers)
+    assert chunked.num_samples == plain.num_samples == 16
+    assert chunked.median_us == pytest.approx(plain.median_us) == pytest.approx(12.0, abs=0.2)
+    assert queued.waits == 2, "a first sample to learn the pace, then the other 15 in one chunk"
+
+
+def test_a_chunk_never_outlasts_the_time_left_at_the_pace_seen() -> None:
+    from tunectl.measure.harness import MAX_CHUNK, next_chunk
+
+    settings = MeasureSpec(min_samples=10, max_samples=500, max_seconds=1.0)
+    assert next_chunk(0, settings, 1.0, None) == 1, "no pace yet: one sample"
+    assert next_chunk(1, settings, 1.0, 0.001) == 9, "then up to the minimum"
+    assert next_chunk(10, settings, 1.0, 0.001) == 10, "then as many again"
+    assert next_chunk(200, settings, 1.0, 0.001) == MAX_CHUNK
+    assert next_chunk(10, settings, 0.0035, 0.001) == 4, "what the time left allows"
+    assert next_chunk(490, settings, 1.0, 0.001) == 10, "never past the cap on samples"

@@ -46,7 +46,7 @@ flush it times, and ``graph_of``'s replay keeps the callable it captured.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -82,24 +82,39 @@ def repeated(fn: Callable[[], Any], flush: Callable[[], Any] | None, times: int)
 
 
 def difference_sampler(
-    fn: Callable[[], Any], flush: Callable[[], Any], *, num_calls: int, timer: Timer, capture: Capture
+    fn: Callable[[], Any],
+    flush: Callable[[], Any],
+    *,
+    num_calls: int,
+    timer: Timer,
+    capture: Capture,
+    flushes: Callable[[], Any] | None = None,
 ) -> Sampler:
-    """Samples of (t(K x (flush, fn)) - t(K x flush)) / K, the two launches in alternating order."""
+    """Samples of (t(K x (flush, fn)) - t(K x flush)) / K, the two launches in alternating order.
+    ``flushes``: the launch of K flushes where one is kept for every sampler with this K (it reads
+    and writes nothing of ``fn``'s), else captured here. The sampler's ``many(n)`` queues n samples'
+    launches at once (``timed_launches``)."""
     calls = capture(repeated(fn, flush, num_calls))
-    flushes = capture(repeated(flush, None, num_calls))
+    flushes = flushes if flushes is not None else capture(repeated(flush, None, num_calls))
     taken = 0
 
-    def sample() -> float:
+    def many(n: int) -> list[float]:
         nonlocal taken
-        taken += 1
-        if taken % 2:  # the order alternates, so a launch that runs first for being first cancels too
-            t_calls = timer(calls)
-            t_flushes = timer(flushes)
-        else:
-            t_flushes = timer(flushes)
-            t_calls = timer(calls)
-        return (t_calls - t_flushes) / num_calls
+        firsts = [(taken + j + 1) % 2 == 1 for j in range(n)]  # odd samples launch the calls first
+        taken += n
+        order = [launch for first in firsts for launch in ((calls, flushes) if first else (flushes, calls))]
+        times = timed_launches(timer, order)
+        out = []
+        for j, first in enumerate(firsts):
+            t_a, t_b = times[2 * j], times[2 * j + 1]
+            t_calls, t_flushes = (t_a, t_b) if first else (t_b, t_a)
+            out.append((t_calls - t_flushes) / num_calls)
+        return out
 
+    def sample() -> float:
+        return many(1)[0]
+
+    sample.many = many  # type: ignore[attr-defined]
     sample.num_calls = num_calls  # type: ignore[attr-defined]
     sample.launches = (calls, flushes)  # type: ignore[attr-defined]  # a graph lives as long as its sampler
     sample.runs = (fn, flush)  # type: ignore[attr-defined]  # and so does what the graphs read and write
@@ -118,29 +133,61 @@ def replay_sampler(
     outside the timed region: the replay method (a sample carries the launch's fixed cost / num_calls)."""
     launch = capture(repeated(fn, None, num_calls))
 
-    def sample() -> float:
-        if flush is not None:
-            flush()
-        return timer(launch) / num_calls
+    def many(n: int) -> list[float]:
+        return [t / num_calls for t in timed_launches(timer, [launch] * n, before=flush)]
 
+    def sample() -> float:
+        return many(1)[0]
+
+    sample.many = many  # type: ignore[attr-defined]
     sample.num_calls = num_calls  # type: ignore[attr-defined]
     sample.launches = (launch,)  # type: ignore[attr-defined]
     sample.runs = (fn, flush)  # type: ignore[attr-defined]  # what the launch reads and writes (module doc)
     return sample
 
 
+def timed_launches(
+    timer: Timer, launches: Sequence[Callable[[], Any]], before: Callable[[], Any] | None = None
+) -> list[float]:
+    """Each launch's time: all queued at once where the timer can (``EventTimer.many``), else one by
+    one. ``before`` runs ahead of each launch, outside its timed region."""
+    many = getattr(timer, "many", None)
+    if many is not None:
+        return list(many(launches, before=before))
+    out = []
+    for launch in launches:
+        if before is not None:
+            before()
+        out.append(timer(launch))
+    return out
+
+
 def cuda_difference_sampler(
     fn: Callable[[], Any], device: str, mode: str, *, flush_kind: FlushKind = FLUSH
 ) -> Sampler:
     """The difference method for ``fn`` on a CUDA device: graphs (``graph``) or eager launches
-    (``eager``), K chosen from a first eager estimate of one (flush, call) pair."""
-    parts = cuda_parts(device, mode)
+    (``eager``), K chosen from a first estimate of one (flush, call) pair, which also warms ``fn`` for
+    its capture. The launch of K flushes is kept per device and K, for every sampler that needs it."""
+    parts = cuda_parts(device, mode, warmup_calls=0)  # ``warm_pair_us`` warms what is captured
     flush = cuda_flush(device, flush_kind)
-    k = num_calls_for(gpu_time_us(repeated(fn, flush, 1)))
-    sample = difference_sampler(fn, flush, num_calls=k, timer=parts.timer, capture=parts.capture)
+    pair_us = warm_pair_us(fn, flush, device)
+    k = num_calls_for(pair_us)
+    key = (device, mode, flush_kind, k)
+    if key not in _FLUSHES:
+        _FLUSHES[key] = parts.capture(repeated(flush, None, k))
+    sample = difference_sampler(
+        fn, flush, num_calls=k, timer=parts.timer, capture=parts.capture, flushes=_FLUSHES[key]
+    )
+    sample.expected_us = 2 * k * pair_us  # type: ignore[attr-defined]  # sizes the harness's first chunk
     if mode == "eager":
         parts.timer.cover(sample.launches[0])  # type: ignore[attr-defined]
     return sample
+
+
+#: per (device, mode, flush kind, K): the launch of K flushes every difference sampler with that K times
+_FLUSHES: dict[tuple[str, str, str, int], Callable[[], Any]] = {}
+#: per (device, kind): the flush; its buffer lives for the process (the graphs above read it)
+_FLUSH_KERNELS: dict[tuple[str, str], Callable[[], None]] = {}
 
 
 @dataclass
@@ -151,34 +198,55 @@ class CudaParts:
     capture: Capture
 
 
-def cuda_parts(device: str, mode: str) -> CudaParts:
-    """An event timer, and a capture that makes a CUDA graph (``graph``) or runs the callable (``eager``)."""
+def cuda_parts(device: str, mode: str, *, warmup_calls: int = _WARMUP_CALLS) -> CudaParts:
+    """An event timer, and a capture that makes a CUDA graph (``graph``, after ``warmup_calls`` calls)
+    or runs the callable (``eager``)."""
     timer = EventTimer()
     if mode == "graph":
-        return CudaParts(timer, lambda fn: graph_of(fn, device))
+        return CudaParts(timer, lambda fn: graph_of(fn, device, warmup_calls=warmup_calls))
     return CudaParts(timer, lambda fn: fn)
 
 
 class EventTimer:
-    """Times one launch with CUDA events on the current stream, a spin kernel queued first so the GPU is
-    still busy while the host launches (the sample is the GPU's time, not the host's latency)."""
+    """Times launches with CUDA events on the current stream, a spin kernel queued first so the GPU is
+    still busy while the host launches (a sample is the GPU's time, not the host's latency).
+
+    ``many`` queues several launches, each between its own two events, behind one spin, and waits for
+    the device once: the host stays ahead of the GPU after the first launch (a graph's launch costs the
+    host microseconds, its replay the GPU hundreds), so the spin and the wait are paid per chunk."""
 
     def __init__(self) -> None:
-        import torch
-
-        self.start = torch.cuda.Event(enable_timing=True)
-        self.end = torch.cuda.Event(enable_timing=True)
         self.spin_cycles = _SPIN_CYCLES
+        self.covering = False  # eager launches: the spin must outlast the host's launching (``cover``)
+        self._events: list[Any] = []
 
     def __call__(self, launch: Callable[[], Any]) -> float:
+        return self.many([launch])[0]
+
+    def many(
+        self, launches: Sequence[Callable[[], Any]], before: Callable[[], Any] | None = None
+    ) -> list[float]:
+        """Each launch's device time in µs, all queued behind one spin and read after one wait;
+        ``before`` runs ahead of each launch, outside its events."""
         import torch
 
-        torch.cuda._sleep(self.spin_cycles)
-        self.start.record()
-        launch()
-        self.end.record()
-        self.end.synchronize()
-        return float(self.start.elapsed_time(self.end)) * 1e3
+        events = self._pairs(len(launches))
+        torch.cuda._sleep(self.spin_cycles * (len(launches) if self.covering else 1))
+        for launch, (start, end) in zip(launches, events, strict=False):
+            if before is not None:
+                before()
+            start.record()
+            launch()
+            end.record()
+        events[len(launches) - 1][1].synchronize()
+        return [float(start.elapsed_time(end)) * 1e3 for start, end in events[: len(launches)]]
+
+    def _pairs(self, n: int) -> list[Any]:
+        import torch
+
+        while len(self._events) < n:
+            self._events.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
+        return self._events
 
     def cover(self, launch: Callable[[], Any]) -> None:
         """Lengthen the spin to outlast the host's time to launch ``launch`` (eager launches of K calls
@@ -190,31 +258,34 @@ class EventTimer:
         t0 = time.perf_counter()
         launch()
         host_us = (time.perf_counter() - t0) * 1e6
-        self.start.record()
+        start, end = self._pairs(1)[0]
+        start.record()
         torch.cuda._sleep(_SPIN_CYCLES)
-        self.end.record()
-        self.end.synchronize()
-        cycles_per_us = _SPIN_CYCLES / max(float(self.start.elapsed_time(self.end)) * 1e3, 1.0)
+        end.record()
+        end.synchronize()
+        cycles_per_us = _SPIN_CYCLES / max(float(start.elapsed_time(end)) * 1e3, 1.0)
         self.spin_cycles = max(_SPIN_CYCLES, int(1.5 * host_us * cycles_per_us))
+        self.covering = True
 
 
-def graph_of(fn: Callable[[], Any], device: str) -> Callable[[], Any]:
-    """``fn`` captured into a CUDA graph (after a warm-up on a side stream, as capture requires):
-    the graph's replay. The graph, and ``fn`` with every tensor it holds (the memory the graph's
-    kernels use: module doc), live as long as the returned callable."""
+def graph_of(fn: Callable[[], Any], device: str, *, warmup_calls: int = _WARMUP_CALLS) -> Callable[[], Any]:
+    """``fn`` captured into a CUDA graph (after ``warmup_calls`` calls on a side stream, as capture
+    requires, where nothing warmed it already): the graph's replay. The graph, and ``fn`` with every
+    tensor it holds (the memory the graph's kernels use: module doc), live as long as the returned
+    callable."""
     import torch
 
     with torch.cuda.device(device):
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # lazy workspaces and handles get made here, not in the graph
-            for _ in range(_WARMUP_CALLS):
-                fn()
-        torch.cuda.current_stream().wait_stream(side)
+        if warmup_calls:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # lazy workspaces and handles get made here, not in the graph
+                for _ in range(warmup_calls):
+                    fn()
+            torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             fn()
-        torch.cuda.synchronize()
 
     def replay() -> None:
         graph.replay()
@@ -225,9 +296,12 @@ def graph_of(fn: Callable[[], Any], device: str) -> Callable[[], Any]:
 
 def cuda_flush(device: str, kind: FlushKind = FLUSH) -> Callable[[], None]:
     """A kernel that evicts the L2: a read (a sum into a preallocated output) or a write (zeroing) of a
-    buffer twice the L2's size. Capturable in a CUDA graph: it allocates nothing per call."""
+    buffer twice the L2's size. Capturable in a CUDA graph: it allocates nothing per call. One per
+    device and kind for the process (its buffer is read by the graphs that capture it)."""
     import torch
 
+    if (device, kind) in _FLUSH_KERNELS:
+        return _FLUSH_KERNELS[device, kind]
     l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size
     if kind == "write":
         buf = torch.empty(2 * l2_bytes, dtype=torch.int8, device=device)
@@ -235,6 +309,7 @@ def cuda_flush(device: str, kind: FlushKind = FLUSH) -> Callable[[], None]:
         def write() -> None:
             buf.zero_()
 
+        _FLUSH_KERNELS[device, kind] = write
         return write
     data = torch.ones(2 * l2_bytes // 4, dtype=torch.float32, device=device)
     out = torch.empty((), dtype=torch.float32, device=device)
@@ -242,7 +317,31 @@ def cuda_flush(device: str, kind: FlushKind = FLUSH) -> Callable[[], None]:
     def read() -> None:
         torch.sum(data, dim=0, out=out)
 
+    _FLUSH_KERNELS[device, kind] = read
     return read
+
+
+def warm_pair_us(fn: Callable[[], Any], flush: Callable[[], Any], device: str, pairs: int = 2) -> float:
+    """The GPU's time for one (flush, ``fn``) pair: a first estimate, for choosing K. Run on a side
+    stream after one untimed pair, so it is also the warm-up a graph capture of ``fn`` needs (lazy
+    workspaces and handles made outside the graph), and behind a spin, so the host's launching of
+    the timed pairs stays out of it."""
+    import torch
+
+    with torch.cuda.device(device):
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            flush()
+            fn()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(_SPIN_CYCLES)
+            start.record()
+            repeated(fn, flush, pairs)()
+            end.record()
+        torch.cuda.current_stream().wait_stream(side)
+        end.synchronize()
+    return float(start.elapsed_time(end)) * 1e3 / pairs
 
 
 def gpu_time_us(fn: Callable[[], Any], calls: int = 3) -> float:

@@ -66,7 +66,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from tunectl.core.spec import MeasureSpec
-from tunectl.measure.harness import Sampler, Stats, measure
+from tunectl.measure.harness import Sampler, Stats, measure, take
 
 #: the probe's sampler for ``calls`` back-to-back probe calls timed as one window (µs per call)
 Probe = Callable[[int], Sampler]
@@ -181,7 +181,7 @@ class DriftGuard:
         spans: list[tuple[Stats, int, int]] = []  # each measurement, and the looks taken inside it
         for sample, settings in measurements:
             first = len(self._probes)
-            spans.append((measure(self._watched(sample), settings), first, len(self._probes)))
+            spans.append((self._looked_at(sample, settings), first, len(self._probes)))
         after = self._check()
         self._probes.append(after)
         self._last_check = (self._clock(), after)
@@ -249,7 +249,7 @@ class DriftGuard:
         furthest from ``reference`` (module doc)."""
         before = self._recent_check(reference) or self._check()
         self._probes, self._last_look = [before], self._clock()
-        stats = measure(self._watched(sample), settings)
+        stats = self._looked_at(sample, settings)
         after = self._check()
         self._probes.append(after)
         self._last_check = (self._clock(), after)
@@ -270,21 +270,25 @@ class DriftGuard:
             return None
         return check
 
-    def _watched(self, sample: Sampler) -> Sampler:
-        """``sample``, with a look at the probe (into the probes) between samples every LOOK_EVERY_S
-        since the last probe."""
+    def _looked_at(self, sample: Sampler, settings: MeasureSpec) -> Stats:
+        """``sample`` measured with a look at the probe (into the probes) between chunks of samples
+        every LOOK_EVERY_S since the last probe; a chunk ends by the time the next look is due."""
 
-        def watched() -> float:
+        def look(pace_s: float | None) -> None:
+            if pace_s is not None:
+                self._size_probe(pace_s)
             if self._clock() - self._last_look >= LOOK_EVERY_S:
                 self._probes.append(self._check())
-                self._timed(sample)  # run and dropped (module doc)
+                self._timed(lambda: take(sample, 1))  # run and dropped (module doc)
                 self._last_look = self._clock()
-            start = self._clock()
-            us = sample()
-            self._size_probe(self._clock() - start)
-            return us
 
-        return watched
+        def until_look() -> float:
+            return max(LOOK_EVERY_S - (self._clock() - self._last_look), 0.0)
+
+        stats = measure(sample, settings, self._clock, between=look, chunk_s=until_look)
+        if stats.num_samples:
+            self._size_probe(stats.seconds / stats.num_samples)
+        return stats
 
     def _size_probe(self, sample_s: float) -> None:
         """Probe samples of as many calls as span ``sample_s`` (up to ``PROBE_SPAN_MAX_US``)."""
@@ -295,15 +299,18 @@ class DriftGuard:
     def _probe(self) -> Sampler:
         if self._calls not in self._samplers:
             self._samplers[self._calls] = self.probe(self._calls)
-        return self._samplers[self._calls]
+        sampler = self._samplers[self._calls]
+        if self._reference is not None:  # a sample's length, for the harness's first chunk
+            sampler.expected_us = self._reference.median_us * self._calls  # type: ignore[attr-defined]
+        return sampler
 
     def _time_probe(self) -> Stats:
         """The probe timed for a reference (``settings``)."""
-        return self._timed(lambda: measure(self._probe(), self.settings))
+        return self._timed(lambda: measure(self._probe(), self.settings, self._clock))
 
     def _check(self) -> Stats:
         """The probe timed for a check against the reference (``check_settings``)."""
-        return self._timed(lambda: measure(self._probe(), self.check_settings))
+        return self._timed(lambda: measure(self._probe(), self.check_settings, self._clock))
 
     def _timed(self, guard_work: Callable[[], T]) -> T:
         """``guard_work()``, its time counted as the guard's."""
@@ -361,6 +368,14 @@ def probe_sampler(device: str) -> Probe:
                 kernel()
 
         timed = make_sampler(window, device, "eager", "warm")
-        return lambda: timed() / calls
+
+        def many(n: int) -> list[float]:
+            return [t / calls for t in take(timed, n)]
+
+        def per_call() -> float:
+            return many(1)[0]
+
+        per_call.many = many  # type: ignore[attr-defined]
+        return per_call
 
     return sized

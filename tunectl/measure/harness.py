@@ -4,6 +4,14 @@ A sampler runs the kernel once and returns its time in microseconds. ``measure``
 samples until at least ``min_samples`` were taken and the relative noise is at or under the target,
 or ``max_samples`` or ``max_seconds`` is reached. Noise is the half-width of the p20-p80 band over
 the median: robust to the odd preempted sample that a mean and standard deviation are not.
+
+Samples are taken in *chunks*: a sampler that has a ``many(n)`` method (a GPU sampler:
+``tunectl.measure.difference``) queues a chunk's launches at once and waits for the device once,
+so the host's wait and the spin ahead of each launch are paid per chunk, not per sample. The noise
+is checked after each chunk; chunks grow geometrically (to the minimum, then doubling the count,
+at most ``MAX_CHUNK``) and never past what the time cap leaves at the pace seen so far. A sampler's
+``expected_us`` (its build's estimate of one sample, where known) sizes the first chunk; without
+it the first chunk is one sample.
 """
 
 from __future__ import annotations
@@ -54,31 +62,77 @@ def summarise(samples_us: Sequence[float], seconds: float = 0.0) -> Stats:
     return Stats(median, p20, p80, statistics.fmean(s), s[0], s[-1], len(s), noise, seconds)
 
 
-def measure(sample: Sampler, settings: MeasureSpec, clock: Callable[[], float] = time.perf_counter) -> Stats:
-    """Warm up, then sample adaptively (see module doc). ``clock`` bounds the wall time."""
-    samples, seconds = collect(sample, settings, clock)
+def measure(
+    sample: Sampler,
+    settings: MeasureSpec,
+    clock: Callable[[], float] = time.perf_counter,
+    *,
+    between: Callable[[float | None], None] | None = None,
+    chunk_s: Callable[[], float] | None = None,
+) -> Stats:
+    """Warm up, then sample adaptively (see module doc). ``clock`` bounds the wall time; ``between``
+    and ``chunk_s`` as ``collect`` takes them."""
+    samples, seconds = collect(sample, settings, clock, between=between, chunk_s=chunk_s)
     return summarise(samples, seconds)
 
 
 def collect(
-    sample: Sampler, settings: MeasureSpec, clock: Callable[[], float] = time.perf_counter
+    sample: Sampler,
+    settings: MeasureSpec,
+    clock: Callable[[], float] = time.perf_counter,
+    *,
+    between: Callable[[float | None], None] | None = None,
+    chunk_s: Callable[[], float] | None = None,
 ) -> tuple[list[float], float]:
-    """The samples ``measure`` summarises, and the seconds they took."""
-    for _ in range(settings.warmup):
-        sample()
+    """The samples ``measure`` summarises, and the seconds they took (module doc: chunks).
+    ``between(pace_s)`` runs before each chunk (the drift guard's looks), told the seconds a sample has
+    taken so far (None before the first); ``chunk_s()`` says how long the next chunk may last."""
+    if settings.warmup:
+        take(sample, settings.warmup)
     start = clock()
+    expected_us = getattr(sample, "expected_us", None)
+    pace_s = expected_us * 1e-6 if expected_us else None  # seconds per sample, once known
     samples: list[float] = []
+    sampling_s = 0.0  # in the chunks themselves (not in ``between``)
     while True:
-        samples.append(sample())
-        n = len(samples)
-        elapsed = clock() - start
-        if n >= settings.max_samples or elapsed >= settings.max_seconds:
+        if between is not None:
+            between(pace_s if samples else None)
+        left_s = settings.max_seconds - (clock() - start)
+        n = next_chunk(len(samples), settings, min(left_s, chunk_s()) if chunk_s else left_s, pace_s)
+        chunk_start = clock()
+        samples += take(sample, n)
+        sampling_s += clock() - chunk_start
+        pace_s = sampling_s / len(samples)
+        if len(samples) >= settings.max_samples or clock() - start >= settings.max_seconds:
             break
-        # Checking the noise costs a sort; do it on a geometric schedule past the minimum.
-        check_now = n == settings.min_samples or n & (n - 1) == 0 or n % 64 == 0
-        if n >= settings.min_samples and check_now and summarise(samples).rel_noise <= settings.noise_target:
+        if len(samples) >= settings.min_samples and summarise(samples).rel_noise <= settings.noise_target:
             break
     return samples, clock() - start
+
+
+#: the most samples queued at once (their launches, and one wait for the device)
+MAX_CHUNK = 64
+
+
+def next_chunk(taken: int, settings: MeasureSpec, left_s: float, pace_s: float | None) -> int:
+    """How many samples to take next: up to the minimum, then as many again as taken (at most
+    ``MAX_CHUNK``), within ``max_samples`` and the ``left_s`` seconds a chunk may last at ``pace_s`` a
+    sample (one sample where the pace is not known yet)."""
+    goal = settings.min_samples - taken if taken < settings.min_samples else min(taken, MAX_CHUNK)
+    n = min(max(1, goal), settings.max_samples - taken)
+    if pace_s is None:
+        return 1
+    if pace_s > 0:
+        n = min(n, max(1, math.ceil(left_s / pace_s)))
+    return n
+
+
+def take(sample: Sampler, n: int) -> list[float]:
+    """``n`` samples: one chunk where the sampler queues chunks (``many``), else one at a time."""
+    many = getattr(sample, "many", None)
+    if many is not None:
+        return list(many(n))
+    return [sample() for _ in range(n)]
 
 
 def scaled(settings: MeasureSpec, fraction: float) -> MeasureSpec:

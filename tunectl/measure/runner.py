@@ -69,6 +69,8 @@ class ItemRunner:
         self._reference: Any = None
         self._kernels = PointKernels()  # the point's checked configs and their samplers
         self._state: tuple[float, Any] = (-math.inf, None)  # (when, the device state read then)
+        #: the item this worker gets after the current call, where the dispatcher says (its lookahead)
+        self.next_item: WorkItem | None = None
         #: told which arm of a comparison is being checked (its index), and None once all are timed
         self.on_arm: Callable[[int | None], None] = _nothing
         #: told which member of a plain item or a batch is being checked or timed (its item id)
@@ -159,11 +161,12 @@ class ItemRunner:
         static, shape = dict(item.static), dict(item.shape)
         fields: list[dict[str, Any]] = []
         timed: list[tuple[int, Sampler, MeasureSpec]] = []
-        for m in members:
+        for i, m in enumerate(members):
             self.on_member(m.item_id)
             mine = len(fields)
+            then = members[i + 1] if i + 1 < len(members) else self.next_item
             try:
-                built, checked = self._built(task, m.config, static, shape, dict(m.config), m)
+                built, checked = self._built(task, m.config, static, shape, dict(m.config), (m, then))
                 fields.append(checked)
                 if built is not None:
                     timed.append((len(fields) - 1, *self._sampler(built, settings, mode)))
@@ -246,15 +249,16 @@ class ItemRunner:
         static: dict[str, Any],
         shape: dict[str, Any],
         config: dict[str, Any],
-        item: WorkItem | None = None,
+        items: tuple[WorkItem, WorkItem | None] | None = None,
     ) -> tuple[Built | None, dict[str, Any]]:
         """The config's checked call at the current point (built once, ``tunectl.measure.built``) and
-        the fields its record carries; (None, the failed check's fields) where its output is wrong."""
+        the fields its record carries; (None, the failed check's fields) where its output is wrong.
+        ``items``: the item it is built for and the one built after it (for ``prepare``)."""
         built = self._kernels.get(config_key)
         if built is not None:
             return built, built.recheck_fields()
-        if item is not None:
-            fn, prepare_s = self.prepare(task, item, static, shape, config)
+        if items is not None:
+            fn, prepare_s = self.prepare(task, items[0], static, shape, config, then=items[1])
         else:
             fn, prepare_s = timed_prepare(task, static, shape, config, self._inputs)
         failed, checked = self._check(task, static, fn, prepare_s)
@@ -423,9 +427,11 @@ class ItemRunner:
         static: dict[str, Any],
         shape: dict[str, Any],
         config: dict[str, Any],
+        then: WorkItem | None = None,
     ) -> tuple[Callable[[], Any], float]:
         """The item's kernel call and the seconds preparing it took: the hook a runner that prepares
-        items ahead overrides (``tunectl.orchestrator.pipeline``). Called once per config and point."""
+        items ahead overrides (``tunectl.orchestrator.pipeline``). Called once per config and point;
+        ``then`` is the item prepared after this one (the next member of a batch, or the lookahead)."""
         return timed_prepare(task, static, shape, config, self._inputs)
 
     def _synchronize(self) -> None:

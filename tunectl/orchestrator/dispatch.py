@@ -246,10 +246,10 @@ class _Dispatcher:
     def _batch(self, slot: Slot, item: WorkItem) -> WorkItem:
         """``item`` with the looks of the same kind waiting at its point, up to ``options.batch`` in
         one call: the worker checks and times each, under one drift-guard bracket, and returns them
-        together. Not suspects (they run alone), comparisons, or with compile-ahead (it prepares the
-        next call's single item)."""
+        together (with compile-ahead, preparing each member while the one before it is checked). Not
+        suspects (they run alone) or comparisons."""
         limit = self.options.batch - 1
-        if limit <= 0 or item.arms or self.options.compile_ahead or self.blame.is_suspect(item):
+        if limit <= 0 or item.arms or self.blame.is_suspect(item):
             return item
         mates = self.feeds[slot.lane].queue.pop_batch_mates(item, limit, self._rank_on(slot))
         admitted = [a for m in mates if (a := self._admit(slot, m)) is not None]

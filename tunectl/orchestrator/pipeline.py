@@ -1,10 +1,11 @@
 """Compile ahead: prepare the next item's kernel in a background thread while this one is timed.
 
-The dispatcher tells a worker, with each item, which item it will send next (its *lookahead*). When
-the lookahead is at the same (static, shape) point, its ``prepare`` (where a task compiles) starts
+The dispatcher tells a worker, with each call, which item it will send next (its *lookahead*). The
+item prepared next is the following member of a batch, or after a call's last item the lookahead.
+When it is at the same (static, shape) point, its ``prepare`` (where a task compiles or loads) starts
 in a background thread as soon as the current item's own kernel is ready, so it runs while the
-current item is checked and timed; the device does not wait for the compiler. A lookahead at
-another point is prepared when its turn comes (its inputs do not exist yet).
+current item is checked and timed; the device does not wait for the compiler or the loader. An item
+at another point is prepared when its turn comes (its inputs do not exist yet).
 
 Only ``prepare`` runs ahead, never the kernel itself, so the timed region shares the device with
 nothing. Everything a background preparation raises is re-raised when its item runs, and is
@@ -29,7 +30,6 @@ class CompileAheadRunner(ItemRunner):
         super().__init__(device)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compile-ahead")
         self._ahead: dict[str, Future[tuple[Callable[[], Any], float]]] = {}
-        self.next_item: WorkItem | None = None
         self.num_prepared_ahead = 0
 
     def preparing(self) -> str | None:
@@ -43,6 +43,7 @@ class CompileAheadRunner(ItemRunner):
         static: dict[str, Any],
         shape: dict[str, Any],
         config: dict[str, Any],
+        then: WorkItem | None = None,
     ) -> tuple[Callable[[], Any], float]:
         future = self._ahead.pop(item.item_id, None)
         self._ahead.clear()  # anything else announced earlier will not come to this worker next
@@ -52,11 +53,9 @@ class CompileAheadRunner(ItemRunner):
                 return future.result()
             return super().prepare(task, item, static, shape, config)
         finally:
-            self._start_next(task, item)  # also when this item's preparation failed
+            self._start_next(task, item, then)  # also when this item's preparation failed
 
-    def _start_next(self, task: TuningTask, item: WorkItem) -> None:
-        nxt = self.next_item
-        self.next_item = None
+    def _start_next(self, task: TuningTask, item: WorkItem, nxt: WorkItem | None) -> None:
         if nxt is None or nxt.item_id == item.item_id or nxt.point != item.point or nxt.task != item.task:
             return
         inputs = self._inputs

@@ -15,6 +15,7 @@ import os
 import secrets
 import socket
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -90,12 +91,13 @@ class TuneWorker:
             return None
         preparing = self.runner.preparing() if self.compile_ahead else None  # type: ignore[attr-defined]
         if self.compile_ahead:
-            self.runner.next_item = lookahead  # type: ignore[attr-defined]
+            self.runner.next_item = lookahead
             if lookahead is not None and lookahead.point == item.point:
                 preparing = lookahead.item_id
         self._note(item.item_id, preparing)
-        # In a batch, name the member being checked or timed: a death there is charged to it alone.
-        self.runner.on_member = (lambda iid: self._note(iid, preparing)) if item.members else _nothing
+        # In a batch, name the member being checked or timed: a death there is charged to it alone
+        # (and, with compile-ahead, the member prepared beside it: the next one, or the lookahead).
+        self.runner.on_member = self._member_notes(item, preparing) if item.members else _nothing
         if item.arms:  # name the arm being checked, so a death there is charged to that config alone
             self.runner.on_arm = lambda i: self._note(
                 item.item_id, preparing, None if i is None else key_text(item.arms[i])
@@ -107,6 +109,12 @@ class TuneWorker:
             os._exit(POISONED_EXIT_CODE)
         self._note(None, self.runner.preparing() if self.compile_ahead else None)  # type: ignore[attr-defined]
         return record
+
+    def _member_notes(self, item: WorkItem, last: str | None) -> Callable[[str], None]:
+        """What a batch notes as each member starts: it, and the item prepared beside it."""
+        ids = [m.item_id for m in item.members]
+        after = dict(zip(ids, ids[1:], strict=False)) if self.compile_ahead else {}
+        return lambda iid: self._note(iid, after.get(iid, last))
 
     def close(self) -> list[Any]:
         """Remove the journal (the run is over; nobody will ask for last words); what this process
