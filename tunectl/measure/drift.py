@@ -14,7 +14,8 @@ default fails, and it needs no compiling. The probe is timed:
   is the point's *reference*: at least ten samples, to half a percent of noise where 50 ms allow it
   (``PROBE_SETTINGS``); and
 - before and after every measurement at the point, and, inside a measurement, every ``LOOK_EVERY_S``
-  between its samples: a *check* of at least five samples, to 1 % of noise, at most 30 ms
+  between its chunks of samples (``tunectl.measure.harness``; a chunk ends by the time a look is
+  due): a *check* of at least five samples, to 1 % of noise, at most 30 ms
   (``CHECK_SETTINGS``). The check after one measurement is the check before the next where it is
   younger than ``CHECK_REUSE_S`` and found the probe where the reference has it: items follow each
   other within tens of milliseconds, and a fresh check there saw the same device (the checks stay
@@ -35,8 +36,8 @@ window, up to ``PROBE_SPAN_MAX_US``; its reading is per call). A neighbour proce
 time slices: a window shorter than a slice rarely meets a switch, so a single ~200 µs
 probe read clean through a burst that doubled a 15 ms kernel (an H200, cuDNN SDPA at 64 x 8192, 2.09x
 with no flag). A window as long as the measured sample meets as many switches as it does. The looks
-and the probe after a measurement are sized by its latest sample (its wall time: the first samples
-of a config can be far longer), the probe before it by the previous measurement's at the point (one
+and the probe after a measurement are sized by its samples' pace so far (a chunk's wall time over its
+samples), the probe before it by the previous measurement's at the point (one
 call at a point's first item, which is the reference; readings per call compare across sizes).
 
 The probe *moved* when its two medians lie each outside the other's p20-p80 band and differ by more

@@ -11,7 +11,7 @@ so the host's wait and the spin ahead of each launch are paid per chunk, not per
 is checked after each chunk; chunks grow geometrically (to the minimum, then doubling the count,
 at most ``MAX_CHUNK``) and never past what the time cap leaves at the pace seen so far. A sampler's
 ``expected_us`` (its build's estimate of one sample, where known) sizes the first chunk; without
-it the first chunk is one sample.
+it the first chunk is one sample. Warm-up samples run at the head of the first chunk and are dropped.
 """
 
 from __future__ import annotations
@@ -87,8 +87,7 @@ def collect(
     """The samples ``measure`` summarises, and the seconds they took (module doc: chunks).
     ``between(pace_s)`` runs before each chunk (the drift guard's looks), told the seconds a sample has
     taken so far (None before the first); ``chunk_s()`` says how long the next chunk may last."""
-    if settings.warmup:
-        take(sample, settings.warmup)
+    warmup = settings.warmup  # taken with the first chunk, and dropped
     start = clock()
     expected_us = getattr(sample, "expected_us", None)
     pace_s = expected_us * 1e-6 if expected_us else None  # seconds per sample, once known
@@ -100,8 +99,9 @@ def collect(
         left_s = settings.max_seconds - (clock() - start)
         n = next_chunk(len(samples), settings, min(left_s, chunk_s()) if chunk_s else left_s, pace_s)
         chunk_start = clock()
-        samples += take(sample, n)
+        samples += take(sample, warmup + n)[warmup:]
         sampling_s += clock() - chunk_start
+        warmup = 0
         pace_s = sampling_s / len(samples)
         if len(samples) >= settings.max_samples or clock() - start >= settings.max_seconds:
             break
@@ -129,6 +129,8 @@ def next_chunk(taken: int, settings: MeasureSpec, left_s: float, pace_s: float |
 
 def take(sample: Sampler, n: int) -> list[float]:
     """``n`` samples: one chunk where the sampler queues chunks (``many``), else one at a time."""
+    if n <= 0:
+        return []
     many = getattr(sample, "many", None)
     if many is not None:
         return list(many(n))
@@ -166,8 +168,7 @@ def interleave(
         share, warmup=0, min_samples=min_samples, max_samples=max(min_samples, share.max_samples)
     )
     for sample, warmup in zip(samplers, warmups or [settings.warmup] * len(samplers), strict=True):
-        for _ in range(warmup):
-            sample()
+        take(sample, warmup)
     order = list(range(len(samplers)))
     rng = random.Random(seed)
     out: list[list[list[float]]] = [[] for _ in samplers]

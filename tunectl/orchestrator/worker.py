@@ -10,6 +10,7 @@ predecessor's *last words*, so the driver knows which item killed it (``tunectl.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import secrets
@@ -113,7 +114,7 @@ class TuneWorker:
     def _member_notes(self, item: WorkItem, last: str | None) -> Callable[[str], None]:
         """What a batch notes as each member starts: it, and the item prepared beside it."""
         ids = [m.item_id for m in item.members]
-        after = dict(zip(ids, ids[1:], strict=False)) if self.compile_ahead else {}
+        after = dict(itertools.pairwise(ids)) if self.compile_ahead else {}
         return lambda iid: self._note(iid, after.get(iid, last))
 
     def close(self) -> list[Any]:

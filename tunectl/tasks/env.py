@@ -48,6 +48,7 @@ def environment(device: str) -> dict[str, Any]:
     return env
 
 
+@cache
 def env_json(device: str) -> str:
     return canonical_json(environment(device))
 
