@@ -36,7 +36,7 @@ PARTS = (
     ("loading (prepare)", "tunectl/measure/runner.py", "timed_prepare"),
     ("check: the comparison with the reference", "tunectl/measure/runner.py", "_compare"),
     ("sampler build", "tunectl/measure/timing.py", "make_sampler"),
-    ("  of which first estimate", "tunectl/measure/difference.py", "gpu_time_us"),
+    ("  of which first estimate (and warm-up)", "tunectl/measure/difference.py", "warm_pair_us"),
     ("  of which graph capture", "tunectl/measure/difference.py", "graph_of"),
     ("  of which spin cover", "tunectl/measure/difference.py", "cover"),
     ("guard, whole (incl. the measurement)", "tunectl/measure/drift.py", "measure"),
@@ -49,7 +49,7 @@ PARTS = (
     ("  of which NVML init", "pynvml.py", "nvmlInit"),
     ("  of which power", "pynvml.py", "nvmlDeviceGetPowerUsage"),
     ("  of which violation counters", "pynvml.py", "nvmlDeviceGetViolationStatus"),
-    ("event timer (one launch, synchronised)", "tunectl/measure/difference.py", "__call__"),
+    ("event timer (a chunk of launches, one wait)", "tunectl/measure/difference.py", "many"),
 )
 
 

@@ -13,7 +13,8 @@ Each run is a real ``tunectl submit`` (local Ray, one GPU worker). The table giv
 shape, each run's median over the baseline's, and for the guarded run whether the probe moved
 (``drift``) and how often the config was measured again; the summary counts rows more than 5 % off
 the baseline in each disturbed run. The load shares the GPU by time-slicing, so any kernel running
-while the load runs reads slower.
+while the load runs reads slower. The bursts come often (a second on, a second off, from the start):
+a point's measurements take tens of milliseconds, so rarer bursts could miss a whole run's rows.
 """
 
 from __future__ import annotations
@@ -129,9 +130,9 @@ def rows(out: Path, run_id: str) -> dict[tuple[str, str], object]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("/tmp/drift-demo"))
-    parser.add_argument("--load-after", type=float, default=5.0, help="seconds before the first burst")
-    parser.add_argument("--load-on", type=float, default=3.0, help="seconds of each burst")
-    parser.add_argument("--load-off", type=float, default=6.0, help="seconds between bursts")
+    parser.add_argument("--load-after", type=float, default=0.0, help="seconds before the first burst")
+    parser.add_argument("--load-on", type=float, default=1.0, help="seconds of each burst")
+    parser.add_argument("--load-off", type=float, default=1.0, help="seconds between bursts")
     parser.add_argument("--no-unguarded", action="store_true", help="skip run 3 (a third less time)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

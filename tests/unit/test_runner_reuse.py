@@ -112,3 +112,28 @@ def test_a_batch_under_compile_ahead_prepares_each_member_while_the_one_before_i
     assert [r.item_id for r in records] == [m.item_id for m in members]
     assert runner.num_prepared_ahead == 2, "the second and third members were prepared ahead"
     assert set(runner._ahead) == {runner.next_item.item_id}, "then the next call's item"
+
+
+def test_a_batch_is_timed_in_chunks_not_a_wait_per_sample(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tunectl.core.plan import batch
+
+    chunks: list[int] = []
+    real = runner_module.make_sampler
+
+    def chunking(*args: Any, **kwargs: Any) -> Any:
+        sample = real(*args, **kwargs)
+
+        def many(n: int) -> list[float]:
+            chunks.append(n)
+            return [sample() for _ in range(n)]
+
+        sample.many = many  # type: ignore[attr-defined]  # a GPU sampler's chunks, on the CPU's clock
+        return sample
+
+    monkeypatch.setattr(runner_module, "make_sampler", chunking)
+    fixed = dataclasses.replace(SETTINGS, warmup=0, min_samples=12, max_samples=12, max_seconds=10.0)
+    shape = make_key({"n": 64})
+    members = [_look(shape, config, 0, 1.0) for config in (GOOD, FAST)]
+    records = _ok(ItemRunner("cpu").run("r", batch(members), fixed))
+    assert [r.num_samples for r in records] == [12, 12]
+    assert sum(chunks) == 24 and len(chunks) <= 4, "a first sample for the pace, then one chunk each"

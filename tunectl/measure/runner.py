@@ -23,7 +23,7 @@ from tunectl.core.spec import MeasureSpec
 from tunectl.measure.built import Built, PointKernels, with_warmup
 from tunectl.measure.drift import MAX_WAIT_S, DriftGuard, Probe, probe_sampler
 from tunectl.measure.failures import clip, failure_message
-from tunectl.measure.harness import Sampler, Stats, interleave, measure, scaled
+from tunectl.measure.harness import Sampler, Stats, interleave, measure, scaled, take
 from tunectl.measure.memory import when_memory_frees
 from tunectl.measure.nvml import read_state, record_fields
 from tunectl.measure.rounds import NOT_MEASURABLE, NotMeasurable, arm_stats, round_times
@@ -229,17 +229,23 @@ class ItemRunner:
         }  # fmt: skip
 
     def _noting(self, member_id: str, sampler: Sampler) -> Sampler:
-        """``sampler``, telling ``on_member`` whose measurement runs as its first sample is taken (a
-        worker notes it: a death while timing it is charged to it alone)."""
+        """``sampler``, telling ``on_member`` whose measurement runs as its first samples are taken (a
+        worker notes it: a death while timing it is charged to it alone). It takes chunks as
+        ``sampler`` does (``tunectl.measure.harness``)."""
         told = False
 
-        def sample() -> float:
+        def many(n: int) -> list[float]:
             nonlocal told
             if not told:
                 told = True
                 self.on_member(member_id)
-            return sampler()
+            return take(sampler, n)
 
+        def sample() -> float:
+            return many(1)[0]
+
+        sample.many = many  # type: ignore[attr-defined]
+        sample.expected_us = getattr(sampler, "expected_us", None)  # type: ignore[attr-defined]
         return sample
 
     def _built(

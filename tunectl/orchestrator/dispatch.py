@@ -49,7 +49,7 @@ class OrchestrationError(TunectlError):
     """The run cannot go on (no worker left to run its items); what was measured is kept."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DispatchOptions:
     prefetch: int = 2  # calls in flight per worker
     batch: int = 8  # a point's looks of one kind sent to a worker in one call, at most (1: no batches)

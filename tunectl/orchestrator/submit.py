@@ -354,10 +354,10 @@ def _measure(
              "(compile ahead: %s)", info.run_id, todo, strategy, out.placement.num_workers,
              ", ".join(info.pools), ahead)  # fmt: skip
     progress.start(info.run_id, todo, out.placement)
-    stats = dispatch(
-        lanes, info.run_id, measure, on_records,
-        DispatchOptions(resources.prefetch, ahead, stall_timeout_s=options.stall_timeout_s), builds=builds,
-    )  # fmt: skip
+    how = DispatchOptions(
+        prefetch=resources.prefetch, compile_ahead=ahead, stall_timeout_s=options.stall_timeout_s
+    )
+    stats = dispatch(lanes, info.run_id, measure, on_records, how, builds=builds)
     # Work that plans more as it goes (refinement) knows its size only now.
     info = dataclasses.replace(
         info, num_planned=max(info.num_planned, sum(w.estimate() for w in works.values()))
