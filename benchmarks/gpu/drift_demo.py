@@ -2,6 +2,7 @@
 
     PYTHONPATH=. python benchmarks/gpu/drift_demo.py [--out DIR]      # on a GPU host, ~3 minutes
 
+0. a warming run (not compared), so the compile cache is full before the baseline;
 1. undisturbed (the baseline);
 2. with a load process on the same GPU that, from ``--load-after`` seconds into the run, runs matrix
    products for ``--load-on`` seconds, rests ``--load-off`` seconds, and so on to the end of the run,
@@ -134,8 +135,15 @@ def main() -> None:
     parser.add_argument("--load-on", type=float, default=1.0, help="seconds of each burst")
     parser.add_argument("--load-off", type=float, default=1.0, help="seconds between bursts")
     parser.add_argument("--no-unguarded", action="store_true", help="skip run 3 (a third less time)")
+    parser.add_argument(
+        "--no-warm",
+        action="store_true",
+        help="skip the warming run (its compiles would share the baseline's GPU)",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
+    if not args.no_warm:  # fills the compile cache, so no run is timed beside compile processes
+        submit(args.out, "warming", "off", None)
     base = rows(args.out, submit(args.out, "baseline", "remeasure", None))
     load = (args.load_after, args.load_on, args.load_off)
     guarded = rows(args.out, submit(args.out, "guarded", "remeasure", load))
