@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tunectl.core.keys import make_key
-from tunectl.orchestrator.builds import CompileOptions
+from tunectl.orchestrator.compiling import CompileOptions
 
 pytestmark = pytest.mark.slow
 
@@ -84,7 +84,7 @@ def test_a_comparison_goes_on_without_the_arms_whose_kernel_failed_to_build(
     from tunectl.core.plan import comparison
     from tunectl.core.record import Phase
     from tunectl.core.spec import load_spec
-    from tunectl.decide.validate import FixedItems
+    from tunectl.decide.work import FixedItems
     from tunectl.orchestrator.submit import RunOptions, new_run, run
 
     spec = load_spec(write_spec(tmp_path, '[[configs]]\nfault = "none"\n'))

@@ -161,7 +161,7 @@ def test_an_arm_that_kills_its_worker_is_recorded_crash_and_the_comparison_goes_
     from tunectl.core.keys import make_key
     from tunectl.core.plan import comparison
     from tunectl.core.record import Phase
-    from tunectl.decide.validate import FixedItems
+    from tunectl.decide.work import FixedItems
     from tunectl.orchestrator.submit import RunOptions, new_run, run
 
     spec = load_spec(write_spec(tmp_path, '[[configs]]\nfault = "none"\n'))

@@ -21,7 +21,7 @@ from tunectl.cli.submit import stopped_message
 from tunectl.core.plan import WorkItem, plan
 from tunectl.core.record import Record
 from tunectl.core.spec import load_spec
-from tunectl.decide.validate import FixedItems
+from tunectl.decide.work import FixedItems
 from tunectl.orchestrator.submit import IncompleteRun, RunOptions, RunStopped, new_run, run, submit
 from tunectl.store.runs import list_runs, load_run, summarise_runs
 

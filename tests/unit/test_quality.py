@@ -19,7 +19,7 @@ from tunectl.cli.validate import print_validation
 from tunectl.core.plan import plan
 from tunectl.core.record import Phase, Record
 from tunectl.core.spec import parse_spec
-from tunectl.decide.validate import read_validation
+from tunectl.decide.stacked import read_validation
 from tunectl.orchestrator.submit import SubmitResult
 from tunectl.orchestrator.validate import ValidationRun
 from tunectl.store.results import ResultsWriter, read_results

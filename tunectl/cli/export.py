@@ -9,7 +9,7 @@ import typer
 
 from tunectl.cli._common import DEFAULT_RESULTS, ResultsOption, library_errors
 from tunectl.cli.validate import AddressOption, LayersOption, RoundsOption
-from tunectl.decide.validate import DEFAULT_LAYERS, DEFAULT_ROUNDS
+from tunectl.decide.stacked import DEFAULT_LAYERS, DEFAULT_ROUNDS
 
 app = typer.Typer(
     help=(

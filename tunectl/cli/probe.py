@@ -12,7 +12,7 @@ from tunectl.cli._common import DEFAULT_RESULTS, ResultsOption
 from tunectl.cli.submit import connect_trapping_cancel
 from tunectl.cli.validate import AddressOption, NumGpusOption, measured
 from tunectl.decide.probes import DEFAULT_PER_CELL, DEFAULT_SHORTLIST
-from tunectl.decide.validate import DEFAULT_ROUNDS
+from tunectl.decide.stacked import DEFAULT_ROUNDS
 
 
 def probe_cmd(

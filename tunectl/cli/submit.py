@@ -231,7 +231,7 @@ def submit(
         _submit_job(spec, address, results, resume, compile_ahead, follow, extra)
         return
     from tunectl.core.spec import load_spec
-    from tunectl.orchestrator.builds import CompileOptions
+    from tunectl.orchestrator.compiling import CompileOptions
     from tunectl.orchestrator.submit import submit as run_submit
 
     console = Console()

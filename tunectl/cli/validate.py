@@ -14,7 +14,7 @@ from tunectl.cli._common import DEFAULT_RESULTS, ResultsOption, fail, library_er
 from tunectl.cli.quality import print_quality
 from tunectl.cli.render import compact, holdout_table, validation_table
 from tunectl.cli.submit import RunBar, connect_trapping_cancel, run_events
-from tunectl.decide.validate import DEFAULT_LAYERS, DEFAULT_ROUNDS
+from tunectl.decide.stacked import DEFAULT_LAYERS, DEFAULT_ROUNDS
 
 LayersOption = Annotated[
     int, typer.Option(help="Layers per stack: calls in a row, a cache-thrashing kernel between each two.")

@@ -17,7 +17,7 @@ from tunectl.core.record import SELECTED_PHASES
 from tunectl.core.registry import get_task
 from tunectl.core.spec import parse_spec
 from tunectl.decide.probes import DEFAULT_PER_CELL, DEFAULT_SHORTLIST, ProbePlan, probes_of
-from tunectl.decide.validate import DEFAULT_ROUNDS
+from tunectl.decide.stacked import DEFAULT_ROUNDS
 from tunectl.orchestrator.submit import Progress
 from tunectl.orchestrator.validate import run_fixed
 from tunectl.store.results import read_results

@@ -2,7 +2,7 @@
 
 A validation is a run like any other (its rows land in the results dataset, phase ``validate``, and
 ``tunectl runs`` lists it), whose work is fixed up front: one stacked comparison per point where
-the bundle chose a config other than the default (``tunectl.decide.validate``).
+the bundle chose a config other than the default (``tunectl.decide.stacked``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from tunectl.core.record import Record
 from tunectl.core.registry import get_task
 from tunectl.core.spec import DEFAULT_MARGIN, Spec, load_spec, parse_spec
 from tunectl.decide.holdout import Holdout, draw_shapes, plan_holdout, read_holdout
-from tunectl.decide.validate import (
+from tunectl.decide.stacked import (
     DEFAULT_LAYERS,
     DEFAULT_ROUNDS,
     FixedItems,
