@@ -112,7 +112,8 @@ class FixedItems:
 
     def __init__(self, items: Sequence[WorkItem], pool: str | None = None) -> None:
         self.items = [
-            item if pool is None else dataclasses.replace(item, item_id=in_pool(item.item_id, pool)) for item in items
+            item if pool is None else dataclasses.replace(item, item_id=in_pool(item.item_id, pool))
+            for item in items
         ]
         self._done: set[str] = set()
         self._next = 0  # the first item not yet drawn
