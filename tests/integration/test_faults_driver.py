@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from tests.integration.test_faults import assert_one_row_per_item, planned_ids, raw_row_count, write_spec
 from tunectl.cli import app
-from tunectl.cli.submit import stopped_message
+from tunectl.cli.progress import stopped_message
 from tunectl.core.plan import WorkItem, plan
 from tunectl.core.record import Record
 from tunectl.core.spec import load_spec

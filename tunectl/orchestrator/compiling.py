@@ -5,37 +5,18 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from tunectl.orchestrator.cluster import CPU_POOL, Pool, WorkerSetup, start_builders
 from tunectl.orchestrator.compile_schedule import SHARED, BuildBook, BuildScheduler, KeyFn, key_function
+from tunectl.orchestrator.control import CompileOptions
 from tunectl.orchestrator.feed import Lane
 from tunectl.store.runs import RunInfo
 
 log = logging.getLogger("tunectl.run")
 
 OnCompiles = Callable[[int, int, int], None]  # (built, total, building), told as the counts change
-
-
-@dataclass(frozen=True)
-class CompileOptions:
-    """How a run builds kernels ahead. ``workers_per_node``: compile processes per node (None: chosen
-    from the node's spare cores, on GPU nodes only; 0: none, workers compile for themselves).
-    ``cache``: the root of every kernel library's on-disk cache (default: a folder in each node's temp
-    dir, kept between runs); ``shared``: every node sees ``cache`` (a kernel is then built once per
-    cluster). ``timeout_s``: a build running longer is a ``compile_timeout``."""
-
-    workers_per_node: int | None = None
-    cache: str | None = None
-    shared: bool = False
-    timeout_s: float = 600.0
-
-    def cache_root(self) -> str:
-        return self.cache or str(Path(tempfile.gettempdir()) / "tunectl-compile-cache")
 
 
 def worker_setup(compile: CompileOptions, task: str, compile_ahead: bool) -> WorkerSetup:

@@ -5,44 +5,20 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from tunectl.orchestrator.cluster import Placement, Pool, WorkerSetup, start_pools, stop_builders, stop_pools
 from tunectl.orchestrator.compile_schedule import BuildScheduler
-from tunectl.orchestrator.compiling import CompileOptions, OnCompiles, start_builds
+from tunectl.orchestrator.compiling import OnCompiles, start_builds
+from tunectl.orchestrator.control import CompileOptions, RunCancelled, RunStopped, cancel_requested
 from tunectl.orchestrator.feed import Lane
 from tunectl.orchestrator.notes import keep_notes
 from tunectl.store.results import ResultsWriter
 from tunectl.store.runs import RunInfo, run_log_path, save_run
 
 log = logging.getLogger("tunectl.run")
-
-
-class RunCancelled(KeyboardInterrupt):
-    """The run was asked to stop (SIGTERM: ``tunectl cancel``, or a Ray job being stopped)."""
-
-
-#: set once this process is asked to stop (``cancel``): the run is recorded cancelled even where the
-#: exception that stopped it lost its type on the way (Ray turns one raised inside ``ray.wait`` into
-#: a plain KeyboardInterrupt)
-cancel_requested = threading.Event()
-
-
-def request_cancel() -> None:
-    """Ask this process's run to stop as cancelled (a SIGTERM handler calls this): raises RunCancelled."""
-    cancel_requested.set()
-    raise RunCancelled()
-
-
-class RunStopped(KeyboardInterrupt):
-    """A run stopped by Ctrl-C or a cancel once it existed: says which run, to resume it by id."""
-
-    def __init__(self, run_id: str, state: str) -> None:
-        self.run_id, self.state = run_id, state
-        super().__init__(f"run {run_id} {state}")
 
 
 class RunFile:

@@ -30,19 +30,17 @@ from tunectl.core.spec import MeasureSpec, ResourceSpec, Spec, load_spec, parse_
 from tunectl.decide.work import tuning_work
 from tunectl.orchestrator.cluster import Placement, Pool, choose_pools, connect
 from tunectl.orchestrator.compile_schedule import BuildScheduler
-from tunectl.orchestrator.compiling import CompileOptions, note_builds, worker_setup
+from tunectl.orchestrator.compiling import note_builds, worker_setup
+from tunectl.orchestrator.control import (
+    CompileOptions,
+    RunCancelled,
+    RunStopped,
+    cancel_requested,
+    request_cancel,
+)
 from tunectl.orchestrator.dispatch import DispatchOptions, dispatch
 from tunectl.orchestrator.feed import Lane, lookahead
-from tunectl.orchestrator.lifecycle import (
-    RunCancelled,
-    RunFile,
-    RunStopped,
-    Workers,
-    cancel_requested,
-    event_log,
-    request_cancel,
-    stops_recorded,
-)
+from tunectl.orchestrator.lifecycle import RunFile, Workers, event_log, stops_recorded
 from tunectl.store.results import ResultsWriter, done_item_ids, read_results
 from tunectl.store.runs import RunInfo, load_run, new_run_id, refuse_if_running, run_exists
 
