@@ -29,7 +29,16 @@ from tunectl.api.bundles import (
     read_bundle,
     verify_bundle,
 )
-from tunectl.api.checks import HoldoutRun, ProbeRun, ValidationFailed, ValidationRun, holdout, probe, validate
+from tunectl.api.checks import (
+    HoldoutRun,
+    ProbeRun,
+    ValidationFailed,
+    ValidationRun,
+    check_holdout,
+    holdout,
+    probe,
+    validate,
+)
 from tunectl.api.options import (
     Choices,
     Cluster,
@@ -104,6 +113,7 @@ __all__ = [
     "cancel",
     "cancel_job",
     "cancel_on_sigterm",
+    "check_holdout",
     "check_size",
     "diff_bundles",
     "doctor",

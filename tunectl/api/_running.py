@@ -34,10 +34,12 @@ def cancel_on_sigterm(signum: int, frame: Any) -> None:
     request_cancel()
 
 
-def _connect_cancelling(*args: Any, **kwargs: Any) -> bool:
+def _connect_cancelling(
+    address: str | None, num_gpus: int | None = None, num_cpus: int | None = None
+) -> bool:
     """Join or start Ray, then take SIGTERM back (``ray.init`` installs a handler that just exits)."""
     from tunectl.orchestrator.cluster import connect
 
-    owns_ray = connect(*args, **kwargs)
+    owns_ray = connect(address, num_gpus=num_gpus, num_cpus=num_cpus)
     signal.signal(signal.SIGTERM, cancel_on_sigterm)
     return owns_ray

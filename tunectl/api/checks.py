@@ -107,10 +107,7 @@ def holdout(
     from tunectl.orchestrator.fixed import run_fixed
 
     options = options or HoldoutOptions()
-    if not spec.ranges():
-        raise UserError(
-            f"{spec.path}: --holdout draws shapes inside ranges; declare range = [lo, hi] in [shapes]"
-        )
+    check_holdout(spec)
     shapes = draw_shapes(spec, options.num_shapes, options.seed, measured_shapes(results, bundle, spec.task))
     task = get_task(spec.task)
     items, picks, skipped = plan_holdout(spec, bundle, shapes, rounds=options.rounds, task=task)
@@ -127,6 +124,14 @@ def holdout(
         resume=options.resume,
     )
     return HoldoutRun(run_id, spec.path, read_holdout(records, picks, options.margin), tuple(skipped))
+
+
+def check_holdout(spec: Spec) -> None:
+    """``UserError`` unless ``spec`` declares the ranges a holdout draws its shapes in."""
+    if not spec.ranges():
+        raise UserError(
+            f"{spec.path}: --holdout draws shapes inside ranges; declare range = [lo, hi] in [shapes]"
+        )
 
 
 def measured_shapes(results: str | Path, bundle: Bundle, task: str) -> set[Key]:

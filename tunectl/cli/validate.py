@@ -77,7 +77,10 @@ def validate_cmd(
         if holdout is not None:
             options = api.HoldoutOptions(holdout, seed, rounds, margin, resume, cluster)
         checked = api.ValidateOptions(layers, rounds, resume, cluster)
-        loaded, points = api.read_bundle(bundle), api.load_spec(spec)
+        points = api.load_spec(spec)
+        if holdout is not None:
+            api.check_holdout(points)
+        loaded = api.read_bundle(bundle)
     if holdout is not None:
         held = measured(
             console, "holdout", results, lambda bar: api.holdout(loaded, points, results, options, bar)

@@ -266,8 +266,8 @@ class _Validator:
             )
         select = self.dataclass_table(SelectSpec, raw.get("select", {}), "select")
         default = None if raw.get("default") is None else self.default(raw["default"], task, rules)
-        return Spec(self.path, name, task.name, static, shapes, configs, measure, resources, search, text,
-                    select, default)  # fmt: skip
+        grids = (static, shapes, configs)
+        return Spec(self.path, name, task.name, *grids, measure, resources, search, text, select, default)
 
     def default(self, value: object, task: PlannedTask, rules: Mapping[str, Rule]) -> Key:
         """``[default]``: one config (every value a single one), checked as the configs are."""
