@@ -232,7 +232,7 @@ def test_a_run_interrupted_at_its_third_record_keeps_its_pools_and_resume_comple
 def test_a_stop_while_a_finished_run_lets_its_workers_go_leaves_it_finished(
     ray_two_gpus: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tunectl.orchestrator import submit as orchestration
+    from tunectl.orchestrator import lifecycle as orchestration
 
     stop_pools = orchestration.stop_pools
 
