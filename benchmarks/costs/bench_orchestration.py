@@ -134,7 +134,7 @@ def bench_overhead(args: argparse.Namespace, tmp: Path) -> None:
 # The library call `tunectl submit` makes, with a progress hook that samples the driver's memory.
 _SAMPLER = """
 import json, sys
-from tunectl.orchestrator.submit import submit
+from tunectl import api
 
 def rss():
     return next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmRSS")) / 1024
@@ -150,7 +150,8 @@ class Sample:
         pass
 
 progress = Sample()
-submit(sys.argv[1], sys.argv[2], progress=progress, num_gpus=1)
+options = api.SubmitOptions(cluster=api.Cluster(num_gpus=1))
+api.submit(api.load_spec(sys.argv[1]), sys.argv[2], options, progress)
 print("BENCH " + json.dumps(progress.rss))
 """
 

@@ -136,13 +136,13 @@ def submit_once(num_items: int, rows: int) -> dict[str, Any]:
     import tempfile
 
     from tunectl.core.spec import parse_spec
-    from tunectl.orchestrator.submit import RunStopped, submit
+    from tunectl.orchestrator.submit import RunOptions, RunStopped, submit
 
     measure = "[measure]\nwarmup = 1\nmin_samples = 3\nmax_samples = 3\nmax_seconds = 0.05\n"
     spec = parse_spec(spec_text(num_items) + measure, "plan.toml")
     progress = _StopAfter(rows)
     with tempfile.TemporaryDirectory() as results, contextlib.suppress(RunStopped):
-        submit(spec, results, progress=progress, compile_ahead=False)
+        submit(spec, results, progress=progress, options=RunOptions(compile_ahead=False))
     status = Path("/proc/self/status").read_text()
     peak = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmHWM:"))
     return {**progress.times, "rows": progress.seen, "driver_peak_mib": peak / 1024}

@@ -25,7 +25,7 @@ import search_cost
 from tunectl.core.keys import key_text
 from tunectl.core.spec import parse_spec
 from tunectl.decide.select import Winner
-from tunectl.decide.validate import read_validation
+from tunectl.decide.stacked import read_validation
 from tunectl.formats.export import winners_in
 from tunectl.store.results import read_results
 from tunectl.store.runs import RunInfo, list_runs

@@ -22,12 +22,12 @@ from pathlib import Path
 
 from h200_archive import require
 
+from tunectl.api.checks import measured_shapes
 from tunectl.core.keys import Key, key_dict, key_text
 from tunectl.core.record import Phase, Record
 from tunectl.core.registry import get_task
 from tunectl.core.spec import DEFAULT_MARGIN, parse_spec
 from tunectl.decide.holdout import HeldOut, Holdout, plan_holdout, read_holdout
-from tunectl.orchestrator.validate import measured_shapes
 from tunectl.store.results import read_results
 from tunectl.store.runs import load_run
 from tunectl.store.stores import read_bundle

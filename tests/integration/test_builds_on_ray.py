@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from tunectl.core.keys import make_key
-from tunectl.orchestrator.builds import CompileOptions
+from tunectl.orchestrator.control import CompileOptions
+from tunectl.orchestrator.submit import RunOptions
 
 pytestmark = pytest.mark.slow
 
@@ -30,7 +31,9 @@ def test_each_kernel_is_compiled_once_per_node_and_workers_only_load_it(
     configs = '[[configs]]\nfault = "none"\ncompile_ms = 400\nvariant = [0, 1, 2]\n'
     spec = write_spec(tmp_path, configs, n=(4, 8, 16, 32))  # 4 points x (3 + default) = 16 items
     cache = tmp_path / "cache"
-    out = submit(str(spec), tmp_path / "results", compile_options=CompileOptions(2, str(cache)))
+    out = submit(
+        str(spec), tmp_path / "results", options=RunOptions(compile_options=CompileOptions(2, str(cache)))
+    )
     rows = assert_one_row_per_item(tmp_path / "results", out.run_id, planned_ids(spec))
     assert {r.status for r in rows} == {"ok"}
     assert set(builds_logged(cache).values()) == {1} and len(builds_logged(cache)) == 3, (
@@ -59,7 +62,7 @@ def test_a_compiler_that_fails_dies_or_hangs_never_takes_down_a_gpu_worker(
     """
     spec = write_spec(tmp_path, configs, n=(4, 8))
     options = CompileOptions(2, str(tmp_path / "cache"), timeout_s=4.0)
-    out = submit(str(spec), tmp_path / "results", compile_options=options)
+    out = submit(str(spec), tmp_path / "results", options=RunOptions(compile_options=options))
     rows = assert_one_row_per_item(tmp_path / "results", out.run_id, planned_ids(spec))
     by_fault = {(json.loads(r.config_key).get("compile_fault"), r.status) for r in rows}
     assert by_fault == {
@@ -84,8 +87,8 @@ def test_a_comparison_goes_on_without_the_arms_whose_kernel_failed_to_build(
     from tunectl.core.plan import comparison
     from tunectl.core.record import Phase
     from tunectl.core.spec import load_spec
-    from tunectl.decide.validate import FixedItems
-    from tunectl.orchestrator.submit import RunOptions, new_run, run
+    from tunectl.decide.work import FixedItems
+    from tunectl.orchestrator.submit import new_run, run
 
     spec = load_spec(write_spec(tmp_path, '[[configs]]\nfault = "none"\n'))
     good = {"compile_ms": 50}

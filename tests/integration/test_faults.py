@@ -18,7 +18,7 @@ import pytest
 from tunectl.core.plan import plan
 from tunectl.core.record import Record
 from tunectl.core.spec import load_spec
-from tunectl.orchestrator.submit import submit
+from tunectl.orchestrator.submit import RunOptions, submit
 from tunectl.store.results import read_results
 from tunectl.store.runs import load_run, run_log_path
 
@@ -113,7 +113,7 @@ def test_a_config_that_kills_its_worker_is_retried_once_then_recorded_as_crash(
         f'[[configs]]\nfault = ["exit", "exit_once"]\ntoken = "{token}"\n'
         '[[configs]]\nfault = "none"\nrun_ms = 20\nvariant = [1, 2, 3, 4, 5, 6]\n',
     )
-    out = submit(str(spec), tmp_path / "results", compile_ahead=False)
+    out = submit(str(spec), tmp_path / "results", options=RunOptions(compile_ahead=False))
 
     rows = assert_one_row_per_item(tmp_path / "results", out.run_id, planned_ids(spec))
     assert by_fault(rows) == {"exit": {"crash"}, "exit_once": {"ok"}, "none": {"ok"}}
@@ -132,7 +132,7 @@ def test_a_crash_while_compiling_ahead_is_blamed_on_the_config_that_caused_it(
         '[[configs]]\nfault = "exit"\nwhere = "prepare"\n'
         '[[configs]]\nfault = "none"\nrun_ms = 30\nvariant = [1, 2, 3, 4, 5, 6, 7, 8]\n',
     )
-    out = submit(str(spec), tmp_path / "results", compile_ahead=True)
+    out = submit(str(spec), tmp_path / "results", options=RunOptions(compile_ahead=True))
 
     rows = assert_one_row_per_item(tmp_path / "results", out.run_id, planned_ids(spec))
     assert by_fault(rows) == {"exit": {"crash"}, "none": {"ok"}}, "only the config that exits is a crash"
@@ -145,7 +145,7 @@ def test_a_hanging_config_times_out_and_its_worker_is_replaced(ray_two_gpus: Non
         '[[configs]]\nfault = "none"\nrun_ms = 10\nvariant = [1, 2, 3, 4]\n',
         deadline=1.5,
     )
-    out = submit(str(spec), tmp_path / "results", compile_ahead=True)
+    out = submit(str(spec), tmp_path / "results", options=RunOptions(compile_ahead=True))
 
     rows = assert_one_row_per_item(tmp_path / "results", out.run_id, planned_ids(spec))
     assert by_fault(rows) == {"hang": {"timeout"}, "none": {"ok"}}
@@ -161,8 +161,8 @@ def test_an_arm_that_kills_its_worker_is_recorded_crash_and_the_comparison_goes_
     from tunectl.core.keys import make_key
     from tunectl.core.plan import comparison
     from tunectl.core.record import Phase
-    from tunectl.decide.validate import FixedItems
-    from tunectl.orchestrator.submit import RunOptions, new_run, run
+    from tunectl.decide.work import FixedItems
+    from tunectl.orchestrator.submit import new_run, run
 
     spec = load_spec(write_spec(tmp_path, '[[configs]]\nfault = "none"\n'))
     arms = tuple(

@@ -17,11 +17,11 @@ from typer.testing import CliRunner
 
 from tests.integration.test_faults import assert_one_row_per_item, planned_ids, raw_row_count, write_spec
 from tunectl.cli import app
-from tunectl.cli.submit import stopped_message
+from tunectl.cli.progress import stopped_message
 from tunectl.core.plan import WorkItem, plan
 from tunectl.core.record import Record
 from tunectl.core.spec import load_spec
-from tunectl.decide.validate import FixedItems
+from tunectl.decide.work import FixedItems
 from tunectl.orchestrator.submit import IncompleteRun, RunOptions, RunStopped, new_run, run, submit
 from tunectl.store.runs import list_runs, load_run, summarise_runs
 
@@ -232,7 +232,7 @@ def test_a_run_interrupted_at_its_third_record_keeps_its_pools_and_resume_comple
 def test_a_stop_while_a_finished_run_lets_its_workers_go_leaves_it_finished(
     ray_two_gpus: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tunectl.orchestrator import submit as orchestration
+    from tunectl.orchestrator import lifecycle as orchestration
 
     stop_pools = orchestration.stop_pools
 

@@ -14,10 +14,10 @@ from tests.integration.test_faults import raw_row_count
 from tests.integration.test_faults_driver import _InterruptedAt
 from tests.unit.test_holdout import RANGED_KV
 from tests.unit.test_refine import SPEC
+from tunectl import api
 from tunectl.cli import app
 from tunectl.core.errors import UserError
 from tunectl.orchestrator.submit import RunStopped, submit
-from tunectl.orchestrator.validate import HoldoutRun, validate_holdout
 from tunectl.store.results import read_results
 from tunectl.store.runs import load_run
 
@@ -63,8 +63,9 @@ def test_a_stopped_holdout_run_is_finished_by_resume_with_one_row_per_arm(
     assert out.exit_code == 0, out.output
     bundle = store / "r" / "1"
 
-    def holdout(**kw: Any) -> HoldoutRun:
-        return validate_holdout(bundle, spec, results, num_shapes=3, rounds=3, **kw)
+    def holdout(seed: int, resume: str | None = None, progress: Any = None) -> api.HoldoutRun:
+        options = api.HoldoutOptions(num_shapes=3, seed=seed, rounds=3, resume=resume)
+        return api.holdout(api.read_bundle(bundle), api.load_spec(spec), results, options, progress)
 
     with pytest.raises(RunStopped) as stopped:
         holdout(seed=1, progress=_InterruptedAt(2))

@@ -13,14 +13,13 @@ from tests.integration.test_faults import raw_row_count
 from tests.integration.test_faults_driver import _InterruptedAt
 from tests.unit.test_probes import ALIGNED, FITS, STEADY
 from tests.unit.test_refine import _spec
+from tunectl import api
 from tunectl.cli import app
 from tunectl.core.errors import UserError
 from tunectl.core.keys import make_key
 from tunectl.core.record import Phase
 from tunectl.decide.holdout import draw_shapes
-from tunectl.orchestrator.probe import probe
 from tunectl.orchestrator.submit import RunStopped, submit
-from tunectl.orchestrator.validate import measured_shapes
 from tunectl.runtime import load_bundle
 from tunectl.store.results import read_results
 from tunectl.store.runs import load_run
@@ -52,7 +51,7 @@ def test_probe_then_export_on_a_local_instance(ray_two_gpus: None, tmp_path: Pat
     assert out.exit_code == 0, out.output
     assert "4 entries from 2 run(s)" in out.output and "chosen over their regions by probes" in out.output
     # held-out shapes leave out the probes' shapes as well as the tuned points (batch 1-64, one length)
-    measured = measured_shapes(results, load_bundle(store / "after" / "1"), "cost_model")
+    measured = api.checks.measured_shapes(results, load_bundle(store / "after" / "1"), "cost_model")
     tuned = {make_key({"batch": b, "kv_len": 1024}) for b in (8, 16, 32, 64)}
     assert {r.shape for r in rows} | tuned == measured
     drawn = draw_shapes(_spec("", ON_RAY), 64, seed=0, tuned=measured)
@@ -73,13 +72,13 @@ def test_a_stopped_probe_run_is_finished_by_resume_with_one_row_per_arm(
     spec.write_text(ON_RAY)
     tune = submit(str(spec), results).run_id
     with pytest.raises(RunStopped) as stopped:
-        probe(results, tune, rounds=3, progress=_InterruptedAt(2))
+        api.probe(results, tune, api.ProbeOptions(rounds=3), _InterruptedAt(2))
     run_id = stopped.value.run_id
     planned = load_run(results, run_id).num_planned
     assert load_run(results, run_id).kind == "probe" and 2 <= raw_row_count(results, run_id) < planned
     with pytest.raises(UserError, match="planned other items"):
-        probe(results, tune, rounds=3, per_cell=3, resume=run_id)
-    done = probe(results, tune, rounds=3, resume=run_id)
+        api.probe(results, tune, api.ProbeOptions(rounds=3, per_cell=3, resume=run_id))
+    done = api.probe(results, tune, api.ProbeOptions(rounds=3, resume=run_id))
     assert done.run_id == run_id and load_run(results, run_id).state == "finished"
     assert (
         raw_row_count(results, run_id) == len({r.item_id for r in read_results(results, [run_id])}) == planned

@@ -14,7 +14,7 @@ from tests.unit.test_validate import DEFAULT, SLOW, SPEC
 from tunectl.cli import app
 from tunectl.core.keys import key_text
 from tunectl.core.record import Record
-from tunectl.decide.validate import read_validation
+from tunectl.decide.stacked import read_validation
 from tunectl.store.bundle import TaskTable, build_files, publish_local
 from tunectl.store.results import ResultsWriter, read_results
 from tunectl.store.runs import RunInfo, save_run

@@ -18,7 +18,7 @@ def test_a_compile_process_builds_a_default_that_sets_no_option(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An empty config (FlexAttention's default: no kernel options) builds like any other."""
-    from tunectl.orchestrator.builder import Builder
+    from tunectl.orchestrator.compile_process import Builder
 
     monkeypatch.setenv("TUNECTL_COMPILE_CACHE", str(tmp_path))
     init = FlexPrefill.__init__

@@ -42,7 +42,7 @@ def test_serving_modules_import_only_the_standard_library(module: str) -> None:
 
 def test_the_cli_and_spec_validation_do_not_import_heavy_libraries() -> None:
     loaded = _modules_after(
-        "import tunectl.cli, tunectl.core.spec, tunectl.core.plan, tunectl.tasks.registry\n"
+        "import tunectl.cli, tunectl.api, tunectl.core.spec, tunectl.core.plan, tunectl.tasks.registry\n"
         "from tunectl.core.spec import load_spec; load_spec('configs/quickstart.toml')"
     )
     assert [m for m in loaded if m.split(".")[0] in ("ray", "torch", "pyarrow")] == []

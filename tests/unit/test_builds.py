@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from tunectl.core.keys import make_key
 from tunectl.core.plan import WorkItem
-from tunectl.orchestrator.builds import (
+from tunectl.orchestrator.compile_schedule import (
     CLAIMABLE,
     READY,
     SHARED,

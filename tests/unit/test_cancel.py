@@ -6,13 +6,13 @@ import pytest
 
 
 def test_a_cancel_is_recorded_cancelled_even_when_it_arrives_as_a_plain_interrupt() -> None:
-    from tunectl.orchestrator import submit as orchestration
+    from tunectl.orchestrator import control, lifecycle
 
-    orchestration._cancel_requested.clear()
-    assert orchestration._stopped_state(KeyboardInterrupt()) == "interrupted"
-    with pytest.raises(orchestration.RunCancelled):
-        orchestration.request_cancel()
+    control.cancel_requested.clear()
+    assert lifecycle.stopped_state(KeyboardInterrupt()) == "interrupted"
+    with pytest.raises(control.RunCancelled):
+        control.request_cancel()
     try:  # a library (Ray inside ray.wait) may re-raise the cancel as a plain KeyboardInterrupt
-        assert orchestration._stopped_state(KeyboardInterrupt()) == "cancelled"
+        assert lifecycle.stopped_state(KeyboardInterrupt()) == "cancelled"
     finally:
-        orchestration._cancel_requested.clear()
+        control.cancel_requested.clear()

@@ -58,7 +58,12 @@ def test_its_winners_export_to_files_lightllms_loader_reads(tmp_path: Path) -> N
          "median_us": 50.0, "default_median_us": 60.0, "speedup": 1.2}
         for b, kv in points
     )  # fmt: skip
-    table = TaskTable("flash_decode", tuple(static), spec.buckets(), entries)
+    table = TaskTable(
+        "flash_decode",
+        tuple(static),
+        {d.name: {"policy": d.bucket, "points": list(d.values)} for d in spec.shapes},
+        entries,
+    )
     store = publish_local(tmp_path / "store", "lightllm-fa3", "1", build_files("lightllm-fa3", "1", [table],
                                                                              ["r1"], ENV))  # fmt: skip
     out = tmp_path / "autotune_kernel_configs"

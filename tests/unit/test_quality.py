@@ -13,15 +13,15 @@ from typer.testing import CliRunner
 
 from tests.conftest import TINY_SPEC
 from tests.finished_run import RUN, finished_run
+from tunectl.api import ValidationRun
 from tunectl.cli import app
 from tunectl.cli.submit import _print_summary
 from tunectl.cli.validate import print_validation
 from tunectl.core.plan import plan
 from tunectl.core.record import Phase, Record
 from tunectl.core.spec import parse_spec
-from tunectl.decide.validate import read_validation
+from tunectl.decide.stacked import read_validation
 from tunectl.orchestrator.submit import SubmitResult
-from tunectl.orchestrator.validate import ValidationRun
 from tunectl.store.results import ResultsWriter, read_results
 from tunectl.store.runs import RunInfo, save_run
 

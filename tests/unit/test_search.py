@@ -265,7 +265,7 @@ def test_a_search_counts_what_is_missing_until_every_item_and_arm_has_its_record
 def test_fixed_work_counts_the_items_without_all_their_records() -> None:
     from tunectl.core.plan import comparison
     from tunectl.core.record import Phase
-    from tunectl.decide.validate import FixedItems
+    from tunectl.decide.work import FixedItems
 
     items = list(plan(_spec("")).work_items())[:3]
     final = comparison(items[0].task, items[0].static, items[0].shape, (items[0].config, items[1].config),

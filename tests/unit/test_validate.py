@@ -13,7 +13,7 @@ from tunectl.core.keys import make_key
 from tunectl.core.plan import comparison
 from tunectl.core.record import Record
 from tunectl.core.spec import MeasureSpec, parse_spec
-from tunectl.decide.validate import plan_validation
+from tunectl.decide.stacked import plan_validation
 from tunectl.measure.runner import ItemRunner
 
 FAST = MeasureSpec(warmup=0, min_samples=3, max_samples=6, max_seconds=0.05)

@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from tunectl import api
 from tunectl.cli._common import library_errors
 from tunectl.core.files import canonical_json
 
@@ -42,11 +43,8 @@ def list_cmd(
     \b
         tunectl bundle list bundles --json
     """
-    from tunectl.store.bundle import list_bundles
-    from tunectl.store.stores import open_store
-
     with library_errors():
-        versions, channels = list_bundles(open_store(store))
+        versions, channels = api.list_bundles(store)
     if as_json:
         typer.echo(
             canonical_json(
@@ -83,11 +81,8 @@ def verify_cmd(
     \b
         tunectl bundle verify bundles/quickstart@stable --env-policy warn
     """
-    from tunectl.store.stores import read_bundle
-
     with library_errors():
-        bundle = read_bundle(source, env_policy=env_policy)
-        bundle.check_statistics()
+        bundle = api.verify_bundle(source, env_policy=env_policy)
     via = f" (channel {bundle.channel})" if bundle.channel else ""
     tasks = ", ".join(bundle.tasks)
     typer.echo(f"ok: {bundle.name}/{bundle.version}{via}, {len(bundle)} entries, tasks: {tasks}")
@@ -105,10 +100,8 @@ def show_cmd(
     \b
         tunectl bundle show bundles/quickstart/1 --entries
     """
-    from tunectl.store.stores import read_bundle
-
     with library_errors():
-        bundle = read_bundle(source)
+        bundle = api.read_bundle(source)
         rows = {task: list(bundle.entries(task)) for task in bundle.tasks} if entries else {}
     if as_json:
         typer.echo(canonical_json({**bundle.manifest, **({"entries": rows} if entries else {})}, indent=2))
@@ -137,10 +130,8 @@ def _entries_table(task: str, listed: list[dict[str, Any]]) -> Table:
         table.add_column(col, justify="right" if col in ("median µs", "speedup") else "left")
     for e in listed:
         speedup = f"{e['speedup']:.2f}x" if e.get("speedup") else "-"
-        table.add_row(
-            _kv(e["static"]), _kv(e["shape"]), _kv(e["config"]), _us(e.get("median_us")), speedup,
-            e.get("reason") or "-",
-        )  # fmt: skip
+        cells = (_kv(e["static"]), _kv(e["shape"]), _kv(e["config"]), _us(e.get("median_us")), speedup)
+        table.add_row(*cells, e.get("reason") or "-")
     return table
 
 
@@ -167,11 +158,8 @@ def diff_cmd(
     \b
         tunectl bundle diff bundles/quickstart/1 bundles/quickstart/2
     """
-    from tunectl.store.bundle_diff import diff_bundles
-    from tunectl.store.stores import read_bundle
-
     with library_errors():
-        diff = diff_bundles(read_bundle(old), read_bundle(new))
+        diff = api.diff_bundles(api.read_bundle(old), api.read_bundle(new))
     shown = [c for c in diff.changes if show_all or c.kind != "same"]
     if as_json:
         doc = {
@@ -227,11 +215,8 @@ def promote_cmd(
     \b
         tunectl bundle promote quickstart 2 --channel stable --store bundles
     """
-    from tunectl.store.bundle import promote
-    from tunectl.store.stores import open_store
-
     with library_errors():
-        pointer = promote(open_store(store), name, version, channel)
+        pointer = api.promote(store, name, version, channel)
     was = f" (was {pointer.previous})" if pointer.previous else ""
     typer.echo(f"{name}@{channel} -> {version}{was} in {store}")
 
@@ -248,9 +233,6 @@ def pack_cmd(
     \b
         tunectl bundle pack bundles/quickstart/1 quickstart-1.tar.gz
     """
-    from tunectl.store.bundle import pack
-    from tunectl.store.stores import fetcher_for
-
     with library_errors():
-        path = pack(source, out, fetcher=fetcher_for(source), overwrite=force)
+        path = api.pack(source, out, overwrite=force)
     typer.echo(f"packed {source} into {path}")

@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from tunectl import api
 from tunectl.cli._common import DEFAULT_RESULTS, ResultsOption, library_errors
 
 
@@ -24,25 +25,17 @@ def doctor_cmd(
     \b
         tunectl doctor --results tunectl-results --quarantine
     """
-    from tunectl.store.results import check_parts, require_dataset
-    from tunectl.store.results import quarantine as move_aside
-    from tunectl.store.runs import check_run_files
-
     with library_errors():
-        root = require_dataset(results)
-        bad = [(str(exc.path), str(exc)) for exc in check_parts(root)]
-        bad += [(str(path), str(exc)) for path, exc in check_run_files(root)]
-    if not bad:
+        checkup = api.doctor(results, quarantine=quarantine)
+    if not checkup.damaged:
         typer.echo(f"{results}: every file reads")
         return
-    for _, why in bad:
+    for _, why in checkup.damaged:
         typer.echo(f"damaged: {why}")
     if not quarantine:
-        typer.echo(f"{len(bad)} file(s) cannot be read; `tunectl doctor --results {results} --quarantine` "
-                   "moves them aside")  # fmt: skip
+        again = f"`tunectl doctor --results {results} --quarantine` moves them aside"
+        typer.echo(f"{len(checkup.damaged)} file(s) cannot be read; {again}")
         raise typer.Exit(1)
-    with library_errors():
-        moved = move_aside(root, [path for path, _ in bad])
-    for source, target in moved:
+    for source, target in checkup.moved:
         typer.echo(f"moved {source} -> {target}")
-    typer.echo(f"{len(moved)} file(s) quarantined under {root / '_quarantine'}")
+    typer.echo(f"{len(checkup.moved)} file(s) quarantined under {checkup.root / '_quarantine'}")

@@ -7,9 +7,9 @@ from typing import Annotated, Any
 
 import typer
 
+from tunectl import api
 from tunectl.cli._common import DEFAULT_RESULTS, ResultsOption, library_errors
 from tunectl.cli.validate import AddressOption, LayersOption, RoundsOption
-from tunectl.decide.validate import DEFAULT_LAYERS, DEFAULT_ROUNDS
 
 app = typer.Typer(
     help=(
@@ -47,8 +47,8 @@ def export_bundle_cmd(
     spec: Annotated[
         list[Path] | None, typer.Option(help="With --validate: specs to validate on. Default: the runs' own.")
     ] = None,
-    layers: LayersOption = DEFAULT_LAYERS,
-    rounds: RoundsOption = DEFAULT_ROUNDS,
+    layers: LayersOption = api.DEFAULT_LAYERS,
+    rounds: RoundsOption = api.DEFAULT_ROUNDS,
     address: AddressOption = None,
     margin: Annotated[
         float | None,
@@ -90,15 +90,17 @@ def export_bundle_cmd(
         tunectl export bundle --name decode --version 3 --margin 0.02 --strict
         tunectl export bundle --name decode --version 4 --skip-damaged
     """
-    choices = (margin, fill, strict, skip_damaged)
-    if validate:
-        _export_validated(name, version, out, results, run, task, device, spec or [], layers, rounds, address,
-                          choices)  # fmt: skip
-        return
-    from tunectl.formats.export import Choices, Scope, export_bundle
-
     with library_errors():
-        res = export_bundle(results, name, version, out, Scope(run, task, device), Choices(*choices))
+        choices = api.Choices(margin, fill, strict, skip_damaged)
+        scope = api.Scope(run, task, device)
+        validation = api.ValidateOptions(layers, rounds, cluster=api.Cluster(address, cancel_on_sigterm=True))
+        on = tuple(api.load_spec(path) for path in spec or ()) if validate else None
+        options = api.ExportOptions(scope, choices, on, validation)
+    if validate:
+        _export_validated(name, version, out, results, options)
+        return
+    with library_errors():
+        res = api.export_bundle(results, name, version, out, options).result
     filled = sum(w.served_by is not None for w in res.winners)
     regional = sum(w.basis == "region" for w in res.winners)
     typer.echo(
@@ -111,30 +113,21 @@ def export_bundle_cmd(
         typer.echo(line)
 
 
-def _export_validated(
-    name: str, version: str, out: str, results: Path, run: list[str] | None, task: str | None,
-    device: str | None, specs: list[Path], layers: int, rounds: int, address: str | None,
-    choices: tuple[float | None, bool, bool, bool],
-) -> None:  # fmt: skip
+def _export_validated(name: str, version: str, out: str, results: Path, options: api.ExportOptions) -> None:
     from rich.console import Console
 
-    from tunectl.cli.submit import RunBar, connect_trapping_cancel, run_events
+    from tunectl.cli.progress import RunBar, run_events
     from tunectl.cli.validate import print_validation
-    from tunectl.formats.export import Choices, Scope
-    from tunectl.orchestrator.validate import export_validated
 
     console = Console()
     bar = RunBar(console)
     try:
         with library_errors(), run_events(console):
-            res, runs = export_validated(
-                results, name, version, out, Scope(run, task, device), specs=specs,
-                layers=layers, rounds=rounds, choices=Choices(*choices), progress=bar, address=address,
-                connect_fn=connect_trapping_cancel,
-            )  # fmt: skip
+            done = api.export_bundle(results, name, version, out, options, bar)
     finally:
         bar.stop()
-    print_validation(console, runs, results)
+    print_validation(console, done.validations, results)
+    res = done.result
     typer.echo(
         f"validated and published {name}/{version} at {res.location}: {len(res.winners)} entries "
         f"from {len(res.source_runs)} run(s)"
@@ -143,7 +136,7 @@ def _export_validated(
         typer.echo(line)
 
 
-def _report(what: str, res: Any) -> None:
+def report_files(what: str, res: Any) -> None:
     typer.echo(f"wrote {res.num_entries} {what} in {len(res.files)} file(s) under {res.out}")
     for reason, count in sorted(res.skipped.items()):
         typer.echo(f"left out {count} point(s): {reason}")
@@ -163,12 +156,9 @@ def export_flex_cmd(
     \b
         tunectl export flex-options bundles/h200-attention/2 --out flex-options
     """
-    from tunectl.formats.engines import export_flex_options
-    from tunectl.store.stores import read_bundle
-
     with library_errors():
-        res = export_flex_options(read_bundle(source), out, task)
-    _report("kernel_options", res)
+        res = api.export_flex_options(api.read_bundle(source), out, task)
+    report_files("kernel_options", res)
 
 
 @app.command("lightllm")
@@ -189,12 +179,15 @@ def export_lightllm_cmd(
     \b
         tunectl export lightllm bundles/h200-attention/2 --out lightllm/autotune_kernel_configs
     """
-    from tunectl.formats.engines import export_lightllm
-    from tunectl.store.stores import read_bundle
-
     with library_errors():
-        res = export_lightllm(
-            read_bundle(source), out, task, kernel_name=kernel_name, backends=backend or ("sgl",),
-            triton_version=triton_version, sgl_version=sgl_version,
-        )  # fmt: skip
-    _report("run keys", res)
+        bundle = api.read_bundle(source)
+        res = api.export_lightllm(
+            bundle,
+            out,
+            task,
+            kernel_name=kernel_name,
+            backends=backend or ("sgl",),
+            triton_version=triton_version,
+            sgl_version=sgl_version,
+        )
+    report_files("run keys", res)

@@ -7,8 +7,9 @@ from typing import Annotated
 
 import typer
 
+from tunectl import api
 from tunectl.cli._common import DEFAULT_RESULTS, ResultsOption, library_errors
-from tunectl.cli.export import _report
+from tunectl.cli.export import report_files
 
 app = typer.Typer(
     help=(
@@ -43,14 +44,12 @@ def flex_log_cmd(
     \b
         tunectl import flex-log autotune.log --results tunectl-results --options-out flex-options
     """
-    from tunectl.formats.flexlog import import_flex_log
-
     with library_errors():
-        res = import_flex_log(file, results, run, options_out)
+        res = api.import_flex_log(file, results, run_id=run, options_out=options_out)
     typer.echo(
         f"imported {res.num_choices} choices of {res.num_entries} entries from {file} into run {res.run_id}: "
         f"{res.rows_written} rows ({res.num_failed} failed, {res.num_replaced} replaced by a later entry)"
     )
     if res.options is not None:
-        _report("kernel_options", res.options)
+        report_files("kernel_options", res.options)
     typer.echo(f"winners: tunectl winners --results {results} --run {res.run_id}")

@@ -8,30 +8,31 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from tunectl.cli._common import DEFAULT_RESULTS, ResultsOption
-from tunectl.cli.submit import connect_trapping_cancel
-from tunectl.cli.validate import AddressOption, NumGpusOption, measured
-from tunectl.decide.probes import DEFAULT_PER_CELL, DEFAULT_SHORTLIST
-from tunectl.decide.validate import DEFAULT_ROUNDS
+from tunectl import api
+from tunectl.cli._common import DEFAULT_RESULTS, ResultsOption, library_errors
+from tunectl.cli.progress import measured
+from tunectl.cli.validate import AddressOption, NumGpusOption
+
+PerCellOption = Annotated[int, typer.Option(help="Shapes per cell, spread over the region it serves.")]
+ShortlistOption = Annotated[
+    int, typer.Option(help="Probed configs besides the default and the corners' winners: the cell's fastest.")
+]
+RoundsOption = Annotated[int, typer.Option(help="Interleaved rounds of each probe's configs.")]
+ResumeOption = Annotated[
+    str | None,
+    typer.Option(help="Finish this stopped probe run (same RUN_ID, options).", metavar="PROBE_RUN"),
+]
 
 
 def probe_cmd(
     run: Annotated[str, typer.Argument(help="The tuning run whose cells to probe.", metavar="RUN_ID")],
-    per_cell: Annotated[int, typer.Option(help="Shapes per cell, spread over the region it serves.")] = (
-        DEFAULT_PER_CELL
-    ),
-    shortlist: Annotated[
-        int,
-        typer.Option(help="Probed configs besides the default and the corners' winners: the cell's fastest."),
-    ] = DEFAULT_SHORTLIST,
-    rounds: Annotated[int, typer.Option(help="Interleaved rounds of each probe's configs.")] = DEFAULT_ROUNDS,
+    per_cell: PerCellOption = api.DEFAULT_PER_CELL,
+    shortlist: ShortlistOption = api.DEFAULT_SHORTLIST,
+    rounds: RoundsOption = api.DEFAULT_ROUNDS,
     results: ResultsOption = DEFAULT_RESULTS,
     address: AddressOption = None,
     num_gpus: NumGpusOption = None,
-    resume: Annotated[
-        str | None,
-        typer.Option(help="Finish this stopped probe run (same RUN_ID, options).", metavar="PROBE_RUN"),
-    ] = None,
+    resume: ResumeOption = None,
 ) -> None:
     """Measure, in every cell of RUN_ID's grid, shapes spread over the region the cell serves (with
     ceil: the sizes above the tuned value below it, up to its own): the default against the cell's
@@ -43,13 +44,11 @@ def probe_cmd(
     \b
         tunectl probe r20261203-011616-338937 --per-cell 2 --shortlist 4
     """
-    from tunectl.orchestrator.probe import probe
-
     console = Console()
-    done = measured(console, "probe", results, lambda bar: probe(
-        results, run, per_cell=per_cell, shortlist=shortlist, rounds=rounds, progress=bar, resume=resume,
-        address=address, num_gpus=num_gpus, connect_fn=connect_trapping_cancel,
-    ))  # fmt: skip
+    with library_errors():
+        cluster = api.Cluster(address, num_gpus, cancel_on_sigterm=True)
+        options = api.ProbeOptions(per_cell, shortlist, rounds, resume, cluster)
+    done = measured(console, "probe", results, lambda bar: api.probe(results, run, options, bar))
     plan = done.plan
     for why, n in sorted(Counter(s.why for s in plan.skipped).items()):
         console.print(f"not probed: {n} shape(s): {why}")

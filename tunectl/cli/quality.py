@@ -8,8 +8,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from tunectl.decide.quality import Flag, Quality
-from tunectl.store.results import Dataset
+from tunectl.api.types import Dataset, Flag, Quality
 
 #: a flagged point's mark in a table's ``!`` column, and what it means
 MARKS = {

@@ -7,10 +7,9 @@ from typing import Any
 
 from rich.table import Table
 
+from tunectl.api.types import Quality, Winner, noise_known
 from tunectl.cli.quality import legend, mark
 from tunectl.core.keys import Key, Value, key_text
-from tunectl.decide.quality import Quality, noise_known
-from tunectl.decide.select import Winner
 
 
 def compact(key: Key, skip: Iterable[str] = ()) -> str:

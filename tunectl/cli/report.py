@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from tunectl import api
 from tunectl.cli._common import DEFAULT_RESULTS, ResultsOption, library_errors
 
 
@@ -28,10 +29,8 @@ def report_cmd(
     \b
         tunectl report --results tunectl-results --bundle bundles/quickstart/1 --out report
     """
-    from tunectl.report import write_report
-
     with library_errors():
-        res = write_report(results, out, bundle, run)
+        res = api.report(results, out, bundle=bundle, run_ids=run)
     typer.echo(
         f"wrote {res.index} with {len(res.plots)} plot(s): {res.num_rows} measurements, "
         f"{res.num_winners} winners"

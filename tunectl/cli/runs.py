@@ -5,18 +5,18 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from tunectl import api
+from tunectl.api.types import RunSummary, Winner
 from tunectl.cli._common import DEFAULT_RESULTS, ResultsOption, library_errors
 from tunectl.cli.quality import damaged_lines, print_quality
 from tunectl.cli.render import compact, runs_table, winners_table
 from tunectl.core.files import canonical_json
-from tunectl.core.record import Record
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON (one array) instead of a table.")]
 
@@ -28,11 +28,8 @@ def list_runs_cmd(results: ResultsOption = DEFAULT_RESULTS, as_json: JsonOption 
     \b
         tunectl runs --results tunectl-results --json
     """
-    from tunectl.store.results import require_dataset
-    from tunectl.store.runs import summarise_runs
-
     with library_errors():
-        runs = summarise_runs(require_dataset(results))
+        runs = api.list_runs(results)
     if as_json:
         typer.echo(canonical_json([_run_json(r) for r in runs], indent=2))
         return
@@ -41,7 +38,7 @@ def list_runs_cmd(results: ResultsOption = DEFAULT_RESULTS, as_json: JsonOption 
     console.print(runs_table(rows, f"runs in {results}", console.width))
 
 
-def _run_row(run: Any) -> tuple[str, ...]:
+def _run_row(run: RunSummary) -> tuple[str, ...]:
     """A run as the table shows it: id, name, task, state, started, planned, done, failed."""
     failed = ", ".join(f"{n} {s}" for s, n in run.failed.items()) or "0"
     started = time.strftime("%m-%d %H:%M", time.localtime(run.info.created_at))
@@ -59,13 +56,15 @@ def _run_row(run: Any) -> tuple[str, ...]:
     )
 
 
-def _run_json(run: Any) -> dict[str, Any]:
+def _run_json(run: RunSummary) -> dict[str, Any]:
     info = run.info
+    shown = ("run_id", "name", "task", "kind", "created_at", "updated_at", "message", "num_planned")
     return {
-        "run_id": info.run_id, "name": info.name, "task": info.task, "kind": info.kind, "state": run.state,
-        "created_at": info.created_at, "updated_at": info.updated_at, "message": info.message,
-        "num_planned": info.num_planned, "num_done": run.num_done, "counts": run.counts,
-    }  # fmt: skip
+        **{k: getattr(info, k) for k in shown},
+        "state": run.state,
+        "num_done": run.num_done,
+        "counts": run.counts,
+    }
 
 
 AddressOption = Annotated[
@@ -93,24 +92,19 @@ def logs_cmd(
     \b
         tunectl logs r20261129-221300-3fa2c1 --address http://HEAD:8265 --follow
     """
-    from tunectl.store.runs import load_run, run_log_path
-
     if address:
-        from tunectl.orchestrator.jobs import follow_job_logs, job_logs
-
         with library_errors():
             if follow:
-                status = follow_job_logs(address, run, lambda text: typer.echo(text, nl=False))
+                status = api.follow_job(address, run, lambda text: typer.echo(text, nl=False))
                 typer.echo(f"job of run {run}: {status}")
             else:
-                typer.echo(job_logs(address, run), nl=False)
+                typer.echo(api.job_logs(address, run), nl=False)
         return
     with library_errors():
-        info = load_run(results, run)
-    path = run_log_path(results, run)
-    if path.is_file():
-        typer.echo(path.read_text(encoding="utf-8"), nl=False)
-    typer.echo(f"run {run}: {info.state}" + (f" ({info.message})" if info.message else ""))
+        log = api.run_log(results, run)
+    if log.text:
+        typer.echo(log.text, nl=False)
+    typer.echo(f"run {run}: {log.info.state}" + (f" ({log.info.message})" if log.info.message else ""))
 
 
 def cancel_cmd(run: RunArg, results: ResultsOption = DEFAULT_RESULTS, address: AddressOption = None) -> None:
@@ -121,41 +115,17 @@ def cancel_cmd(run: RunArg, results: ResultsOption = DEFAULT_RESULTS, address: A
         tunectl cancel r20261129-221300-3fa2c1
     """
     if address:
-        from tunectl.orchestrator.jobs import cancel_job
-
         with library_errors():
-            status = cancel_job(address, run)
+            status = api.cancel_job(address, run)
         resume = f"tunectl submit --job --resume {run} --address {address}"
         typer.echo(f"job of run {run}: {status}; finish it with `{resume}`")
         return
-    from tunectl.store.runs import cancel_local_run
-
     with library_errors():
-        typer.echo(cancel_local_run(results, run))
+        typer.echo(api.cancel(results, run))
 
 
 RunsOption = Annotated[list[str] | None, typer.Option(help="Only these runs (repeatable). Default: all.")]
 TaskOption = Annotated[str | None, typer.Option(help="Only this task.")]
-
-
-def read_checked(results: Path, run: list[str] | None, task: str | None) -> list[Record]:
-    """The records asked for, once the dataset, every named run and the task are known to exist (else
-    exit 2); each unreadable file is skipped with a warning."""
-    from tunectl.store.results import read_results
-
-    _check_asked(results, run, task)
-    with library_errors():
-        return read_results(results, run_ids=run, task=task)
-
-
-def _check_asked(results: Path, run: list[str] | None, task: str | None) -> None:
-    from tunectl.store.results import require_dataset, require_task
-    from tunectl.store.runs import require_runs
-
-    with library_errors():
-        require_runs(require_dataset(results), run or [])
-        if task is not None:
-            require_task(results, task)
 
 
 def winners_cmd(
@@ -172,13 +142,9 @@ def winners_cmd(
     \b
         tunectl winners --run r20261129-221300-3fa2c1 --task decode_attention
     """
-    from tunectl.formats.export import assessed_winners
-    from tunectl.store.results import read_dataset
-
-    _check_asked(results, run, task)
     with library_errors():
-        dataset = read_dataset(results, run_ids=run, task=task)
-        winners, quality = assessed_winners(results, dataset)
+        chosen = api.winners(results, api.Selection(run, task))
+    dataset, winners, quality = chosen.dataset, chosen.winners, chosen.quality
     for line in damaged_lines(dataset, results):
         typer.secho(f"warning: {line}", err=True, fg=typer.colors.YELLOW)
     if as_json:
@@ -196,7 +162,7 @@ def winners_cmd(
     print_quality(console, quality, results)
 
 
-def _winner_json(winner: Any, flags: Iterable[str]) -> dict[str, Any]:
+def _winner_json(winner: Winner, flags: Iterable[str]) -> dict[str, Any]:
     out = {k: v for k, v in dataclasses.asdict(winner).items() if k not in ("static", "shape", "config")}
     out.update(static=dict(winner.static), shape=dict(winner.shape), config=dict(winner.config))
     return {**out, "reason": winner.reason, "flags": sorted(flags)}
@@ -215,7 +181,8 @@ def failures_cmd(
     \b
         tunectl failures --run r20261129-221300-3fa2c1 --json
     """
-    records = read_checked(results, run, task)
+    with library_errors():
+        records = api.records(results, api.Selection(run, task))
     failed = sorted((r for r in records if not r.ok), key=lambda r: (r.run_id, r.finished_at))
     if as_json:
         row_of = (r.to_row() for r in failed)
@@ -234,5 +201,14 @@ def failures_cmd(
 
 
 #: what ``failures --json`` says of each failed measurement
-_FAILURE_FIELDS = ("run_id", "task", "item_id", "phase", "status", "message", "static_key", "shape_key",
-                   "config_key")  # fmt: skip
+_FAILURE_FIELDS = (
+    "run_id",
+    "task",
+    "item_id",
+    "phase",
+    "status",
+    "message",
+    "static_key",
+    "shape_key",
+    "config_key",
+)

@@ -2,120 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import signal
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from tunectl import api
 from tunectl.cli._common import DEFAULT_RESULTS, ResultsOption, fail, library_errors
+from tunectl.cli.progress import RunBar, run_events, stopped_message
 from tunectl.cli.quality import print_quality
 from tunectl.cli.render import compact, winners_table
-from tunectl.core.plan import CONFIRM_ABOVE_ITEMS
-
-
-class RunBar:
-    """Progress bar over the items of a run, counting failures as they come."""
-
-    def __init__(self, console: Console) -> None:
-        self.console = console
-        self.bar = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[failed]} failed"),
-            TimeElapsedColumn(),
-            console=console,
-            transient=False,
-        )
-        self.task_id: Any = None
-        self.compile_id: Any = None
-        self.failed = 0
-
-    def start(self, run_id: str, total: int, placement: Any) -> None:
-        self.console.print(
-            f"run [bold]{run_id}[/]: ~{total} measurements on "
-            f"{placement.num_workers} {placement.kind} worker(s) "
-            f"across {placement.num_nodes} node(s)"
-            + (
-                f", once per accelerator type: {', '.join(placement.pools)}"
-                if len(placement.pools) > 1
-                else ""
-            )
-        )
-        self.bar.start()
-        self.task_id = self.bar.add_task("measuring", total=total, failed=0)
-
-    def record(self, record: Any) -> None:
-        self.failed += record.status != "ok"
-        task = self.bar.tasks[self.task_id]
-        total = max(task.total or 0, task.completed + 1)  # a search may measure more than estimated
-        self.bar.update(self.task_id, advance=1, failed=self.failed, total=total)
-
-    def compiles(self, built: int, total: int, building: int) -> None:
-        """A second line while compile processes build kernels ahead: built of total, and how many now."""
-        if self.task_id is None or not total:
-            return
-        if self.compile_id is None:
-            self.compile_id = self.bar.add_task("compiling", total=total, failed=0)
-        self.bar.update(
-            self.compile_id, completed=built, total=total,
-            description=f"compiling ({building} now)" if building else "compiling",
-        )  # fmt: skip
-
-    def stop(self) -> None:
-        self.bar.stop()
-
-
-class _ConsoleLog(logging.Handler):
-    """The run's events on the console, above the progress bar (all of them when not a terminal)."""
-
-    def __init__(self, console: Console) -> None:
-        super().__init__(logging.INFO if not console.is_terminal else logging.WARNING)
-        self.console = console
-
-    def emit(self, record: logging.LogRecord) -> None:
-        style = "yellow" if record.levelno >= logging.WARNING else "dim"
-        self.console.print(f"[{style}]{record.getMessage()}[/]", highlight=False, markup=True)
-
-
-def _cancelled(signum: int, frame: Any) -> None:
-    from tunectl.orchestrator.submit import request_cancel
-
-    request_cancel()
-
-
-def connect_trapping_cancel(*args: Any, **kwargs: Any) -> bool:
-    """Join or start Ray, then take SIGTERM back (``ray.init`` installs a handler that just exits)."""
-    from tunectl.orchestrator.cluster import connect
-
-    owns_ray = connect(*args, **kwargs)
-    signal.signal(signal.SIGTERM, _cancelled)
-    return owns_ray
-
-
-@contextlib.contextmanager
-def run_events(console: Console) -> Iterator[None]:
-    """Show the run's events on the console, and turn SIGTERM (a cancel) into a clean stop."""
-    logger = logging.getLogger("tunectl.run")
-    handler = _ConsoleLog(console)
-    logger.addHandler(handler)
-    propagate, logger.propagate = logger.propagate, False
-    previous = signal.signal(signal.SIGTERM, _cancelled)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        logger.removeHandler(handler)
-        logger.propagate = propagate
-
 
 SpecArg = Annotated[
     Path | None, typer.Argument(help="Tuning spec (TOML). Not needed with --resume.", show_default=False)
@@ -223,30 +122,31 @@ def submit(
             raise fail("--dry-run needs a SPEC file")
         _print_dry_run(spec, results)
         return
-    compile_args = _compile_args(compile_workers, compile_cache, compile_cache_shared, compile_timeout)
+    with library_errors():
+        compile = api.CompileOptions(compile_workers, compile_cache, compile_cache_shared, compile_timeout)
+        cluster = api.Cluster(address, num_gpus, cancel_on_sigterm=True)
+        confirm_above = None if yes else api.CONFIRM_ABOVE_ITEMS
+        options = api.SubmitOptions(cluster, compile, compile_ahead, run_id, confirm_above)
+        loaded = api.load_spec(spec) if spec else None
     if job:
-        if spec is not None and resume is None and not yes:
-            _check_size_here(spec)  # here, not minutes later on the cluster
-        extra = [*compile_args, *(["--yes"] if yes else [])]
-        _submit_job(spec, address, results, resume, compile_ahead, follow, extra)
-        return
-    from tunectl.core.spec import load_spec
-    from tunectl.orchestrator.builds import CompileOptions
-    from tunectl.orchestrator.submit import submit as run_submit
+        _submit_job(loaded, results, resume, options, follow)
+    else:
+        _submit_here(loaded, results, resume, options)
 
+
+def _submit_here(
+    spec: api.Spec | None, results: Path, resume: str | None, options: api.SubmitOptions
+) -> None:
     console = Console()
     bar = RunBar(console)
     try:
         with library_errors(), run_events(console):
-            out = run_submit(
-                load_spec(spec) if spec else None, results, resume=resume, progress=bar, run_id=run_id,
-                address=address, num_gpus=num_gpus, compile_ahead=compile_ahead,
-                connect_fn=connect_trapping_cancel,
-                compile_options=CompileOptions(
-                    compile_workers, compile_cache, compile_cache_shared, compile_timeout
-                ),
-                confirm_above=None if yes else CONFIRM_ABOVE_ITEMS,
-            )  # fmt: skip
+            if resume is None:
+                if spec is None:
+                    raise fail("give a SPEC file, or --resume RUN_ID")
+                out = api.submit(spec, results, options, bar)
+            else:
+                out = api.resume(resume, results, options, bar, spec=spec)
     except KeyboardInterrupt as exc:
         bar.stop()
         raise fail(stopped_message(exc, results), 130) from None
@@ -257,9 +157,6 @@ def submit(
 
 def _print_summary(console: Console, out: Any, results: Path) -> None:
     """What the run did: its counts, the points it skipped, and its winners."""
-    from tunectl.formats.export import assessed_winners
-    from tunectl.store.results import read_dataset
-
     counts = ", ".join(f"{n} {s}" for s, n in sorted(out.statuses.items()))
     console.print(
         f"run [bold]{out.run_id}[/] finished in {out.seconds:.1f} s: {counts or 'nothing to do'}"
@@ -269,9 +166,8 @@ def _print_summary(console: Console, out: Any, results: Path) -> None:
     for static, shape, why in out.plan.skipped_points:
         console.print(f"[yellow]skipped[/] {dict(static)} {dict(shape)}: {why}")
     with library_errors():
-        dataset = read_dataset(results, run_ids=[out.run_id])
-        winners, quality = assessed_winners(results, dataset)
-    records = dataset.records
+        chosen = api.winners(results, api.Selection(run_ids=[out.run_id]))
+    winners, quality, records = chosen.winners, chosen.quality, chosen.dataset.records
     console.print(winners_table(winners, f"winners of {out.run_id} ({out.plan.spec.task})", quality))
     probes = {r.shape_key for r in records if r.phase == "probe"}
     if probes:
@@ -291,33 +187,10 @@ def _print_summary(console: Console, out: Any, results: Path) -> None:
         )
 
 
-def stopped_message(exc: KeyboardInterrupt, results: Path) -> str:
-    """What a stop leaves, and how to go on: by the run's id once the run exists."""
-    run_id = getattr(exc, "run_id", None)
-    if run_id is None:
-        return "stopped before the run started; nothing was written"
-    if getattr(exc, "state", None) == "finished":
-        return f"run {run_id} had finished, every item measured, when it was stopped; its results: {results}"
-    return (
-        f"run {run_id} stopped ({getattr(exc, 'state', 'interrupted')}); what was measured is kept. "
-        f"Finish it with `tunectl submit --resume {run_id} --results {results}`"
-    )
-
-
-def _check_size_here(spec: Path) -> None:
-    from tunectl.core.plan import check_size
-    from tunectl.core.spec import load_spec
-
-    with library_errors():
-        check_size(load_spec(spec))
-
-
 def _print_dry_run(spec: Path, results: Path) -> None:
     """Items per static key and a time estimate, without touching Ray or the results."""
-    from tunectl.decide.estimate import dry_run
-
     with library_errors():
-        planned = dry_run(spec, results)
+        planned = api.plan(api.load_spec(spec), results)
     console = Console()
     table = Table(title=f"{spec}: {planned.count.spec.task}", title_justify="left")
     for col, justify in (("static", "left"), ("points", "right"), ("items", "right")):
@@ -326,12 +199,12 @@ def _print_dry_run(spec: Path, results: Path) -> None:
         table.add_row(compact(static), f"{points:,}", f"{items:,}")
     console.print(table)
     skipped = planned.count.skipped_points
+    more = ", ..." if len(skipped) > 1 else ""
+    left_out = f"; {len(skipped):,} point(s) skipped ({skipped[0][2]}{more})" if skipped else ""
     console.print(
         f"{planned.count.num_items:,} item(s) to measure, "
-        f"then {planned.num_comparisons:,} finals comparison(s)"
-        + (f"; {len(skipped):,} point(s) skipped ({skipped[0][2]}{', ...' if len(skipped) > 1 else ''})"
-           if skipped else "")
-    )  # fmt: skip
+        f"then {planned.num_comparisons:,} finals comparison(s){left_out}"
+    )
     spec_ = planned.count.spec
     budget = spec_.search.refine_budget
     if spec_.ranges() and budget > 0:
@@ -346,8 +219,8 @@ def _print_dry_run(spec: Path, results: Path) -> None:
             f"estimate: {_duration(planned.seconds)} of measurement on one worker (divide by the workers), "
             f"from {planned.num_earlier:,} earlier measurement(s) of {planned.count.spec.task} in {results}"
         )
-    if planned.count.num_items > CONFIRM_ABOVE_ITEMS:
-        console.print(f"more than {CONFIRM_ABOVE_ITEMS:,} items: running it needs --yes")
+    if planned.count.num_items > api.CONFIRM_ABOVE_ITEMS:
+        console.print(f"more than {api.CONFIRM_ABOVE_ITEMS:,} items: running it needs --yes")
 
 
 def _duration(seconds: float) -> str:
@@ -356,34 +229,11 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
 
 
-def _compile_args(workers: int | None, cache: str | None, shared: bool, timeout_s: float) -> list[str]:
-    """The compile options as command-line arguments (a job's driver gets them so)."""
-    args = [] if workers is None else ["--compile-workers", str(workers)]
-    args += [] if cache is None else ["--compile-cache", cache]
-    args += ["--compile-cache-shared"] if shared else []
-    return [*args, "--compile-timeout", f"{timeout_s:g}"]
-
-
 def _submit_job(
-    spec: Path | None,
-    address: str | None,
-    results: Path,
-    resume: str | None,
-    compile_ahead: bool | None,
-    follow: bool,
-    extra_args: list[str],
+    spec: api.Spec | None, results: Path, resume: str | None, options: api.SubmitOptions, follow: bool
 ) -> None:
-    from tunectl.orchestrator.jobs import follow_job_logs, submit_job
-
     with library_errors():
-        ref = submit_job(
-            address,
-            str(spec) if spec else None,
-            str(results),
-            resume=resume,
-            compile_ahead=compile_ahead,
-            extra_args=extra_args,
-        )
+        ref = api.submit_job(spec, str(results), options, resume=resume)
     typer.echo(f"run {ref.run_id} submitted as job {ref.submission_id} to {ref.address}")
     if not follow:
         typer.echo(
@@ -392,7 +242,7 @@ def _submit_job(
         )
         return
     with library_errors():
-        status = follow_job_logs(ref.address, ref.run_id, lambda text: typer.echo(text, nl=False))
+        status = api.follow_job(ref.address, ref.run_id, lambda text: typer.echo(text, nl=False))
     typer.echo(f"job {ref.submission_id}: {status}")
     if status != "SUCCEEDED":
         raise typer.Exit(1)

@@ -1,60 +1,64 @@
-"""``tunectl validate``: a bundle against the untuned defaults, each point run as an L-layer stack."""
+"""``tunectl validate``: a bundle against the untuned defaults, each point run as an L-layer stack, or
+its picks at held-out shapes."""
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated
 
 import typer
 from rich.console import Console
 
-from tunectl.cli._common import DEFAULT_RESULTS, ResultsOption, fail, library_errors
+from tunectl import api
+from tunectl.cli._common import DEFAULT_RESULTS, ResultsOption, library_errors
+from tunectl.cli.progress import measured
 from tunectl.cli.quality import print_quality
 from tunectl.cli.render import compact, holdout_table, validation_table
-from tunectl.cli.submit import RunBar, connect_trapping_cancel, run_events
-from tunectl.decide.validate import DEFAULT_LAYERS, DEFAULT_ROUNDS
 
 LayersOption = Annotated[
     int, typer.Option(help="Layers per stack: calls in a row, a cache-thrashing kernel between each two.")
 ]
 RoundsOption = Annotated[int, typer.Option(help="Interleaved rounds of bundle against default.")]
-R = TypeVar("R")
 AddressOption = Annotated[str | None, typer.Option(help="Ray cluster to join. Default: a local instance.")]
 NumGpusOption = Annotated[int | None, typer.Option(help="Local instance only: GPUs to offer Ray.")]
+HoldoutOption = Annotated[
+    int | None,
+    typer.Option(
+        help="Instead: draw this many shapes inside SPEC's ranges that were not measured for the bundle "
+        "(tuned, refined or probed in its source runs), and time the "
+        "bundle's pick against the default and every selectable config at each (single calls)."
+    ),
+]
+SeedOption = Annotated[
+    int, typer.Option(help="With --holdout: the draw's seed (the same seed, the same shapes).")
+]
+MarginOption = Annotated[
+    float, typer.Option(help="With --holdout: the pick loses where it is slower than the best by more.")
+]
+ResumeOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Finish this stopped validation run (the same BUNDLE, SPEC and options) instead of "
+        "starting one; a finished run's verdict is printed from its records.",
+        metavar="RUN_ID",
+    ),
+]
 
 
 def validate_cmd(
     bundle: Annotated[str, typer.Argument(help="The bundle: a directory, archive or URI.")],
     spec: Annotated[Path, typer.Option(help="The spec whose points to validate on (TOML).")],
-    layers: LayersOption = DEFAULT_LAYERS,
-    rounds: RoundsOption = DEFAULT_ROUNDS,
+    layers: LayersOption = api.DEFAULT_LAYERS,
+    rounds: RoundsOption = api.DEFAULT_ROUNDS,
     results: ResultsOption = DEFAULT_RESULTS,
     address: AddressOption = None,
     num_gpus: NumGpusOption = None,
-    holdout: Annotated[
-        int | None,
-        typer.Option(
-            help="Instead: draw this many shapes inside SPEC's ranges that were not measured for the bundle "
-            "(tuned, refined or probed in its source runs), and time the "
-            "bundle's pick against the default and every selectable config at each (single calls)."
-        ),
-    ] = None,
-    seed: Annotated[
-        int, typer.Option(help="With --holdout: the draw's seed (the same seed, the same shapes).")
-    ] = 0,
-    margin: Annotated[
-        float, typer.Option(help="With --holdout: the pick loses where it is slower than the best by more.")
-    ] = 0.02,
-    resume: Annotated[
-        str | None,
-        typer.Option(
-            help="Finish this stopped validation run (the same BUNDLE, SPEC and options) instead of "
-            "starting one; a finished run's verdict is printed from its records.",
-            metavar="RUN_ID",
-        ),
-    ] = None,
+    holdout: HoldoutOption = None,
+    seed: SeedOption = 0,
+    margin: MarginOption = api.DEFAULT_MARGIN,
+    resume: ResumeOption = None,
 ) -> None:
     """Run every point of SPEC as a stack of layers with BUNDLE's config and with the default,
     interleaved; report per-point and geometric-mean speedup with 95 % intervals. Exits 1 when the
@@ -67,55 +71,33 @@ def validate_cmd(
         tunectl validate bundles/quickstart/1 --spec configs/quickstart.toml --layers 36
         tunectl validate bundles/refine/1 --spec configs/refine_example.toml --holdout 24 --seed 1
     """
-    if holdout is not None:
-        _holdout(bundle, spec, results, holdout, seed=seed, margin=margin, rounds=rounds, address=address,
-                 num_gpus=num_gpus, resume=resume)  # fmt: skip
-        return
-    from tunectl.orchestrator.validate import validate
-
     console = Console()
-    run = measured(console, "validation", results, lambda bar: validate(
-        bundle, spec, results, layers=layers, rounds=rounds, progress=bar, resume=resume,
-        address=address, num_gpus=num_gpus, connect_fn=connect_trapping_cancel,
-    ))  # fmt: skip
+    with library_errors():
+        cluster = api.Cluster(address, num_gpus, cancel_on_sigterm=True)
+        if holdout is not None:
+            options = api.HoldoutOptions(holdout, seed, rounds, margin, resume, cluster)
+        checked = api.ValidateOptions(layers, rounds, resume, cluster)
+        points = api.load_spec(spec)
+        if holdout is not None:
+            api.check_holdout(points)
+        loaded = api.read_bundle(bundle)
+    if holdout is not None:
+        held = measured(
+            console, "holdout", results, lambda bar: api.holdout(loaded, points, results, options, bar)
+        )
+        print_holdout(console, held, results)
+        if held.holdout.failed or not held.holdout.ratios:
+            raise typer.Exit(1)
+        return
+    run = measured(
+        console, "validation", results, lambda bar: api.validate(loaded, points, results, checked, bar)
+    )
     print_validation(console, [run], results)
     if run.validation.losers:
         raise typer.Exit(1)
 
 
-def _holdout(
-    bundle: str, spec: Path, results: Path, num_shapes: int, *, seed: int, margin: float, rounds: int,
-    address: str | None, num_gpus: int | None, resume: str | None,
-) -> None:  # fmt: skip
-    from tunectl.orchestrator.validate import validate_holdout
-
-    console = Console()
-    run = measured(console, "holdout", results, lambda bar: validate_holdout(
-        bundle, spec, results, num_shapes=num_shapes, seed=seed, rounds=rounds, margin=margin,
-        progress=bar, resume=resume, address=address, num_gpus=num_gpus, connect_fn=connect_trapping_cancel,
-    ))  # fmt: skip
-    print_holdout(console, run, results)
-    if run.holdout.failed or not run.holdout.ratios:
-        raise typer.Exit(1)
-
-
-def measured(console: Console, what: str, results: Path, measure: Callable[[RunBar], R]) -> R:
-    """``measure(bar)`` with a progress bar and library errors as one line; Ctrl-C says what is kept."""
-    bar = RunBar(console)
-    try:
-        with library_errors(), run_events(console):
-            return measure(bar)
-    except KeyboardInterrupt as exc:
-        run_id = getattr(exc, "run_id", None)
-        if run_id:
-            raise fail(f"{what} run {run_id} stopped; what was measured is kept in {results}; finish it "
-                       f"with the same command and --resume {run_id}", 130) from None  # fmt: skip
-        raise fail(f"stopped before the {what} run started; validate again", 130) from None
-    finally:
-        bar.stop()
-
-
-def print_holdout(console: Console, run: Any, results: Path) -> None:
+def print_holdout(console: Console, run: api.HoldoutRun, results: Path) -> None:
     held = run.holdout
     title = f"held-out shapes of {run.spec}" + (f" (run {run.run_id})" if run.run_id else "")
     console.print(holdout_table(held, title))
@@ -137,14 +119,12 @@ def print_holdout(console: Console, run: Any, results: Path) -> None:
     console.print(f"[red]{losing}[/]" if held.failed else losing)
 
 
-def print_validation(console: Console, runs: Sequence[Any], results: Path) -> None:
+def print_validation(console: Console, runs: Sequence[api.ValidationRun], results: Path) -> None:
     """Each run's table, what it did not validate and why, and its measurement quality."""
-    from tunectl.decide.quality import Quality, run_quality
-
     for run in runs:
         title = f"stacked validation of {run.spec}" + (f" (run {run.run_id})" if run.run_id else "")
         with library_errors():
-            quality = run_quality(results, run.run_id) if run.run_id else Quality()
+            quality = api.run_quality(results, run.run_id) if run.run_id else None
         console.print(validation_table(run.validation, title, quality))
         for why, n in sorted(Counter(s.why for s in run.skipped).items()):
             console.print(f"not validated: {n} point(s): {why}")
@@ -153,4 +133,5 @@ def print_validation(console: Console, runs: Sequence[Any], results: Path) -> No
         losers = run.validation.losers
         if losers:
             console.print(f"[red]slower than the defaults beyond noise at {len(losers)} point(s)[/]")
-        print_quality(console, quality, results, noun="point", again="validate")
+        if quality is not None:
+            print_quality(console, quality, results, noun="point", again="validate")

@@ -19,8 +19,17 @@ class SpecError(UserError):
     """A tuning spec that does not validate. Names the file and the field."""
 
     def __init__(self, path: str, field: str, message: str) -> None:
-        self.path, self.field = path, field
+        self.path, self.field, self.reason = path, field, message
         super().__init__(f"{path}: {field}: {message}")
+
+
+class OptionError(UserError):
+    """An option given to a library call that it does not take: names the option (``option``, as
+    the call's keyword), the value and what it takes (``reason``: "must be ...")."""
+
+    def __init__(self, option: str, value: object, reason: str) -> None:
+        self.option, self.value, self.reason = option, value, reason
+        super().__init__(f"{option}: {reason}")
 
 
 class ResultsError(TunectlError):

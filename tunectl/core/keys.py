@@ -30,8 +30,6 @@ Scalar = Union[None, bool, int, float, str]  # noqa: UP007 (a runtime alias)
 Value = Union[Scalar, tuple["Value", ...]]  # noqa: UP007 (recursive)
 Key = tuple[tuple[str, Value], ...]
 
-KEY_FORMAT_VERSION = 1
-
 
 class InvalidKeyError(ValueError):
     """A parameter value that cannot be part of a key."""

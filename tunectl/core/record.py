@@ -88,9 +88,7 @@ class Timing(StrEnum):
     DIFFERENCE = "difference"
 
 
-STATUSES = tuple(Status)
 FAILED = tuple(s for s in Status if s is not Status.OK)
-PHASES = tuple(Phase)
 #: Records that measured configs one call at a time (``validate`` records time whole stacks).
 SELECTED_PHASES = (Phase.MEASURE, Phase.SCREEN, Phase.FINAL, Phase.IMPORT)
 _ENUMS: dict[str, type[StrEnum]] = {

@@ -1,54 +1,20 @@
-"""Tuning specs: TOML files validated into frozen dataclasses.
+"""Tuning specs: TOML files validated into frozen dataclasses (every key: ``docs/specs.md``).
 
-```toml
-name = "quickstart"                 # optional; defaults to the file's stem
-task = "decode_attention"
-
-[static]                            # grid of static parameters: a list, or one value
-dtype = ["float32"]
-num_q_heads = 16
-
-[shapes.batch]                      # one table per shape dimension
-values = [1, 4, 16]
-bucket = "pow2"                     # exact | floor | ceil | nearest | pow2
-
-[shapes.kv_len]                     # or a span serving meets, refined where winners change
-range = [1024, 32768]               # values: the starting grid (default: the ends, powers of two between)
-step = 512                          # refined values are multiples of this
-bucket = "ceil"                     # a range needs floor, ceil or nearest
-
-[configs]                           # one grid; or [[configs]] for a union of grids
-num_splits = [1, 2, 4]
-
-[measure]                           # all optional
-max_seconds = 1.0
-
-[resources]                         # all optional
-num_gpus = 8
-accelerator_type = "H200"
-
-[search]                            # all optional (tunectl.decide.search)
-strategy = "halving"                # grid | halving
-finalists = 3
-refine_budget = 16                  # extra points per static key where a range is declared (decide/refine)
-refine_shortlist = 3                # a refined point measures the default and each neighbour's 3 fastest
-probes = 2                          # then shapes per cell inside the region it serves (decide/probes)
-
-[default]                           # optional: the baseline config (else the task's own default)
-num_splits = 1
-
-[select]                            # all optional
-margin = 0.02                       # a win must clear 1 + margin (tunectl.decide.select)
-```
-Every error names the file and the field and is raised as ``SpecError``. A ``[shapes.<name>]`` table reads
-into a ``tunectl.core.shapes.ShapeDim``.
+A spec names one task, its ``[static]`` grid, one ``[shapes.<dim>]`` table per shape dimension (read
+into a ``tunectl.core.shapes.ShapeDim``), its ``[configs]`` grid or grids, and optionally a
+``[default]`` config and the ``[measure]``, ``[resources]``, ``[search]`` and ``[select]`` tables.
+Each field of those tables carries its type here, and its choices (a ``StrEnum``) or bounds (a
+``Rule``) with it: the parser and the documentation read them off the fields. Every error names the
+file and the field and is raised as ``SpecError``.
 """
 
 from __future__ import annotations
 
 import tomllib
+import typing
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import Field, dataclass, field, fields
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -56,85 +22,124 @@ from tunectl.core.errors import SpecError
 from tunectl.core.files import name_problem
 from tunectl.core.keys import InvalidKeyError, Key, Value, make_key, normalise_value, product
 from tunectl.core.params import Rule
+from tunectl.core.record import Timing
 from tunectl.core.registry import PlannedTask, get_task, task_names
 from tunectl.core.shapes import ShapeDim, read_dim
 
-_TOP_LEVEL = {
-    "name", "description", "task", "static", "shapes", "configs", "default", "measure", "resources", "search",
-    "select",
-}  # fmt: skip
+
+class L2(StrEnum):
+    """The L2 cache before each sample: as the previous call left it, or flushed."""
+
+    WARM = "warm"
+    COLD = "cold"
+
+
+class MeasureMode(StrEnum):
+    """How a config is called: as the task serves it (``TuningTask.serving_mode``), eagerly, or by
+    CUDA-graph replay."""
+
+    AUTO = "auto"
+    EAGER = "eager"
+    GRAPH = "graph"
+
+
+class DriftAction(StrEnum):
+    """What the drift guard (``tunectl.measure.drift``) does when a worker's reference shifts: flag the
+    rows and measure them again, only flag them, or nothing."""
+
+    REMEASURE = "remeasure"
+    FLAG = "flag"
+    OFF = "off"
+
+
+class Strategy(StrEnum):
+    """How configs are searched per point (``tunectl.decide.search``)."""
+
+    GRID = "grid"
+    HALVING = "halving"
+
+
+#: strategies earlier versions ran; runs made with them still read (``parse_spec(..., stored=True)``)
+RETIRED_STRATEGIES = ("model",)
+
+
+def _bounded(default: Any, rule: Rule) -> Any:
+    """A spec field whose values ``rule`` bounds (checked when a spec is read)."""
+    return field(default=default, metadata={"rule": rule})
+
+
+class _Choices:
+    """Turns each field typed as a ``StrEnum`` into that enum's member: ``MeasureSpec(drift="off")``
+    holds ``DriftAction.OFF``; a value that is not a member raises ``ValueError``."""
+
+    def __post_init__(self) -> None:
+        for name, enum in _choice_fields(type(self)).items():
+            value = getattr(self, name)
+            if not isinstance(value, enum):
+                object.__setattr__(self, name, enum(value))
+
+
+def _choice_fields(cls: type) -> dict[str, type[StrEnum]]:
+    """The fields of ``cls`` typed as a ``StrEnum``, with the enum."""
+    found = _CHOICE_FIELDS.get(cls)
+    if found is None:
+        hints = typing.get_type_hints(cls)
+        enums = {f.name: hints[f.name] for f in fields(cls)}
+        found = {n: t for n, t in enums.items() if isinstance(t, type) and issubclass(t, StrEnum)}
+        _CHOICE_FIELDS[cls] = found
+    return found
+
+
+_CHOICE_FIELDS: dict[type, dict[str, type[StrEnum]]] = {}
 
 
 @dataclass(frozen=True)
-class MeasureSpec:
+class MeasureSpec(_Choices):
     """How each config is timed. Recorded with every measurement."""
 
-    warmup: int = 3
-    min_samples: int = 10
-    max_samples: int = 1000
-    noise_target: float = 0.01
-    max_seconds: float = 2.0
-    l2: str = "warm"  # warm | cold
-    mode: str = "auto"  # auto (the task's serving mode) | eager | graph
-    #: how a cold-L2 sample on a GPU is timed (tunectl.measure.timing): difference | replay
-    timing: str = "difference"
-    #: the drift guard (tunectl.measure.drift): remeasure (flag and measure again) | flag | off
-    drift: str = "remeasure"
-    deadline_seconds: float = 300.0
+    warmup: int = _bounded(3, Rule.integer(0))
+    min_samples: int = _bounded(10, Rule.integer(1))
+    max_samples: int = _bounded(1000, Rule.integer(1))
+    # a time or a noise target of 0 measures nothing
+    noise_target: float = _bounded(0.01, Rule.number(0, 1, low_open=True))
+    max_seconds: float = _bounded(2.0, Rule.number(0, low_open=True))
+    l2: L2 = L2.WARM
+    mode: MeasureMode = MeasureMode.AUTO
+    #: how a cold-L2 sample on a GPU is timed (``tunectl.measure.timing``)
+    timing: Timing = Timing.DIFFERENCE
+    drift: DriftAction = DriftAction.REMEASURE
+    deadline_seconds: float = _bounded(300.0, Rule.number(0, low_open=True))
 
 
 @dataclass(frozen=True)
-class SearchSpec:
+class SearchSpec(_Choices):
     """How configs are chosen per point (``tunectl.decide.search``)."""
 
-    strategy: str = "grid"  # grid | halving
-    finalists: int = 3  # configs timed again against the default, interleaved (0: no finals)
-    rounds: int = 8  # interleaved rounds in the finals
-    tie: float = 0.02  # a config this close to the default (or faster) may reach the finals
-    eta: int = 3  # halving: keep 1/eta of the configs per rung, give each eta times more time
-    min_budget: float = 0.1  # halving: the first rung's share of the spec's measurement time
-    # refinement: extra points per static key (>= 1), or a share of the starting points (< 1); 0: off
-    refine_budget: float = 16.0
-    # refinement: a refined point measures the default and the k fastest configs of each tuned point
-    # next to it (along each refined dimension); 0: every config
-    refine_shortlist: int = 0
-    # probes: once a static key's points are finished and refined, shapes per cell of its grid measured
-    # inside the region the cell serves (tunectl.decide.probes); 0: off
-    probes: int = 0
-    probe_shortlist: int = 4  # the configs a probe compares besides the default and the corners' winners
+    strategy: Strategy = Strategy.GRID
+    #: configs timed again against the default, interleaved (0: no finals)
+    finalists: int = _bounded(3, Rule.integer(0))
+    rounds: int = _bounded(8, Rule.integer(1))  # interleaved rounds in the finals
+    #: a config this close to the default (or faster) may reach the finals
+    tie: float = _bounded(0.02, Rule.number(0, 1))
+    #: halving: keep 1/eta of the configs per rung, give each eta times more time
+    eta: int = _bounded(3, Rule.integer(2))
+    #: halving: the first rung's share of the spec's measurement time
+    min_budget: float = _bounded(0.1, Rule.number(0, 1, low_open=True))
+    #: refinement: extra points per static key (>= 1), or a share of the starting points (< 1); 0: off
+    refine_budget: float = _bounded(16.0, Rule.number(0))
+    #: refinement: a refined point measures the default and the k fastest configs of each tuned point
+    #: next to it (along each refined dimension); 0: every config
+    refine_shortlist: int = _bounded(0, Rule.integer(0))
+    #: probes: once a static key's points are finished and refined, shapes per cell of its grid
+    #: measured inside the region the cell serves (``tunectl.decide.probes``); 0: off
+    probes: int = _bounded(0, Rule.integer(0))
+    #: the configs a probe compares besides the default and the corners' winners
+    probe_shortlist: int = _bounded(4, Rule.integer(1))
 
     def rung_budget(self, rung: int) -> float:
         """Halving: a look's share of a full measurement at ``rung``."""
         return min(1.0, self.min_budget * self.eta**rung)
 
-
-STRATEGIES = ("grid", "halving")
-TIMINGS = ("difference", "replay")
-DRIFT_ACTIONS = ("remeasure", "flag", "off")
-#: strategies earlier versions ran; runs made with them still read (``parse_spec(..., stored=True)``)
-RETIRED_STRATEGIES = ("model",)
-
-#: what each number of the spec's own tables may take (a time or a noise target of 0 measures nothing)
-TABLE_RULES: dict[str, Rule] = {
-    "measure.warmup": Rule.integer(0),
-    "measure.min_samples": Rule.integer(1),
-    "measure.max_samples": Rule.integer(1),
-    "measure.noise_target": Rule.number(0, 1, low_open=True),
-    "measure.max_seconds": Rule.number(0, low_open=True),
-    "measure.deadline_seconds": Rule.number(0, low_open=True),
-    "resources.num_gpus": Rule.integer(1),
-    "resources.prefetch": Rule.integer(1, 64),
-    "search.finalists": Rule.integer(0),
-    "search.rounds": Rule.integer(1),
-    "search.tie": Rule.number(0, 1),
-    "search.eta": Rule.integer(2),
-    "search.min_budget": Rule.number(0, 1, low_open=True),
-    "search.refine_budget": Rule.number(0),
-    "search.refine_shortlist": Rule.integer(0),
-    "search.probes": Rule.integer(0),
-    "search.probe_shortlist": Rule.integer(1),
-    "select.margin": Rule.number(0, 1),
-}
 
 #: a config other than the default wins only when its whole interval clears 1 + this
 DEFAULT_MARGIN = 0.02
@@ -144,14 +149,32 @@ DEFAULT_MARGIN = 0.02
 class SelectSpec:
     """How winners are chosen from the results (``tunectl.decide.select``)."""
 
-    margin: float = DEFAULT_MARGIN  # practical equivalence: a speedup under 1 + margin does not count
+    #: practical equivalence: a speedup under 1 + margin does not count
+    margin: float = _bounded(DEFAULT_MARGIN, Rule.number(0, 1))
 
 
 @dataclass(frozen=True)
 class ResourceSpec:
-    num_gpus: int | None = None  # None: every GPU the cluster has
+    num_gpus: int | None = _bounded(None, Rule.integer(1))  # None: every GPU the cluster has
     accelerator_type: str | None = None
-    prefetch: int = 2  # work items in flight per worker
+    prefetch: int = _bounded(2, Rule.integer(1, 64))  # work items in flight per worker
+
+
+#: the spec's own tables, by the name a spec gives them
+TABLES: dict[str, type] = dict(
+    measure=MeasureSpec, resources=ResourceSpec, search=SearchSpec, select=SelectSpec
+)
+_TOP_LEVEL = {"name", "description", "task", "static", "shapes", "configs", "default", *TABLES}
+
+
+def _rule(f: Field[Any]) -> Rule | None:
+    return f.metadata.get("rule")
+
+
+#: what each number of the spec's own tables may take, by its dotted name (read off the fields)
+TABLE_RULES: dict[str, Rule] = {
+    f"{table}.{f.name}": rule for table, cls in TABLES.items() for f in fields(cls) if (rule := _rule(f))
+}
 
 
 @dataclass(frozen=True)
@@ -176,9 +199,6 @@ class Spec:
 
     def shape_grid(self) -> list[Key]:
         return [make_key(p) for p in product({d.name: d.values for d in self.shapes})]
-
-    def buckets(self) -> dict[str, dict[str, Any]]:
-        return {d.name: {"policy": d.bucket, "points": list(d.values)} for d in self.shapes}
 
     def ranges(self) -> dict[str, tuple[int, int]]:
         """The declared span of each dimension that has one."""
@@ -234,10 +254,6 @@ class _Validator:
         shapes = self.shapes(raw.get("shapes"), task.shape_params)
         configs = self.configs(raw.get("configs"), task.config_params, rules)
         measure = self.dataclass_table(MeasureSpec, raw.get("measure", {}), "measure")
-        self.choice("measure.l2", measure.l2, ("warm", "cold"))
-        self.choice("measure.mode", measure.mode, ("auto", "eager", "graph"))
-        self.choice("measure.timing", measure.timing, TIMINGS)
-        self.choice("measure.drift", measure.drift, DRIFT_ACTIONS)
         if measure.max_samples < measure.min_samples:
             raise self.fail("measure.max_samples", "need min_samples <= max_samples")
         resources = self.dataclass_table(ResourceSpec, raw.get("resources", {}), "resources")
@@ -250,8 +266,8 @@ class _Validator:
             )
         select = self.dataclass_table(SelectSpec, raw.get("select", {}), "select")
         default = None if raw.get("default") is None else self.default(raw["default"], task, rules)
-        return Spec(self.path, name, task.name, static, shapes, configs, measure, resources, search, text,
-                    select, default)  # fmt: skip
+        grids = (static, shapes, configs)
+        return Spec(self.path, name, task.name, *grids, measure, resources, search, text, select, default)
 
     def default(self, value: object, task: PlannedTask, rules: Mapping[str, Rule]) -> Key:
         """``[default]``: one config (every value a single one), checked as the configs are."""
@@ -267,7 +283,6 @@ class _Validator:
         if isinstance(value, dict) and value.get("strategy") in RETIRED_STRATEGIES:
             raise self.fail("search.strategy", f"{value['strategy']!r} was removed; use 'halving'")
         search: SearchSpec = self.dataclass_table(SearchSpec, value, "search")
-        self.choice("search.strategy", search.strategy, STRATEGIES)
         if search.finalists and search.rounds < 2:
             raise self.fail("search.rounds", "finals need at least 2 rounds for an interval")
         return search
@@ -356,24 +371,28 @@ class _Validator:
         return tuple(keys)
 
     def dataclass_table(self, cls: Any, value: object, fld: str) -> Any:
+        """One of the spec's own tables, each value checked by its field's type, choices and rule."""
         table = self.table(value, fld)
         known = {f.name: f for f in fields(cls)}
         for name, v in table.items():
             if name not in known:
                 raise self.fail(f"{fld}.{name}", f"unknown key; expected one of {', '.join(known)}")
-            default = getattr(cls(), name)
-            expected = type(default) if default is not None else (int if name == "num_gpus" else str)
-            ok = isinstance(v, expected) and not (isinstance(v, bool) and expected is not bool)
-            if expected is float and isinstance(v, int) and not isinstance(v, bool):
-                ok, v = True, float(v)
-            if not ok:
-                raise self.fail(f"{fld}.{name}", f"must be {expected.__name__}, not {type(v).__name__}")
-            rule = TABLE_RULES.get(f"{fld}.{name}")
-            if rule is not None:
-                self.checked((v,), rule, f"{fld}.{name}")
-            table = {**table, name: v}
+            table = {**table, name: self.table_value(cls, known[name], v, f"{fld}.{name}")}
         return cls(**table)
 
-    def choice(self, fld: str, value: object, choices: tuple[str, ...]) -> None:
-        if value not in choices:
-            raise self.fail(fld, f"{value!r} is not one of {', '.join(choices)}")
+    def table_value(self, cls: Any, f: Field[Any], v: object, fld: str) -> object:
+        """``v`` as field ``f`` of ``cls`` holds it, or the field and what it takes."""
+        enum = _choice_fields(cls).get(f.name)
+        default = f.default
+        expected = str if enum else type(default) if default is not None else (int if _rule(f) else str)
+        ok = isinstance(v, expected) and not (isinstance(v, bool) and expected is not bool)
+        if expected is float and isinstance(v, int) and not isinstance(v, bool):
+            ok, v = True, float(v)
+        if not ok:
+            raise self.fail(fld, f"must be {expected.__name__}, not {type(v).__name__}")
+        if enum is not None and v not in tuple(enum):
+            raise self.fail(fld, f"{v!r} is not one of {', '.join(enum)}")
+        rule = _rule(f)
+        if rule is not None:
+            self.checked((v,), rule, fld)  # type: ignore[arg-type]
+        return v

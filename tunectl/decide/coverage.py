@@ -46,10 +46,6 @@ class Coverage:
     winners: tuple[Winner, ...]  # the tuned entries, then the filled ones
     holes: tuple[Hole, ...]
 
-    @property
-    def num_filled(self) -> int:
-        return sum(w.served_by is not None for w in self.winners)
-
 
 def cover(
     winners: Sequence[Winner],

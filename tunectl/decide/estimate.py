@@ -34,9 +34,10 @@ class DryRun:
         return self.count.num_items * self.item_s + self.num_comparisons * (self.comparison_s or 0.0)
 
 
-def dry_run(spec_path: str | Path, results: str | Path | None = None) -> DryRun:
-    """Count ``spec_path``'s work and estimate its time from the records of ``results`` (if it exists)."""
-    spec = load_spec(spec_path)
+def dry_run(spec: Spec | str | Path, results: str | Path | None = None) -> DryRun:
+    """Count ``spec``'s work (a Spec, or a spec file's path) and estimate its time from the records of
+    ``results`` (if it exists)."""
+    spec = spec if isinstance(spec, Spec) else load_spec(spec)
     counted = count_plan(spec)
     num_points = sum(points for _, points, _ in counted.per_static)
     comparisons = num_points if spec.search.finalists else 0

@@ -25,7 +25,7 @@ from tunectl.core.registry import PlannedTask
 from tunectl.core.shapes import ShapeDim
 from tunectl.core.spec import DEFAULT_MARGIN, Spec
 from tunectl.decide.select import latest_comparisons
-from tunectl.decide.validate import Skipped
+from tunectl.decide.stacked import Skipped
 
 #: the share of held-out shapes the pick may lose at (beyond the margin) before the check fails
 MAX_LOSING_SHARE = 0.05

@@ -50,7 +50,7 @@ from tunectl.decide.points import Awaited
 from tunectl.decide.refine import Refined
 from tunectl.decide.search import Search
 from tunectl.decide.select import Winner, fidelity, latest_comparisons, select_winners
-from tunectl.decide.validate import Skipped
+from tunectl.decide.stacked import Skipped
 
 DEFAULT_PER_CELL = 2
 DEFAULT_SHORTLIST = 4

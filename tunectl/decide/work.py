@@ -4,7 +4,8 @@ A run's work is a function of the rows it has seen (``tunectl.decide.search``): 
 asks for exactly the items still missing, which is how a resume goes on. The same rebuild tells,
 after a part of the run's results was damaged, which points lost rows: a damaged part cannot say
 what it held, but the points whose items the rebuilt work asks for again are the ones whose
-decisions would now rest on less than the run measured.
+decisions would now rest on less than the run measured. A run whose work is known up front
+(validation, holdout, probes) runs ``FixedItems``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from tunectl.core.errors import UserError
 from tunectl.core.keys import Key, key_text
-from tunectl.core.plan import Plan, plan
+from tunectl.core.plan import Plan, WorkItem, in_pool, plan
 from tunectl.core.record import Record
 from tunectl.core.registry import get_task
 from tunectl.core.spec import parse_spec
@@ -104,3 +105,39 @@ def with_shortfalls(winners: Iterable[Winner], gaps: Sequence[Shortfall]) -> lis
         lost = tuple(g.lost for g in gaps if any(g.touches(w.task, w.static, s) for s in shapes))
         out.append(dataclasses.replace(w, lost=w.lost + lost) if lost else w)
     return out
+
+
+class FixedItems:
+    """A run's work when it is known up front (validation): what a search is, without the choosing."""
+
+    def __init__(self, items: Sequence[WorkItem], pool: str | None = None) -> None:
+        self.items = [
+            item if pool is None else dataclasses.replace(item, item_id=in_pool(item.item_id, pool))
+            for item in items
+        ]
+        self._done: set[str] = set()
+        self._next = 0  # the first item not yet drawn
+
+    def start(self, records: Iterable[Record] = ()) -> None:
+        self._done.update(r.item_id for r in records)
+
+    def draw(self, limit: int) -> list[WorkItem]:
+        """Up to ``limit`` more items without their records, in order."""
+        out: list[WorkItem] = []
+        while len(out) < limit and self._next < len(self.items):
+            item = self.items[self._next]
+            self._next += 1
+            if not set(item.record_ids()) <= self._done:
+                out.append(item)
+        return out
+
+    def follow_up(self, records: Sequence[Record]) -> list[WorkItem]:
+        self._done.update(r.item_id for r in records)
+        return []
+
+    def estimate(self) -> int:
+        return sum(len(i.record_ids()) for i in self.items)
+
+    def missing(self) -> int:
+        """Items without all their records."""
+        return sum(not set(item.record_ids()) <= self._done for item in self.items)

@@ -269,7 +269,7 @@ def start_builders(
     """
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from tunectl.orchestrator.builder import Builder
+    from tunectl.orchestrator.compile_process import Builder
 
     resources = {n["NodeID"]: n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")}
     builders = []

@@ -1,5 +1,5 @@
 """A run's compile processes: where they start, the scheduler that keeps them busy, and what the run's
-metadata says of them (``tunectl.orchestrator.builds`` is the bookkeeping they serve)."""
+metadata says of them (``tunectl.orchestrator.compile_schedule`` is the bookkeeping they serve)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tunectl.orchestrator.builds import SHARED, BuildBook, BuildScheduler, CompileOptions, KeyFn, key_function
 from tunectl.orchestrator.cluster import CPU_POOL, Pool, WorkerSetup, start_builders
+from tunectl.orchestrator.compile_schedule import SHARED, BuildBook, BuildScheduler, KeyFn, key_function
+from tunectl.orchestrator.control import CompileOptions
 from tunectl.orchestrator.feed import Lane
 from tunectl.store.runs import RunInfo
 
@@ -29,30 +30,38 @@ def worker_setup(compile: CompileOptions, task: str, compile_ahead: bool) -> Wor
 def start_builds(
     lanes: Sequence[Lane],
     pools: Sequence[Pool],
-    builders: list[tuple[Any, str]],
     *,
     info: RunInfo,
     options: CompileOptions,
     setup: WorkerSetup,
     on_compiles: OnCompiles,
-) -> tuple[RunInfo, BuildScheduler | None]:
-    """Compile processes (into ``builders``, for the caller to stop) where the lanes' first items have
-    kernels to build ahead; the run's metadata saying so, and the scheduler that hands them builds
-    (None without any)."""
+) -> tuple[RunInfo, list[tuple[Any, str]], BuildScheduler | None]:
+    """Compile processes, as (actor, node id), where the lanes' first items have kernels to build
+    ahead (the caller stops them); the run's metadata saying so, and the scheduler that hands them
+    builds (None without any)."""
     key_fn = key_function()
-    if any(key_fn(item) for lane in lanes for item in lane.items):
-        builders += _builders(pools, options, setup)
+    needed = any(key_fn(item) for lane in lanes for item in lane.items)
+    builders = _builders(pools, options, setup) if needed else []
     info = dataclasses.replace(info, compile=_compile_meta(options, setup, builders))
-    return info, _scheduler(options, builders, on_compiles, key_fn)
+    return info, builders, _scheduler(options, builders, on_compiles, key_fn)
 
 
 def note_builds(info: RunInfo, builds: BuildScheduler) -> None:
     """What the compile processes built, in the run's metadata and its log."""
     built, total, _ = builds.book.counts()
-    info.compile.update(built=built, keys=total, build_seconds=round(builds.book.seconds, 3),
-                        per_kernel_seconds=builds.book.build_seconds)  # fmt: skip
-    log.info("run %s: compile processes built %d of %d kernel(s) in %.1f s of compile time",
-             info.run_id, built, total, builds.book.seconds)  # fmt: skip
+    info.compile.update(
+        built=built,
+        keys=total,
+        build_seconds=round(builds.book.seconds, 3),
+        per_kernel_seconds=builds.book.build_seconds,
+    )
+    log.info(
+        "run %s: compile processes built %d of %d kernel(s) in %.1f s of compile time",
+        info.run_id,
+        built,
+        total,
+        builds.book.seconds,
+    )
 
 
 def _builders(pools: Sequence[Pool], compile: CompileOptions, setup: WorkerSetup) -> list[tuple[Any, str]]:
@@ -66,8 +75,9 @@ def _builders(pools: Sequence[Pool], compile: CompileOptions, setup: WorkerSetup
     return start_builders(nodes, compile.workers_per_node, setup)
 
 
-def _scheduler(compile: CompileOptions, builders: list[tuple[Any, str]], on_compiles: OnCompiles,
-               key_fn: KeyFn) -> BuildScheduler | None:  # fmt: skip
+def _scheduler(
+    compile: CompileOptions, builders: list[tuple[Any, str]], on_compiles: OnCompiles, key_fn: KeyFn
+) -> BuildScheduler | None:
     if not builders:
         return None
     scopes = [SHARED] if compile.shared else sorted({node for _, node in builders})
@@ -79,6 +89,9 @@ def _compile_meta(
     compile: CompileOptions, setup: WorkerSetup, builders: list[tuple[Any, str]]
 ) -> dict[str, Any]:
     return {
-        "cache": compile.cache_root(), "shared": compile.shared, "timeout_s": compile.timeout_s,
-        "compile_processes": len(builders), "env": dict(setup.env),
-    }  # fmt: skip
+        "cache": compile.cache_root(),
+        "shared": compile.shared,
+        "timeout_s": compile.timeout_s,
+        "compile_processes": len(builders),
+        "env": dict(setup.env),
+    }

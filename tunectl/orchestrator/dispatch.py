@@ -36,7 +36,7 @@ from tunectl.core.plan import WorkItem, batch
 from tunectl.core.record import Record
 from tunectl.core.spec import MeasureSpec
 from tunectl.orchestrator.blame import Blame, Verdict, death_detail, first_line
-from tunectl.orchestrator.builds import BuildScheduler
+from tunectl.orchestrator.compile_schedule import BuildScheduler
 from tunectl.orchestrator.feed import Lane, LaneFeed
 from tunectl.orchestrator.slots import WORKER_LOST, Call, Slot
 from tunectl.orchestrator.workqueue import describe, failure_records
@@ -75,7 +75,7 @@ def dispatch(
     (one, or one per arm of a comparison: they are written as a unit), in completion order; every
     record is passed exactly once. A lane's work is drawn from as its workers free up, and told each
     finished item's records (a search choosing what to measure next); the run ends when no lane has
-    work left. ``builds``: compile processes that build kernels ahead (``tunectl.orchestrator.builds``);
+    work left. ``builds``: compile processes that build kernels ahead (``orchestrator.compile_schedule``);
     workers prefer what they built."""
     return _Dispatcher(lanes, run_id, settings, on_records, options, builds).run()
 
@@ -92,13 +92,13 @@ class _Dispatcher:
         self.slots = [
             Slot(w, lane.name, f"{lane.name}#{i}") for lane in lanes for i, w in enumerate(lane.workers)
         ]
-        self.owner: dict[Any, Slot] = {}  # every pending ref (calls and probes) -> its slot
+        self.owner: dict[Any, Slot] = {}  # every pending ref (calls and pings) -> its slot
         self.blame = Blame()
         self.recorded: set[str] = set()
         self.stats = DispatchStats()
         self.idle_since: dict[str, float] = {}
         for slot in self.slots:
-            self._probe(slot)
+            self._ping(slot)
 
     def run(self) -> DispatchStats:
         next_check = time.monotonic() + self.options.poll_s
@@ -126,8 +126,8 @@ class _Dispatcher:
                 self._check_deadlines(now)
                 self._check_limbo(now)
                 for slot in self.slots:
-                    if slot.probe_at and now >= slot.probe_at and slot.probe is None:
-                        self._probe(slot)
+                    if slot.ping_at and now >= slot.ping_at and slot.ping is None:
+                        self._ping(slot)
                 self._check_stalls(now)
                 next_check = now + self.options.poll_s
         return self.stats
@@ -141,20 +141,20 @@ class _Dispatcher:
 
     # -- workers coming up -------------------------------------------------------------------------
 
-    def _probe(self, slot: Slot) -> None:
+    def _ping(self, slot: Slot) -> None:
         """Ask the worker where it runs; it gets work once it answers (a lost one stays lost until then)."""
         if slot.state != "lost":
             slot.state = "starting"
-        slot.probe_at = 0.0
-        slot.probe = slot.worker.describe.remote()
-        self.owner[slot.probe] = slot
+        slot.ping_at = 0.0
+        slot.ping = slot.worker.describe.remote()
+        self.owner[slot.ping] = slot
 
-    def _on_probe(self, slot: Slot, ref: Any) -> None:
-        slot.probe = None
+    def _on_ping(self, slot: Slot, ref: Any) -> None:
+        slot.ping = None
         try:
             info = ray.get(ref)
         except WORKER_LOST as exc:
-            if slot.probe_failed(exc, time.monotonic()):
+            if slot.ping_failed(exc, time.monotonic()):
                 self.stats.num_lost_workers += 1
                 log.warning("worker %s is lost: %s", slot.name, slot.failure)
                 self._judge(slot, None)  # it cannot say what killed it: its items go to the others
@@ -174,8 +174,8 @@ class _Dispatcher:
         slot = self.owner.pop(ref, None)
         if slot is None:
             return
-        if ref == slot.probe:  # refs compare by id (in client mode they are rebuilt per call)
-            self._on_probe(slot, ref)
+        if ref == slot.ping:  # refs compare by id (in client mode they are rebuilt per call)
+            self._on_ping(slot, ref)
             return
         call = next((c for c in slot.calls if c.ref == ref), None)
         if call is None:
@@ -198,7 +198,7 @@ class _Dispatcher:
         elif not slot.calls:
             # The item finished just as its deadline kill went out; the worker restarts all the same.
             slot.killed_item = None
-            self._probe(slot)
+            self._ping(slot)
 
     def _emit(self, lane: str, result: Record | list[Record]) -> None:
         records = result if isinstance(result, list) else [result]
@@ -296,7 +296,7 @@ class _Dispatcher:
         """The worker's process (or node) is gone: settle its calls, then wait for it to come back."""
         self.stats.num_worker_failures += 1
         log.info("worker %s failed (%s): %s", slot.name, type(exc).__name__, first_line(exc))
-        self._probe(slot)  # first: no work goes to this worker until its new process answers
+        self._ping(slot)  # first: no work goes to this worker until its new process answers
         calls, reserved, killed = slot.drop_calls()
         for call in calls:
             self.owner.pop(call.ref, None)

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from tunectl.core.plan import WorkItem
 from tunectl.core.record import Record
 from tunectl.orchestrator.blame import Verdict
-from tunectl.orchestrator.builds import BuildScheduler
+from tunectl.orchestrator.compile_schedule import BuildScheduler
 from tunectl.orchestrator.workqueue import WorkQueue
 
 #: Issued items a lane keeps waiting per worker: its calls in flight (``prefetch``), the item announced

@@ -121,11 +121,6 @@ def find_job(jobs: Any, run_id: str) -> str:
     return str(max(mine, key=lambda j: j.start_time or 0).submission_id)
 
 
-def job_status(address: str | None, run_id: str) -> str:
-    jobs = client(address)
-    return str(_call(jobs.get_job_status, find_job(jobs, run_id)).value)
-
-
 def job_logs(address: str | None, run_id: str) -> str:
     jobs = client(address)
     return str(_call(jobs.get_job_logs, find_job(jobs, run_id)))

@@ -1,8 +1,8 @@
 """One worker as the dispatcher sees it: its calls in flight, and whether it is up, restarting or lost.
 
-A worker gets work only once it has answered a probe (``describe``). A probe that gets no answer is
+A worker gets work only once it has answered a ping (``describe``). A ping that gets no answer is
 asked again, soon while Ray says the worker is restarting, then ever less often; a worker that stays
-silent (``MAX_PROBE_FAILURES`` answers of a dead process, or ``RESTART_WAIT_S`` of restarting) is
+silent (``MAX_PING_FAILURES`` answers of a dead process, or ``RESTART_WAIT_S`` of restarting) is
 lost until it answers again.
 """
 
@@ -20,7 +20,7 @@ from tunectl.core.record import Record
 from tunectl.orchestrator.blame import first_line
 from tunectl.orchestrator.workqueue import failure_records
 
-MAX_PROBE_FAILURES = 3
+MAX_PING_FAILURES = 3
 # A worker Ray is restarting answers "temporarily unavailable" until its new process is up, which on a
 # GPU host (torch, CUDA, the kernel libraries imported at start) takes tens of seconds: it is waited
 # for this long before it counts as lost.
@@ -60,35 +60,35 @@ class Slot:
     lane: str
     name: str
     state: str = "starting"  # starting (waiting for its first answer) | ready | lost
-    probe: Any = None
+    ping: Any = None
     node_id: str = ""
     calls: deque[Call] = field(default_factory=deque)
     reserved: WorkItem | None = None  # the next item, announced to the worker as its lookahead
     point: Any = None
     head_since: float = 0.0  # when the oldest call started running (approximately)
     killed_item: str | None = None  # set when we killed the worker at this item's deadline
-    probe_failures: int = 0
-    failing_since: float | None = None  # when its probes started failing (None: answering)
+    ping_failures: int = 0
+    failing_since: float | None = None  # when its pings started failing (None: answering)
     incarnation: str = ""  # the worker process the calls are meant for (a new one ignores them)
     limbo: list[Unanswered] = field(default_factory=list)  # judged on restart
     limbo_since: float = 0.0
-    probe_at: float = 0.0  # when to ask a worker that did not answer again (0: not scheduled)
+    ping_at: float = 0.0  # when to ask a worker that did not answer again (0: not scheduled)
     failure: str = ""  # why it last did not answer
     death: str = ""  # what Ray said when the worker died
 
-    def probe_failed(self, exc: BaseException, now: float) -> bool:
-        """Its probe got no answer: schedule the next; True when the worker is given up as lost now."""
-        self.probe_failures += 1
+    def ping_failed(self, exc: BaseException, now: float) -> bool:
+        """Its ping got no answer: schedule the next; True when the worker is given up as lost now."""
+        self.ping_failures += 1
         self.failure = first_line(exc)
         self.failing_since = self.failing_since or now
         restarting = isinstance(exc, rex.ActorUnavailableError)
         # Ask again soon (a restart in progress answers late), then ever less often: Ray may yet
         # restart it elsewhere (a node replaced, a placement group rescheduled).
-        self.probe_at = now + min(0.5 * 2.0 ** (self.probe_failures - 1), 5.0 if restarting else 30.0)
+        self.ping_at = now + min(0.5 * 2.0 ** (self.ping_failures - 1), 5.0 if restarting else 30.0)
         gave_up = (
             now - self.failing_since > RESTART_WAIT_S
             if restarting
-            else self.probe_failures >= MAX_PROBE_FAILURES
+            else self.ping_failures >= MAX_PING_FAILURES
         )
         if gave_up and self.state != "lost":
             self.state = "lost"
@@ -96,9 +96,9 @@ class Slot:
         return False
 
     def came_up(self, info: dict[str, Any]) -> bool:
-        """It answered its probe (``info``: where it runs) and takes work; True if it had been lost."""
+        """It answered its ping (``info``: where it runs) and takes work; True if it had been lost."""
         was_lost = self.state == "lost"
-        self.state, self.node_id, self.probe_failures = "ready", info["node_id"], 0
+        self.state, self.node_id, self.ping_failures = "ready", info["node_id"], 0
         self.failing_since = None
         self.incarnation = info["incarnation"]
         return was_lost

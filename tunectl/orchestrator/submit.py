@@ -12,16 +12,14 @@ way.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
-import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from tunectl.core.errors import TunectlError, UserError
 from tunectl.core.keys import Key
@@ -30,56 +28,25 @@ from tunectl.core.record import Record
 from tunectl.core.registry import get_task
 from tunectl.core.spec import MeasureSpec, ResourceSpec, Spec, load_spec, parse_spec
 from tunectl.decide.work import tuning_work
-from tunectl.orchestrator.builds import CompileOptions
-from tunectl.orchestrator.cluster import (
-    Placement,
-    Pool,
-    choose_pools,
-    connect,
-    start_pools,
-    stop_builders,
-    stop_pools,
+from tunectl.orchestrator.cluster import Placement, Pool, choose_pools, connect
+from tunectl.orchestrator.compile_schedule import BuildScheduler
+from tunectl.orchestrator.compiling import note_builds, worker_setup
+from tunectl.orchestrator.control import (
+    CompileOptions,
+    RunCancelled,
+    RunStopped,
+    cancel_requested,
+    request_cancel,
 )
-from tunectl.orchestrator.compiling import note_builds, start_builds, worker_setup
 from tunectl.orchestrator.dispatch import DispatchOptions, dispatch
 from tunectl.orchestrator.feed import Lane, lookahead
-from tunectl.orchestrator.notes import keep_notes
+from tunectl.orchestrator.lifecycle import RunFile, Workers, event_log, stops_recorded
 from tunectl.store.results import ResultsWriter, done_item_ids, read_results
-from tunectl.store.runs import (
-    RunInfo,
-    load_run,
-    new_run_id,
-    refuse_if_running,
-    run_exists,
-    run_log_path,
-    save_run,
-)
+from tunectl.store.runs import RunInfo, load_run, new_run_id, refuse_if_running, run_exists
+
+__all__ = ["RunCancelled", "RunStopped", "request_cancel"]  # a run's stops, raised through ``run``
 
 log = logging.getLogger("tunectl.run")
-
-
-class RunCancelled(KeyboardInterrupt):
-    """The run was asked to stop (SIGTERM: ``tunectl cancel``, or a Ray job being stopped)."""
-
-
-#: set once this process is asked to stop (``cancel``): the run is recorded cancelled even where the
-#: exception that stopped it lost its type on the way (Ray turns one raised inside ``ray.wait`` into
-#: a plain KeyboardInterrupt)
-_cancel_requested = threading.Event()
-
-
-def request_cancel() -> None:
-    """Ask this process's run to stop as cancelled (a SIGTERM handler calls this): raises RunCancelled."""
-    _cancel_requested.set()
-    raise RunCancelled()
-
-
-class RunStopped(KeyboardInterrupt):
-    """A run stopped by Ctrl-C or a cancel once it existed: says which run, to resume it by id."""
-
-    def __init__(self, run_id: str, state: str) -> None:
-        self.run_id, self.state = run_id, state
-        super().__init__(f"run {run_id} {state}")
 
 
 class IncompleteRun(TunectlError):
@@ -112,7 +79,7 @@ class RunOptions:
     connect_fn: Callable[..., bool] = connect
     compile_ahead: bool | None = None
     stall_timeout_s: float = 900.0
-    #: compile processes that build kernels ahead into shared on-disk caches (``tunectl.orchestrator.builds``)
+    #: compile processes that build kernels ahead into shared on-disk caches (``orchestrator.compiling``)
     compile_options: CompileOptions | None = None
 
 
@@ -192,9 +159,17 @@ def new_run(
         raise UserError(f"run {run_id} already exists in {results}; finish it with --resume {run_id}")
     now = time.time()
     return RunInfo(
-        run_id or new_run_id(), spec.name, spec.task, spec.path, spec.text, "running", num_planned, now, now,
+        run_id or new_run_id(),
+        spec.name,
+        spec.task,
+        spec.path,
+        spec.text,
+        "running",
+        num_planned,
+        now,
+        now,
         kind=kind,
-    )  # fmt: skip
+    )
 
 
 def submit(
@@ -205,14 +180,13 @@ def submit(
     progress: Progress | None = None,
     run_id: str | None = None,
     confirm_above: int | None = None,
-    **options: Any,
+    options: RunOptions = RunOptions(),
 ) -> SubmitResult:
     """Run (or resume) ``spec``'s search (a Spec, or a spec file's path); records land in ``results``.
 
     ``run_id``: the id for a new run (a job submitted for it chose it); default a fresh one.
     ``confirm_above``: refuse (``UserError``) a new run planning more items than this, before planning
     it (the caller asks the user to confirm); None: no limit.
-    ``options``: ``RunOptions`` fields (address, num_gpus, num_cpus, connect_fn, compile_ahead, ...).
     """
     results = Path(results)
     spec, previous = _spec_for(spec, resume, results)  # validate before touching anything
@@ -230,9 +204,16 @@ def submit(
         return tuning_work(work, check, pool)
 
     out = run(
-        search, spec.resources, spec.measure, results=results, info=info, resumed=previous is not None,
-        progress=progress, options=RunOptions(**options), strategy=spec.search.strategy,
-    )  # fmt: skip
+        search,
+        spec.resources,
+        spec.measure,
+        results=results,
+        info=info,
+        resumed=previous is not None,
+        progress=progress,
+        options=options,
+        strategy=spec.search.strategy,
+    )
     out.plan = work
     return out
 
@@ -255,81 +236,61 @@ def run(
     ``resumed``: the run has records already; each pool's work starts from them.
     """
     results = Path(results)
-    progress = progress or _Silent()
     started = time.time()
-    _cancel_requested.clear()
+    cancel_requested.clear()
     owns_ray = options.connect_fn(options.address, num_gpus=options.num_gpus, num_cpus=options.num_cpus)
-    run_file = _RunFile(results, info.with_driver())
-    out = SubmitResult(info.run_id, None, 0)
+    run_file = RunFile(results, info.with_driver())
     writer = ResultsWriter(results)
-    pools: list[Pool] = []
-    builders: list[tuple[Any, str]] = []
-    try:
+    job = _Job(work, resources, measure, strategy, resumed)
+    with Workers(run_file, owns_ray) as workers, stops_recorded(run_file, writer):
         run_file.save("running")
-        with _event_log(results, info.run_id):
-            _measure(
-                work, resources, measure, run_file=run_file, resumed=resumed, out=out, pools=pools,
-                builders=builders, writer=writer, progress=progress, options=options, strategy=strategy,
-            )  # fmt: skip
+        with event_log(results, info.run_id):
+            out = _measure(job, run_file, workers, writer, progress or _Silent(), options)
             writer.close()
         # Every item has its row (else _measure raised): planned, an estimate till now, is what was done.
         done = len(done_item_ids(results, info.run_id))
         run_file.save("finished", info=dataclasses.replace(run_file.info, num_planned=done))
-    except BaseException as exc:
-        _close_after_stop(writer)
-        state = _stopped_state(exc)
-        run_file.save(state, f"{type(exc).__name__}: {exc}"[:500])
-        if isinstance(exc, KeyboardInterrupt):
-            raise RunStopped(info.run_id, state) from None
-        raise
-    finally:
-        try:
-            _release(pools, builders, owns_ray, (results, info.run_id))
-        except KeyboardInterrupt:  # a stop while the workers are let go: the run's state is recorded
-            raise RunStopped(info.run_id, run_file.info.state) from None
     out.seconds = time.time() - started
     return out
 
 
-class _RunFile:
-    """The run's metadata as last saved: a stop records its state on the newest (the pools the run
-    placed, its builds, its size), not on what the run began with."""
+@dataclass(frozen=True)
+class _Job:
+    """What a run measures, and how (``run``'s arguments)."""
 
-    def __init__(self, results: Path, info: RunInfo) -> None:
-        self.results, self.info = results, info
+    work: WorkFor
+    resources: ResourceSpec
+    measure: MeasureSpec
+    strategy: str
+    resumed: bool
 
-    def save(self, state: str, message: str = "", info: RunInfo | None = None) -> None:
-        self.info = (info or self.info).with_state(state, message)
-        save_run(self.results, self.info)
 
+@dataclass(frozen=True)
+class _Started:
+    """A run's workers at work: each pool's lane and work, the compile processes' scheduler."""
 
-def _close_after_stop(writer: ResultsWriter) -> None:
-    """Write what the run has buffered; a write that fails now only leaves those items to a resume."""
-    try:
-        writer.close()
-    except Exception as exc:
-        log.warning("the last %d record(s) were not written (%s); a resume measures them again",
-                    writer.buffered, exc)  # fmt: skip
+    info: RunInfo
+    lanes: list[Lane]
+    works: dict[str, Work]
+    builds: BuildScheduler | None
+    placement: Placement
+    num_skipped_done: int
 
 
 def _measure(
-    work: WorkFor,
-    resources: ResourceSpec,
-    measure: MeasureSpec,
-    *,
-    run_file: _RunFile,
-    resumed: bool,
-    out: SubmitResult,
-    pools: list[Pool],
-    builders: list[tuple[Any, str]],
+    job: _Job,
+    run_file: RunFile,
+    workers: Workers,
     writer: ResultsWriter,
     progress: Progress,
     options: RunOptions,
-    strategy: str,
-) -> None:
-    """Start the pools and compile processes (into ``pools`` and ``builders``, for the caller to stop),
-    dispatch each pool's work until it is done, saying what is coming and what came, the run's
-    metadata saved as it goes. ``IncompleteRun`` if dispatch ended with any item still without a row."""
+) -> SubmitResult:
+    """Start the pools and compile processes, dispatch each pool's work until it is done, saying what
+    is coming and what came, the run's metadata saved as it goes. ``IncompleteRun`` if dispatch ended
+    with any item still without a row."""
+    started = _start(job, run_file, workers, options, progress)
+    info = started.info
+    out = SubmitResult(info.run_id, started.placement, started.num_skipped_done)
 
     def on_records(records: list[Record]) -> None:
         writer.append_item(records)  # an item's records (a comparison's arms) reach disk together
@@ -337,38 +298,66 @@ def _measure(
             out.statuses[record.status] += 1
             progress.record(record)
 
+    progress.start(info.run_id, info.num_planned - out.num_skipped_done, started.placement)
+    dispatch_options = DispatchOptions(
+        prefetch=job.resources.prefetch,
+        compile_ahead=bool(options.compile_ahead),
+        stall_timeout_s=options.stall_timeout_s,
+    )
+    stats = dispatch(started.lanes, info.run_id, job.measure, on_records, dispatch_options, started.builds)
+    _finish(run_file, started)
+    log.info(
+        "run %s finished: %d record(s), %d worker failure(s), %d item(s) requeued",
+        info.run_id,
+        stats.num_records,
+        stats.num_worker_failures,
+        stats.num_requeued,
+    )
+    return out
+
+
+def _start(
+    job: _Job, run_file: RunFile, workers: Workers, options: RunOptions, progress: Progress
+) -> _Started:
+    """The pools placed, each one's work started (after what a resumed run has), compile processes
+    where there are kernels to build ahead; the run's metadata saying so."""
     info, results = run_file.info, run_file.results
-    names = list(info.pools) or choose_pools(resources.accelerator_type, resources.num_gpus)
+    names = list(info.pools) or choose_pools(job.resources.accelerator_type, job.resources.num_gpus)
     ahead = bool(options.compile_ahead)
     compile_options = options.compile_options or CompileOptions()
     setup = worker_setup(compile_options, info.task, ahead)
-    started, out.placement = start_pools(names, resources.num_gpus, setup, label=f"tunectl-{info.run_id}")
-    pools += started
-    works = {p.name: work(p.name if len(pools) > 1 else None) for p in pools}
-    lanes, info, out.num_skipped_done = _lanes(pools, works, info, results, resumed=resumed)
-    info, builds = start_builds(lanes, pools, builders, info=info, options=compile_options, setup=setup,
-                                on_compiles=lambda *counts: progress.compiles(*counts))  # fmt: skip
+    placement = workers.start_pools(names, job.resources.num_gpus, setup)
+    pools = workers.pools
+    works = {p.name: job.work(p.name if len(pools) > 1 else None) for p in pools}
+    lanes, info, num_done = _lanes(pools, works, info, results, resumed=job.resumed)
+    info, builds = workers.start_builds(lanes, info, compile_options, setup, progress.compiles)
     run_file.save("running", info=info)
-    todo = info.num_planned - out.num_skipped_done
-    log.info("run %s: ~%d record(s) to come (%s search) from %d worker(s) in pool(s) %s "
-             "(compile ahead: %s)", info.run_id, todo, strategy, out.placement.num_workers,
-             ", ".join(info.pools), ahead)  # fmt: skip
-    progress.start(info.run_id, todo, out.placement)
-    how = DispatchOptions(
-        prefetch=resources.prefetch, compile_ahead=ahead, stall_timeout_s=options.stall_timeout_s
+    log.info(
+        "run %s: ~%d record(s) to come (%s search) from %d worker(s) in pool(s) %s (compile ahead: %s)",
+        info.run_id,
+        info.num_planned - num_done,
+        job.strategy,
+        placement.num_workers,
+        ", ".join(info.pools),
+        ahead,
     )
-    stats = dispatch(lanes, info.run_id, measure, on_records, how, builds=builds)
-    # Work that plans more as it goes (refinement) knows its size only now.
+    return _Started(info, lanes, works, builds, placement, num_done)
+
+
+def _finish(run_file: RunFile, started: _Started) -> None:
+    """The run's size as its work now knows it (work that plans as it goes, refinement, knows it only
+    now) and what was built, saved; ``IncompleteRun`` if an item is still without a row."""
+    works = started.works.values()
     info = dataclasses.replace(
-        info, num_planned=max(info.num_planned, sum(w.estimate() for w in works.values()))
+        started.info, num_planned=max(started.info.num_planned, sum(w.estimate() for w in works))
     )
-    if builds is not None:
-        note_builds(info, builds)
+    if started.builds is not None:
+        note_builds(info, started.builds)
     run_file.save("running", info=info)
-    missing = sum(w.missing() for w in works.values())
+    missing = sum(w.missing() for w in works)
     if missing:
         again = (
-            f"finish it with `tunectl submit --resume {info.run_id} --results {results}`"
+            f"finish it with `tunectl submit --resume {info.run_id} --results {run_file.results}`"
             if info.kind == "tune"
             else "run it again"
         )
@@ -376,19 +365,6 @@ def _measure(
             f"run {info.run_id} ended with {missing} item(s) still without a row, so it is not "
             f"marked finished; {again}"
         )
-    log.info("run %s finished: %d record(s), %d worker failure(s), %d item(s) requeued",
-             info.run_id, stats.num_records, stats.num_worker_failures, stats.num_requeued)  # fmt: skip
-
-
-def _release(
-    pools: list[Pool], builders: list[tuple[Any, str]], owns_ray: bool, run: tuple[Path, str]
-) -> None:
-    """Stop the compile processes and workers (what they noted on the side goes to the run's log), and Ray."""
-    keep_notes([*(stop_builders(builders) or []), *(stop_pools(pools) or [])], *run)
-    if owns_ray:
-        import ray
-
-        ray.shutdown()
 
 
 def _lanes(
@@ -405,25 +381,3 @@ def _lanes(
     planned = sum(w.estimate() for w in works.values())
     info = dataclasses.replace(info, pools=tuple(p.name for p in pools), num_planned=planned)
     return lanes, info, len(records)
-
-
-def _stopped_state(exc: BaseException) -> str:
-    if isinstance(exc, RunCancelled) or (isinstance(exc, KeyboardInterrupt) and _cancel_requested.is_set()):
-        return "cancelled"
-    return "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
-
-
-@contextlib.contextmanager
-def _event_log(results: Path, run_id: str) -> Iterator[None]:
-    """Append this run's events to ``_runs/<run>.log`` while it goes (``tunectl logs`` shows them)."""
-    handler = logging.FileHandler(run_log_path(results, run_id), encoding="utf-8")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-    level = log.level
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    try:
-        yield
-    finally:
-        log.removeHandler(handler)
-        log.setLevel(level)
-        handler.close()

@@ -4,7 +4,7 @@ point's inputs and matches the task's reference.
 A compile process runs this rather than loading the package itself: loading a compiled artifact can
 kill the process that does it (on an H200 with torch 2.11+cu130, AOTInductor's ``aoti_load_package``
 died of a segmentation fault for every package, a one-line model's too), and a compile process that
-dies takes its kernel down with it (``tunectl.orchestrator.builds``). Here a death is only this
+dies takes its kernel down with it (``tunectl.orchestrator.compile_schedule``). Here a death is only this
 process's.
 
     python -m tunectl.tasks._aot_check '{"task": ..., "static": ..., "shape": ..., "config": ...,

@@ -9,12 +9,12 @@ themselves go through the orchestrator like any other (``tunectl.orchestrator.va
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from tunectl.core.keys import Key, key_from_text, key_text, value_order
-from tunectl.core.plan import WorkItem, comparison, default_of, full_config, in_pool
+from tunectl.core.plan import WorkItem, comparison, default_of, full_config
 from tunectl.core.record import Phase, Record
 from tunectl.core.registry import PlannedTask, get_task
 from tunectl.core.spec import Spec
@@ -65,41 +65,6 @@ def plan_validation(
             arms = (default, config)
             items.append(comparison(spec.task, static, shape, arms, Phase.VALIDATE, rounds, layers))
     return items, skipped
-
-
-class FixedItems:
-    """A run's work when it is known up front (validation): what a search is, without the choosing."""
-
-    def __init__(self, items: Sequence[WorkItem], pool: str | None = None) -> None:
-        self.items = [
-            item if pool is None else replace(item, item_id=in_pool(item.item_id, pool)) for item in items
-        ]
-        self._done: set[str] = set()
-        self._next = 0  # the first item not yet drawn
-
-    def start(self, records: Iterable[Record] = ()) -> None:
-        self._done.update(r.item_id for r in records)
-
-    def draw(self, limit: int) -> list[WorkItem]:
-        """Up to ``limit`` more items without their records, in order."""
-        out: list[WorkItem] = []
-        while len(out) < limit and self._next < len(self.items):
-            item = self.items[self._next]
-            self._next += 1
-            if not set(item.record_ids()) <= self._done:
-                out.append(item)
-        return out
-
-    def follow_up(self, records: Sequence[Record]) -> list[WorkItem]:
-        self._done.update(r.item_id for r in records)
-        return []
-
-    def estimate(self) -> int:
-        return sum(len(i.record_ids()) for i in self.items)
-
-    def missing(self) -> int:
-        """Items without all their records."""
-        return sum(not set(item.record_ids()) <= self._done for item in self.items)
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ its first call must be called once); it spreads its work over them by its index.
 
 A build that raises is an answer (``compile_error``, or ``invalid`` where the kernel rejects the
 config); a builder that dies or hangs is restarted by Ray, and the driver decides what that means
-for the kernel it was building (``tunectl.orchestrator.builds``). A builder never touches a measuring worker.
+for the kernel it was building (``tunectl.orchestrator.compile_schedule``). A builder never touches a
+measuring worker.
 """
 
 from __future__ import annotations

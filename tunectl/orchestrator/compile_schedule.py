@@ -4,7 +4,8 @@ Each item's compile key (``tunectl.tasks.compile``) names the kernel it needs. T
 *scope* (a node, or the whole cluster when the compile cache is shared), every key in the order the
 dispatcher will want it, and whether it is pending, being built, built, failed, or claimed by a
 worker that compiles it itself. The ``BuildScheduler`` keeps the node's compile processes
-(``tunectl.orchestrator.builder``) busy with the next pending keys and turns their answers into the book.
+(``tunectl.orchestrator.compile_process``) busy with the next pending keys and turns their answers
+into the book.
 
 What the dispatcher does with it: a worker prefers items whose kernels are built on its node (load
 balance first: an idle worker still takes an unbuilt item and compiles it itself, and the builders
@@ -17,11 +18,9 @@ workers find kernels built for them near the head of the queue.
 from __future__ import annotations
 
 import logging
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 import ray
@@ -36,26 +35,9 @@ log = logging.getLogger("tunectl.run")
 SHARED = "*"  # the scope of every node when the compile cache is shared
 READY, CLAIMABLE, WAIT = 0, 1, 2  # how a worker sees an item (BuildBook.rank)
 MAX_BUILDER_DEATHS = 2  # a kernel whose build killed this many compile processes is a compile_error
-MAX_PROBE_FAILURES = 5  # a compile process that does not answer this often (over ~15 s) is lost
+MAX_PING_FAILURES = 5  # a compile process that does not answer this often (over ~15 s) is lost
 
 KeyFn = Callable[[WorkItem], "dict[str, Key]"]  # an item's kernels: compile key -> the config that builds it
-
-
-@dataclass(frozen=True)
-class CompileOptions:
-    """How a run builds kernels ahead. ``workers_per_node``: compile processes per node (None: chosen
-    from the node's spare cores, on GPU nodes only; 0: none, workers compile for themselves).
-    ``cache``: the root of every kernel library's on-disk cache (default: a folder in each node's temp
-    dir, kept between runs); ``shared``: every node sees ``cache`` (a kernel is then built once per
-    cluster). ``timeout_s``: a build running longer is a ``compile_timeout``."""
-
-    workers_per_node: int | None = None
-    cache: str | None = None
-    shared: bool = False
-    timeout_s: float = 600.0
-
-    def cache_root(self) -> str:
-        return self.cache or str(Path(tempfile.gettempdir()) / "tunectl-compile-cache")
 
 
 @dataclass
@@ -231,18 +213,23 @@ class _Builder:
     share: tuple[int, int]  # (this node's index, nodes) when each node builds for itself
     name: str
     state: str = "starting"  # starting | ready | busy | lost
-    probe: Any = None
+    ping: Any = None
     job: tuple[str, float] | None = None  # (key, started)
     ref: Any = None
-    probe_failures: int = 0
-    probe_at: float = 0.0  # when to ask a restarting process again (0: not scheduled)
+    ping_failures: int = 0
+    ping_at: float = 0.0  # when to ask a restarting process again (0: not scheduled)
 
 
 class BuildScheduler:
     """Keeps compile processes busy with the book's next pending keys."""
 
-    def __init__(self, book: BuildBook, builders: Sequence[tuple[Any, str]], timeout_s: float,
-                 on_change: Callable[[BuildBook], None] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        book: BuildBook,
+        builders: Sequence[tuple[Any, str]],
+        timeout_s: float,
+        on_change: Callable[[BuildBook], None] | None = None,
+    ) -> None:
         """``builders``: (actor, node id) pairs. Without a shared cache, node k of M builds every M-th
         kernel first (``BuildBook.next_job``)."""
         self.book, self.timeout_s, self.on_change = book, timeout_s, on_change
@@ -259,7 +246,7 @@ class BuildScheduler:
         ]
         self._owner: dict[Any, _Builder] = {}
         for b in self.builders:
-            self._probe(b)
+            self._ping(b)
 
     def rank(self, item: WorkItem, scope: str) -> int:
         """``BuildBook.rank``, knowing whether ``scope`` still has a compile process."""
@@ -278,8 +265,8 @@ class BuildScheduler:
 
     def on_ready(self, ref: Any) -> None:
         b = self._owner.pop(ref)
-        if ref is b.probe:
-            self._on_probe(b, ref)
+        if ref is b.ping:
+            self._on_ping(b, ref)
         elif b.job is not None and ref is b.ref:
             self._on_build(b, ref)
         self.pump()
@@ -302,9 +289,9 @@ class BuildScheduler:
         """Kill a builder whose build ran past the timeout (its kernel is a ``compile_timeout``); ask
         restarting ones whether they are back."""
         for b in self.builders:
-            if b.probe_at and now >= b.probe_at and b.probe is None:
-                b.probe_at = 0.0
-                self._probe(b)
+            if b.ping_at and now >= b.ping_at and b.ping is None:
+                b.ping_at = 0.0
+                self._ping(b)
             if b.state == "busy" and b.job is not None and now - b.job[1] > self.timeout_s:
                 key = b.job[0]
                 log.warning(
@@ -317,29 +304,29 @@ class BuildScheduler:
                 self._owner.pop(b.ref, None)
                 b.job, b.ref = None, None
                 ray.kill(b.actor, no_restart=False)
-                self._probe(b)
+                self._ping(b)
                 self._changed()
 
     # -- internals ---------------------------------------------------------------------------------
 
-    def _probe(self, b: _Builder) -> None:
+    def _ping(self, b: _Builder) -> None:
         b.state = "starting"
-        b.probe = b.actor.describe.remote()
-        self._owner[b.probe] = b
+        b.ping = b.actor.describe.remote()
+        self._owner[b.ping] = b
 
-    def _on_probe(self, b: _Builder, ref: Any) -> None:
-        b.probe = None
+    def _on_ping(self, b: _Builder, ref: Any) -> None:
+        b.ping = None
         try:
             info = ray.get(ref)
         except rex.RayError as exc:  # restarting (answers late), or gone: ask again, less and less often
-            b.probe_failures += 1
-            if b.probe_failures >= MAX_PROBE_FAILURES:
+            b.ping_failures += 1
+            if b.ping_failures >= MAX_PING_FAILURES:
                 log.warning("compile process %s is lost: %s", b.name, first_line(exc))
                 b.state = "lost"
             else:
-                b.probe_at = time.monotonic() + 0.5 * 2.0**b.probe_failures
+                b.ping_at = time.monotonic() + 0.5 * 2.0**b.ping_failures
             return
-        b.state, b.probe_failures = "ready", 0
+        b.state, b.ping_failures = "ready", 0
         log.info(
             "compile process %s up: pid %s on %s (%s)", b.name, info["pid"], info["host"], info["device"]
         )
@@ -360,7 +347,7 @@ class BuildScheduler:
             why = death_detail(exc)
             log.warning("compile process %s died building %s: %s", b.name, _short(key), why)
             self.book.died(b.scope, key, why, resources="memory" in why.lower())
-            self._probe(b)  # Ray restarts it; it gets work once it answers
+            self._ping(b)  # Ray restarts it; it gets work once it answers
             return
         b.state = "ready"
         self.book.finished(b.scope, key, result.status, result.seconds, result.message)

@@ -1,0 +1,22 @@
+"""The types the front door's results are made of, for callers that annotate or inspect them."""
+
+from __future__ import annotations
+
+from tunectl.core.record import Phase, Record, Status
+from tunectl.decide.quality import Flag, Quality, noise_known
+from tunectl.decide.select import Winner
+from tunectl.store.results import Dataset
+from tunectl.store.runs import RunInfo, RunSummary
+
+__all__ = [
+    "Dataset",
+    "Flag",
+    "Phase",
+    "Quality",
+    "Record",
+    "RunInfo",
+    "RunSummary",
+    "Status",
+    "Winner",
+    "noise_known",
+]
