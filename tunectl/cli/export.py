@@ -78,6 +78,14 @@ def export_bundle_cmd(
             "lists them): without their rows, each entry whose point lost rows saying so in its reason.",
         ),
     ] = False,
+    rules: Annotated[
+        bool,
+        typer.Option(
+            help="Serve a cell a split rule (a count computed from the shape by a wave model fitted to "
+            "the runs' rows) where its probes measured the rule better than its config; --no-rules "
+            "publishes configs only."
+        ),
+    ] = True,
 ) -> None:
     """Pick the winners from RESULTS and publish them as an immutable, checksummed bundle. Every region
     inside the declared ranges that lookup would answer None in is listed, one line each. Exits 1,
@@ -89,8 +97,9 @@ def export_bundle_cmd(
         tunectl export bundle --name quickstart --version 2 --validate
         tunectl export bundle --name decode --version 3 --margin 0.02 --strict
         tunectl export bundle --name decode --version 4 --skip-damaged
+        tunectl export bundle --name decode --version 5 --no-rules
     """
-    choices = (margin, fill, strict, skip_damaged)
+    choices = (margin, fill, strict, skip_damaged, rules)
     if validate:
         _export_validated(name, version, out, results, run, task, device, spec or [], layers, rounds, address,
                           choices)  # fmt: skip
@@ -101,11 +110,13 @@ def export_bundle_cmd(
         res = export_bundle(results, name, version, out, Scope(run, task, device), Choices(*choices))
     filled = sum(w.served_by is not None for w in res.winners)
     regional = sum(w.basis == "region" for w in res.winners)
+    ruled = sum(w.rule is not None for w in res.winners)
     typer.echo(
         f"published {name}/{version} at {res.location}: {len(res.winners)} entries "
         f"from {len(res.source_runs)} run(s)"
         + (f", {filled} served by a tuned point beside them" if filled else "")
         + (f", {regional} chosen over their regions by probes" if regional else "")
+        + (f", {ruled} served a split rule" if ruled else "")
     )
     for line in res.notes():
         typer.echo(line)
@@ -114,7 +125,7 @@ def export_bundle_cmd(
 def _export_validated(
     name: str, version: str, out: str, results: Path, run: list[str] | None, task: str | None,
     device: str | None, specs: list[Path], layers: int, rounds: int, address: str | None,
-    choices: tuple[float | None, bool, bool, bool],
+    choices: tuple[float | None, bool, bool, bool, bool],
 ) -> None:  # fmt: skip
     from rich.console import Console
 

@@ -29,6 +29,14 @@ RULE_KINDS = ("waves",)
 MAX_WAVES = 8
 
 
+def launch(across: int, along: int, splits: int, per_wave: float, block: int) -> tuple[int, int, int]:
+    """(waves, tokens per split, splits with tokens) of a launch cutting ``along`` into ``splits``."""
+    tokens = -(-along // splits)
+    chunk = -(-tokens // block) * block
+    active = -(-along // chunk)
+    return math.ceil(across * active / per_wave), chunk, active
+
+
 @dataclass(frozen=True)
 class WaveRule:
     """A split count chosen by a fitted wave (makespan) model; see the module doc."""
@@ -50,10 +58,7 @@ class WaveRule:
 
     def predict_us(self, across: int, along: int, splits: int) -> float:
         """The modelled time of one call with ``splits`` splits."""
-        tokens = -(-along // splits)
-        chunk = -(-tokens // self.block) * self.block
-        active = -(-along // chunk)
-        waves = math.ceil(across * active / self.per_wave)
+        waves, chunk, active = launch(across, along, splits, self.per_wave, self.block)
         fixed, per_token, per_split, per_partial = self.cost
         merge = per_split + per_partial * across * active if splits > 1 else 0.0
         return fixed + per_token * waves * chunk + merge
