@@ -12,7 +12,7 @@ from rich.console import Console
 
 from tunectl.cli._common import DEFAULT_RESULTS, ResultsOption, fail, library_errors
 from tunectl.cli.quality import print_quality
-from tunectl.cli.render import compact, holdout_table, validation_table
+from tunectl.cli.render import compact, holdout_table, standings_table, validation_table
 from tunectl.cli.submit import RunBar, connect_trapping_cancel, run_events
 from tunectl.decide.validate import DEFAULT_LAYERS, DEFAULT_ROUNDS
 
@@ -135,6 +135,7 @@ def print_holdout(console: Console, run: Any, results: Path) -> None:
         f"the pick loses by more than {held.margin:.0%} at {len(held.losers)} of {len(held.ratios)} shape(s)"
     )
     console.print(f"[red]{losing}[/]" if held.failed else losing)
+    console.print(standings_table(held))
 
 
 def print_validation(console: Console, runs: Sequence[Any], results: Path) -> None:

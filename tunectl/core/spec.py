@@ -39,6 +39,9 @@ num_splits = 1
 
 [select]                            # all optional
 margin = 0.02                       # a win must clear 1 + margin (tunectl.decide.select)
+
+[baselines]                         # optional: configs held-out tables compare, by label
+"no split" = { num_splits = 1 }
 ```
 Every error names the file and the field and is raised as ``SpecError``. A ``[shapes.<name>]`` table reads
 into a ``tunectl.core.shapes.ShapeDim``.
@@ -61,7 +64,7 @@ from tunectl.core.shapes import ShapeDim, read_dim
 
 _TOP_LEVEL = {
     "name", "description", "task", "static", "shapes", "configs", "default", "measure", "resources", "search",
-    "select",
+    "select", "baselines",
 }  # fmt: skip
 
 
@@ -170,6 +173,8 @@ class Spec:
     #: the config every other one is measured against, and the one kept where none beats it
     #: (``[default]``); None: the task's own ``default_config``
     default: Key | None = None
+    #: (label, config) of the configs ``validate --holdout`` also times and reports (``[baselines]``)
+    baselines: tuple[tuple[str, Key], ...] = ()
 
     def static_grid(self) -> list[Key]:
         return [make_key(p) for p in product(dict(self.static))]
@@ -249,18 +254,22 @@ class _Validator:
                 "search.probes", "probes measure inside regions: declare range = [lo, hi] in [shapes]"
             )
         select = self.dataclass_table(SelectSpec, raw.get("select", {}), "select")
-        default = None if raw.get("default") is None else self.default(raw["default"], task, rules)
+        default = None if raw.get("default") is None else self.one_config(raw["default"], task, "default")
+        baselines = tuple(
+            (str(label), self.one_config(v, task, f"baselines.{label}"))
+            for label, v in self.table(raw.get("baselines", {}), "baselines").items()
+        )
         return Spec(self.path, name, task.name, static, shapes, configs, measure, resources, search, text,
-                    select, default)  # fmt: skip
+                    select, default, baselines)  # fmt: skip
 
-    def default(self, value: object, task: PlannedTask, rules: Mapping[str, Rule]) -> Key:
-        """``[default]``: one config (every value a single one), checked as the configs are."""
-        table = self.table(value, "default")
-        self.names(table, task.config_params, "default", required=False)
+    def one_config(self, value: object, task: PlannedTask, where: str) -> Key:
+        """``[default]`` or a baseline: one config (every value a single one), checked as the configs are."""
+        table = self.table(value, where)
+        self.names(table, task.config_params, where, required=False)
         for name, v in table.items():
             if isinstance(v, list):
-                raise self.fail(f"default.{name}", "one value: the default is one config, not a grid")
-            self.checked(self.value_list(v, f"default.{name}"), rules.get(name), f"default.{name}")
+                raise self.fail(f"{where}.{name}", "one value: this is one config, not a grid")
+            self.checked(self.value_list(v, f"{where}.{name}"), task.param_rules.get(name), f"{where}.{name}")
         return make_key(table)
 
     def search(self, value: object) -> SearchSpec:

@@ -21,7 +21,7 @@ from tunectl.core.plan import WorkItem
 from tunectl.core.record import Record
 from tunectl.core.registry import get_task
 from tunectl.core.spec import DEFAULT_MARGIN, Spec, load_spec, parse_spec
-from tunectl.decide.holdout import Holdout, draw_shapes, plan_holdout, read_holdout
+from tunectl.decide.holdout import Holdout, baselines_of, draw_shapes, plan_holdout, read_holdout
 from tunectl.decide.validate import (
     DEFAULT_LAYERS,
     DEFAULT_ROUNDS,
@@ -187,7 +187,8 @@ def validate_holdout(
         return HoldoutRun(None, spec.path, Holdout((), margin), tuple(skipped))
     planned = sum(len(i.arms) for i in items)
     run_id, records = run_fixed(spec, items, Path(results), "holdout", planned, progress, options, resume)
-    return HoldoutRun(run_id, spec.path, read_holdout(records, picks, margin), tuple(skipped))
+    held = read_holdout(records, picks, margin, baselines_of(spec, task))
+    return HoldoutRun(run_id, spec.path, held, tuple(skipped))
 
 
 def measured_shapes(results: str | Path, bundle: Bundle, task: str) -> set[Key]:
