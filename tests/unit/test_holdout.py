@@ -141,5 +141,5 @@ def test_held_out_tables_carry_the_default_the_named_baselines_and_the_best_sing
 def test_a_baseline_in_the_spec_is_one_config_with_a_label() -> None:
     spec = _spec("", SPEC + '\n[baselines]\n"slow" = { fixed_ms = 2.0 }\n')
     assert spec.baselines == (("slow", make_key({"fixed_ms": 2.0})),)
-    with pytest.raises(Exception, match="baselines.slow.fixed_ms"):
+    with pytest.raises(Exception, match=r"baselines\.slow\.fixed_ms"):
         _spec("", SPEC + '\n[baselines]\n"slow" = { fixed_ms = [1.0, 2.0] }\n')
