@@ -12,10 +12,11 @@ the rest queue behind them in further waves. A call's time is modelled as its ma
 ``per_wave`` and ``block`` describe the launch geometry, the four costs (µs) the kernel on this
 device; ``tunectl export bundle`` fits all six to the measured rows of one kernel family (a config
 with its split count left open) at one static key (``tunectl.decide.rules``). The count a rule
-chooses is the one whose modelled time is least among ``lo``, ``hi`` and, for each number of waves
-up to ``MAX_WAVES``, the most splits that fill that many: where the modelled time is flat in the
-count, the fewest splits. So its choice changes exactly where a launch spills into another wave,
-not at the sizes that were tuned.
+chooses is the one whose modelled time is least among ``lo`` and, for one to ``MAX_WAVES`` waves, the
+most splits (at most ``hi``) that fill that many: beyond a few waves the same work only adds
+merging, and several cover a batch that overflows a wave by a part (the tail that flash-attn 3's
+wave efficiency guards against). Where two counts model alike, the fewer splits. So its choice
+changes exactly where a launch spills into another wave, not at the sizes that were tuned.
 """
 
 from __future__ import annotations
@@ -64,25 +65,34 @@ class WaveRule:
         return fixed + per_token * waves * chunk + merge
 
     def count(self, across: int, along: int) -> int:
-        """The split count for this shape (module doc); ``lo`` for a size below 1."""
+        """The split count for this shape (module doc); ``lo`` for a size below 1. Inlined: a serving
+        process evaluates it on every shape it has not seen before."""
         if across < 1 or along < 1:
             return self.lo
-        lo, hi = self.lo, self.hi
-        best, best_us = lo, self.predict_us(across, along, lo)
-        seen = {lo}
-        for waves in range(1, MAX_WAVES + 1):
-            s = min(hi, max(lo, int(waves * self.per_wave // across)))
-            if s not in seen:
-                seen.add(s)
-                us = self.predict_us(across, along, s)
-                if us < best_us or (us == best_us and s < best):
-                    best, best_us = s, us
+        per_wave, block, lo, hi = self.per_wave, self.block, self.lo, self.hi
+        _, per_token, per_split, per_partial = self.cost  # the fixed cost changes no choice
+        best, best_us, last = lo, math.inf, 0
+        for waves in range(MAX_WAVES + 2):  # lo; the most splits filling 1..MAX_WAVES waves; hi
+            s = (
+                lo
+                if waves == 0
+                else hi
+                if waves > MAX_WAVES
+                else min(hi, max(lo, int(waves * per_wave // across)))
+            )
+            if s == last:  # the counts never decrease: a repeat is the one just modelled
+                continue
+            last = s
+            tokens = -(-along // s)
+            chunk = -(-tokens // block) * block
+            active = -(-along // chunk)
+            us = per_token * math.ceil(across * active / per_wave) * chunk
+            if s > 1:
+                us += per_split + per_partial * across * active
+            if us < best_us:
+                best, best_us = s, us
             if s == hi:
                 break
-        if hi not in seen:
-            us = self.predict_us(across, along, hi)
-            if us < best_us:
-                best = hi
         return best
 
     def config(self, base: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
