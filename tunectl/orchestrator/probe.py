@@ -68,7 +68,7 @@ def probe(
         spec, [r for r in read_results(results, run_ids=[source]) if r.phase in SELECTED_PHASES],
         selectable_in([facts]), lambda static: default_of(task, static, spec.default),
         lambda static, shape: task.check_point(dict(static), dict(shape)),
-        per_cell=per_cell, shortlist=shortlist, rounds=rounds,
+        per_cell=per_cell, shortlist=shortlist, rounds=rounds, facts=facts,
     )  # fmt: skip
     if not plan.items:
         return ProbeRun(None, source, plan)
