@@ -26,13 +26,14 @@ from tunectl.store.runs import RunInfo, save_run
 RUN = "r20261201-000000-abcdef"
 ENV = json.dumps({"device_name": "cpu: test", "device_kind": "cpu"})
 Tweak = Callable[[Record], Record]  # what the device did to a row (drift, few samples, noise)
+Oracle = Callable[[WorkItem], float]  # an item's true time (µs): the simulated device's
 
 
-def _row(item: WorkItem, config: Key, member: int, clock: itertools.count[int]) -> Record:
-    t = true_time(dataclasses.replace(item, config=config))
+def _row(item: WorkItem, config: Key, member: int, clock: itertools.count[int], oracle: Oracle) -> Record:
+    t = oracle(dataclasses.replace(item, config=config))
     speedup: dict[str, float] = {}
     if item.arms:
-        base = true_time(dataclasses.replace(item, config=item.arms[0]))
+        base = oracle(dataclasses.replace(item, config=item.arms[0]))
         speedup = {"speedup": base / t, "speedup_lo": base / t * 0.99, "speedup_hi": base / t * 1.01}
     return Record(
         run_id=RUN,
@@ -60,13 +61,15 @@ def _row(item: WorkItem, config: Key, member: int, clock: itertools.count[int]) 
     )
 
 
-def answer(item: WorkItem, clock: itertools.count[int], tweak: Tweak) -> list[Record]:
+def answer(
+    item: WorkItem, clock: itertools.count[int], tweak: Tweak, oracle: Oracle = true_time
+) -> list[Record]:
     """The rows a device returns for ``item``: one, or one per arm of a comparison."""
     arms = item.arms or (item.config,)
-    return [tweak(_row(item, config, i, clock)) for i, config in enumerate(arms)]
+    return [tweak(_row(item, config, i, clock, oracle)) for i, config in enumerate(arms)]
 
 
-def finished_run(root: Path, spec_text: str, tweak: Tweak = lambda r: r) -> Path:
+def finished_run(root: Path, spec_text: str, tweak: Tweak = lambda r: r, oracle: Oracle = true_time) -> Path:
     """Run ``spec_text``'s search to its end into the results dataset ``root``, one part per item, and
     record the run as finished; ``root``."""
     spec = parse_spec(spec_text, "tiny.toml", "tiny")
@@ -76,7 +79,7 @@ def finished_run(root: Path, spec_text: str, tweak: Tweak = lambda r: r) -> Path
     queue = lane.draw(1_000_000)
     num_rows = 0
     while queue:
-        rows = answer(queue.pop(0), clock, tweak)
+        rows = answer(queue.pop(0), clock, tweak, oracle)
         writer.append_item(rows)
         num_rows += len(rows)
         queue += lane.follow_up(rows)

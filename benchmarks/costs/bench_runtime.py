@@ -25,7 +25,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tunectl.runtime import load_bundle  # noqa: E402
+from tunectl.runtime import WaveRule, load_bundle  # noqa: E402
 from tunectl.store.bundle import TaskTable, build_files, publish_local  # noqa: E402
 
 DECODE = {"dtype": "float32", "num_q_heads": 8, "num_kv_heads": 2, "head_dim": 64, "page_size": 16}
@@ -58,8 +58,13 @@ def per_call_ns(fn: Callable[[], Any], calls: int, rounds: int) -> float:
     return statistics.median(samples)
 
 
+#: an H200-like split rule: 66 (sequence, split) programs a wave, 64-token blocks, splits 1-64
+RULE = WaveRule("num_kv_splits", "batch", "kv_len", 66.0, 64, 1, 64, (4.0, 0.004, 1.5, 0.01))
+
+
 def small_bundle(root: Path) -> Any:
-    """The quickstart's task (5 static parameters, 2 bucketed dimensions) and flash_decode's (9 and 3)."""
+    """The quickstart's task (5 static parameters, 2 bucketed dimensions) and flash_decode's (9 and 3,
+    every entry a split rule)."""
     decode = TaskTable(
         "decode_attention",
         tuple(DECODE),
@@ -85,7 +90,8 @@ def small_bundle(root: Path) -> Any:
             {
                 "static": static,
                 "shape": {"batch": b, "kv_len": kv, "q_len": q},
-                "config": {"backend": "fa2", "num_splits": b % 7},
+                "config": {"backend": "triton", "num_kv_splits": 1},
+                "rule": RULE.to_json(),  # every flash_decode entry is a rule: its split count from the shape
             }
             for b, kv, q in points
         ),
@@ -157,12 +163,15 @@ def lookups(rounds: int) -> list[tuple[str, float]]:
             per_call_ns(lambda: noop("flash_decode", **FLASH, batch=3, kv_len=3000, q_len=1), calls, rounds),
         ),
         (
-            "lookup flash_decode (9 static, pow2 + ceil + exact), hit",
+            "lookup flash_decode (9 static, pow2 + ceil + exact; rule entries), hit",
             per_call_ns(
                 lambda: lookup("flash_decode", **FLASH, batch=3, kv_len=3000, q_len=1), calls, rounds
             ),
         ),
-        ("lookup flash_decode, a new kv_len every call (first sight of each key)", new_kv_len_each_call()),
+        (
+            "lookup flash_decode, a new kv_len every call (first sight of each key, the rule evaluated)",
+            new_kv_len_each_call(),
+        ),
     ]
 
 

@@ -22,16 +22,9 @@ import sys
 import time
 from typing import Any
 
-from tunectl.runtime import (
-    ENV_POLICY_VAR,
-    ENV_VAR,
-    Bundle,
-    BundleError,
-    adapters,
-    empty_bundle,
-    load_bundle,
-    uri_scheme,
-)
+from tunectl.runtime import ENV_VAR, Bundle, BundleError, adapters, empty_bundle, load_bundle
+from tunectl.runtime.environment import ENV_POLICY_VAR
+from tunectl.runtime.sources import uri_scheme
 
 log = logging.getLogger("serve")
 TASK = "decode_attention"

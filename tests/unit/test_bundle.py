@@ -51,7 +51,7 @@ def test_a_published_bundle_has_its_tables_stats_and_manifest(tmp_path: Path) ->
     assert set(tree(Path(path))) == {"manifest.json", "tables/decode.json", "stats/decode.json"}
     manifest = json.loads((Path(path) / "manifest.json").read_text())
     assert (
-        manifest["schema_version"] == 2
+        manifest["schema_version"] == 3
         and manifest["environment"] == ENV
         and manifest["source_runs"] == ["r1"]
     )

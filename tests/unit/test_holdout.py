@@ -121,3 +121,25 @@ def test_the_table_says_a_shared_static_key_and_shape_parameter_once() -> None:
     assert any("every shape: q_len=1" in line for line in lines)
     two = shown({"page_size": 128}, {"page_size": 16})
     assert sum("page_size=" in line for line in two) == 3  # a static column, one per row
+
+
+def test_held_out_tables_carry_the_default_the_named_baselines_and_the_best_single_config() -> None:
+    records, picks = [], {}
+    for batch in range(1, 11):  # "a" is best below batch 6, "b" from there; the pick follows them
+        shape = {"batch": batch, "kv_len": 1024}
+        records += _arms(shape, {"d": 1.0, "a": 2.0 if batch < 6 else 1.0, "b": 1.0 if batch < 6 else 2.0})
+        picks[('{"capacity":1}', key_text(make_key(shape)))] = make_key({"c": "a" if batch < 6 else "b"})
+    held = read_holdout(records, picks, margin=0.02, baselines=(("plain b", make_key({"c": "b"})),))
+    standing = {st.label: st for st in held.standings()}
+    assert standing["the bundle's pick"].geomean == 1.0 and standing["the bundle's pick"].within_3pct == 1.0
+    assert standing["the default"].worst == pytest.approx(2.0)
+    assert standing["plain b"].geomean == pytest.approx(2**0.5) and standing["plain b"].within_3pct == 0.5
+    (best,) = [label for label in standing if label.startswith("best single config")]
+    assert best == 'best single config {"c":"a"}' and standing[best].geomean == pytest.approx(2**0.5)
+
+
+def test_a_baseline_in_the_spec_is_one_config_with_a_label() -> None:
+    spec = _spec("", SPEC + '\n[baselines]\n"slow" = { fixed_ms = 2.0 }\n')
+    assert spec.baselines == (("slow", make_key({"fixed_ms": 2.0})),)
+    with pytest.raises(Exception, match=r"baselines\.slow\.fixed_ms"):
+        _spec("", SPEC + '\n[baselines]\n"slow" = { fixed_ms = [1.0, 2.0] }\n')

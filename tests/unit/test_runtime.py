@@ -26,14 +26,12 @@ from tunectl.runtime import (
     BundleNotFoundError,
     BundleReadError,
     BundleSchemaError,
-    capability_key,
-    device_name_key,
     empty_bundle,
-    environment_problems,
     load_bundle,
     load_bundle_or_none,
     register_fetcher,
 )
+from tunectl.runtime.environment import capability_key, device_name_key, environment_problems
 from tunectl.store.bundle import LocalStore, TaskTable, build_files, pack, promote, publish_local
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -298,7 +296,7 @@ def test_a_truncated_manifest_is_refused(bundle_dir: Path) -> None:
         load_bundle(bundle_dir)
 
 
-@pytest.mark.parametrize("version", [3, 0, "2", None])
+@pytest.mark.parametrize("version", [4, 0, "2", None])
 def test_an_unknown_schema_version_is_refused(bundle_dir: Path, version: Any) -> None:
     rewrite_manifest(bundle_dir, lambda m: m.update(schema_version=version))
     with pytest.raises(BundleSchemaError, match="upgrade tunectl"):
@@ -381,7 +379,7 @@ def test_an_archive_with_a_link_is_refused(bundle_dir: Path, tmp_path: Path) -> 
 
 def test_a_table_with_two_entries_for_one_key_is_refused(bundle_dir: Path) -> None:
     table = json.loads((bundle_dir / "tables/decode.json").read_text())
-    table["rows"][4:8] = table["rows"][0:4]  # the second row repeats the first row's key
+    table["rows"][5:10] = table["rows"][0:5]  # the second row repeats the first row's key (and rule)
     data = json.dumps(table).encode()
     (bundle_dir / "tables/decode.json").write_bytes(data)
     rewrite_manifest(

@@ -103,7 +103,7 @@ def holdout(
     none measured for it (``measured_shapes``), against the default and every selectable config
     there (``tunectl.decide.holdout``)."""
     from tunectl.core.registry import get_task
-    from tunectl.decide.holdout import draw_shapes, plan_holdout, read_holdout
+    from tunectl.decide.holdout import baselines_of, draw_shapes, plan_holdout, read_holdout
     from tunectl.orchestrator.fixed import run_fixed
 
     options = options or HoldoutOptions()
@@ -123,7 +123,8 @@ def holdout(
         options=run_options(options.cluster),
         resume=options.resume,
     )
-    return HoldoutRun(run_id, spec.path, read_holdout(records, picks, options.margin), tuple(skipped))
+    held = read_holdout(records, picks, options.margin, baselines_of(spec, task))
+    return HoldoutRun(run_id, spec.path, held, tuple(skipped))
 
 
 def check_holdout(spec: Spec) -> None:
@@ -177,6 +178,7 @@ def probe(
         per_cell=options.per_cell,
         shortlist=options.shortlist,
         rounds=options.rounds,
+        facts=facts,
     )
     if not plan.items:
         return ProbeRun(None, source, plan)

@@ -78,6 +78,14 @@ def export_bundle_cmd(
             "lists them): without their rows, each entry whose point lost rows saying so in its reason.",
         ),
     ] = False,
+    rules: Annotated[
+        bool,
+        typer.Option(
+            help="Serve a cell a split rule (a count computed from the shape by a wave model fitted to "
+            "the runs' rows) where its probes measured the rule better than its config; --no-rules "
+            "publishes configs only."
+        ),
+    ] = True,
 ) -> None:
     """Pick the winners from RESULTS and publish them as an immutable, checksummed bundle. Every region
     inside the declared ranges that lookup would answer None in is listed, one line each. Exits 1,
@@ -89,9 +97,10 @@ def export_bundle_cmd(
         tunectl export bundle --name quickstart --version 2 --validate
         tunectl export bundle --name decode --version 3 --margin 0.02 --strict
         tunectl export bundle --name decode --version 4 --skip-damaged
+        tunectl export bundle --name decode --version 5 --no-rules
     """
     with library_errors():
-        choices = api.Choices(margin, fill, strict, skip_damaged)
+        choices = api.Choices(margin, fill, strict, skip_damaged, rules)
         scope = api.Scope(run, task, device)
         validation = api.ValidateOptions(layers, rounds, cluster=api.Cluster(address, cancel_on_sigterm=True))
         on = tuple(api.load_spec(path) for path in spec or ()) if validate else None
@@ -103,11 +112,13 @@ def export_bundle_cmd(
         res = api.export_bundle(results, name, version, out, options).result
     filled = sum(w.served_by is not None for w in res.winners)
     regional = sum(w.basis == "region" for w in res.winners)
+    ruled = sum(w.rule is not None for w in res.winners)
     typer.echo(
         f"published {name}/{version} at {res.location}: {len(res.winners)} entries "
         f"from {len(res.source_runs)} run(s)"
         + (f", {filled} served by a tuned point beside them" if filled else "")
         + (f", {regional} chosen over their regions by probes" if regional else "")
+        + (f", {ruled} served a split rule" if ruled else "")
     )
     for line in res.notes():
         typer.echo(line)

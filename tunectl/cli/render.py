@@ -170,6 +170,21 @@ def validation_table(validation: Any, title: str, quality: Quality | None = None
     return table
 
 
+def standings_table(holdout: Any) -> Table:
+    """The picks against the baselines over the held-out shapes: geomean, share within 3 %, worst."""
+    table = Table(title="against the baselines", title_justify="left")
+    for col in ("choosing by", "shapes", "geomean", "within 3 %", "worst"):
+        table.add_column(col, overflow="fold", justify="left" if col == "choosing by" else "right")
+    for st in holdout.standings():
+        if st.ratios:
+            table.add_row(
+                st.label, str(len(st.ratios)), f"{st.geomean:.3f}", f"{st.within_3pct:.0%}", f"{st.worst:.3f}"
+            )
+        else:
+            table.add_row(st.label, "0", "-", "-", "-")
+    return table
+
+
 def holdout_table(holdout: Any, title: str) -> Table:
     """Per held-out shape: the bundle's pick, the fastest config there, and pick / oracle. A static key
     or shape parameter that is the same on every row is said once, under the table."""

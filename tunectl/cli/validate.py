@@ -15,7 +15,7 @@ from tunectl import api
 from tunectl.cli._common import DEFAULT_RESULTS, ResultsOption, library_errors
 from tunectl.cli.progress import measured
 from tunectl.cli.quality import print_quality
-from tunectl.cli.render import compact, holdout_table, validation_table
+from tunectl.cli.render import compact, holdout_table, standings_table, validation_table
 
 LayersOption = Annotated[
     int, typer.Option(help="Layers per stack: calls in a row, a cache-thrashing kernel between each two.")
@@ -117,6 +117,7 @@ def print_holdout(console: Console, run: api.HoldoutRun, results: Path) -> None:
         f"the pick loses by more than {held.margin:.0%} at {len(held.losers)} of {len(held.ratios)} shape(s)"
     )
     console.print(f"[red]{losing}[/]" if held.failed else losing)
+    console.print(standings_table(held))
 
 
 def print_validation(console: Console, runs: Sequence[api.ValidationRun], results: Path) -> None:

@@ -95,7 +95,10 @@ class RunFacts:
     ``unselectable``: (static key text, config key text) pairs measured for reference only, which
     may never win (``TuningTask.selectable``). ``buckets``: each shape dimension's bucket policy;
     ``ranges``: the span (lo, hi) of each dimension that declares one; ``margin``: the spec's
-    ``[select] margin`` (None: a run planned before specs had one).
+    ``[select] margin`` (None: a run planned before specs had one); ``split_params``: the config
+    parameters that are split counts, and ``wave_dims``: the shape dimension whose units run side by
+    side and the one cut into splits (``TuningTask.split_params``/``wave_dims``; export fits a rule
+    of them, ``tunectl.decide.rules``).
     """
 
     task: str
@@ -106,6 +109,8 @@ class RunFacts:
     unselectable: frozenset[tuple[str, str]] = field(default_factory=frozenset)
     ranges: tuple[tuple[str, int, int], ...] = ()
     margin: float | None = None
+    split_params: tuple[str, ...] = ()
+    wave_dims: tuple[str, ...] = ()
 
     def selectable(self, static: Key, config: Key) -> bool:
         return not self.unselectable or (key_text(static), key_text(config)) not in self.unselectable
@@ -120,6 +125,8 @@ class RunFacts:
             "unselectable": sorted(map(list, self.unselectable)),
             "ranges": {dim: [lo, hi] for dim, lo, hi in self.ranges},
             "margin": self.margin,
+            "split_params": list(self.split_params),
+            "wave_dims": list(self.wave_dims),
         }
 
     @classmethod
@@ -135,6 +142,8 @@ class RunFacts:
                 (str(d), int(lo), int(hi)) for d, (lo, hi) in sorted(dict(raw.get("ranges", {})).items())
             ),
             margin=None if raw.get("margin") is None else float(raw["margin"]),
+            split_params=tuple(map(str, raw.get("split_params", ()))),
+            wave_dims=tuple(map(str, raw.get("wave_dims", ()))),
         )
 
 
@@ -286,6 +295,7 @@ def _facts(spec: Spec, task: PlannedTask, configs: Iterable[tuple[Key, Sequence[
         spec.task, tuple(task.static_params), tuple(task.shape_params), tuple(task.config_params),
         tuple((d.name, d.bucket) for d in spec.shapes), unselectable,
         tuple((dim, lo, hi) for dim, (lo, hi) in sorted(spec.ranges().items())), spec.select.margin,
+        tuple(getattr(task, "split_params", ())), tuple(getattr(task, "wave_dims", ())),
     )  # fmt: skip
 
 

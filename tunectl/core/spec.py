@@ -164,7 +164,7 @@ class ResourceSpec:
 TABLES: dict[str, type] = dict(
     measure=MeasureSpec, resources=ResourceSpec, search=SearchSpec, select=SelectSpec
 )
-_TOP_LEVEL = {"name", "description", "task", "static", "shapes", "configs", "default", *TABLES}
+_TOP_LEVEL = {"name", "description", "task", "static", "shapes", "configs", "default", "baselines", *TABLES}
 
 
 def _rule(f: Field[Any]) -> Rule | None:
@@ -193,6 +193,8 @@ class Spec:
     #: the config every other one is measured against, and the one kept where none beats it
     #: (``[default]``); None: the task's own ``default_config``
     default: Key | None = None
+    #: (label, config) of the configs ``validate --holdout`` also times and reports (``[baselines]``)
+    baselines: tuple[tuple[str, Key], ...] = ()
 
     def static_grid(self) -> list[Key]:
         return [make_key(p) for p in product(dict(self.static))]
@@ -265,18 +267,24 @@ class _Validator:
                 "search.probes", "probes measure inside regions: declare range = [lo, hi] in [shapes]"
             )
         select = self.dataclass_table(SelectSpec, raw.get("select", {}), "select")
-        default = None if raw.get("default") is None else self.default(raw["default"], task, rules)
+        default = None if raw.get("default") is None else self.one_config(raw["default"], task, "default")
+        baselines = tuple(
+            (str(label), self.one_config(v, task, f"baselines.{label}"))
+            for label, v in self.table(raw.get("baselines", {}), "baselines").items()
+        )
         grids = (static, shapes, configs)
-        return Spec(self.path, name, task.name, *grids, measure, resources, search, text, select, default)
+        return Spec(
+            self.path, name, task.name, *grids, measure, resources, search, text, select, default, baselines
+        )
 
-    def default(self, value: object, task: PlannedTask, rules: Mapping[str, Rule]) -> Key:
-        """``[default]``: one config (every value a single one), checked as the configs are."""
-        table = self.table(value, "default")
-        self.names(table, task.config_params, "default", required=False)
+    def one_config(self, value: object, task: PlannedTask, where: str) -> Key:
+        """``[default]`` or a baseline: one config (every value a single one), checked as the configs are."""
+        table = self.table(value, where)
+        self.names(table, task.config_params, where, required=False)
         for name, v in table.items():
             if isinstance(v, list):
-                raise self.fail(f"default.{name}", "one value: the default is one config, not a grid")
-            self.checked(self.value_list(v, f"default.{name}"), rules.get(name), f"default.{name}")
+                raise self.fail(f"{where}.{name}", "one value: this is one config, not a grid")
+            self.checked(self.value_list(v, f"{where}.{name}"), task.param_rules.get(name), f"{where}.{name}")
         return make_key(table)
 
     def search(self, value: object) -> SearchSpec:

@@ -16,7 +16,7 @@ import math
 import random
 import statistics
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tunectl.core.keys import Key, key_text, make_key, value_order
 from tunectl.core.plan import WorkItem, comparison, configs_of, full_config
@@ -80,7 +80,8 @@ def plan_holdout(
                 continue
             found = bundle.lookup(spec.task, **dict(static), **dict(shape))  # type: ignore[attr-defined]
             pick = full_config(task, found) if found is not None else default
-            arms = tuple(dict.fromkeys([default, pick, *selectable]))
+            baselines = [config for _, config in baselines_of(spec, task)]
+            arms = tuple(dict.fromkeys([default, pick, *baselines, *selectable]))
             items.append(comparison(spec.task, static, shape, arms, Phase.HOLDOUT, rounds))
             picks[(key_text(static), key_text(shape))] = pick
     return items, picks, skipped
@@ -96,15 +97,60 @@ class HeldOut:
     oracle: Key | None
     ratio: float | None  # the pick's time over the oracle's; None where the comparison failed
     status: str = "ok"
+    losses: Mapping[Key, float] = field(default_factory=dict)  # each config's time over the oracle's
+    default: Key | None = None
 
     def loses(self, margin: float) -> bool:
         return self.ratio is not None and self.ratio > 1.0 + margin
 
 
 @dataclass(frozen=True)
+class Standing:
+    """How one way of choosing did over the held-out shapes: its time over the oracle's."""
+
+    label: str
+    ratios: tuple[float, ...]
+
+    @property
+    def geomean(self) -> float | None:
+        return statistics.geometric_mean(self.ratios) if self.ratios else None
+
+    @property
+    def within_3pct(self) -> float | None:
+        """The share of shapes within 3 % of the oracle."""
+        return sum(r <= 1.03 for r in self.ratios) / len(self.ratios) if self.ratios else None
+
+    @property
+    def worst(self) -> float | None:
+        return max(self.ratios) if self.ratios else None
+
+
+@dataclass(frozen=True)
 class Holdout:
     shapes: tuple[HeldOut, ...]
     margin: float = DEFAULT_MARGIN
+    baselines: tuple[tuple[str, Key], ...] = ()  # the spec's [baselines], completed
+
+    def standings(self) -> list[Standing]:
+        """The picks, the default, each baseline and the best single config, over the compared shapes."""
+        compared = [h for h in self.shapes if h.ratio is not None]
+        out = [
+            Standing("the bundle's pick", tuple(h.ratio for h in compared if h.ratio is not None)),
+            Standing(
+                "the default", tuple(h.losses[d] for h in compared if (d := h.default) and d in h.losses)
+            ),
+        ]
+        for label, config in self.baselines:
+            out.append(Standing(label, tuple(h.losses[config] for h in compared if config in h.losses)))
+        everywhere = set.intersection(*(set(h.losses) for h in compared)) if compared else set()
+        ranked = sorted(
+            (
+                Standing(f"best single config {key_text(c)}", tuple(h.losses[c] for h in compared))
+                for c in everywhere
+            ),
+            key=lambda st: (st.geomean or 0.0, st.label),
+        )
+        return out + ranked[:1]
 
     @property
     def ratios(self) -> list[float]:
@@ -131,7 +177,17 @@ class Holdout:
         return measured > 0 and len(self.losers) > MAX_LOSING_SHARE * measured
 
 
-def read_holdout(records: Iterable[Record], picks: Mapping[tuple[str, str], Key], margin: float) -> Holdout:
+def baselines_of(spec: Spec, task: PlannedTask) -> tuple[tuple[str, Key], ...]:
+    """The spec's ``[baselines]`` (label, config), each config completed as the arms are."""
+    return tuple((label, full_config(task, dict(config))) for label, config in spec.baselines)
+
+
+def read_holdout(
+    records: Iterable[Record],
+    picks: Mapping[tuple[str, str], Key],
+    margin: float,
+    baselines: tuple[tuple[str, Key], ...] = (),
+) -> Holdout:
     """The verdict per held-out point from a holdout run's records."""
     found = latest_comparisons(records, Phase.HOLDOUT)
     out = []
@@ -139,7 +195,8 @@ def read_holdout(records: Iterable[Record], picks: Mapping[tuple[str, str], Key]
         pick = picks.get((arms[0].static_key, arms[0].shape_key))
         if pick is not None:
             out.append(_held_out(arms, pick))
-    return Holdout(tuple(sorted(out, key=lambda h: (value_order(h.static), value_order(h.shape)))), margin)
+    ordered = tuple(sorted(out, key=lambda h: (value_order(h.static), value_order(h.shape))))
+    return Holdout(ordered, margin, baselines)
 
 
 def _held_out(arms: list[Record], pick: Key) -> HeldOut:
@@ -154,4 +211,7 @@ def _held_out(arms: list[Record], pick: Key) -> HeldOut:
         return 1.0 if r.is_default else (r.speedup or 0.0)
 
     best = max((r for r in arms if r.ok), key=lambda r: (speedup(r), r.is_default))
-    return HeldOut(static, shape, pick, best.config, speedup(best) / speedup(mine))
+    losses = {r.config: speedup(best) / speedup(r) for r in arms if r.ok and speedup(r) > 0}
+    return HeldOut(
+        static, shape, pick, best.config, speedup(best) / speedup(mine), "ok", losses, default.config
+    )

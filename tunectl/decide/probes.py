@@ -15,9 +15,9 @@ in a Latin square, so two probes never share a slice), rounded to the dimension'
 dimension without a declared range is not varied. Each probe is one comparison, interleaved on one
 device, of the default and a short list: the winners of the tuned points at the corners of the box
 around the region (with ``ceil``: the cell's point and the tuned values below it) and the cell's
-``shortlist`` fastest configs (where it has no result of its own: the nearest tuned point's). On the
-recorded H200 decode grids, a config within 3 % of the best was on that list at 106 of 108 held-out
-shapes at page 128 and 104 of 108 at page 16; from the cell's point alone, at 103 and 95.
+``shortlist`` fastest configs (where it has no result of its own: the nearest tuned point's), and the
+count of each split rule whose family is on that list (``tunectl.decide.rules``). On the H200's decode
+grids a config within 3 % of the best was on that list at 210 of 216 held-out shapes.
 
 ``regional`` then serves each probed cell the config whose worst loss over the cell's sites (each
 probe, and the tuned point itself: a config's time there over the fastest config's) is least.
@@ -41,13 +41,14 @@ from dataclasses import dataclass
 
 from tunectl.core.buckets import Bucketer, make_bucketer
 from tunectl.core.keys import Key, key_text, make_key, value_order
-from tunectl.core.plan import Plan, WorkItem, comparison, in_pool, selectable_in
+from tunectl.core.plan import Plan, RunFacts, WorkItem, comparison, in_pool, selectable_in
 from tunectl.core.record import Phase, Record, latest
 from tunectl.core.shapes import ShapeDim
 from tunectl.core.spec import Spec
 from tunectl.decide.coverage import nearest, sizes
 from tunectl.decide.points import Awaited
 from tunectl.decide.refine import Refined
+from tunectl.decide.rules import Fitted, Timings, fit_rules, probe_losses
 from tunectl.decide.search import Search
 from tunectl.decide.select import Winner, fidelity, latest_comparisons, select_winners
 from tunectl.decide.stacked import Skipped
@@ -56,7 +57,6 @@ DEFAULT_PER_CELL = 2
 DEFAULT_SHORTLIST = 4
 
 CheckPoint = Callable[[Key, Key], "str | None"]  # (static, shape) -> why the task cannot run it, or None
-Timings = Mapping[tuple[str, Key, Key], Mapping[Key, float]]  # (task, static, shape) -> config -> median
 
 
 def region(bucket: Bucketer, value: int, span: tuple[int, int]) -> tuple[int, int]:
@@ -125,11 +125,13 @@ def plan_probes(
     per_cell: int = DEFAULT_PER_CELL,
     shortlist: int = DEFAULT_SHORTLIST,
     rounds: int,
+    rules: Sequence[Fitted] = (),
 ) -> ProbePlan:
     """The probe comparisons of every cell of ``winners``' grid (one tuning run's winners of ``task``).
 
     ``bucketers``: per dimension, the bucketer of its policy over given points; ``timings``: each tuned
-    point's single-timing medians (``point_timings``); ``default_of``: a static key's default config.
+    point's single-timing medians (``point_timings``); ``default_of``: a static key's default config;
+    ``rules``: fitted split rules, whose count at a probe joins it where its family is on the list.
     """
     items: list[WorkItem] = []
     skipped: list[Skipped] = []
@@ -152,7 +154,9 @@ def plan_probes(
                 if why is not None:
                     skipped.append(Skipped(static, shape, why))
                     continue
-                items.append(comparison(task, static, shape, arms, Phase.PROBE, rounds))
+                ruled = [f.pick(shape) for f in rules if f.static == static and any(map(f.holds, arms))]
+                mine_arms = tuple(dict.fromkeys([*arms, *ruled]))
+                items.append(comparison(task, static, shape, mine_arms, Phase.PROBE, rounds))
                 mine += 1
             cells += mine > 0
     return ProbePlan(tuple(items), tuple(skipped), cells)
@@ -168,13 +172,16 @@ def probes_of(
     per_cell: int,
     shortlist: int,
     rounds: int,
+    facts: RunFacts | None = None,
 ) -> ProbePlan:
-    """The probes of a tuning run's finished ``records`` (its measurements and finals) under its spec."""
+    """The probes of a tuning run's finished ``records`` (its measurements and finals) under its spec;
+    with the run's ``facts``, each probe also measures the split rules fitted to them."""
     winners = select_winners(records, selectable=selectable, margin=spec.select.margin)
     bucketers = {d.name: functools.partial(make_bucketer, d.bucket) for d in spec.shapes}
     timings = point_timings(records, selectable)
+    rules = fit_rules(timings, [facts]) if facts is not None else []
     return plan_probes(spec.task, spec.shapes, bucketers, winners, timings, default_of, check_point,
-                       per_cell=per_cell, shortlist=shortlist, rounds=rounds)  # fmt: skip
+                       per_cell=per_cell, shortlist=shortlist, rounds=rounds, rules=rules)  # fmt: skip
 
 
 def _corners(cell: Key, regions: Mapping[str, tuple[int, int]], values: Mapping[str, list[int]]) -> list[Key]:
@@ -244,9 +251,9 @@ def regional(
     the cell its shape buckets to. Cells without probes are left as they are."""
     sites: dict[tuple[str, Key, Key], list[Site]] = {}
     for arms in latest_comparisons(probes, Phase.PROBE).values():
-        first = arms[0]
-        cell = _cell_of(first.shape, bucketers.get(first.task, {}))
-        site = _probe_site(arms)
+        first, losses = arms[0], probe_losses(arms)
+        cell = cell_of(first.shape, bucketers.get(first.task, {}))
+        site = None if losses is None else Site(losses, tuple(r for r in arms if r.config in losses))
         if cell is not None and site is not None:
             sites.setdefault((first.task, first.static, cell), []).append(site)
     out = []
@@ -260,7 +267,7 @@ def regional(
     return out
 
 
-def _cell_of(shape: Key, bucketers: Mapping[str, Bucketer]) -> Key | None:
+def cell_of(shape: Key, bucketers: Mapping[str, Bucketer]) -> Key | None:
     values = {}
     for name, value in shape:
         point = bucketers[name](value) if name in bucketers else value
@@ -268,16 +275,6 @@ def _cell_of(shape: Key, bucketers: Mapping[str, Bucketer]) -> Key | None:
             return None
         values[name] = point
     return make_key(values)
-
-
-def _probe_site(arms: Sequence[Record]) -> Site | None:
-    """A probe's losses from its comparison's paired speedups over the default (its first arm)."""
-    ok = [r for r in arms if r.ok and (r.is_default or r.speedup)]
-    if not any(r.is_default for r in ok):
-        return None
-    speedups = {r.config: 1.0 if r.is_default else float(r.speedup or 0.0) for r in ok}
-    best = max(speedups.values())
-    return Site({c: best / s for c, s in speedups.items()}, tuple(ok))
 
 
 def _choose(w: Winner, sites: Sequence[Site], margin: float) -> Winner:
@@ -387,6 +384,7 @@ class Probed:
             self.plan.spec, [r for p in self.search.points_at(static) for r in p.records.values()],
             selectable_in([self.plan.facts]), lambda _: self.search.configs_at(static)[0], self._check,
             per_cell=search.probes, shortlist=search.probe_shortlist, rounds=search.rounds,
+            facts=self.plan.facts,
         )  # fmt: skip
         if self._pool is None:
             return list(made.items)

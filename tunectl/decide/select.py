@@ -48,6 +48,7 @@ from tunectl.core.keys import Key, key_text, value_order
 from tunectl.core.record import SELECTED_PHASES, Phase, Point, Record, Status, latest
 from tunectl.core.shapes import line_neighbours
 from tunectl.core.spec import DEFAULT_MARGIN
+from tunectl.runtime.rules import WaveRule
 
 __all__ = [
     "SELECTED_PHASES",
@@ -103,6 +104,7 @@ class Winner:
     tie_by: str = ""  # what chose among them: "neighbours" or "canonical order"
     region: str = ""  # how the config held over the cell's region, where probes measured it
     lost: tuple[LostRows, ...] = ()  # runs whose rows here (or at the serving point) cannot be read
+    rule: WaveRule | None = None  # a rule entry: the split count computed from the shape (decide/rules)
 
     @property
     def point(self) -> Point:
@@ -113,7 +115,7 @@ class Winner:
     def reason(self) -> str:
         """Why this config is the entry, in a line."""
         caveat = "".join(f"; {lost}" for lost in self.lost)
-        if self.basis == "region":  # chosen by the probes of its region (tunectl.decide.probes)
+        if self.basis in ("region", "rule"):  # chosen by the probes of its region (decide/probes, rules)
             return self.region + caveat
         held = f"; {self.region}" if self.region else ""
         if self.served_by is None:

@@ -4,7 +4,7 @@ A per-call winner can lose end to end (its cache and register footprint hurts th
 so each point of a spec is run as a stack of L layers, a cache-thrashing kernel between calls, with
 the bundle's config and with the default, interleaved on one device (``WorkItem`` phase
 ``validate``). This module plans those items and reads their rows back into a verdict; the runs
-themselves go through the orchestrator like any other (``tunectl.orchestrator.validate``).
+themselves go through the orchestrator like any other (``tunectl.api.checks``).
 """
 
 from __future__ import annotations

@@ -22,8 +22,9 @@ from tunectl.core.plan import RunFacts, selectable_in
 from tunectl.core.record import SELECTED_PHASES, Phase, Record
 from tunectl.core.spec import DEFAULT_MARGIN
 from tunectl.decide.coverage import Hole, cover
-from tunectl.decide.probes import point_timings, regional
+from tunectl.decide.probes import cell_of, point_timings, regional
 from tunectl.decide.quality import Quality, assess_winners, targets_of
+from tunectl.decide.rules import fit_rules, rule_sites, with_rules
 from tunectl.decide.select import Winner, select_winners
 from tunectl.decide.work import shortfalls, with_shortfalls
 from tunectl.store.bundle import TaskTable, build_files, check_name, publish
@@ -93,6 +94,7 @@ def entry_of(winner: Winner) -> dict[str, Any]:
         "reason": winner.reason,
         "run_id": winner.run_id,
         "served_by": key_json(winner.served_by) if winner.served_by is not None else None,
+        **({"rule": winner.rule.to_json()} if winner.rule is not None else {}),
     }
 
 
@@ -222,6 +224,7 @@ class Choices:
     fill: bool = True
     strict: bool = False
     skip_damaged: bool = False  # publish without the rows of unreadable parts (else DamagedResultsError)
+    rules: bool = True  # serve a cell a split rule where its probes measured it better (decide/rules)
 
 
 DEFAULT_CHOICES = Choices()
@@ -295,18 +298,40 @@ def prepare_bundle(
         winners = with_shortfalls(winners, shortfalls(results, dataset))
     tasks = sorted({w.task for w in winners})
     tables = {t: _table(t, [w for w in winners if w.task == t], facts) for t in tasks}
-    if probes:  # each probed cell's config chosen over its region (tunectl.decide.probes)
-        bucketers = {
-            t: {dim: make_bucketer(s["policy"], s["points"]) for dim, s in table.shape_params.items()}
-            for t, table in tables.items()
-        }
-        timings = point_timings(records, selectable_in(facts.values()))
-        winners = regional(winners, probes, timings, bucketers, margin_of(facts, choices.margin))
-        tables = {t: dataclasses.replace(table, entries=tuple(entry_of(w) for w in winners if w.task == t))
-                  for t, table in tables.items()}  # fmt: skip
+    margin = margin_of(facts, choices.margin)
+    winners = _over_regions(winners, records, probes, facts, tables, margin, rules=choices.rules)
+    tables = {t: dataclasses.replace(table, entries=tuple(entry_of(w) for w in winners if w.task == t))
+              for t, table in tables.items()}  # fmt: skip
     files = build_files(name, version, list(tables.values()), source_runs, _environment(records))
     return PreparedBundle(name, version, files, tuple(winners), source_runs, coverage.holes,
                           unfinished_runs(results, source_runs), dataset.damaged)  # fmt: skip
+
+
+def _over_regions(
+    winners: list[Winner],
+    records: Sequence[Record],
+    probes: Sequence[Record],
+    facts: Mapping[str, RunFacts],
+    tables: Mapping[str, TaskTable],
+    margin: float,
+    *,
+    rules: bool,
+) -> list[Winner]:
+    """Each probed cell's config chosen over its region (``tunectl.decide.probes``), then each cell
+    served a split rule where its sites measured the rule better (``tunectl.decide.rules``; fitted to
+    the tuning rows alone, as probe planning fitted it, so the probes measured these very rules)."""
+    bucketers = {
+        t: {dim: make_bucketer(s["policy"], s["points"]) for dim, s in table.shape_params.items()}
+        for t, table in tables.items()
+    }
+    timings = point_timings(records, selectable_in(facts.values()))
+    if probes:
+        winners = regional(winners, probes, timings, bucketers, margin)
+    fitted = fit_rules(timings, {f.task: f for f in facts.values()}.values()) if rules else []
+    if not fitted:
+        return winners
+    sites = rule_sites(winners, probes, timings, lambda task, shape: cell_of(shape, bucketers.get(task, {})))
+    return with_rules(winners, sites, fitted)
 
 
 def unfinished_runs(results: str | Path, run_ids: Iterable[str]) -> tuple[tuple[str, str], ...]:

@@ -6,7 +6,7 @@ held), and the run's metadata says how far it got, so a run stopped in any way i
 ``submit(resume=RUN_ID)``: only the items without a record are measured again. A run is recorded
 finished only once its work has every item's row (every arm of every comparison); a stop leaves it
 resumable, on the newest metadata (the pools it placed). ``submit`` plans a spec and runs its
-search; validation (``tunectl.orchestrator.validate``) builds its own work and calls ``run`` the same
+search; validation (``tunectl.api.checks``) builds its own work and calls ``run`` the same
 way.
 """
 

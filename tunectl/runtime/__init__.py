@@ -30,8 +30,11 @@ logs, ``off`` skips; default ``$TUNECTL_ENV_POLICY``, else ``warn``) against ``e
 policy the bundle records, and returns a fresh dict of the tuned config, or None on any miss
 (unknown task, static key or shape, a missing parameter; extra parameters are ignored). Values
 compare as Python values, so ``causal=1`` finds ``causal=True`` and ``batch=4.0`` finds ``batch=4``.
-It does no I/O and takes no lock: the tables are immutable after load, and results are remembered
-by value in bounded dicts, so any number of threads may call it (see ``tunectl.runtime.tables``).
+An entry may be a rule rather than a config (schema 3): its split count is computed from the shape
+by a fitted wave model (``tunectl.runtime.rules.WaveRule``), and the config returned is the entry's
+with that count filled in. It does no I/O and takes no lock: the tables are immutable after load,
+and results are remembered by value in bounded dicts, so any number of threads may call it (see
+``tunectl.runtime.tables``).
 """
 
 from __future__ import annotations
@@ -43,51 +46,25 @@ from collections.abc import Mapping
 from typing import Any
 
 from tunectl.core.errors import BundleError
-from tunectl.runtime.environment import (
-    ENV_POLICIES,
-    ENV_POLICY_VAR,
-    capability_key,
-    check_environment,
-    current_environment,
-    device_name_key,
-    environment_problems,
-)
+from tunectl.runtime.environment import ENV_POLICIES, check_environment
 from tunectl.runtime.format import (
-    CHANNELS,
-    MANIFEST,
-    READABLE_SCHEMAS,
     SCHEMA_VERSION,
     BundleCorruptError,
     BundleEnvironmentError,
     BundleNotFoundError,
     BundleReadError,
     BundleSchemaError,
-    check_member,
-    parse_manifest,
-    safe_member,
 )
-from tunectl.runtime.sources import (
-    Fetcher,
-    Source,
-    join_uri,
-    read_verified,
-    register_fetcher,
-    resolve,
-    uri_scheme,
-)
+from tunectl.runtime.rules import WaveRule
+from tunectl.runtime.sources import Fetcher, Source, read_verified, register_fetcher, resolve
 from tunectl.runtime.tables import Bundle, task_index
 
 ENV_VAR = "TUNECTL_BUNDLE"
 log = logging.getLogger("tunectl.runtime")
 
+#: what a serving process uses; the other names here are importable from the submodules that own them
 __all__ = [
-    "CHANNELS",
-    "ENV_POLICIES",
-    "ENV_POLICY_VAR",
     "ENV_VAR",
-    "MANIFEST",
-    "READABLE_SCHEMAS",
-    "SCHEMA_VERSION",
     "Bundle",
     "BundleCorruptError",
     "BundleEnvironmentError",
@@ -95,22 +72,11 @@ __all__ = [
     "BundleNotFoundError",
     "BundleReadError",
     "BundleSchemaError",
-    "Fetcher",
-    "capability_key",
-    "check_environment",
-    "check_member",
-    "current_environment",
-    "device_name_key",
+    "WaveRule",
     "empty_bundle",
-    "environment_problems",
-    "join_uri",
     "load_bundle",
     "load_bundle_or_none",
-    "parse_manifest",
-    "read_verified",
     "register_fetcher",
-    "safe_member",
-    "uri_scheme",
 ]
 
 

@@ -12,13 +12,14 @@ from typing import Any
 
 from tunectl.core.errors import BundleError, UserError
 
-SCHEMA_VERSION = 2
-READABLE_SCHEMAS = (1, 2)
+#: 3: an entry may be a rule (``tunectl.runtime.rules``): tables hold ``rules`` and a rule column
+SCHEMA_VERSION = 3
+READABLE_SCHEMAS = (1, 2, 3)
 MANIFEST = "manifest.json"
 CHANNELS = "_channels"  # <store>/<name>/_channels/<channel>.json; "_" cannot start a version
 ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 #: the parts of a bundle entry its lookup row holds; every other key of an entry is a statistic
-ENTRY_KEYS = ("static", "shape", "config")
+ENTRY_KEYS = ("static", "shape", "config", "rule")
 
 
 class BundleCorruptError(BundleError):

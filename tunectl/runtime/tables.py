@@ -13,7 +13,9 @@ from typing import Any
 from tunectl.core.buckets import make_bucketer
 from tunectl.core.files import canonical_json
 from tunectl.core.keys import InvalidKeyError, from_json, normalise_value, normaliser_for, to_json
+from tunectl.runtime.format import SCHEMA_VERSION as SCHEMA
 from tunectl.runtime.format import BundleCorruptError, load_json, stat_columns
+from tunectl.runtime.rules import WaveRule
 from tunectl.runtime.sources import uri_scheme
 
 
@@ -42,7 +44,9 @@ def _v1_table(spec: Mapping[str, Any], doc: Mapping[str, Any]) -> tuple[dict[str
 class _TaskIndex:
     """One task's table, and the lookup structure built from it once at load."""
 
-    def __init__(self, name: str, spec: Mapping[str, Any], table: Mapping[str, Any], stats: Any) -> None:
+    def __init__(
+        self, name: str, spec: Mapping[str, Any], table: Mapping[str, Any], stats: Any, schema: int = SCHEMA
+    ) -> None:
         self.name = name
         self.static_params = tuple(spec["static_params"])
         shapes = spec["shape_params"]
@@ -56,17 +60,25 @@ class _TaskIndex:
             isinstance(c, dict) for c in configs
         ):
             raise ValueError("static keys or configs do not match the task's parameters")
-        width = len(self.shape_params) + 2
+        rules = [WaveRule.from_json(r) for r in table.get("rules", [])] if schema >= 3 else []
+        if any({r.across, r.along} - set(self.shape_params) for r in rules):
+            raise ValueError("a rule names a shape dimension the task does not have")
+        width = len(self.shape_params) + (3 if schema >= 3 else 2)
         rows = table["rows"]
         if len(rows) % width:
             raise ValueError(f"rows hold {len(rows)} values, not a multiple of {width}")
         self.row_static: list[int] = rows[0::width]
-        self.row_shape: list[list[Any]] = [rows[i::width] for i in range(1, width - 1)]
-        config_ids: list[int] = rows[width - 1 :: width]
+        self.row_shape: list[list[Any]] = [rows[i::width] for i in range(1, len(self.shape_params) + 1)]
+        config_ids: list[int] = rows[len(self.shape_params) + 1 :: width]
+        rule_ids: list[int] = rows[width - 1 :: width] if schema >= 3 else []
         for ids, count in ((self.row_static, len(self.statics)), (config_ids, len(configs))):
             if ids and (min(ids) < 0 or max(ids) >= count):
                 raise ValueError("a row refers to a static key or config the table does not hold")
+        if rule_ids and (min(rule_ids) < -1 or max(rule_ids) >= len(rules)):
+            raise ValueError("a row refers to a rule the table does not hold")
         self.row_config = [configs[c] for c in config_ids]
+        self.row_rule: list[WaveRule | None] = [rules[r] if r >= 0 else None for r in rule_ids]
+        self.row_rule = self.row_rule or [None] * len(config_ids)
         # static key -> its index; (static index, shape values...) -> row: built by C loops alone
         self.static_ids = {static: i for i, static in enumerate(self.statics)}
         self.rows = dict(
@@ -78,7 +90,7 @@ class _TaskIndex:
         self._stats_lock = threading.Lock()
         dims = [(p, make_bucketer(shapes[p]["policy"], shapes[p]["points"])) for p in self.shape_params]
         self.find, self.lookup = _finders(
-            self.static_params, dims, self.static_ids, self.rows, self.row_config
+            self.static_params, dims, self.static_ids, self.rows, (self.row_config, self.row_rule)
         )
 
     def __len__(self) -> int:
@@ -99,10 +111,12 @@ class _TaskIndex:
         static = dict(zip(self.static_params, map(to_json, self.statics[self.row_static[row]]), strict=True))
         shape = {p: col[row] for p, col in zip(self.shape_params, self.row_shape, strict=True)}
         stats = {name: values[row] for name, values in self.stats().items()}
+        rule = self.row_rule[row]
         return {
             "static": static,
             "shape": shape,
             "config": copy.deepcopy(self.row_config[row]),
+            **({"rule": rule.to_json()} if rule is not None else {}),
             **stats,
         }
 
@@ -145,51 +159,56 @@ def _finders(
     dims: list[tuple[str, Any]],
     static_ids: dict[Any, int],
     rows: dict[tuple[Any, ...], int],
-    configs: list[Any],
+    answers: tuple[list[Any], list[WaveRule | None]],
 ) -> tuple[_Finder, _Finder]:
     """``find(params) -> row | None`` and ``lookup(params) -> config copy | None``, as closures.
 
     The hot path is one tuple of the raw parameter values and one hit in a memo of results by those
     values (a serving step looks the same shape up once per layer). A new key resolves through
     smaller memos (static values as given, then normalised, to the static key's index; each
-    dimension's value to its bucket) to one hit in the rows by (static index, buckets...).
+    dimension's value to its bucket) to one hit in the rows by (static index, buckets...); a row
+    whose entry is a rule then computes its config from the shape itself (``WaveRule.config``).
     Remembering by value is sound because equal values always resolve alike: the table holds
     normalised values and normalising is idempotent, the window's normaliser is given the int a 5.0
-    or a True equals (tuning's own refuses them), and buckets take equal values alike
-    (``tunectl.core.buckets``). Every memo is a dict, bounded, and safe to share between threads.
+    or a True equals (tuning's own refuses them), buckets take equal values alike
+    (``tunectl.core.buckets``), and a rule takes the int a value equals. Every memo is a dict,
+    bounded, and safe to share between threads.
     """
     get_all = _getter((*static_params, *(name for name, _ in dims)))
     resolve = _resolver(_static_finder(static_params, static_ids), dims, rows)
+    configs, rules = answers
     memo: dict[Any, Any] = {}
 
     def find(params: Mapping[str, Any]) -> Any:
         try:
-            key = get_all(params)
+            get_all(params)
         except KeyError:  # a parameter is missing
             return None
-        try:
-            row = memo.get(key, _MISSING)
-        except TypeError:  # an unhashable value: resolve it, remember nothing
-            return resolve(params)
-        if row is _MISSING:
-            row = resolve(params)
-            _remember(memo, key, row)
-        return row
+        return resolve(params)
 
-    def lookup(params: Mapping[str, Any]) -> Any:  # find(), inlined: this is the hot path
+    def answer(params: Mapping[str, Any]) -> Any:
+        row = resolve(params)
+        if row is None:
+            return None
+        rule = rules[row]
+        if rule is None:
+            return configs[row]
+        return {**configs[row], rule.param: rule.count(int(params[rule.across]), int(params[rule.along]))}
+
+    def lookup(params: Mapping[str, Any]) -> Any:  # the hot path
         try:
             key = get_all(params)
         except KeyError:
             return None
         try:
-            row = memo.get(key, _MISSING)
-        except TypeError:
-            row = resolve(params)
+            found = memo.get(key, _MISSING)
+        except TypeError:  # an unhashable value: resolve it, remember nothing
+            found = answer(params)
         else:
-            if row is _MISSING:
-                row = resolve(params)
-                _remember(memo, key, row)
-        return None if row is None else configs[row].copy()
+            if found is _MISSING:
+                found = answer(params)
+                _remember(memo, key, found)
+        return None if found is None else found.copy()
 
     return find, lookup
 
@@ -326,11 +345,11 @@ def task_index(name: str, spec: Any, files: Mapping[str, bytes], schema: int) ->
         doc = load_json(files[spec["table"]], f"table of task {name!r}")
         if schema == 1:
             table, stats = _v1_table(spec, doc)
-            return _TaskIndex(name, spec, table, stats)
+            return _TaskIndex(name, spec, table, stats, 2)
         if doc.get("task") != name or doc.get("schema_version") != schema:
             raise ValueError(
                 f"the table file is for {doc.get('task')!r}, schema {doc.get('schema_version')!r}"
             )
-        return _TaskIndex(name, spec, doc, files[spec["stats"]] if spec.get("stats") else {})
+        return _TaskIndex(name, spec, doc, files[spec["stats"]] if spec.get("stats") else {}, schema)
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
         raise BundleCorruptError(f"table of task {name!r} is malformed: {exc!r}") from None

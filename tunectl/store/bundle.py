@@ -36,9 +36,18 @@ from tunectl import __version__
 from tunectl.core.errors import BundleError, BundleExistsError, UserError
 from tunectl.core.files import atomic_write, canonical_json, json_bytes, name_problem, sync_dir, write_synced
 from tunectl.core.keys import from_json
-from tunectl.runtime import CHANNELS, MANIFEST, SCHEMA_VERSION, Fetcher, load_bundle, safe_member
-from tunectl.runtime.format import ARCHIVE_SUFFIXES, BundleCorruptError, stat_columns
-from tunectl.runtime.sources import Source, read_local, read_verified, resolve
+from tunectl.runtime import load_bundle
+from tunectl.runtime.format import (
+    ARCHIVE_SUFFIXES,
+    CHANNELS,
+    MANIFEST,
+    SCHEMA_VERSION,
+    BundleCorruptError,
+    safe_member,
+    stat_columns,
+)
+from tunectl.runtime.rules import WaveRule
+from tunectl.runtime.sources import Fetcher, Source, read_local, read_verified, resolve
 
 log = logging.getLogger("tunectl.store.bundle")
 
@@ -67,6 +76,7 @@ def _columns(table: TaskTable) -> tuple[dict[str, Any], dict[str, list[Any]]]:
     points = {p: set(table.shape_params[p]["points"]) for p in shape_params}
     statics: dict[str, int] = {}
     configs: dict[str, int] = {}
+    rules: dict[str, int] = {}
     seen: set[Any] = set()
     rows: list[Any] = []
     for i, entry in enumerate(table.entries):
@@ -74,6 +84,7 @@ def _columns(table: TaskTable) -> tuple[dict[str, Any], dict[str, list[Any]]]:
             static = [entry["static"][p] for p in table.static_params]
             shape = [entry["shape"][p] for p in shape_params]
             config = dict(entry["config"])
+            rule = _rule_of(entry, shape_params)
         except KeyError as exc:
             raise UserError(f"task {table.task}: entry {i} lacks {exc.args[0]!r}") from None
         for p, value in zip(shape_params, shape, strict=True):
@@ -85,7 +96,8 @@ def _columns(table: TaskTable) -> tuple[dict[str, Any], dict[str, list[Any]]]:
         seen.add(key)
         s = statics.setdefault(canonical_json(static), len(statics))
         c = configs.setdefault(canonical_json(config), len(configs))
-        rows += [s, *shape, c]
+        r = -1 if rule is None else rules.setdefault(canonical_json(rule), len(rules))
+        rows += [s, *shape, c, r]
     doc = {
         "schema_version": SCHEMA_VERSION,
         "task": table.task,
@@ -93,9 +105,24 @@ def _columns(table: TaskTable) -> tuple[dict[str, Any], dict[str, list[Any]]]:
         "shape_params": shape_params,
         "statics": [json.loads(s) for s in statics],
         "configs": [json.loads(c) for c in configs],
+        "rules": [json.loads(r) for r in rules],
         "rows": rows,
     }
     return doc, stat_columns(table.entries)
+
+
+def _rule_of(entry: Mapping[str, Any], shape_params: Sequence[str]) -> dict[str, Any] | None:
+    """The entry's rule as the table stores it (checked by reading it back), or None."""
+    raw = entry.get("rule")
+    if raw is None:
+        return None
+    try:
+        rule = WaveRule.from_json(raw)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UserError(f"an entry's rule is malformed: {exc}") from None
+    if {rule.across, rule.along} - set(shape_params):
+        raise UserError(f"a rule names {rule.across!r} and {rule.along!r}, not both shape dimensions")
+    return rule.to_json()
 
 
 def build_files(

@@ -33,7 +33,8 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from tunectl.core.errors import BundleError, BundleExistsError, UserError
-from tunectl.runtime import Bundle, BundleReadError, Fetcher, join_uri, register_fetcher, uri_scheme
+from tunectl.runtime import Bundle, BundleReadError, register_fetcher
+from tunectl.runtime.sources import Fetcher, join_uri, uri_scheme
 from tunectl.store.bundle import MANIFEST, LocalStore, check_name
 
 #: schemes pyarrow.fs.FileSystem.from_uri understands (each only where the installed pyarrow has it)

@@ -90,6 +90,11 @@ class Task:
     shape_params: tuple[str, ...] = ()
     config_params: tuple[str, ...] = ()
     serving_mode: str = "eager"
+    #: config parameters that are split counts (positive; export may fit a rule that computes one from
+    #: the shape: tunectl.decide.rules), and the shape dimensions of that rule: the one whose units
+    #: run side by side (the batch), the one cut into splits (the KV length)
+    split_params: tuple[str, ...] = ()
+    wave_dims: tuple[str, ...] = ()
     #: none: every parameter takes any value a key can hold
     param_rules: ClassVar[Mapping[str, Rule]] = {}
 

@@ -33,6 +33,8 @@ class DecodeAttention(Task):
     static_params = ("dtype", "head_dim", "num_kv_heads", "num_q_heads", "page_size")
     shape_params = ("batch", "kv_len")
     config_params = ("gather", "gqa", "num_splits")
+    split_params = ("num_splits",)
+    wave_dims = ("batch", "kv_len")
     param_rules: ClassVar[Mapping[str, Rule]] = {
         "dtype": Rule.one_of(*DTYPE_TOLERANCE),
         "num_q_heads": Rule.integer(1, 1024),

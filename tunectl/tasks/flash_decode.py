@@ -90,6 +90,8 @@ class FlashDecode(Task):
         "window",
     )
     shape_params = ("batch", "kv_len", "q_len")
+    split_params = ("num_kv_splits", "num_splits")
+    wave_dims = ("batch", "kv_len")
     config_params = ("backend", *tuple(sorted({o for opts in BACKEND_OPTIONS.values() for o in opts})))
     param_rules: ClassVar[Mapping[str, Rule]] = {
         "causal": Rule.one_of(True, False),

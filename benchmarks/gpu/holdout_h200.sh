@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Bundles with split rules on one H200, checked at held-out shapes of seeds never used before
+# (benchmarks/results/holdout.md). From the project root on the GPU host, after stage.sh's bootstrap;
+# each step fits one 10-minute command and resumes its run when called again:
+#   bash benchmarks/gpu/holdout_h200.sh build 128   # grid + refinement + probes (rules measured at the probes)
+#   bash benchmarks/gpu/holdout_h200.sh build 16
+#   bash benchmarks/gpu/holdout_h200.sh check 128   # export, then draw and time held-out shapes per seed
+#   bash benchmarks/gpu/holdout_h200.sh check 16
+#   bash benchmarks/gpu/holdout_h200.sh write       # holdout.json and holdout.md from the records (no GPU)
+# The held-out seeds (SEEDS, default 101 102 103; seeds 0-7 were used before) are drawn only by `check`,
+# after the bundle is built; SHAPES per seed (default 8). Results accumulate in $RES, outputs in $OUT.
+# The tuning spec is configs/h200/flash_decode.toml at one page size, spans batch 1-256 x 1k-32k tokens,
+# a grid of 9 batches x 4 lengths, refine_budget 12, 2 probes a cell; flash-attn 2 is left out (it runs
+# on a re-paged cache: measured for reference only, it can never be chosen nor be the oracle).
+# Expected device time: build ~6-7 min a page, check ~4 min a page, write ~10 s: ~22 min in all.
+set -uo pipefail
+[ -f /tmp/tunectl-site/env.sh ] && source /tmp/tunectl-site/env.sh
+python -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "editable install failed"
+RES=${RES:-/tmp/holdout-results}
+OUT=${OUT:-/tmp/holdout-out}
+SEEDS=${SEEDS:-"101 102 103"}
+SHAPES=${SHAPES:-8}
+mkdir -p "$RES" "$OUT"
+nvidia-smi --query-gpu=name,clocks.sm,power.draw,temperature.gpu --format=csv,noheader 2>&1 | head -n 1
+spec_for() {  # the tuning spec of page $1, written to /tmp; its path
+  local copy="/tmp/holdout_h200_p$1.toml"
+  python - "$1" "$copy" <<'PY'
+import re, sys
+page, out = sys.argv[1], sys.argv[2]
+text = open("configs/h200/flash_decode.toml").read()
+text = re.sub(r"(?m)^name = .*$", f'name = "h200-rules-p{page}"', text)
+text = re.sub(r"(?m)^page_size = .*$", f"page_size = {page}", text)
+text = text.replace("[shapes.batch]\nvalues = [1, 4, 16, 64, 256]",
+                    "[shapes.batch]\nrange = [1, 256]\nvalues = [1, 2, 4, 8, 16, 32, 64, 128, 256]")
+text = text.replace("[shapes.kv_len]\nvalues = [1024, 8192, 32768]",
+                    f"[shapes.kv_len]\nrange = [1024, 32768]\nstep = {page}\nvalues = [1024, 4096, 16384, 32768]")
+text = re.sub(r"(?m)^\[\[configs\]\]\nbackend = \"fa2\"\n(?:[a-z_]+ = .*\n)*\n", "", text)
+text = text.replace('strategy = "halving"', 'strategy = "halving"\nrefine_budget = 12\nprobes = 2')
+open(out, "w").write(text)
+PY
+  echo "$copy"
+}
+run_of() {  # the newest run named $1 of kind $2 whose state is finished (==) or not (!=) $3
+  tunectl runs --results "$RES" --json 2>/dev/null | python -c "
+import json, sys
+text = sys.stdin.read()
+runs = [r for r in (json.loads(text) if text.strip() else []) if r['name'] == '$1' and r['kind'] == '$2'
+        and (r['state'] == 'finished') == ('$3' == '==')]
+print(sorted(runs, key=lambda r: r['created_at'])[-1]['run_id'] if runs else '')"
+}
+page=${2:-}
+name="h200-rules-p$page"
+case "${1:?step}" in
+  build)
+    spec=$(spec_for "${page:?page}")
+    [ -n "$(run_of "$name" tune ==)" ] && { echo "$name is built"; exit 0; }
+    unfinished=$(run_of "$name" tune !=)
+    if [ -n "$unfinished" ]; then args=(--resume "$unfinished"); else args=("$spec"); fi
+    timeout -k 15 "${BUILD_TIMEOUT:-560}" tunectl submit "${args[@]}" --results "$RES" --yes > /tmp/build.log 2>&1
+    [ $? -eq 124 ] && { echo "stopped at the limit: run this step again to resume"; ray stop --force > /dev/null 2>&1; }
+    grep -v '^[│┃┏┡└]' /tmp/build.log | tail -n 8 | tee "$OUT/build-p$page.txt"
+    ;;
+  check)
+    spec=$(spec_for "${page:?page}")
+    run=$(run_of "$name" tune ==)
+    [ -n "$run" ] || { echo "$name is not built yet: run the build step"; exit 1; }
+    [ -d "$RES/bundles/$name/1" ] || tunectl export bundle --results "$RES" --run "$run" --name "$name" \
+      --version 1 --out "$RES/bundles" 2>&1 | tail -n 3 | tee "$OUT/export-p$page.txt"
+    for seed in $SEEDS; do  # drawn now, after the bundle was built
+      grep -q "^$page $seed " "$RES/holdout-runs.txt" 2>/dev/null && continue
+      timeout -k 15 "${CHECK_TIMEOUT:-280}" tunectl validate "$RES/bundles/$name/1" --spec "$spec" \
+        --holdout "$SHAPES" --seed "$seed" --results "$RES" > /tmp/check.log 2>&1
+      held=$(grep -o 'held-out shapes of .* (run r[0-9a-f-]*)' /tmp/check.log | grep -o 'r[0-9]\{8\}-[0-9a-f-]*' | tail -n 1)
+      grep -v '^\(compile process\|flash_decode:\)' /tmp/check.log | tail -n 16 > "$OUT/holdout-p$page-seed$seed.txt"
+      [ -n "$held" ] && echo "$page $seed $RES/bundles/$name/1 $held" >> "$RES/holdout-runs.txt"
+      [ -n "$held" ] || { echo "seed $seed not finished: run this step again"; ray stop --force > /dev/null 2>&1; exit 1; }
+    done
+    cat "$RES/holdout-runs.txt"
+    ;;
+  write)
+    args=()
+    while read -r p s bundle held; do args+=(--holdout "$p:$s=$bundle:$held"); done < "$RES/holdout-runs.txt"
+    sed -n '/^#   bash/p' "$0" | sed 's/^#   //; s/  *#.*$//' > "$OUT/commands.txt"
+    echo "SEEDS=\"$SEEDS\" SHAPES=$SHAPES" >> "$OUT/commands.txt"
+    python benchmarks/studies/holdout_json.py --results "$RES" "${args[@]}" --commands "$OUT/commands.txt" \
+      --json benchmarks/results/holdout.json --markdown benchmarks/results/holdout.md
+    cp benchmarks/results/holdout.json benchmarks/results/holdout.md "$OUT/"
+    (cd "$(dirname "$RES")" && tar czf "$OUT/holdout-results.tar.gz" "$(basename "$RES")")
+    ;;
+esac

@@ -1,0 +1,70 @@
+"""The held-out results writer (benchmarks/studies/holdout_json.py) on a small results directory."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import sys
+from pathlib import Path
+
+from tests.finished_run import answer, finished_run
+from tests.unit.test_rules import _spec, wave_time
+from tunectl.api.checks import measured_shapes
+from tunectl.core.registry import get_task
+from tunectl.core.spec import parse_spec
+from tunectl.decide.holdout import draw_shapes, plan_holdout
+from tunectl.formats.export import export_bundle
+from tunectl.store.results import ResultsWriter
+from tunectl.store.runs import RunInfo, save_run
+from tunectl.store.stores import read_bundle
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "studies"))
+import holdout_json
+
+SPEC = (
+    _spec(probes=2)
+    + '\n[baselines]\n"always 16 splits" = { num_splits = 16, gqa = "grouped", gather = "index" }\n'
+)
+
+
+def _holdout_run(results: Path, bundle: str, seed: int) -> str:
+    """A holdout run of 6 shapes at ``seed``, answered by the simulated device; its id."""
+    spec = parse_spec(SPEC, "waves.toml", "waves")
+    run_id = f"r20261210-00000{seed}-abcdef"
+    loaded = read_bundle(bundle)
+    shapes = draw_shapes(spec, 6, seed, measured_shapes(results, loaded, spec.task))
+    items, _, _ = plan_holdout(spec, loaded, shapes, rounds=2, task=get_task(spec.task))
+    writer, clock, rows = ResultsWriter(results, max_rows=1), itertools.count(1), 0
+    for item in items:
+        found = answer(item, clock, lambda r: dataclasses.replace(r, run_id=run_id), wave_time)
+        writer.append_item(found)
+        rows += len(found)
+    writer.close()
+    save_run(results, RunInfo(run_id, "waves", spec.task, "waves.toml", SPEC, "finished", rows, 0.0, 1.0,
+                              kind="holdout"))  # fmt: skip
+    return run_id
+
+
+def test_the_writer_pools_seeds_per_page_and_reports_the_baselines(tmp_path: Path) -> None:
+    results = finished_run(tmp_path / "results", SPEC, oracle=wave_time)
+    bundle = export_bundle(results, "waves", "1", tmp_path / "bundles").location
+    args = [
+        "--results",
+        str(results),
+        "--json",
+        str(tmp_path / "h.json"),
+        "--markdown",
+        str(tmp_path / "h.md"),
+    ]
+    for seed in (11, 12, 13):
+        args += ["--holdout", f"8:{seed}={bundle}:{_holdout_run(results, bundle, seed)}"]
+    holdout_json.main(args)
+    doc = json.loads((tmp_path / "h.json").read_text())
+    page = doc["page"]["8"]
+    assert page["seeds"] == [11, 12, 13] and page["shapes"] == 18
+    assert 1.0 <= page["geomean"] <= page["worst"] and 0.0 <= page["within_3pct"] <= 1.0
+    assert {"the default", "always 16 splits", "best single config"} <= set(doc["baselines"])
+    assert doc["baselines"]["always 16 splits"]["8"]["geomean"] > page["geomean"]
+    text = (tmp_path / "h.md").read_text()
+    assert text.index("## Findings") < text.index("| choosing by") < text.index("## Commands")
