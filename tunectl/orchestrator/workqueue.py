@@ -53,10 +53,10 @@ class WorkQueue:
             ) -> WorkItem | None:  # fmt: skip
         """A retry first; else an item at ``point``; else one at a point no other worker is on.
 
-        ``rank`` (0 ready, 1 claimable, 2 wait: ``tunectl.orchestrator.compile_schedule``) says how the asking worker
-        gets an item's kernel. With it: a ready item anywhere first (this worker's point first), else
-        the first claimable one (load balance before affinity: the worker compiles it itself), else
-        None, while every item left waits for a kernel being built.
+        ``rank`` (0 ready, 1 claimable, 2 wait: ``tunectl.orchestrator.compile_schedule``) says how the
+        asking worker gets an item's kernel. With it: a ready item anywhere first (this worker's point
+        first), else the first claimable one (load balance before affinity: the worker compiles it
+        itself), else None, while every item left waits for a kernel being built.
         """
         if self.retry:
             self.size -= 1
