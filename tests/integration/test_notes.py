@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from tunectl.cli import app
 from tunectl.orchestrator.notes import Note, captured, keep_notes
 from tunectl.store.runs import RunInfo, save_run
-from tunectl.tasks.fault_injection import WARNING
+from tunectl.tasks.fault_injection import PRINTED, WARNING
 
 
 def test_a_processs_warnings_and_library_logs_are_counted_not_printed(
@@ -64,10 +64,10 @@ def test_kept_notes_are_in_the_runs_log_and_the_console_has_one_line_per_kind(
 
 
 @pytest.mark.slow
-def test_a_workers_warning_reaches_the_runs_log_and_not_the_console(tmp_path: Path) -> None:
+def test_a_workers_warning_and_printed_lines_reach_the_runs_log_and_not_the_console(tmp_path: Path) -> None:
     spec = tmp_path / "warns.toml"
     spec.write_text(
-        'task = "fault_injection"\n[shapes.n]\nvalues = [8]\n[[configs]]\nfault = ["none", "warn"]\n'
+        'task = "fault_injection"\n[shapes.n]\nvalues = [8]\n[[configs]]\nfault = ["none", "warn", "print"]\n'
         "[measure]\nmin_samples = 3\nmax_seconds = 0.05\n[search]\nfinalists = 0\n"
     )
     results = tmp_path / "results"
@@ -86,5 +86,8 @@ def test_a_workers_warning_reaches_the_runs_log_and_not_the_console(tmp_path: Pa
         f"1 UserWarning message(s) from worker and compile processes; `tunectl logs {run_id} --results"
         in console
     )
+    assert PRINTED not in console
+    assert "printed message(s) from worker and compile processes" in console
     logged = CliRunner().invoke(app, ["logs", run_id, "--results", str(results)]).output
     assert f"UserWarning x1: {WARNING}" in logged
+    assert f"printed x3: {PRINTED}" in logged

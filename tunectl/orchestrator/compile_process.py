@@ -44,7 +44,7 @@ class Builder:
         from tunectl.orchestrator.notes import install
         from tunectl.tasks.compile import build_device
 
-        self.notes = install()  # warnings and library logs: to the run's log, not the console
+        self.notes = install(output=True)  # warnings, library logs, prints: the run's log, not the console
         self.index = index
 
         self.device = build_device(index)

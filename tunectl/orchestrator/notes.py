@@ -4,14 +4,21 @@ load (torch, Triton, FlashInfer, CUTLASS, tunectl's own), kept out of the consol
 Ray forwards a worker's stderr to the driver's console, so a warning a kernel library raises once per
 compile would scroll the progress bar away. Each worker and compile process instead installs
 ``ProcessNotes`` when it starts: warnings and those loggers' records are counted by kind and text, and
-handed back when the process is closed (``drain``). The driver writes them to the run's log
-(``tunectl logs RUN``) and says on the console, per kind, how many there were (``summary_lines``).
-What a process says in its last moments before it dies is lost with it; its death is reported anyway.
+handed back when the process is closed (``drain``). What the process prints besides (its file
+descriptors 1 and 2: a library's own log format, a compiler's traceback, C++ code's output) goes to a
+file of its own rather than to Ray, and its lines are counted the same way, as kind ``printed``.
+The driver writes them to the run's log (``tunectl logs RUN``) and says on the console, per kind, how
+many there were (``summary_lines``). What a process says in its last moments before it dies is lost
+with it; its death is reported anyway.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import sys
+import tempfile
 import time
 import warnings
 from collections import Counter
@@ -19,11 +26,12 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, BinaryIO, TextIO
 
 #: loggers whose records (WARNING and above) go to the run's log rather than the console
 NOISY_LOGGERS = ("torch", "triton", "flashinfer", "cutlass", "cuda", "tunectl")
 MAX_TEXTS = 500  # distinct texts kept per process; the rest are counted under their kind
+MAX_LINE = 300  # characters kept of a printed line
 log = logging.getLogger("tunectl.run")
 
 
@@ -43,6 +51,29 @@ class ProcessNotes(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
         self.counts: Counter[tuple[str, str]] = Counter()
+        self._printed: BinaryIO | None = None  # where this process's output is read back from
+
+    def capture_output(self) -> None:
+        """Point file descriptors 1 and 2 at a file of this process's own (appended to; gone with the
+        process), so what anything prints there is counted by ``drain`` and never reaches Ray."""
+        fd, path = tempfile.mkstemp(prefix="tunectl-output-")
+        os.close(fd)
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        sink = os.open(path, os.O_WRONLY | os.O_APPEND)
+        self._printed = open(path, "rb")  # noqa: SIM115  # read back for the process's life
+        os.unlink(path)
+        for target in (1, 2):
+            os.dup2(sink, target)
+        os.close(sink)
+
+    def _read_printed(self) -> None:
+        if self._printed is None:
+            return
+        for line in self._printed.read().decode("utf-8", "replace").splitlines():
+            if line.strip():
+                self.add("printed", line.strip()[:MAX_LINE])
 
     def add(self, kind: str, text: str) -> None:
         key = (kind, text)
@@ -70,15 +101,18 @@ class ProcessNotes(logging.Handler):
 
     def drain(self, source: str = "") -> list[Note]:
         """What was counted since the last drain, most frequent first; the counts start again."""
+        self._read_printed()
         notes = [Note(kind, text, n, source) for (kind, text), n in self.counts.most_common()]
         self.counts.clear()
         return notes
 
 
-def install(loggers: Sequence[str] = NOISY_LOGGERS) -> ProcessNotes:
-    """Route this process's warnings and ``loggers`` into a new ``ProcessNotes`` (for good: a worker
-    or compile process calls it once, when it starts)."""
+def install(loggers: Sequence[str] = NOISY_LOGGERS, *, output: bool = False) -> ProcessNotes:
+    """Route this process's warnings and ``loggers`` (and with ``output``, what it prints) into a new
+    ``ProcessNotes`` (for good: a worker or compile process calls it once, when it starts)."""
     notes = ProcessNotes()
+    if output:
+        notes.capture_output()
     warnings.showwarning = notes.show_warning
     for name in loggers:
         logger = logging.getLogger(name)

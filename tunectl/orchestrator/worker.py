@@ -50,7 +50,7 @@ class TuneWorker:
         from tunectl.orchestrator.pipeline import CompileAheadRunner
         from tunectl.tasks.registry import get_task
 
-        self.notes = install()  # warnings and library logs: to the run's log, not the console
+        self.notes = install(output=True)  # warnings, library logs, prints: the run's log, not the console
         self.incarnation = secrets.token_hex(8)  # calls sent to an earlier process are not run by this one
         self.journal = journal_path(ray.get_runtime_context().get_actor_id() or f"pid-{os.getpid()}")
         self.last_words = _read_last_words(self.journal)

@@ -15,6 +15,8 @@ is what the config says it is. Config parameters (all optional; the default conf
                   behaves (needs ``token``; a marker file in the temp dir remembers the first time)
     ``warn``      returns the right output, having raised a ``UserWarning`` while it was prepared
                   (as a kernel library does on a first call)
+    ``print``     returns the right output, having written lines to the process's standard error
+                  below Python while it was prepared (as a compiler's own log or a C++ library does)
 - ``where``: ``call`` (default) or ``prepare``: whether the fault fires when the kernel runs or
   while it is prepared (compiled); ``wrong`` and ``nan`` always show in the output of the call
 - ``compile_ms``: milliseconds ``prepare`` sleeps (a compiler stand-in; sleeping releases the GIL,
@@ -45,10 +47,11 @@ from tunectl.core.params import Rule
 from tunectl.tasks.base import InvalidConfig, Params, Task
 from tunectl.tasks.compile import cache_dir, key_of
 
-FAULTS = ("none", "raise", "invalid", "wrong", "nan", "hang", "exit", "exit_once", "warn")
+FAULTS = ("none", "raise", "invalid", "wrong", "nan", "hang", "exit", "exit_once", "warn", "print")
 COMPILE_FAULTS = ("raise", "exit", "hang")
 LOAD_MS = 1.0  # loading a cached artifact
 WARNING = "injected: a kernel library's warning on a first call"  # what fault "warn" says
+PRINTED = "injected: a compiler's own log line"  # what fault "print" writes, three times
 EXIT_CODE = 71
 _OUTPUT_FAULTS = ("wrong", "nan")  # faults of the output: they show when the kernel runs
 
@@ -104,6 +107,9 @@ class FaultInjection(Task):
         _compile(config)
         if fault == "warn":
             warnings.warn(WARNING, UserWarning, stacklevel=1)
+            fault = "none"
+        if fault == "print":
+            os.write(2, f"{PRINTED}\n".encode() * 3)
             fault = "none"
         if where == "prepare" and fault not in _OUTPUT_FAULTS:
             _misbehave(fault, config, shape)
