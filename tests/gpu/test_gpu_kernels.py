@@ -76,7 +76,8 @@ DECODE_CASES: list[tuple[dict[str, Any], tuple[str, ...]]] = [
 def _run(runner: Any, task: str, static: dict, shape: dict, config: dict) -> Any:
     keys = make_key(static), make_key(shape), make_key(config)
     item = WorkItem(item_id(task, *keys), task, *keys, False)
-    return runner.run("gpu-smoke", item, SETTINGS)
+    [record] = runner.run("gpu-smoke", item, SETTINGS)
+    return record
 
 
 def _show(label: str, rec: Any) -> None:

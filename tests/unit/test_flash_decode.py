@@ -196,7 +196,7 @@ def test_the_runner_records_sdpa_as_ok_and_flash_attn_on_cpu_as_invalid() -> Non
             key,
             config == {"backend": "fa4"},
         )
-        records[config["backend"]] = runner.run("r1", item, settings)
+        [records[config["backend"]]] = runner.run("r1", item, settings)
     assert records["sdpa"].status == "ok" and records["sdpa"].median_us > 0
     assert records["flex"].status == "ok" and records["flex"].max_abs_err < 1e-5
     assert records["fa4"].status == "invalid" and "CUDA" in records["fa4"].message

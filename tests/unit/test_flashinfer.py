@@ -262,7 +262,7 @@ def test_the_runner_records_flashinfer_on_a_cpu_as_invalid_not_as_an_error() -> 
     keys = make_key(STATIC), make_key(SHAPE), make_key({"backend": "flashinfer"})
     item = WorkItem(item_id("flash_decode", *keys), "flash_decode", *keys, False)
     settings = MeasureSpec(warmup=1, min_samples=3, max_samples=3, noise_target=0.5, max_seconds=0.1)
-    rec = ItemRunner("cpu").run("r", item, settings)
+    [rec] = ItemRunner("cpu").run("r", item, settings)
     assert rec.status == "invalid" and "CUDA" in rec.message
 
 

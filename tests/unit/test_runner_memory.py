@@ -48,7 +48,8 @@ def _run(task: ShortOfMemory, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, lis
     item = WorkItem(
         "a", "fault_injection", make_key({}), make_key({"n": 64}), make_key({"fault": "none"}), True
     )
-    return runner.run("r", item, SETTINGS), pauses
+    [record] = runner.run("r", item, SETTINGS)
+    return record, pauses
 
 
 def test_a_point_waits_for_device_memory_others_hold_then_measures(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -46,8 +46,7 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> dict[str, Counted]:
     return {"samplers": made, "prepares": prepared}
 
 
-def _ok(result: Record | list[Record]) -> list[Record]:
-    records = result if isinstance(result, list) else [result]
+def _ok(records: list[Record]) -> list[Record]:
     assert all(r.status is Status.OK for r in records), [r.message for r in records]
     return records
 

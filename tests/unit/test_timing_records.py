@@ -89,7 +89,7 @@ def _shifting_probe(slow_calls: range) -> Callable[[str], Probe]:
 def _measure_item(runner: ItemRunner, settings: MeasureSpec) -> Record:
     config = make_key({"fault": "none", "run_ms": 1})
     item = WorkItem(key_text(config), "fault_injection", (), SHAPE, config, is_default=False)
-    record = runner.run("r", item, settings)
+    [record] = runner.run("r", item, settings)
     assert isinstance(record, Record) and record.ok, record
     return record
 

@@ -137,6 +137,32 @@ def take(sample: Sampler, n: int) -> list[float]:
     return [sample() for _ in range(n)]
 
 
+def announced(sample: Sampler, tell: Callable[[], None]) -> Sampler:
+    """``sample``, calling ``tell`` once, as its first samples are taken (a worker notes whose
+    measurement runs: a death while timing it is charged to it alone); it takes chunks as ``sample``
+    does."""
+    told = False
+
+    def many(n: int) -> list[float]:
+        nonlocal told
+        if not told:
+            told = True
+            tell()
+        return take(sample, n)
+
+    def one() -> float:
+        return many(1)[0]
+
+    one.many = many  # type: ignore[attr-defined]
+    one.expected_us = getattr(sample, "expected_us", None)  # type: ignore[attr-defined]
+    return one
+
+
+def calls_per_sample(sample: Sampler) -> int:
+    """How many kernel calls one of ``sample``'s samples times (``tunectl.measure.difference``)."""
+    return int(getattr(sample, "num_calls", 1))
+
+
 def scaled(settings: MeasureSpec, fraction: float) -> MeasureSpec:
     """A cheaper look (a screening rung): ``fraction`` of the time and sample caps, at least 3 samples
     (never more than the full measurement takes)."""

@@ -8,6 +8,7 @@ outcome becomes a ``Record`` with a status.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -16,25 +17,24 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tunectl.core.keys import key_text
-from tunectl.core.plan import WorkItem, member_id
+from tunectl.core.plan import WorkItem
 from tunectl.core.record import Record
 from tunectl.core.spec import MeasureSpec
 from tunectl.measure.built import Built, PointKernels, with_warmup
 from tunectl.measure.drift import MAX_WAIT_S, DriftGuard, Probe, probe_sampler
 from tunectl.measure.failures import clip, failure_message
-from tunectl.measure.harness import Sampler, Stats, interleave, measure, scaled, take
+from tunectl.measure.harness import Sampler, Stats, announced, calls_per_sample, interleave, measure, scaled
 from tunectl.measure.memory import when_memory_frees
 from tunectl.measure.nvml import read_state, record_fields
-from tunectl.measure.rounds import NOT_MEASURABLE, NotMeasurable, arm_stats, round_times
-from tunectl.measure.timing import make_sampler, stack_sampler, timing_of
+from tunectl.measure.records import CallContext, check_fields, measured, members_of, stat_fields
+from tunectl.measure.rounds import NotMeasurable, arm_stats, round_times
+from tunectl.measure.stacks import layer_inputs, stack_of, thrash_only
+from tunectl.measure.timing import make_sampler, timing_of
 from tunectl.tasks.base import InvalidConfig, TuningTask, compare_outputs
 from tunectl.tasks.env import env_json, environment
 from tunectl.tasks.registry import get_task
 
 log = logging.getLogger("tunectl.worker")
-_STACK_MEMORY_SHARE = 0.3  # of the free device memory, for a stack's extra input sets
-_CPU_STACK_BYTES = 1 << 30
 _NO_BASELINE = {"status": "error", "message": "not compared: the default failed at this point"}
 _CRASHED_ARM = {
     "status": "crash",
@@ -86,49 +86,42 @@ class ItemRunner:
             torch.set_num_threads(max(1, num_threads))
         return cls(device)
 
-    def run(self, run_id: str, item: WorkItem, settings: MeasureSpec) -> Record | list[Record]:
-        """The item's record; a comparison item (``item.arms``) gives one record per arm."""
-        started = time.time()
+    def run(self, run_id: str, item: WorkItem, settings: MeasureSpec) -> list[Record]:
+        """The item's records: one, one per member of a batch, or one per arm of a comparison
+        (``item.arms``), in the order of ``members_of``."""
         task = self._task(item.task)
-        static, shape = dict(item.static), dict(item.shape)
         mode = settings.mode if settings.mode != "auto" else task.serving_mode
         if not self.device.startswith("cuda"):
             mode = "eager"
-        base: dict[str, Any] = dict(
-            run_id=run_id,
-            task=item.task,
-            static_key=key_text(item.static),
-            shape_key=key_text(item.shape),
+        context = self._context(run_id, item, task, settings, mode)
+        members = members_of(item)
+        if item.arms:
+            fields = self._guarded(lambda: self._compare(task, item, settings, mode), len(members))
+        else:
+            scaled_settings = scaled(settings, item.budget)
+            fields = self._guarded(
+                lambda: self._measure_each(task, item, scaled_settings, mode), len(members)
+            )
+        return [measured(context, m, f) for m, f in zip(members, fields, strict=True)]
+
+    def _context(
+        self, run_id: str, item: WorkItem, task: TuningTask, settings: MeasureSpec, mode: str
+    ) -> CallContext:
+        """What every record of ``item``'s call shares: the item's, and this worker's device's."""
+        return CallContext.of(
+            run_id,
+            item,
             measure_mode=mode,
             timing=timing_of(self.device, settings.l2, settings.timing),
             l2=settings.l2,
-            phase=item.phase,
-            rung=item.rung,
-            bytes_moved=task.bytes_moved(static, shape) or None,
+            bytes_moved=task.bytes_moved(dict(item.static), dict(item.shape)) or None,
             device_name=str(environment(self.device).get("device_name", "")),
             device_kind=self.device.split(":")[0],
             host=socket.gethostname(),
             worker=f"{socket.gethostname()}:{os.getpid()}",
             env_json=env_json(self.device),
-            started_at=started,
+            started_at=time.time(),
         )
-        if item.arms:
-            arms = self._guarded(lambda: self._compare(task, item, settings, mode), len(item.arms))
-            base.update(group_id=item.item_id, rounds=item.rounds, layers=item.layers or None)
-            return [
-                Record(**base, item_id=member_id(item.item_id, arm), config_key=key_text(arm),
-                       is_default=i == 0, **fields, finished_at=time.time())
-                for i, (arm, fields) in enumerate(zip(item.arms, arms, strict=True))
-            ]  # fmt: skip
-        members = item.members or (item,)  # a batch: plain items at this point, each its own record
-        scaled_settings = scaled(settings, item.budget)
-        fields = self._guarded(lambda: self._measure_each(task, item, scaled_settings, mode), len(members))
-        records = [
-            Record(**base, item_id=m.item_id, config_key=key_text(m.config), is_default=m.is_default,
-                   **f, finished_at=time.time())
-            for m, f in zip(members, fields, strict=True)
-        ]  # fmt: skip
-        return records if item.members else records[0]
 
     def _guarded(self, evaluate: Callable[[], list[dict[str, Any]]], n: int) -> list[dict[str, Any]]:
         """``evaluate``'s fields; a config that fails is data (a status), never a failure of the run."""
@@ -174,21 +167,30 @@ class ItemRunner:
                 fields[mine:] = [self._failed(exc)]
         fields[0] = {**fields[0], "setup_ms": setup_ms}  # the point's set-up, paid once
         before = self._state_before()
-        measured = self._measured(item, [(self._noting(members[i].item_id, s), st) for i, s, st in timed])
+        named = [
+            (announced(s, functools.partial(self.on_member, members[i].item_id)), st) for i, s, st in timed
+        ]
+        measured = self._measured(item, named)
         self._state = (time.perf_counter(), read_state(self.device))
         gpu_state = record_fields(before, self._state[1])
         for (i, sampler, _), (stats, extra) in zip(timed, measured, strict=True):
-            fields[i] = {**fields[i], **self._stat_fields(stats, sampler, extra), **gpu_state}
+            found = extra if stats is FAILED_STATS else stat_fields(stats, calls_per_sample(sampler), extra)
+            fields[i] = {**fields[i], **found, **gpu_state}
         return fields
 
     def _sampler(self, built: Built, settings: MeasureSpec, mode: str) -> tuple[Sampler, MeasureSpec]:
         """A checked config's sampler (built once at the point) and its settings with the warm-up it
         needs now."""
         how = (mode, settings.l2, settings.timing)
-        sampler = built.sampler(
+        sampler = self._sampler_of(built, settings, mode)
+        return sampler, with_warmup(settings, built.warmup(how, settings, graph=self._graphs(mode)))
+
+    def _sampler_of(self, built: Built, settings: MeasureSpec, mode: str) -> Sampler:
+        """The sampler timing ``built``'s call as ``settings`` and ``mode`` say: built once at the point."""
+        how = (mode, settings.l2, settings.timing)
+        return built.sampler(
             how, lambda: make_sampler(built.call, self.device, mode, settings.l2, settings.timing)
         )
-        return sampler, with_warmup(settings, built.warmup(how, settings, graph=self._graphs(mode)))
 
     def _measured(
         self, item: WorkItem, timed: list[tuple[Sampler, MeasureSpec]]
@@ -213,40 +215,6 @@ class ItemRunner:
             return out
         except Exception as exc:
             return FAILED_STATS, self._failed(exc)
-
-    def _stat_fields(self, stats: Stats, sampler: Sampler, extra: dict[str, Any]) -> dict[str, Any]:
-        """A measurement's record fields (``extra``: the guard's, or a failure's)."""
-        if stats is FAILED_STATS:
-            return extra
-        if stats.median_us <= 0:
-            return {"status": "error", "message": f"{NOT_MEASURABLE} (median {stats.median_us:.3g} us)"}
-        guard_ms = extra.get("guard_ms") or 0.0
-        return {
-            "status": "ok", "median_us": stats.median_us, "p20_us": stats.p20_us, "p80_us": stats.p80_us,
-            "mean_us": stats.mean_us, "min_us": stats.min_us, "max_us": stats.max_us,
-            "num_samples": stats.num_samples, "calls_per_sample": calls_per_sample(sampler),
-            "rel_noise": stats.rel_noise, "measure_ms": stats.seconds * 1e3 + guard_ms, **extra,
-        }  # fmt: skip
-
-    def _noting(self, member_id: str, sampler: Sampler) -> Sampler:
-        """``sampler``, telling ``on_member`` whose measurement runs as its first samples are taken (a
-        worker notes it: a death while timing it is charged to it alone). It takes chunks as
-        ``sampler`` does (``tunectl.measure.harness``)."""
-        told = False
-
-        def many(n: int) -> list[float]:
-            nonlocal told
-            if not told:
-                told = True
-                self.on_member(member_id)
-            return take(sampler, n)
-
-        def sample() -> float:
-            return many(1)[0]
-
-        sample.many = many  # type: ignore[attr-defined]
-        sample.expected_us = getattr(sampler, "expected_us", None)  # type: ignore[attr-defined]
-        return sample
 
     def _built(
         self,
@@ -331,100 +299,63 @@ class ItemRunner:
         compile_ms = (prepare_s + time.perf_counter() - t0) * 1e3
         atol, rtol = task.tolerance(static)
         err, ok = compare_outputs(out, self._reference, atol, rtol)
-        if ok:
-            return False, {"max_abs_err": err, "compile_ms": compile_ms}
-        return True, {
-            "status": "wrong_result",
-            "max_abs_err": err,
-            "compile_ms": compile_ms,
-            "message": f"max abs error {err:.3g} exceeds atol={atol:g} rtol={rtol:g}",
-        }
+        return not ok, check_fields(err, None if ok else (atol, rtol), compile_ms)
 
     def _compare(
         self, task: TuningTask, item: WorkItem, settings: MeasureSpec, mode: str
     ) -> list[dict[str, Any]]:
         """Fields per arm of a comparison item: each arm checked, then all timed in interleaved rounds."""
-        static, shape = dict(item.static), dict(item.shape)
         setup_s = self._load_point(task, item)
-        stacks = self._layer_inputs(task, item) if item.phase == "validate" else None
-        fields: list[dict[str, Any]] = []
-        samplers: dict[int, Sampler] = {}  # arms that passed the check
-        warmups: list[int] = []  # their warm-up samples
-        unbuilt = {arm: {"status": status, "message": message} for arm, status, message in item.unbuilt_arms}
-        for i, arm in enumerate(item.arms):
-            if arm in item.crashed_arms and i > 0:
-                fields.append(dict(_CRASHED_ARM))
-                continue
-            if arm in unbuilt and i > 0:
-                fields.append(dict(unbuilt[arm]))
-                continue
-            self.on_arm(i)
-            try:  # an arm that is invalid here or fails is that arm's status; the others go on
-                built, checked = self._built(task, arm, static, shape, dict(arm))
-                fields.append(checked)
-                if built is not None:
-                    samplers[i] = self._arm_sampler(task, item, arm, built, stacks, settings, mode)
-                    warmups.append(
-                        0
-                        if stacks is not None
-                        else built.warmup(
-                            (mode, settings.l2, settings.timing), settings, graph=self._graphs(mode)
-                        )
-                    )
-            except Exception as exc:
-                fields[i:] = [self._failed(exc)]
-        self.on_arm(None)
+        stacks = layer_inputs(task, item, self._inputs, self.device) if item.phase == "validate" else None
+        fields, samplers, warmups = self._checked_arms(task, item, settings, mode, stacks)
         fields = [{**f, "setup_ms": setup_s * 1e3} for f in fields]
         if 0 not in samplers:  # no baseline: the arms that passed their check are not compared
             return [{**f, **_NO_BASELINE} if i in samplers else f for i, f in enumerate(fields)]
         started = time.perf_counter()
         timed = list(samplers.values())
         if stacks is not None:
-            timed.append(stack_sampler([_nothing] * item.layers, self.device, mode, with_calls=False))
+            timed.append(thrash_only(item, self.device, mode))
             warmups = [settings.warmup] * len(timed)
         seed = int(item.item_id[:12], 16)
         rounds = interleave(timed, item.rounds, settings, seed=seed, warmups=warmups)
         times = round_times(rounds, item.layers if stacks is not None else 0)
         measure_ms = (time.perf_counter() - started) * 1e3
         for (i, sampler), t, r in zip(samplers.items(), times, rounds, strict=False):
-            fields[i] = {**fields[i], **arm_stats(times[0], t, r), "measure_ms": measure_ms,
-                         "calls_per_sample": calls_per_sample(sampler)}  # fmt: skip
+            timing = {"measure_ms": measure_ms, "calls_per_sample": calls_per_sample(sampler)}
+            fields[i] = {**fields[i], **arm_stats(times[0], t, r), **timing}
         return fields
 
-    def _arm_sampler(
-        self,
-        task: TuningTask,
-        item: WorkItem,
-        arm: Any,
-        built: Built,
-        stacks: list[Any] | None,
-        settings: MeasureSpec,
-        mode: str,
-    ) -> Sampler:
-        """The sampler of one checked arm: its call alone (the one its earlier looks at this point
-        used), or a stack of ``item.layers`` calls."""
-        if stacks is None:
-            how = (mode, settings.l2, settings.timing)
-            return built.sampler(
-                how, lambda: make_sampler(built.call, self.device, mode, settings.l2, settings.timing)
-            )
-        static, shape = dict(item.static), dict(item.shape)
-        calls = [built.call] + [task.prepare(static, shape, dict(arm), inputs) for inputs in stacks[1:]]
-        return stack_sampler([calls[j % len(calls)] for j in range(item.layers)], self.device, mode)
-
-    def _layer_inputs(self, task: TuningTask, item: WorkItem) -> list[Any]:
-        """Input sets for a stack of ``item.layers`` layers: one per layer, as many as fit in memory
-        (then layers reuse them in turn); the point's own inputs are the first."""
-        static, shape = dict(item.static), dict(item.shape)
-        per_set = max(1, task.bytes_moved(static, shape))
-        if self.device.startswith("cuda"):
-            import torch
-
-            budget = torch.cuda.mem_get_info(self.device)[0] * _STACK_MEMORY_SHARE
-        else:
-            budget = _CPU_STACK_BYTES
-        num_sets = max(1, min(item.layers, int(budget // per_set)))
-        return [self._inputs] + [task.build_inputs(static, shape, self.device) for _ in range(num_sets - 1)]
+    def _checked_arms(
+        self, task: TuningTask, item: WorkItem, settings: MeasureSpec, mode: str, stacks: list[Any] | None
+    ) -> tuple[list[dict[str, Any]], dict[int, Sampler], list[int]]:
+        """Each arm's check fields; the samplers of the arms that passed, by index; their warm-ups. An
+        arm that crashed a worker before, failed to build, is invalid here or fails is that arm's
+        status; the others go on."""
+        unbuilt = {arm: {"status": status, "message": message} for arm, status, message in item.unbuilt_arms}
+        fields: list[dict[str, Any]] = []
+        samplers: dict[int, Sampler] = {}
+        warmups: list[int] = []
+        how = (mode, settings.l2, settings.timing)
+        for i, arm in enumerate(item.arms):
+            if i > 0 and (arm in item.crashed_arms or arm in unbuilt):
+                fields.append(dict(_CRASHED_ARM) if arm in item.crashed_arms else dict(unbuilt[arm]))
+                continue
+            self.on_arm(i)
+            try:
+                built, checked = self._built(task, arm, dict(item.static), dict(item.shape), dict(arm))
+                fields.append(checked)
+                if built is None:
+                    continue
+                if stacks is None:
+                    samplers[i] = self._sampler_of(built, settings, mode)
+                    warmups.append(built.warmup(how, settings, graph=self._graphs(mode)))
+                else:
+                    samplers[i] = stack_of(task, item, arm, built.call, stacks, self.device, mode)
+                    warmups.append(0)
+            except Exception as exc:
+                fields[i:] = [self._failed(exc)]
+        self.on_arm(None)
+        return fields, samplers, warmups
 
     def prepare(
         self,
@@ -454,11 +385,6 @@ class ItemRunner:
             self._synchronize()
         except Exception as exc:
             raise CudaContextPoisoned(str(exc)) from exc
-
-
-def calls_per_sample(sampler: Sampler) -> int:
-    """How many kernel calls one of ``sampler``'s samples times (``tunectl.measure.difference``)."""
-    return int(getattr(sampler, "num_calls", 1))
 
 
 def timed_prepare(

@@ -200,8 +200,7 @@ class _Dispatcher:
             slot.killed_item = None
             self._ping(slot)
 
-    def _emit(self, lane: str, result: Record | list[Record]) -> None:
-        records = result if isinstance(result, list) else [result]
+    def _emit(self, lane: str, records: list[Record]) -> None:
         fresh = [r for r in records if r.item_id not in self.recorded]
         if len(fresh) < len(records):
             log.warning("dropped a second result for item %s", records[0].item_id)  # never expected

@@ -79,7 +79,7 @@ class TuneWorker:
         settings: MeasureSpec,
         lookahead: WorkItem | None = None,
         incarnation: str = "",
-    ) -> Record | list[Record] | None:
+    ) -> list[Record] | None:
         """Measure ``item``. ``lookahead`` is the item this worker gets next, if the dispatcher knows it.
 
         Returns None, doing nothing, for a call sent to an earlier process of this actor: Ray hands
@@ -104,12 +104,12 @@ class TuneWorker:
                 item.item_id, preparing, None if i is None else key_text(item.arms[i])
             )
         try:
-            record = self.runner.run(run_id, item, settings)
+            records = self.runner.run(run_id, item, settings)
         except CudaContextPoisoned:
             # Every later call on this context would fail: leave, and let Ray start a fresh process.
             os._exit(POISONED_EXIT_CODE)
         self._note(None, self.runner.preparing() if self.compile_ahead else None)  # type: ignore[attr-defined]
-        return record
+        return records
 
     def _member_notes(self, item: WorkItem, last: str | None) -> Callable[[str], None]:
         """What a batch notes as each member starts: it, and the item prepared beside it."""

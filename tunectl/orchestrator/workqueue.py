@@ -11,6 +11,7 @@ from typing import Any
 from tunectl.core.keys import key_text
 from tunectl.core.plan import WorkItem
 from tunectl.core.record import Record, Status
+from tunectl.measure.records import CallContext, failed, members_of
 
 _SCAN_POINTS = 64  # points looked at for one with a built kernel (builds go in queue order)
 _SCAN_ITEMS = 32  # items of a point looked at for one whose kernel is built
@@ -132,34 +133,12 @@ class WorkQueue:
 
 
 def failure_records(run_id: str, item: WorkItem, status: Status | str, message: str) -> list[Record]:
-    """Records for an item that got no result from a worker (crash, timeout, a failed call): one, or
-    one per arm of a comparison."""
+    """Records for an item that got no result from a worker (crash, timeout, a failed call): one per
+    record it would have had (``tunectl.measure.records``)."""
     if item.members:
         return [r for m in item.members for r in failure_records(run_id, m, status, message)]
-    now = time.time()
-    configs = item.arms or (item.config,)
-    defaults = [i == 0 for i in range(len(configs))] if item.arms else [item.is_default]
-    return [
-        Record(
-            run_id=run_id,
-            item_id=rid,
-            task=item.task,
-            static_key=key_text(item.static),
-            shape_key=key_text(item.shape),
-            config_key=key_text(config),
-            is_default=is_default,
-            status=Status(status),
-            message=message,
-            phase=item.phase,
-            rung=item.rung,
-            group_id=item.item_id if item.arms else "",
-            rounds=item.rounds or None,
-            layers=item.layers or None,
-            started_at=now,
-            finished_at=now,
-        )
-        for rid, config, is_default in zip(item.record_ids(), configs, defaults, strict=True)
-    ]
+    context = CallContext.of(run_id, item, started_at=time.time())
+    return [failed(context, member, status, message) for member in members_of(item)]
 
 
 def describe(item: WorkItem) -> str:
