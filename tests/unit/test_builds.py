@@ -4,6 +4,10 @@ tests/integration/test_builds_on_ray.py; a real build in a compile process: test
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from tunectl.core.keys import make_key
 from tunectl.core.plan import WorkItem
 from tunectl.orchestrator.compile_schedule import (
@@ -222,3 +226,38 @@ def test_a_lookahead_is_only_an_item_whose_kernel_is_built() -> None:
     assert queue.pop_same_point(items[0].point, rank) is None, "none built: nothing is prepared ahead"
     assert queue.pop_same_point(items[0].point) is items[0], "without compile processes, the next in line"
     assert len(queue) == 1
+
+
+def test_the_console_gets_the_failed_builds_counted_by_status_and_the_log_each_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import io
+    import logging
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from tunectl.cli.progress import _ConsoleLog
+    from tunectl.orchestrator.compile_schedule import LOG_ONLY
+    from tunectl.orchestrator.compiling import note_builds
+    from tunectl.store.runs import RunInfo
+
+    items = [item(4, v) for v in (0, 1, 2)]
+    book = book_for(items)
+    jobs = [book.next_job("node-a") for _ in items]
+    for job, status in zip(jobs, ("ok", "invalid", "compile_error"), strict=True):
+        assert job is not None
+        book.finished("node-a", job[0], status, 0.1, "why")
+    assert book.failures() == {"invalid": 1, "compile_error": 1}
+    info = RunInfo("r1", "n", "fault_injection", "s.toml", "", "running", 3, 0.0, 0.0)
+    with caplog.at_level(logging.INFO, logger="tunectl.run"):
+        note_builds(info, SimpleNamespace(book=book), tmp_path)  # type: ignore[arg-type]
+    assert "(not built: 1 compile_error, 1 invalid; `tunectl logs r1 --results" in caplog.text
+    out = io.StringIO()
+    console = _ConsoleLog(Console(file=out, force_terminal=False, width=200))
+    run_log = logging.getLogger("tunectl.run")
+    for extra in (LOG_ONLY, {}):
+        console.handle(
+            run_log.makeRecord("tunectl.run", logging.INFO, "f", 1, "built %s", ("x",), None, extra=extra)
+        )
+    assert out.getvalue().count("built x") == 1, "the event meant for the log alone is not on the console"

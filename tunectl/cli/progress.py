@@ -74,6 +74,8 @@ class _ConsoleLog(logging.Handler):
         self.console = console
 
     def emit(self, record: logging.LogRecord) -> None:
+        if not getattr(record, "console", True):  # an event for the run's log only
+            return
         style = "yellow" if record.levelno >= logging.WARNING else "dim"
         self.console.print(f"[{style}]{record.getMessage()}[/]", highlight=False, markup=True)
 

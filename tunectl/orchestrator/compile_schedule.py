@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -31,6 +32,8 @@ from tunectl.core.plan import WorkItem
 from tunectl.orchestrator.blame import death_detail, first_line
 
 log = logging.getLogger("tunectl.run")
+#: a run event for its log only: the console leaves out records carrying this (``extra=LOG_ONLY``)
+LOG_ONLY = {"console": False}
 
 SHARED = "*"  # the scope of every node when the compile cache is shared
 READY, CLAIMABLE, WAIT = 0, 1, 2  # how a worker sees an item (BuildBook.rank)
@@ -188,6 +191,10 @@ class BuildBook:
                 entry = book.get(key)
                 if entry is not None and entry.state == "claimed" and entry.claimant == item.item_id:
                     entry.state, entry.claimant = state, ""
+
+    def failures(self) -> Counter[str]:
+        """Kernels that failed to build, by status, over every scope."""
+        return Counter(v.status for book in self.keys.values() for v in book.values() if v.state == "failed")
 
     def counts(self) -> tuple[int, int, int]:
         """(built, total, building) over every scope."""
@@ -358,6 +365,7 @@ class BuildScheduler:
                 result.status,
                 _short(key),
                 result.message.splitlines()[0],
+                extra=LOG_ONLY,
             )
 
     def _changed(self) -> None:

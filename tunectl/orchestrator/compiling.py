@@ -6,13 +6,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from tunectl.orchestrator.cluster import CPU_POOL, Pool, WorkerSetup, start_builders
 from tunectl.orchestrator.compile_schedule import SHARED, BuildBook, BuildScheduler, KeyFn, key_function
 from tunectl.orchestrator.control import CompileOptions
 from tunectl.orchestrator.feed import Lane
-from tunectl.store.runs import RunInfo
+from tunectl.store.runs import RunInfo, results_option
 
 log = logging.getLogger("tunectl.run")
 
@@ -46,8 +47,9 @@ def start_builds(
     return info, builders, _scheduler(options, builders, on_compiles, key_fn)
 
 
-def note_builds(info: RunInfo, builds: BuildScheduler) -> None:
-    """What the compile processes built, in the run's metadata and its log."""
+def note_builds(info: RunInfo, builds: BuildScheduler, results: Path) -> None:
+    """What the compile processes built, in the run's metadata and its log (each failure in the log
+    alone; the console has their count by status)."""
     built, total, _ = builds.book.counts()
     info.compile.update(
         built=built,
@@ -55,12 +57,17 @@ def note_builds(info: RunInfo, builds: BuildScheduler) -> None:
         build_seconds=round(builds.book.seconds, 3),
         per_kernel_seconds=builds.book.build_seconds,
     )
+    failed = builds.book.failures()
+    not_built = ", ".join(f"{n} {status}" for status, n in sorted(failed.items()))
     log.info(
-        "run %s: compile processes built %d of %d kernel(s) in %.1f s of compile time",
+        "run %s: compile processes built %d of %d kernel(s) in %.1f s of compile time%s",
         info.run_id,
         built,
         total,
         builds.book.seconds,
+        f" (not built: {not_built}; `tunectl logs {info.run_id}{results_option(results)}` says why)"
+        if failed
+        else "",
     )
 
 

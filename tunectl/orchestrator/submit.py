@@ -352,7 +352,7 @@ def _finish(run_file: RunFile, started: _Started) -> None:
         started.info, num_planned=max(started.info.num_planned, sum(w.estimate() for w in works))
     )
     if started.builds is not None:
-        note_builds(info, started.builds)
+        note_builds(info, started.builds, run_file.results)
     run_file.save("running", info=info)
     missing = sum(w.missing() for w in works)
     if missing:
