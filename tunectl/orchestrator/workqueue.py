@@ -142,6 +142,10 @@ def failure_records(run_id: str, item: WorkItem, status: Status | str, message: 
 
 
 def describe(item: WorkItem) -> str:
-    """An item as a person reads it in a log: its config at its shape."""
+    """An item as a person reads it in a log: its config at its shape (a batch: how many looks, and
+    the first's config)."""
     text = f"{key_text(item.config)} at {key_text(item.shape)}"
+    if item.members:
+        first = key_text(item.config)
+        text = f"a batch of {len(item.members)} looks at {key_text(item.shape)}, the first {first}"
     return text if len(text) <= 200 else text[:197] + "..."
