@@ -17,7 +17,7 @@ from typing import Any
 
 from tunectl.core.buckets import make_bucketer
 from tunectl.core.errors import ResultsError, UserError
-from tunectl.core.keys import Key, key_json, value_order
+from tunectl.core.keys import Key, value_order
 from tunectl.core.plan import RunFacts, selectable_in
 from tunectl.core.record import SELECTED_PHASES, Phase, Record
 from tunectl.core.spec import DEFAULT_MARGIN
@@ -27,6 +27,7 @@ from tunectl.decide.quality import Quality, assess_winners, targets_of
 from tunectl.decide.rules import fit_rules, rule_sites, with_rules
 from tunectl.decide.select import Winner, select_winners
 from tunectl.decide.work import shortfalls, with_shortfalls
+from tunectl.runtime.entries import Entry
 from tunectl.store.bundle import TaskTable, build_files, check_name, publish
 from tunectl.store.results import DamagedPart, Dataset, read_dataset, read_results
 from tunectl.store.runs import effective_state, load_run, run_exists, run_facts
@@ -74,28 +75,29 @@ class ExportResult:
         return Path(self.location)
 
 
-def entry_of(winner: Winner) -> dict[str, Any]:
-    return {
-        "static": key_json(winner.static),
-        "shape": key_json(winner.shape),
-        "config": key_json(winner.config),
-        "is_default": winner.is_default,
-        "median_us": winner.median_us,
-        "p20_us": winner.p20_us,
-        "p80_us": winner.p80_us,
-        "rel_noise": winner.rel_noise,
-        "num_samples": winner.num_samples,
-        "default_median_us": winner.default_median_us,
-        "speedup": winner.speedup,
-        "speedup_lo": winner.speedup_lo,
-        "speedup_hi": winner.speedup_hi,
-        "basis": winner.basis,
-        "rounds": winner.rounds,
-        "reason": winner.reason,
-        "run_id": winner.run_id,
-        "served_by": key_json(winner.served_by) if winner.served_by is not None else None,
-        **({"rule": winner.rule.to_json()} if winner.rule is not None else {}),
-    }
+def entry_of(winner: Winner) -> Entry:
+    """The bundle entry a winner becomes."""
+    return Entry(
+        winner.static,
+        winner.shape,
+        winner.config,
+        winner.rule,
+        is_default=winner.is_default,
+        median_us=winner.median_us,
+        p20_us=winner.p20_us,
+        p80_us=winner.p80_us,
+        rel_noise=winner.rel_noise,
+        num_samples=winner.num_samples,
+        default_median_us=winner.default_median_us,
+        speedup=winner.speedup,
+        speedup_lo=winner.speedup_lo,
+        speedup_hi=winner.speedup_hi,
+        basis=winner.basis,
+        rounds=winner.rounds,
+        reason=winner.reason,
+        run_id=winner.run_id,
+        served_by=winner.served_by,
+    )
 
 
 def facts_of(results: str | Path, run_ids: Iterable[str]) -> dict[str, RunFacts]:
