@@ -145,12 +145,11 @@ def _publish_bundle(results: Path, store: Path, changed_speedup: float) -> Path:
         for w in (w for w in winners if w.task == task):
             entry = entry_of(w)
             if dict(w.shape) == {"batch": 4, "kv_len": 256}:
-                entry["speedup"] = changed_speedup
+                entry = replace(entry, speedup=changed_speedup)
             entries.append(entry)
         dims = {name for w in winners if w.task == task for name, _ in w.shape}
-        shapes = {
-            d: {"policy": "exact", "points": sorted({e["shape"][d] for e in entries})} for d in sorted(dims)
-        }
+        points = {d: sorted({dict(e.shape)[d] for e in entries}) for d in sorted(dims)}
+        shapes = {d: {"policy": "exact", "points": points[d]} for d in sorted(dims)}
         tables.append(TaskTable(task, ("dtype", "head_dim"), shapes, tuple(entries)))
     files = build_files("fleet", "1", tables, ["r-report"], {"device_name": DEVICE})
     return publish_local(store, "fleet", "1", files)
