@@ -20,7 +20,7 @@ from tunectl.cli import app
 from tunectl.core.keys import key_text, make_key
 from tunectl.core.record import Record
 from tunectl.decide.select import select_winners
-from tunectl.formats.export import entry_of
+from tunectl.formats.task_tables import entry_of
 from tunectl.report import Group, Point, speedup_grids
 from tunectl.store.bundle import TaskTable, build_files, publish_local
 from tunectl.store.results import ResultsWriter, read_results
