@@ -8,7 +8,7 @@ value)`` pairs, lists as tuples) and its statistics named fields, so a reader ne
 On disk an entry is split in two: its static key, shape, config and rule make its row of the lookup
 table (``table_layout``), and its statistics are one column each (``STATISTICS``) in the task's stats
 file (``stat_columns``); a loaded table gives it back with ``Entry.from_parts``. The JSON object of
-one whole entry (what schema 1 stored, what ``bundle show --json`` prints) converts with
+one whole entry (what schema 1 stored, what ``bundle show --entries --json`` prints) converts with
 ``Entry.from_json`` and ``Entry.to_json``. These are the only conversions: the writer, the reader of
 every schema and the commands share them, and text exists at the file's edge alone.
 """
