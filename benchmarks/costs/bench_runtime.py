@@ -25,7 +25,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tunectl.runtime import WaveRule, load_bundle  # noqa: E402
+from tunectl.runtime import Entry, WaveRule, load_bundle  # noqa: E402
 from tunectl.store.bundle import TaskTable, build_files, publish_local  # noqa: E402
 
 DECODE = {"dtype": "float32", "num_q_heads": 8, "num_kv_heads": 2, "head_dim": 64, "page_size": 16}
@@ -70,7 +70,9 @@ def small_bundle(root: Path) -> Any:
         tuple(DECODE),
         {"batch": {"policy": "pow2", "points": [1, 4, 16]}, "kv_len": {"policy": "ceil", "points": [2048]}},
         tuple(
-            {"static": DECODE, "shape": {"batch": b, "kv_len": 2048}, "config": {"num_splits": b}}
+            Entry.from_json(
+                {"static": DECODE, "shape": {"batch": b, "kv_len": 2048}, "config": {"num_splits": b}}
+            )
             for b in (1, 4, 16)
         ),
     )
@@ -87,12 +89,14 @@ def small_bundle(root: Path) -> Any:
             "q_len": {"policy": "exact", "points": [1]},
         },
         tuple(
-            {
-                "static": static,
-                "shape": {"batch": b, "kv_len": kv, "q_len": q},
-                "config": {"backend": "triton", "num_kv_splits": 1},
-                "rule": RULE.to_json(),  # every flash_decode entry is a rule: its split count from the shape
-            }
+            Entry.from_json(
+                {
+                    "static": static,
+                    "shape": {"batch": b, "kv_len": kv, "q_len": q},
+                    "config": {"backend": "triton", "num_kv_splits": 1},
+                    "rule": RULE.to_json(),  # every flash_decode entry is a rule: its count from the shape
+                }
+            )
             for b, kv, q in points
         ),
     )
@@ -187,24 +191,26 @@ def big_table(num_entries: int) -> TaskTable:
         if len(entries) == num_entries:
             break
         entries.append(
-            {
-                "static": static,
-                "shape": {"batch": b, "kv_len": kv},
-                "config": {
-                    "num_splits": 1 << (i % 6),
-                    "gqa": ("expand", "grouped")[i % 2],
-                    "gather": "index",
-                },
-                "is_default": i % 6 == 0,
-                "median_us": 100.0 + i * 0.37,
-                "p20_us": 99.0 + i * 0.37,
-                "p80_us": 101.5 + i * 0.37,
-                "rel_noise": 0.0125,
-                "num_samples": 40 + i % 17,
-                "default_median_us": 180.25 + i * 0.5,
-                "speedup": 1.8 - (i % 9) * 0.01,
-                "run_id": "r20261129-221300-3fa2c1",
-            }
+            Entry.from_json(
+                {
+                    "static": static,
+                    "shape": {"batch": b, "kv_len": kv},
+                    "config": {
+                        "num_splits": 1 << (i % 6),
+                        "gqa": ("expand", "grouped")[i % 2],
+                        "gather": "index",
+                    },
+                    "is_default": i % 6 == 0,
+                    "median_us": 100.0 + i * 0.37,
+                    "p20_us": 99.0 + i * 0.37,
+                    "p80_us": 101.5 + i * 0.37,
+                    "rel_noise": 0.0125,
+                    "num_samples": 40 + i % 17,
+                    "default_median_us": 180.25 + i * 0.5,
+                    "speedup": 1.8 - (i % 9) * 0.01,
+                    "run_id": "r20261129-221300-3fa2c1",
+                }
+            )
         )
     shapes = {"batch": {"policy": "pow2", "points": batches}, "kv_len": {"policy": "ceil", "points": kv_lens}}
     return TaskTable("decode_attention", tuple(DECODE), shapes, tuple(entries))

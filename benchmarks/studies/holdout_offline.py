@@ -39,7 +39,7 @@ from h200_archive import RESULTS, require
 from typer.testing import CliRunner
 
 import tunectl.decide.probes as probes
-import tunectl.formats.export as export
+import tunectl.formats.task_tables as task_tables
 from benchmarks.studies.holdout_table import holdout_of
 from tunectl.cli import app
 from tunectl.core.keys import Key, key_dict, make_key, value_order
@@ -137,13 +137,13 @@ def rules() -> list[str]:
 
 def denser() -> list[str]:
     lines = list(HEADER)
-    original = export.regional
+    original = task_tables.regional
     extra: list[Record] = []
 
     def with_extra(winners: Sequence[Winner], found: Iterable[Record], *args: object) -> list[Winner]:
         return original(winners, [*found, *extra], *args)  # type: ignore[arg-type]
 
-    export.regional = with_extra  # type: ignore[assignment]
+    task_tables.regional = with_extra  # type: ignore[assignment]
     try:
         for page, (_, held) in RUNS.items():
             as_probes = {
@@ -157,7 +157,7 @@ def denser() -> list[str]:
                 ratios += ratios_of(page, [run])
             lines.append(f"| {page} | probed, plus the other six seeds' shapes | {summary(ratios)} |")
     finally:
-        export.regional = original
+        task_tables.regional = original
     return lines
 
 

@@ -69,7 +69,7 @@ def test_submit_export_lookup(ray_two_gpus: None, tiny_spec: Path, tmp_path: Pat
     assert _tree(store) == before, "a refused export changes nothing"
 
     entries = load_bundle(bundle_dir, env_policy="off").entries("decode_attention")
-    winners = {json.dumps(e["shape"], sort_keys=True): e["config"] for e in entries}
+    winners = {json.dumps(e.to_json()["shape"], sort_keys=True): e.to_json()["config"] for e in entries}
     probe = textwrap.dedent(f"""
         import json, sys
         from tunectl.runtime import load_bundle

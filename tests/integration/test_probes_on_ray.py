@@ -59,7 +59,7 @@ def test_probe_then_export_on_a_local_instance(ray_two_gpus: None, tmp_path: Pat
     # without probes each tuned point keeps its own winner (the cost model's times are simulated: no
     # noise a busy CPU adds to a sleep)
     before = list(load_bundle(store / "before" / "1").entries("cost_model"))
-    assert len(before) == 4 and all(make_key(e["config"]) == FITS for e in before), before
+    assert len(before) == 4 and all(make_key(dict(e.config)) == FITS for e in before), before
     _chose_the_steady_kernel(store / "after" / "1")
     manifest = json.loads((store / "after" / "1" / "manifest.json").read_text())
     assert sorted(manifest["source_runs"]) == sorted({tune, rows[0].run_id})
@@ -103,7 +103,7 @@ def test_a_tuning_run_with_probes_in_its_spec_on_a_local_instance(ray_two_gpus: 
 def _chose_the_steady_kernel(bundle: Path) -> None:
     """The probes chose every cell's entry over its region, and each serves the steady kernel."""
     entries = list(load_bundle(bundle).entries("cost_model"))
-    regional = [e for e in entries if e["basis"] == "region"]
+    regional = [e for e in entries if e.basis == "region"]
     assert len(regional) == len(entries) == 4, entries
-    assert all(make_key(e["config"]) == STEADY for e in regional), entries
-    assert all("least worst loss over the region" in e["reason"] for e in regional)
+    assert all(make_key(dict(e.config)) == STEADY for e in regional), entries
+    assert all("least worst loss over the region" in e.reason for e in regional)

@@ -52,7 +52,7 @@ def test_submit_export_publish_promote_and_load_by_channel(
         f"b = load_bundle({store + '/tiny@stable'!r}, env_policy='strict')\n"
         f"s = {STATIC!r}\n"
         "print(json.dumps([b.channel, b.lookup('decode_attention', **s, batch=3, kv_len=100),\n"
-        "                  b.entry('decode_attention', **s, batch=4, kv_len=128)]))"
+        "                  b.entry('decode_attention', **s, batch=4, kv_len=128).to_json()]))"
     )
     got = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
     assert got.returncode == 0, got.stderr

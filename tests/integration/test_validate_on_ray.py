@@ -15,6 +15,7 @@ from tunectl.cli import app
 from tunectl.core.keys import key_text
 from tunectl.core.record import Record
 from tunectl.decide.stacked import read_validation
+from tunectl.runtime import Entry
 from tunectl.store.bundle import TaskTable, build_files, publish_local
 from tunectl.store.results import ResultsWriter, read_results
 from tunectl.store.runs import RunInfo, save_run
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.slow
 
 
 def _publish(store: Path, config: dict[str, Any]) -> Path:
-    entry = {"static": {}, "shape": {"n": 4}, "config": config, "median_us": 1.0}
+    entry = Entry.from_json({"static": {}, "shape": {"n": 4}, "config": config, "median_us": 1.0})
     table = TaskTable("fault_injection", (), {"n": {"policy": "exact", "points": [4]}}, (entry,))
     return publish_local(store, "fi", "1", build_files("fi", "1", [table], ["hand"], {}))
 

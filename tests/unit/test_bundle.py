@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 from tunectl.cli import app
 from tunectl.core.errors import BundleExistsError, UserError
-from tunectl.runtime import BundleCorruptError, load_bundle
+from tunectl.core.keys import make_key
+from tunectl.runtime import BundleCorruptError, Entry, load_bundle
 from tunectl.store import bundle as bundle_mod
 from tunectl.store.bundle import (
     LocalStore,
@@ -34,7 +35,7 @@ def table(configs: dict[int, int], medians: dict[int, float] | None = None) -> T
     """One task keyed by batch (exact): batch -> num_splits, with medians."""
     medians = medians or {b: float(b) for b in configs}
     entries = tuple(
-        {"static": STATIC, "shape": {"batch": b}, "config": {"num_splits": s}, "median_us": medians[b]}
+        Entry(make_key(STATIC), (("batch", b),), (("num_splits", s),), median_us=medians[b])
         for b, s in configs.items()
     )
     return TaskTable(
@@ -58,12 +59,10 @@ def test_a_published_bundle_has_its_tables_stats_and_manifest(tmp_path: Path) ->
     assert manifest["tasks"]["decode"]["shape_params"] == {"batch": {"policy": "exact", "points": [1, 4]}}
     b = load_bundle(path, env_policy="off")
     assert b.lookup("decode", **STATIC, batch=4) == {"num_splits": 8}
-    assert b.entry("decode", **STATIC, batch=1) == {
-        "static": STATIC,
-        "shape": {"batch": 1},
-        "config": {"num_splits": 2},
-        "median_us": 1.0,
-    }
+    assert b.entry("decode", **STATIC, batch=1) == Entry(
+        make_key(STATIC), (("batch", 1),), (("num_splits", 2),), median_us=1.0
+    )
+    assert json.loads((Path(path) / "stats/decode.json").read_text())["columns"]["median_us"] == [1.0, 4.0]
 
 
 def test_publishing_an_existing_version_fails_and_changes_nothing(tmp_path: Path) -> None:
@@ -89,13 +88,10 @@ def test_a_publish_that_fails_midway_leaves_nothing(tmp_path: Path, monkeypatch:
 
 
 def test_entries_that_are_one_lookup_key_are_refused_at_build() -> None:
-    entries = (
-        {"static": {"causal": True}, "shape": {}, "config": {}},
-        {"static": {"causal": 1}, "shape": {}, "config": {}},
-    )
+    entries = (Entry((("causal", True),), (), ()), Entry((("causal", 1),), (), ()))
     with pytest.raises(UserError, match="share the key"):
         build_files("b", "1", [TaskTable("t", ("causal",), {}, entries)], [], {})
-    bad_point = ({"static": {"causal": True}, "shape": {"batch": 3}, "config": {}},)
+    bad_point = (Entry((("causal", True),), (("batch", 3),), ()),)
     with pytest.raises(UserError, match="not a declared point"):
         build_files(
             "b",
@@ -175,12 +171,12 @@ def test_diff_shows_what_changed_per_point_and_by_how_much(tmp_path: Path) -> No
         build_files("b", "2", [table({2: 2, 4: 8, 8: 8}, {2: 19.0, 4: 30.0, 8: 80.0})], [], ENV),
     )
     diff = diff_bundles(*(load_bundle(f"{tmp_path}/b/{v}", env_policy="off") for v in ("1", "2")))
-    kinds = {c.shape["batch"]: c.kind for c in diff.changes}
+    kinds = {dict(c.shape)["batch"]: c.kind for c in diff.changes}
     assert kinds == {1: "removed", 2: "same", 4: "changed", 8: "added"}
     changed = next(c for c in diff.changes if c.kind == "changed")
-    assert (changed.old_config, changed.new_config) == ({"num_splits": 4}, {"num_splits": 8})
+    assert (changed.old_config, changed.new_config) == ((("num_splits", 4),), (("num_splits", 8),))
     assert changed.median_change == pytest.approx(-0.25)
-    assert [c.shape["batch"] for c in diff.changes] == [1, 2, 4, 8]
+    assert [dict(c.shape)["batch"] for c in diff.changes] == [1, 2, 4, 8]
 
 
 def run(*args: str) -> Any:

@@ -77,8 +77,8 @@ def test_cells_refined_at_another_kv_length_are_served_by_a_tuned_point(tmp_path
     for batch in range(1, 65):
         for kv in (1024, 2000, 4096):
             assert bundle.lookup("cost_model", **static, batch=batch, kv_len=kv) is not None, (batch, kv)
-    filled = [e for e in bundle.entries("cost_model") if e["served_by"]]
-    assert filled and all("served by the tuned point" in e["reason"] for e in filled)
+    filled = [e for e in bundle.entries("cost_model") if e.served_by]
+    assert filled and all("served by the tuned point" in e.reason for e in filled)
     assert len(list(bundle.entries("cost_model"))) == len(info["batch"]["points"]) * len(
         info["kv_len"]["points"]
     )
@@ -102,8 +102,8 @@ def test_a_point_the_task_cannot_run_is_served_by_the_nearest_feasible_one(tmp_p
     assert code == 0, output
     bundle = load_bundle(tmp_path / "b" / "r" / "1")
     entry = bundle.entry("cost_model", capacity=131072, batch=64, kv_len=4096)
-    assert entry is not None and entry["served_by"] is not None
-    assert entry["served_by"]["batch"] * entry["served_by"]["kv_len"] <= 131072
+    assert entry is not None and entry.served_by is not None
+    assert dict(entry.served_by)["batch"] * dict(entry.served_by)["kv_len"] <= 131072
 
 
 def test_range_ends_the_policy_cannot_reach_are_listed() -> None:
@@ -201,7 +201,7 @@ def test_margin_comes_from_the_spec_and_export_option_overrides_it(tmp_path: Pat
     code, output = export(tmp_path / "res", tmp_path / "b2", "--margin", "0")
     assert code == 0, output
     tight = load_bundle(tmp_path / "b2" / "r" / "1")
-    default_wins = [sum(e["is_default"] for e in b.entries("cost_model")) for b in (loose, tight)]
+    default_wins = [sum(e.is_default for e in b.entries("cost_model")) for b in (loose, tight)]
     assert default_wins[0] > default_wins[1]
     code, output = export(tmp_path / "res", tmp_path / "b3", "--margin", "1.5")
     assert code == 2 and "--margin" in output and "Traceback" not in output

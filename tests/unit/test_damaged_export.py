@@ -89,11 +89,13 @@ def test_with_skip_damaged_each_entry_that_lost_rows_says_so_in_its_reason(
     assert out.exit_code == 0, out.output
     bundle = load_bundle(tmp_path / "bundles" / "b" / "1", env_policy="off")
     static = dict(key_from_text(read_dataset(results).records[0].static_key))
-    reasons = {
-        (batch, kv_len): bundle.entry("decode_attention", **static, batch=batch, kv_len=kv_len)["reason"]
+    entries = {
+        (batch, kv_len): bundle.entry("decode_attention", **static, batch=batch, kv_len=kv_len)
         for batch in (1, 2, 4)
         for kv_len in (64, 128)
     }
+    reasons = {shape: entry.reason for shape, entry in entries.items() if entry is not None}
+    assert len(reasons) == len(entries)
     lost = {shape for shape, reason in reasons.items() if f"run {RUN} lost rows here" in reason}
     assert lost == {(1, 64)}, reasons
     assert f"run {RUN}: left out 1 unreadable part(s)" in out.output and "1 entry" in out.output

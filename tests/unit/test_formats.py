@@ -15,7 +15,7 @@ from tests.decode_keys import decode_run_key, flash_static, lightllm_lookup, lig
 from tunectl.cli import app
 from tunectl.core.errors import UserError
 from tunectl.formats.engines import export_flex_options, export_lightllm, lightllm_run_key
-from tunectl.runtime import Bundle, adapters, load_bundle
+from tunectl.runtime import Bundle, Entry, adapters, load_bundle
 from tunectl.store.bundle import TaskTable, build_files, publish_local
 
 DECODE_STATIC = flash_static(window=[-1, -1])  # as a bundle entry holds it (JSON)
@@ -62,19 +62,15 @@ PREFILL_WINNERS = {
 
 
 def _table(task: str, static: dict[str, Any], dims: tuple[str, ...], winners: dict[Any, Any]) -> TaskTable:
+    q_len = {"q_len": 1} if task == "flash_decode" else {}
+    stats = {"median_us": 100.0, "default_median_us": 150.0, "speedup": 1.5}
+    shape_of = {p: dict(zip(dims, p, strict=True)) | q_len for p in winners}
     entries = tuple(
-        {
-            "static": static,
-            "shape": dict(zip(dims, point, strict=True)) | ({"q_len": 1} if task == "flash_decode" else {}),
-            "config": config,
-            "median_us": 100.0,
-            "default_median_us": 150.0,
-            "speedup": 1.5,
-        }
-        for point, config in winners.items()
+        Entry.from_json({"static": static, "shape": shape_of[p], "config": c, **stats})
+        for p, c in winners.items()
     )
     names = (*dims, "q_len") if task == "flash_decode" else dims
-    shapes = {d: {"policy": "exact", "points": sorted({e["shape"][d] for e in entries})} for d in names}
+    shapes = {d: {"policy": "exact", "points": sorted({dict(e.shape)[d] for e in entries})} for d in names}
     return TaskTable(task, tuple(static), shapes, entries)
 
 

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from tunectl.core.keys import InvalidKeyError, key_digest, key_from_text, key_text, make_key
 from tunectl.core.record import Record
-from tunectl.runtime import load_bundle
+from tunectl.runtime import Entry, load_bundle
 from tunectl.store.bundle import TaskTable, build_files, publish_local
 from tunectl.store.results import ResultsWriter, read_results
 
@@ -130,14 +130,7 @@ def test_keys_survive_parquet_and_bundle_round_trips(
     writer.close()
     back = {key_from_text(r.static_key) for r in read_results(root / "results")}
     assert back == set(keys)
-    entries = tuple(
-        {
-            "static": {n: list(v) if isinstance(v, tuple) else v for n, v in key},
-            "shape": {"batch": 1},
-            "config": {"i": i},
-        }
-        for i, key in enumerate(keys)
-    )
+    entries = tuple(Entry(key, (("batch", 1),), (("i", i),)) for i, key in enumerate(keys))
     table = TaskTable(
         "t", tuple(n for n, _ in keys[0]), {"batch": {"policy": "exact", "points": [1]}}, entries
     )

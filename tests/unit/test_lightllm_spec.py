@@ -13,7 +13,7 @@ from tests.unit.test_formats import ENV
 from tunectl.cli import app
 from tunectl.core.plan import plan
 from tunectl.core.spec import load_spec
-from tunectl.runtime import load_bundle
+from tunectl.runtime import Entry, load_bundle
 from tunectl.store.bundle import TaskTable, build_files, publish_local
 
 SPEC = Path(__file__).resolve().parents[2] / "configs" / "lightllm" / "flash_decode.toml"
@@ -53,19 +53,20 @@ def test_its_winners_export_to_files_lightllms_loader_reads(tmp_path: Path) -> N
     items = list(plan(spec).work_items())
     points = sorted({(dict(i.shape)["batch"], dict(i.shape)["kv_len"]) for i in items})
     static = dict(items[0].static)
+    stats = {"median_us": 50.0, "default_median_us": 60.0, "speedup": 1.2}
+    shapes = [{"batch": b, "kv_len": kv, "q_len": 1} for b, kv in points]
     entries = tuple(
-        {"static": static, "shape": {"batch": b, "kv_len": kv, "q_len": 1}, "config": synthetic_winner(b, kv),
-         "median_us": 50.0, "default_median_us": 60.0, "speedup": 1.2}
-        for b, kv in points
-    )  # fmt: skip
+        Entry.from_json({"static": static, "shape": shape, "config": synthetic_winner(b, kv), **stats})
+        for shape, (b, kv) in zip(shapes, points, strict=True)
+    )
     table = TaskTable(
         "flash_decode",
         tuple(static),
         {d.name: {"policy": d.bucket, "points": list(d.values)} for d in spec.shapes},
         entries,
     )
-    store = publish_local(tmp_path / "store", "lightllm-fa3", "1", build_files("lightllm-fa3", "1", [table],
-                                                                             ["r1"], ENV))  # fmt: skip
+    files = build_files("lightllm-fa3", "1", [table], ["r1"], ENV)
+    store = publish_local(tmp_path / "store", "lightllm-fa3", "1", files)
     out = tmp_path / "autotune_kernel_configs"
     res = CliRunner().invoke(app, ["export", "lightllm", str(store), "--backend", "fa3", "--out", str(out)])
     num_fa3 = sum(1 for b, _ in points if b < 256)

@@ -20,7 +20,7 @@ from tunectl.cli import app
 from tunectl.core.keys import key_text, make_key
 from tunectl.core.record import Record
 from tunectl.decide.select import select_winners
-from tunectl.formats.export import entry_of
+from tunectl.formats.task_tables import entry_of
 from tunectl.report import Group, Point, speedup_grids
 from tunectl.store.bundle import TaskTable, build_files, publish_local
 from tunectl.store.results import ResultsWriter, read_results
@@ -145,12 +145,11 @@ def _publish_bundle(results: Path, store: Path, changed_speedup: float) -> Path:
         for w in (w for w in winners if w.task == task):
             entry = entry_of(w)
             if dict(w.shape) == {"batch": 4, "kv_len": 256}:
-                entry["speedup"] = changed_speedup
+                entry = replace(entry, speedup=changed_speedup)
             entries.append(entry)
         dims = {name for w in winners if w.task == task for name, _ in w.shape}
-        shapes = {
-            d: {"policy": "exact", "points": sorted({e["shape"][d] for e in entries})} for d in sorted(dims)
-        }
+        points = {d: sorted({dict(e.shape)[d] for e in entries}) for d in sorted(dims)}
+        shapes = {d: {"policy": "exact", "points": points[d]} for d in sorted(dims)}
         tables.append(TaskTable(task, ("dtype", "head_dim"), shapes, tuple(entries)))
     files = build_files("fleet", "1", tables, ["r-report"], {"device_name": DEVICE})
     return publish_local(store, "fleet", "1", files)

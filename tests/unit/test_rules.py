@@ -123,9 +123,9 @@ def test_too_few_split_counts_fit_no_rule() -> None:
 def test_a_rule_fitted_on_a_wave_cliff_beats_the_point_table_between_points(tmp_path: Path) -> None:
     ruled, plain = _bundle(tmp_path, probes=2), _bundle(tmp_path, probes=2, rules=False, version="2")
     entries = list(load_bundle(ruled, env_policy="off").entries("decode_attention"))
-    with_rule = [e for e in entries if "rule" in e]
-    assert with_rule and all(e["reason"].startswith("rule: num_splits by waves") for e in with_rule)
-    assert not any("rule" in e for e in load_bundle(plain, env_policy="off").entries("decode_attention"))
+    with_rule = [e for e in entries if e.rule is not None]
+    assert with_rule and all(e.reason.startswith("rule: num_splits by waves") for e in with_rule)
+    assert all(e.rule is None for e in load_bundle(plain, env_policy="off").entries("decode_attention"))
     shapes = _held_out(seed=7)
     mine, table = _loss(ruled, shapes), _loss(plain, shapes)
     assert statistics.geometric_mean(mine) < statistics.geometric_mean(table) - 0.02
@@ -134,7 +134,7 @@ def test_a_rule_fitted_on_a_wave_cliff_beats_the_point_table_between_points(tmp_
 
 def test_without_probes_nothing_measured_a_rule_between_points_and_configs_stay(tmp_path: Path) -> None:
     bundle = _bundle(tmp_path, probes=0)
-    assert not any("rule" in e for e in load_bundle(bundle, env_policy="off").entries("decode_attention"))
+    assert all(e.rule is None for e in load_bundle(bundle, env_policy="off").entries("decode_attention"))
 
 
 def test_export_with_rules_is_deterministic(tmp_path: Path) -> None:

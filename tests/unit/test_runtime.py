@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tunectl.core.errors import UserError
+from tunectl.core.keys import make_key
 from tunectl.runtime import (
     BundleCorruptError,
     BundleEnvironmentError,
@@ -26,6 +27,7 @@ from tunectl.runtime import (
     BundleNotFoundError,
     BundleReadError,
     BundleSchemaError,
+    Entry,
     empty_bundle,
     load_bundle,
     load_bundle_or_none,
@@ -52,14 +54,14 @@ HERE = {
 
 def decode_table(batches: tuple[int, ...] = (1, 4, 16), kv_lens: tuple[int, ...] = (1024, 4096)) -> TaskTable:
     entries = tuple(
-        {
-            "static": STATIC,
-            "shape": {"batch": b, "kv_len": kv},
-            "config": {"num_splits": b * 10 + i},
-            "median_us": 10.0 * b + i,
-            "default_median_us": 20.0 * b,
-            "run_id": "r1",
-        }
+        Entry(
+            make_key(STATIC),
+            make_key({"batch": b, "kv_len": kv}),
+            make_key({"num_splits": b * 10 + i}),
+            median_us=10.0 * b + i,
+            default_median_us=20.0 * b,
+            run_id="r1",
+        )
         for b in batches
         for i, kv in enumerate(kv_lens)
     )
@@ -159,14 +161,15 @@ def test_lookup_returns_a_fresh_dict_each_time(bundle_dir: Path) -> None:
 def test_entry_carries_the_statistics_and_entries_lists_them_all(bundle_dir: Path) -> None:
     b = load_bundle(bundle_dir, environment=HERE)
     entry = b.entry("decode", **STATIC, batch=3, kv_len=2000)
-    assert entry == {
-        "static": STATIC,
-        "shape": {"batch": 4, "kv_len": 4096},
-        "config": {"num_splits": 41},
-        "median_us": 41.0,
-        "default_median_us": 80.0,
-        "run_id": "r1",
-    }
+    assert entry == Entry(
+        make_key(STATIC),
+        (("batch", 4), ("kv_len", 4096)),
+        (("num_splits", 41),),
+        median_us=41.0,
+        default_median_us=80.0,
+        run_id="r1",
+    )
+    assert entry is not None and entry.to_json()["static"] == STATIC
     assert len(list(b.entries("decode"))) == len(b) == 6
 
 
@@ -197,11 +200,13 @@ WINDOWED = TaskTable(
     ("window", "dtype"),
     {"batch": {"policy": "pow2", "points": [1, 4]}},
     tuple(
-        {
-            "static": {"window": list(w), "dtype": "bfloat16"},
-            "shape": {"batch": b},
-            "config": {"w": list(w), "b": b},
-        }
+        Entry.from_json(
+            {
+                "static": {"window": list(w), "dtype": "bfloat16"},
+                "shape": {"batch": b},
+                "config": {"w": list(w), "b": b},
+            }
+        )
         for w in ((5, 0), (1, 0), (-1, -1))
         for b in (1, 4)
     ),
@@ -266,7 +271,8 @@ def test_lookups_from_many_threads_agree_and_need_no_files(bundle_dir: Path) -> 
             for params, want in cases:
                 if b.lookup("decode", **params) != want:
                     failures.append(params)
-        if b.entry("decode", **STATIC, batch=1, kv_len=1)["median_us"] != 10.0:  # type: ignore[index]
+        entry = b.entry("decode", **STATIC, batch=1, kv_len=1)
+        if entry is None or entry.median_us != 10.0:
             failures.append("entry")
 
     threads = [threading.Thread(target=hammer) for _ in range(8)]
@@ -602,7 +608,8 @@ def test_a_schema_1_bundle_still_loads(tmp_path: Path) -> None:
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     b = load_bundle(tmp_path)
     assert b.lookup("t", dtype="float32", batch=3) == {"s": 4}
-    assert b.entry("t", dtype="float32", batch=1)["median_us"] == 1.0  # type: ignore[index]
+    entry = b.entry("t", dtype="float32", batch=1)
+    assert entry is not None and entry.median_us == 1.0 and entry.config == (("s", 1),)
 
 
 def test_the_runtime_works_with_nothing_but_the_standard_library(bundle_dir: Path) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tunectl.runtime import Entry
 from tunectl.store.bundle import LocalStore, TaskTable, build_files, promote, publish_local
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,11 +26,13 @@ HEAVY = ("ray", "pyarrow", "torch", "typer", "rich", "numpy")
 def store(tmp_path: Path) -> Path:
     """A decode_attention bundle for the server's model, promoted to stable."""
     entries = tuple(
-        {
-            "static": MODEL,
-            "shape": {"batch": b, "kv_len": 2048},
-            "config": {"num_splits": s, "gqa": "grouped"},
-        }
+        Entry.from_json(
+            {
+                "static": MODEL,
+                "shape": {"batch": b, "kv_len": 2048},
+                "config": {"num_splits": s, "gqa": "grouped"},
+            }
+        )
         for b, s in ((1, 1), (4, 4), (16, 8))
     )
     shapes = {

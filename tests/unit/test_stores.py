@@ -12,7 +12,7 @@ import pytest
 
 from tests.s3server import S3, s3_server
 from tunectl.core.errors import BundleExistsError, UserError
-from tunectl.runtime import BundleCorruptError, BundleNotFoundError, load_bundle
+from tunectl.runtime import BundleCorruptError, BundleNotFoundError, Entry, load_bundle
 from tunectl.store.bundle import TaskTable, build_files, list_bundles, promote, publish, read_channel
 from tunectl.store.stores import ArrowStore, LocalStore, fetch, open_store
 
@@ -28,7 +28,8 @@ def s3() -> Iterator[S3]:
 
 def table(splits: int) -> TaskTable:
     entries = tuple(
-        {"static": STATIC, "shape": {"batch": b}, "config": {"num_splits": splits * b}} for b in (1, 4)
+        Entry.from_json({"static": STATIC, "shape": {"batch": b}, "config": {"num_splits": splits * b}})
+        for b in (1, 4)
     )
     return TaskTable(
         "decode_attention", tuple(STATIC), {"batch": {"policy": "pow2", "points": [1, 4]}}, entries

@@ -144,7 +144,7 @@ def measured_shapes(results: str | Path, bundle: Bundle, task: str) -> set[Key]:
 
     if task not in bundle.tasks:
         return set()
-    shapes = {make_key(e["shape"]) for e in bundle.entries(task) if not e.get("served_by")}
+    shapes = {make_key(dict(e.shape)) for e in bundle.entries(task) if e.served_by is None}
     runs = [r for r in bundle.manifest.get("source_runs", ()) if run_exists(results, r)]
     if runs:
         shapes |= {r.shape for r in read_results(results, runs) if r.task == task}

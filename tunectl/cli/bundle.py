@@ -13,8 +13,10 @@ from rich.console import Console
 from rich.table import Table
 
 from tunectl import api
+from tunectl.api.types import Entry, EntryChange
 from tunectl.cli._common import library_errors
 from tunectl.core.files import canonical_json
+from tunectl.core.keys import Key, key_json
 
 app = typer.Typer(
     help=(
@@ -104,7 +106,8 @@ def show_cmd(
         bundle = api.read_bundle(source)
         rows = {task: list(bundle.entries(task)) for task in bundle.tasks} if entries else {}
     if as_json:
-        typer.echo(canonical_json({**bundle.manifest, **({"entries": rows} if entries else {})}, indent=2))
+        listing = {"entries": {t: [e.to_json() for e in listed] for t, listed in rows.items()}}
+        typer.echo(canonical_json({**bundle.manifest, **(listing if entries else {})}, indent=2))
         return
     m = bundle.manifest
     typer.echo(
@@ -124,19 +127,20 @@ def show_cmd(
         Console().print(_entries_table(task, listed))
 
 
-def _entries_table(task: str, listed: list[dict[str, Any]]) -> Table:
+def _entries_table(task: str, listed: list[Entry]) -> Table:
     table = Table(title=task, title_justify="left")
     for col in ("static", "shape", "config", "median µs", "speedup", "why"):
         table.add_column(col, justify="right" if col in ("median µs", "speedup") else "left")
     for e in listed:
-        speedup = f"{e['speedup']:.2f}x" if e.get("speedup") else "-"
-        cells = (_kv(e["static"]), _kv(e["shape"]), _kv(e["config"]), _us(e.get("median_us")), speedup)
-        table.add_row(*cells, e.get("reason") or "-")
+        speedup = f"{e.speedup:.2f}x" if e.speedup else "-"
+        cells = (_kv(e.static), _kv(e.shape), _kv(e.config), _us(e.median_us), speedup)
+        table.add_row(*cells, e.reason or "-")
     return table
 
 
-def _kv(mapping: dict[str, Any] | None) -> str:
-    return "-" if mapping is None else " ".join(f"{k}={v}" for k, v in mapping.items())
+def _kv(key: Key | None) -> str:
+    """A key as ``name=value`` words, values as JSON spells them (a window as [-1, -1])."""
+    return "-" if key is None else " ".join(f"{k}={v}" for k, v in key_json(key).items())
 
 
 def _us(value: float | None) -> str:
@@ -166,7 +170,7 @@ def diff_cmd(
             "old": diff.old,
             "new": diff.new,
             "notes": list(diff.notes),
-            "changes": [{**c.__dict__, "median_change": c.median_change} for c in shown],
+            "changes": [_change_json(c) for c in shown],
         }
         typer.echo(canonical_json(doc, indent=2))
         return
@@ -178,7 +182,14 @@ def diff_cmd(
         Console(width=200).print(_changes_table(shown))
 
 
-def _changes_table(shown: list[Any]) -> Table:
+def _change_json(change: EntryChange) -> dict[str, Any]:
+    """One change as ``bundle diff --json`` prints it: keys as JSON objects."""
+    keys = ("static", "shape", "old_config", "new_config")
+    as_json = {k: None if (v := getattr(change, k)) is None else key_json(v) for k in keys}
+    return {**change.__dict__, **as_json, "median_change": change.median_change}
+
+
+def _changes_table(shown: list[EntryChange]) -> Table:
     table = Table(title_justify="left")
     for col in ("task", "static", "shape", "", "old config", "new config", "old µs", "new µs", "median"):
         table.add_column(col, justify="right" if col in ("old µs", "new µs", "median") else "left")
@@ -186,20 +197,16 @@ def _changes_table(shown: list[Any]) -> Table:
         change = "-" if c.median_change is None else f"{c.median_change:+.1%}"
         table.add_row(
             c.task,
-            _kv(dict(c.static)),
-            _kv(dict(c.shape)),
+            _kv(c.static),
+            _kv(c.shape),
             c.kind,
-            _kv(_plain(c.old_config)),
-            _kv(_plain(c.new_config)),
+            _kv(c.old_config),
+            _kv(c.new_config),
             _us(c.old_median_us),
             _us(c.new_median_us),
             change,
         )
     return table
-
-
-def _plain(mapping: Any) -> dict[str, Any] | None:
-    return None if mapping is None else dict(mapping)
 
 
 @app.command("promote")

@@ -41,6 +41,7 @@ from typing import Any
 
 from tunectl.core.errors import UserError
 from tunectl.core.files import atomic_write, canonical_json, json_bytes
+from tunectl.core.keys import key_json
 from tunectl.runtime import Bundle
 from tunectl.runtime.adapters import flex_kernel_options
 
@@ -111,18 +112,23 @@ def _write_flex_task(bundle: Bundle, task: str, result: FormatExport) -> list[di
     """Write one task's kernel_options files under ``result.out``; its index entries."""
     listed = []
     for entry in bundle.entries(task):
-        config = entry["config"]
+        config = key_json(entry.config)
         if task == "flash_decode" and config.get("backend") != "flex":
             key = f"winner is backend {config.get('backend')}, not flex"
             result.skipped[key] = result.skipped.get(key, 0) + 1
             continue
         options = flex_kernel_options(config)
-        rel = f"{task}/{_point_file(entry['static'], entry['shape'])}"
+        static, shape = key_json(entry.static), key_json(entry.shape)
+        rel = f"{task}/{_point_file(static, shape)}"
         atomic_write(result.out / rel, _dump(options), make_parents=True)
         result.files.append(result.out / rel)
-        stats = {k: entry.get(k) for k in ("median_us", "default_median_us", "speedup", "is_default")}
-        point = {"static": entry["static"], "shape": entry["shape"], "file": rel}
-        listed.append({**point, "kernel_options": options, **stats})
+        stats = {
+            "median_us": entry.median_us,
+            "default_median_us": entry.default_median_us,
+            "speedup": entry.speedup,
+            "is_default": entry.is_default,
+        }
+        listed.append({"static": static, "shape": shape, "file": rel, "kernel_options": options, **stats})
     return listed
 
 
@@ -209,7 +215,7 @@ def export_lightllm(
     tables: dict[str, dict[str, dict[str, int]]] = {}
     wanted = set(backends)
     for entry in bundle.entries(task):
-        static, shape, config = entry["static"], entry["shape"], entry["config"]
+        static, shape, config = key_json(entry.static), key_json(entry.shape), key_json(entry.config)
         if config.get("backend", "sgl") not in wanted:
             key = f"winner is backend {config.get('backend')}, not {'/'.join(sorted(wanted))}"
             result.skipped[key] = result.skipped.get(key, 0) + 1

@@ -1,4 +1,5 @@
-"""From results to a published bundle: select winners, build tables, publish.
+"""From results to a published bundle: select winners, cover the grid, build tables
+(``tunectl.formats.task_tables``), publish.
 
 What selection needs from a task (which configs may win, how shapes bucket) comes from the source
 runs' plan-time facts (``tunectl.core.plan.RunFacts``).
@@ -6,7 +7,6 @@ runs' plan-time facts (``tunectl.core.plan.RunFacts``).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 from collections import Counter
@@ -15,19 +15,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tunectl.core.buckets import make_bucketer
 from tunectl.core.errors import ResultsError, UserError
-from tunectl.core.keys import Key, key_json, value_order
+from tunectl.core.keys import Key, value_order
 from tunectl.core.plan import RunFacts, selectable_in
 from tunectl.core.record import SELECTED_PHASES, Phase, Record
 from tunectl.core.spec import DEFAULT_MARGIN
-from tunectl.decide.coverage import Hole, cover
-from tunectl.decide.probes import cell_of, point_timings, regional
+from tunectl.decide.coverage import Coverage, Hole, cover
 from tunectl.decide.quality import Quality, assess_winners, targets_of
-from tunectl.decide.rules import fit_rules, rule_sites, with_rules
 from tunectl.decide.select import Winner, select_winners
 from tunectl.decide.work import shortfalls, with_shortfalls
-from tunectl.store.bundle import TaskTable, build_files, check_name, publish
+from tunectl.formats.task_tables import policies, task_tables
+from tunectl.store.bundle import build_files, check_name, publish
 from tunectl.store.results import DamagedPart, Dataset, read_dataset, read_results
 from tunectl.store.runs import effective_state, load_run, run_exists, run_facts
 from tunectl.store.stores import open_store
@@ -72,30 +70,6 @@ class ExportResult:
     def path(self) -> Path:
         """The published version's directory (for a local store)."""
         return Path(self.location)
-
-
-def entry_of(winner: Winner) -> dict[str, Any]:
-    return {
-        "static": key_json(winner.static),
-        "shape": key_json(winner.shape),
-        "config": key_json(winner.config),
-        "is_default": winner.is_default,
-        "median_us": winner.median_us,
-        "p20_us": winner.p20_us,
-        "p80_us": winner.p80_us,
-        "rel_noise": winner.rel_noise,
-        "num_samples": winner.num_samples,
-        "default_median_us": winner.default_median_us,
-        "speedup": winner.speedup,
-        "speedup_lo": winner.speedup_lo,
-        "speedup_hi": winner.speedup_hi,
-        "basis": winner.basis,
-        "rounds": winner.rounds,
-        "reason": winner.reason,
-        "run_id": winner.run_id,
-        "served_by": key_json(winner.served_by) if winner.served_by is not None else None,
-        **({"rule": winner.rule.to_json()} if winner.rule is not None else {}),
-    }
 
 
 def facts_of(results: str | Path, run_ids: Iterable[str]) -> dict[str, RunFacts]:
@@ -163,22 +137,6 @@ class DamagedResultsError(ResultsError):
         )
 
 
-def _bucketing(facts: Mapping[str, RunFacts], task: str) -> dict[str, dict[str, Any]]:
-    """The bucket policy each shape dimension was tuned with; runs must agree. Runs without a spec
-    (imported from another tuner's log) bucket nothing: their dimensions are ``exact``."""
-    policies: dict[str, str] = {}
-    for run_facts_ in facts.values():
-        if run_facts_.task != task:
-            continue
-        for dim, bucket in run_facts_.buckets:
-            if policies.setdefault(dim, bucket) != bucket:
-                raise UserError(
-                    f"runs disagree on how {task}'s {dim} is bucketed "
-                    f"({policies[dim]} vs {bucket}); export them separately with --run"
-                )
-    return {name: {"policy": policy, "points": []} for name, policy in policies.items()}
-
-
 def _bucketable(records: list[Record], *, asked_for_runs: bool) -> list[Record]:
     """The records whose sizes a lookup can bucket. Symbolic sizes (a dynamic-shape log's ``s37``) are
     an error in runs asked for by id; otherwise those records are left out with a warning."""
@@ -231,9 +189,13 @@ DEFAULT_CHOICES = Choices()
 
 
 def export_bundle(
-    results: str | Path, name: str, version: str, out: str | Path, scope: Scope = ALL_RESULTS,
+    results: str | Path,
+    name: str,
+    version: str,
+    out: str | Path,
+    scope: Scope = ALL_RESULTS,
     choices: Choices = DEFAULT_CHOICES,
-) -> ExportResult:  # fmt: skip
+) -> ExportResult:
     """Select winners from ``results`` and publish them as bundle ``name/version`` in store ``out``.
 
     ``out`` is a local directory or a store URI (``s3://bucket/prefix``, see ``tunectl.store.stores``).
@@ -285,53 +247,32 @@ def prepare_bundle(
     records, probes = _exported(results, scope, dataset.records)
     source_runs = tuple(sorted({r.run_id for r in [*records, *probes]}))
     facts = facts_of(results, source_runs)
-    selected = select_from(records, facts, margin=choices.margin)
-    if not selected:
-        raise UserError("no configuration finished with status ok; nothing to export")
-    coverage = cover(
-        selected, policies={t: _policies(facts, t) for t in {w.task for w in selected}},
-        ranges={f.task: {d: (lo, hi) for d, lo, hi in f.ranges} for f in facts.values()},
-        unmeasured=_failed_points(records, selected), fill=choices.fill,
-    )  # fmt: skip
+    coverage = _covered(records, facts, choices)
     winners = sorted(coverage.winners, key=lambda w: (w.task, value_order(w.static), value_order(w.shape)))
     if dataset.damaged:
         winners = with_shortfalls(winners, shortfalls(results, dataset))
-    tasks = sorted({w.task for w in winners})
-    tables = {t: _table(t, [w for w in winners if w.task == t], facts) for t in tasks}
     margin = margin_of(facts, choices.margin)
-    winners = _over_regions(winners, records, probes, facts, tables, margin, rules=choices.rules)
-    tables = {t: dataclasses.replace(table, entries=tuple(entry_of(w) for w in winners if w.task == t))
-              for t, table in tables.items()}  # fmt: skip
-    files = build_files(name, version, list(tables.values()), source_runs, _environment(records))
-    return PreparedBundle(name, version, files, tuple(winners), source_runs, coverage.holes,
-                          unfinished_runs(results, source_runs), dataset.damaged)  # fmt: skip
+    winners, tables = task_tables(winners, records, probes, facts, margin, rules=choices.rules)
+    files = build_files(name, version, tables, source_runs, _environment(records))
+    unfinished = unfinished_runs(results, source_runs)
+    return PreparedBundle(
+        name, version, files, tuple(winners), source_runs, coverage.holes, unfinished, dataset.damaged
+    )
 
 
-def _over_regions(
-    winners: list[Winner],
-    records: Sequence[Record],
-    probes: Sequence[Record],
-    facts: Mapping[str, RunFacts],
-    tables: Mapping[str, TaskTable],
-    margin: float,
-    *,
-    rules: bool,
-) -> list[Winner]:
-    """Each probed cell's config chosen over its region (``tunectl.decide.probes``), then each cell
-    served a split rule where its sites measured the rule better (``tunectl.decide.rules``; fitted to
-    the tuning rows alone, as probe planning fitted it, so the probes measured these very rules)."""
-    bucketers = {
-        t: {dim: make_bucketer(s["policy"], s["points"]) for dim, s in table.shape_params.items()}
-        for t, table in tables.items()
-    }
-    timings = point_timings(records, selectable_in(facts.values()))
-    if probes:
-        winners = regional(winners, probes, timings, bucketers, margin)
-    fitted = fit_rules(timings, {f.task: f for f in facts.values()}.values()) if rules else []
-    if not fitted:
-        return winners
-    sites = rule_sites(winners, probes, timings, lambda task, shape: cell_of(shape, bucketers.get(task, {})))
-    return with_rules(winners, sites, fitted)
+def _covered(records: Sequence[Record], facts: Mapping[str, RunFacts], choices: Choices) -> Coverage:
+    """The winners among ``records``, and every cell inside the declared ranges served or listed as
+    a hole (``tunectl.decide.coverage``)."""
+    selected = select_from(records, facts, margin=choices.margin)
+    if not selected:
+        raise UserError("no configuration finished with status ok; nothing to export")
+    return cover(
+        selected,
+        policies={t: policies(facts, t) for t in {w.task for w in selected}},
+        ranges={f.task: {d: (lo, hi) for d, lo, hi in f.ranges} for f in facts.values()},
+        unmeasured=_failed_points(records, selected),
+        fill=choices.fill,
+    )
 
 
 def unfinished_runs(results: str | Path, run_ids: Iterable[str]) -> tuple[tuple[str, str], ...]:
@@ -340,10 +281,6 @@ def unfinished_runs(results: str | Path, run_ids: Iterable[str]) -> tuple[tuple[
     tuning = [load_run(results, r) for r in sorted(set(run_ids)) if run_exists(results, r)]
     states = [(info.run_id, effective_state(info)) for info in tuning if info.kind == "tune"]
     return tuple((run_id, state) for run_id, state in states if state != "finished")
-
-
-def _policies(facts: Mapping[str, RunFacts], task: str) -> dict[str, str]:
-    return {dim: spec["policy"] for dim, spec in _bucketing(facts, task).items()}
 
 
 def _failed_points(records: Sequence[Record], winners: Sequence[Winner]) -> dict[tuple[str, Key, Key], str]:
@@ -384,15 +321,3 @@ def _exported(results: str | Path, scope: Scope, rows: list[Record]) -> tuple[li
         )
     probes = [r for r in rows if r.phase is Phase.PROBE and r.device_name in devices]
     return records, probes
-
-
-def _table(task: str, winners: Sequence[Winner], facts: Mapping[str, RunFacts]) -> TaskTable:
-    """One task's table: its winners, and each shape dimension's policy and tuned points."""
-    shapes = _bucketing(facts, task)
-    for w in winners:
-        for dim_name, value in w.shape:
-            shapes.setdefault(dim_name, {"policy": "exact", "points": []})["points"].append(value)
-    for dim in shapes.values():
-        dim["points"] = sorted(set(dim["points"]))
-    static_params = tuple(param for param, _ in winners[0].static)
-    return TaskTable(task, static_params, shapes, tuple(entry_of(w) for w in winners))

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tunectl.core import stats
-from tunectl.core.keys import Key, from_json, value_order
+from tunectl.core.keys import Key, value_order
 from tunectl.core.record import Phase, Record
 from tunectl.decide.quality import noise_known
 from tunectl.decide.select import Winner, latest_comparisons, select_winners
@@ -21,7 +21,7 @@ from tunectl.report.drift import DriftPanel, drift_panel
 from tunectl.report.grids import Cell, Grid, Group, Point, label, noise_grid, short_labels, speedup_grids
 
 if TYPE_CHECKING:
-    from tunectl.runtime import Bundle
+    from tunectl.runtime import Bundle, Entry
 
 
 @dataclass(frozen=True)
@@ -181,10 +181,8 @@ def _noise_cell(row: Record) -> Cell:
 
 def _check(row: Record) -> Check:
     shape, config = _cell_keys(row)
-    return Check(
-        shape, config, str(row.status), row.speedup, row.speedup_lo, row.speedup_hi, row.layers, row.rounds,
-        row.message or "",
-    )  # fmt: skip
+    interval = row.speedup, row.speedup_lo, row.speedup_hi
+    return Check(shape, config, str(row.status), *interval, row.layers, row.rounds, row.message or "")
 
 
 def _choice(row: Record) -> Choice:
@@ -239,35 +237,29 @@ def point_of_winner(winner: Winner) -> Point:
     )
 
 
-def _json_key(params: Mapping[str, Any]) -> Key:
-    return tuple(sorted((name, from_json(value)) for name, value in params.items()))
-
-
 def bundle_points(bundle: Bundle) -> tuple[Point, ...]:
     """Every entry of ``bundle`` as a point, its speedup from the bundle's statistics."""
     device = str(bundle.manifest.get("environment", {}).get("device_name", ""))
-    points = []
-    for task in bundle.tasks:
-        for entry in bundle.entries(task):
-            median, default = entry.get("median_us"), entry.get("default_median_us")
-            speedup = entry.get("speedup")
-            if speedup is None and median and default:
-                speedup = default / median
-            lo, hi = entry.get("speedup_lo"), entry.get("speedup_hi")
-            points.append(
-                Point(
-                    Group(task, device, _json_key(entry["static"])),
-                    _json_key(entry["shape"]),
-                    _json_key(entry["config"]),
-                    bool(entry.get("is_default", False)),
-                    speedup,
-                    median,
-                    default,
-                    (lo, hi) if lo is not None and hi is not None else None,
-                    str(entry.get("reason") or ""),
-                )
-            )
-    return tuple(points)
+    return tuple(point_of_entry(task, device, e) for task in bundle.tasks for e in bundle.entries(task))
+
+
+def point_of_entry(task: str, device: str, entry: Entry) -> Point:
+    """A bundle entry as a point; its speedup from the medians where the bundle records none."""
+    median, default, speedup = entry.median_us, entry.default_median_us, entry.speedup
+    if speedup is None and median and default:
+        speedup = default / median
+    lo, hi = entry.speedup_lo, entry.speedup_hi
+    return Point(
+        Group(task, device, entry.static),
+        entry.shape,
+        entry.config,
+        entry.is_default,
+        speedup,
+        median,
+        default,
+        (lo, hi) if lo is not None and hi is not None else None,
+        entry.reason,
+    )
 
 
 def bundle_section(bundle: Bundle, winners: Sequence[Point]) -> BundleSection:

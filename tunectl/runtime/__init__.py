@@ -32,9 +32,11 @@ policy the bundle records, and returns a fresh dict of the tuned config, or None
 compare as Python values, so ``causal=1`` finds ``causal=True`` and ``batch=4.0`` finds ``batch=4``.
 An entry may be a rule rather than a config (schema 3): its split count is computed from the shape
 by a fitted wave model (``tunectl.runtime.rules.WaveRule``), and the config returned is the entry's
-with that count filled in. It does no I/O and takes no lock: the tables are immutable after load,
-and results are remembered by value in bounded dicts, so any number of threads may call it (see
-``tunectl.runtime.tables``).
+with that count filled in. ``bundle.entry(task, **params)`` finds the same way and returns the whole
+``Entry`` (``tunectl.runtime.entries``): its keys, config and rule, and why it won (``reason``,
+``median_us``, ``speedup``, ``served_by``, ...). Lookup does no I/O and takes no lock: the tables are
+immutable after load, and results are remembered by value in bounded dicts, so any number of threads
+may call it (see ``tunectl.runtime.tables``).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tunectl.core.errors import BundleError
+from tunectl.runtime.entries import Entry
 from tunectl.runtime.environment import ENV_POLICIES, check_environment
 from tunectl.runtime.format import (
     SCHEMA_VERSION,
@@ -72,6 +75,7 @@ __all__ = [
     "BundleNotFoundError",
     "BundleReadError",
     "BundleSchemaError",
+    "Entry",
     "WaveRule",
     "empty_bundle",
     "load_bundle",

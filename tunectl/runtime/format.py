@@ -6,7 +6,6 @@ Standard library only.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -18,8 +17,6 @@ READABLE_SCHEMAS = (1, 2, 3)
 MANIFEST = "manifest.json"
 CHANNELS = "_channels"  # <store>/<name>/_channels/<channel>.json; "_" cannot start a version
 ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz")
-#: the parts of a bundle entry its lookup row holds; every other key of an entry is a statistic
-ENTRY_KEYS = ("static", "shape", "config", "rule")
 
 
 class BundleCorruptError(BundleError):
@@ -97,9 +94,3 @@ def parse_manifest(raw: bytes, where: str) -> dict[str, Any]:
         if not isinstance(digest, str):
             raise BundleCorruptError(f"manifest of {where}: checksum of {member!r} is not a string")
     return manifest
-
-
-def stat_columns(entries: Sequence[Mapping[str, Any]]) -> dict[str, list[Any]]:
-    """The entries' statistics by column, in the order they first appear; None where an entry has none."""
-    names = dict.fromkeys(col for entry in entries for col in entry if col not in ENTRY_KEYS)
-    return {col: [entry.get(col) for entry in entries] for col in names}

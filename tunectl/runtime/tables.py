@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import copy
-import json
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from operator import itemgetter
@@ -11,34 +9,19 @@ from pathlib import Path
 from typing import Any
 
 from tunectl.core.buckets import make_bucketer
-from tunectl.core.files import canonical_json
-from tunectl.core.keys import InvalidKeyError, from_json, normalise_value, normaliser_for, to_json
+from tunectl.core.keys import InvalidKeyError, from_json, normalise_value, normaliser_for
+from tunectl.runtime.entries import Entry, json_key, stat_columns, table_layout
 from tunectl.runtime.format import SCHEMA_VERSION as SCHEMA
-from tunectl.runtime.format import BundleCorruptError, load_json, stat_columns
+from tunectl.runtime.format import BundleCorruptError, load_json
 from tunectl.runtime.rules import WaveRule
 from tunectl.runtime.sources import uri_scheme
 
 
 def _v1_table(spec: Mapping[str, Any], doc: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, list[Any]]]:
-    """A schema-1 table (a list of whole entries) in the schema-2 layout: lookup columns and stats."""
-    statics: dict[str, int] = {}
-    configs: dict[str, int] = {}
-    rows: list[Any] = []
-    shape_params = sorted(spec["shape_params"])
-    for entry in doc["entries"]:
-        static = canonical_json([entry["static"][p] for p in spec["static_params"]])
-        config = canonical_json(entry["config"])
-        rows += [
-            statics.setdefault(static, len(statics)),
-            *(entry["shape"][p] for p in shape_params),
-            configs.setdefault(config, len(configs)),
-        ]
-    table = {
-        "statics": [json.loads(s) for s in statics],
-        "configs": [json.loads(c) for c in configs],
-        "rows": rows,
-    }
-    return table, stat_columns(doc["entries"])
+    """A schema-1 table (a list of whole entries) in the schema-3 layout: lookup columns and stats."""
+    entries = [Entry.from_json(raw) for raw in doc["entries"]]
+    table = table_layout(entries, spec["static_params"], sorted(spec["shape_params"]))
+    return table, stat_columns(entries)
 
 
 class _TaskIndex:
@@ -55,36 +38,15 @@ class _TaskIndex:
             p: {"policy": shapes[p]["policy"], "points": list(shapes[p]["points"])} for p in shapes
         }
         self.statics = [tuple(from_json(v) for v in s) for s in table["statics"]]
-        configs: list[dict[str, Any]] = table["configs"]
-        if any(len(s) != len(self.static_params) for s in self.statics) or not all(
-            isinstance(c, dict) for c in configs
-        ):
-            raise ValueError("static keys or configs do not match the task's parameters")
-        rules = [WaveRule.from_json(r) for r in table.get("rules", [])] if schema >= 3 else []
-        if any({r.across, r.along} - set(self.shape_params) for r in rules):
-            raise ValueError("a rule names a shape dimension the task does not have")
-        width = len(self.shape_params) + (3 if schema >= 3 else 2)
-        rows = table["rows"]
-        if len(rows) % width:
-            raise ValueError(f"rows hold {len(rows)} values, not a multiple of {width}")
-        self.row_static: list[int] = rows[0::width]
-        self.row_shape: list[list[Any]] = [rows[i::width] for i in range(1, len(self.shape_params) + 1)]
-        config_ids: list[int] = rows[len(self.shape_params) + 1 :: width]
-        rule_ids: list[int] = rows[width - 1 :: width] if schema >= 3 else []
-        for ids, count in ((self.row_static, len(self.statics)), (config_ids, len(configs))):
-            if ids and (min(ids) < 0 or max(ids) >= count):
-                raise ValueError("a row refers to a static key or config the table does not hold")
-        if rule_ids and (min(rule_ids) < -1 or max(rule_ids) >= len(rules)):
-            raise ValueError("a row refers to a rule the table does not hold")
-        self.row_config = [configs[c] for c in config_ids]
-        self.row_rule: list[WaveRule | None] = [rules[r] if r >= 0 else None for r in rule_ids]
-        self.row_rule = self.row_rule or [None] * len(config_ids)
+        self.row_static, self.row_shape, self.row_config, self.row_rule = _rows(
+            table, len(self.static_params), self.shape_params, schema
+        )
         # static key -> its index; (static index, shape values...) -> row: built by C loops alone
         self.static_ids = {static: i for i, static in enumerate(self.statics)}
         self.rows = dict(
-            zip(zip(self.row_static, *self.row_shape, strict=True), range(len(config_ids)), strict=True)
+            zip(zip(self.row_static, *self.row_shape, strict=True), range(len(self.row_config)), strict=True)
         )
-        if len(self.static_ids) != len(self.statics) or len(self.rows) != len(config_ids):
+        if len(self.static_ids) != len(self.statics) or len(self.rows) != len(self.row_config):
             raise ValueError("two entries share one key")
         self._stats = stats  # raw bytes until first asked for (serving never asks), then columns
         self._stats_lock = threading.Lock()
@@ -106,19 +68,40 @@ class _TaskIndex:
                 self._stats = columns
             return self._stats or {}
 
-    def entry(self, row: int) -> dict[str, Any]:
-        """The whole entry at ``row``: static and shape keys, the config and its statistics (plain JSON)."""
-        static = dict(zip(self.static_params, map(to_json, self.statics[self.row_static[row]]), strict=True))
-        shape = {p: col[row] for p, col in zip(self.shape_params, self.row_shape, strict=True)}
+    def entry(self, row: int) -> Entry:
+        """The whole entry at ``row``: its keys, config and rule, and its statistics."""
+        static = tuple(sorted(zip(self.static_params, self.statics[self.row_static[row]], strict=True)))
+        shape = tuple(sorted((p, col[row]) for p, col in zip(self.shape_params, self.row_shape, strict=True)))
         stats = {name: values[row] for name, values in self.stats().items()}
-        rule = self.row_rule[row]
-        return {
-            "static": static,
-            "shape": shape,
-            "config": copy.deepcopy(self.row_config[row]),
-            **({"rule": rule.to_json()} if rule is not None else {}),
-            **stats,
-        }
+        return Entry.from_parts(static, shape, json_key(self.row_config[row]), self.row_rule[row], stats)
+
+
+def _rows(
+    table: Mapping[str, Any], num_static: int, shape_params: tuple[str, ...], schema: int
+) -> tuple[list[int], list[list[Any]], list[dict[str, Any]], list[WaveRule | None]]:
+    """The table's rows by column: each row's static index, its value of each shape dimension, its
+    config and its rule (None: a plain config); ValueError where they do not fit together."""
+    configs: list[dict[str, Any]] = table["configs"]
+    if any(len(s) != num_static for s in table["statics"]) or not all(isinstance(c, dict) for c in configs):
+        raise ValueError("static keys or configs do not match the task's parameters")
+    rules = [WaveRule.from_json(r) for r in table.get("rules", [])] if schema >= 3 else []
+    if any({r.across, r.along} - set(shape_params) for r in rules):
+        raise ValueError("a rule names a shape dimension the task does not have")
+    width = len(shape_params) + (3 if schema >= 3 else 2)
+    rows = table["rows"]
+    if len(rows) % width:
+        raise ValueError(f"rows hold {len(rows)} values, not a multiple of {width}")
+    row_static: list[int] = rows[0::width]
+    config_ids: list[int] = rows[len(shape_params) + 1 :: width]
+    rule_ids: list[int] = rows[width - 1 :: width] if schema >= 3 else []
+    for ids, count in ((row_static, len(table["statics"])), (config_ids, len(configs))):
+        if ids and (min(ids) < 0 or max(ids) >= count):
+            raise ValueError("a row refers to a static key or config the table does not hold")
+    if rule_ids and (min(rule_ids) < -1 or max(rule_ids) >= len(rules)):
+        raise ValueError("a row refers to a rule the table does not hold")
+    row_rule = [rules[r] if r >= 0 else None for r in rule_ids] or [None] * len(config_ids)
+    row_shape = [rows[i::width] for i in range(1, len(shape_params) + 1)]
+    return row_static, row_shape, [configs[c] for c in config_ids], row_rule
 
 
 _MISSING = object()
@@ -302,13 +285,13 @@ class Bundle:
         find = self._lookups.get(task)
         return None if find is None else find(params)  # type: ignore[no-any-return]
 
-    def entry(self, task: str, /, **params: Any) -> dict[str, Any] | None:
-        """The whole table entry (config plus its statistics and source run), or None on a miss."""
+    def entry(self, task: str, /, **params: Any) -> Entry | None:
+        """The whole table entry (``Entry``: config or rule, statistics, source run), or None on a miss."""
         index = self._tasks.get(task)
         row = index.find(params) if index is not None else None
         return None if row is None or index is None else index.entry(row)
 
-    def entries(self, task: str) -> Iterator[dict[str, Any]]:
+    def entries(self, task: str) -> Iterator[Entry]:
         """Every entry of ``task``, in table order."""
         index = self._tasks[task]
         return (index.entry(row) for row in range(len(index)))
@@ -345,7 +328,7 @@ def task_index(name: str, spec: Any, files: Mapping[str, bytes], schema: int) ->
         doc = load_json(files[spec["table"]], f"table of task {name!r}")
         if schema == 1:
             table, stats = _v1_table(spec, doc)
-            return _TaskIndex(name, spec, table, stats, 2)
+            return _TaskIndex(name, spec, table, stats, SCHEMA)
         if doc.get("task") != name or doc.get("schema_version") != schema:
             raise ValueError(
                 f"the table file is for {doc.get('task')!r}, schema {doc.get('schema_version')!r}"

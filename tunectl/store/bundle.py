@@ -34,9 +34,9 @@ from typing import Any, Protocol
 
 from tunectl import __version__
 from tunectl.core.errors import BundleError, BundleExistsError, UserError
-from tunectl.core.files import atomic_write, canonical_json, json_bytes, name_problem, sync_dir, write_synced
-from tunectl.core.keys import from_json
+from tunectl.core.files import atomic_write, json_bytes, name_problem, sync_dir, write_synced
 from tunectl.runtime import load_bundle
+from tunectl.runtime.entries import Entry, LayoutError, stat_columns, table_layout
 from tunectl.runtime.format import (
     ARCHIVE_SUFFIXES,
     CHANNELS,
@@ -44,9 +44,7 @@ from tunectl.runtime.format import (
     SCHEMA_VERSION,
     BundleCorruptError,
     safe_member,
-    stat_columns,
 )
-from tunectl.runtime.rules import WaveRule
 from tunectl.runtime.sources import Fetcher, Source, read_local, read_verified, resolve
 
 log = logging.getLogger("tunectl.store.bundle")
@@ -59,7 +57,7 @@ class TaskTable:
     task: str
     static_params: tuple[str, ...]
     shape_params: Mapping[str, Mapping[str, Any]]  # name -> {"policy": ..., "points": [...]}
-    entries: tuple[Mapping[str, Any], ...]  # {"static", "shape", "config", and statistics}
+    entries: tuple[Entry, ...]
 
 
 def check_name(kind: str, value: str) -> str:
@@ -71,58 +69,34 @@ def check_name(kind: str, value: str) -> str:
 
 
 def _columns(table: TaskTable) -> tuple[dict[str, Any], dict[str, list[Any]]]:
-    """The table (static keys, configs, flat rows) and its statistics by column, for one task."""
+    """The table (static keys, configs, rules, flat rows) and its statistics by column, for one task."""
     shape_params = sorted(table.shape_params)
-    points = {p: set(table.shape_params[p]["points"]) for p in shape_params}
-    statics: dict[str, int] = {}
-    configs: dict[str, int] = {}
-    rules: dict[str, int] = {}
-    seen: set[Any] = set()
-    rows: list[Any] = []
-    for i, entry in enumerate(table.entries):
-        try:
-            static = [entry["static"][p] for p in table.static_params]
-            shape = [entry["shape"][p] for p in shape_params]
-            config = dict(entry["config"])
-            rule = _rule_of(entry, shape_params)
-        except KeyError as exc:
-            raise UserError(f"task {table.task}: entry {i} lacks {exc.args[0]!r}") from None
-        for p, value in zip(shape_params, shape, strict=True):
-            if value not in points[p]:
-                raise UserError(f"task {table.task}: entry {i} has {p}={value!r}, not a declared point")
-        key = (from_json(static), tuple(shape))
-        if key in seen:  # equal as lookup keys (1 == True == 1.0 in Python): one would shadow the other
-            raise UserError(f"task {table.task}: two entries share the key {static!r} {shape!r}")
-        seen.add(key)
-        s = statics.setdefault(canonical_json(static), len(statics))
-        c = configs.setdefault(canonical_json(config), len(configs))
-        r = -1 if rule is None else rules.setdefault(canonical_json(rule), len(rules))
-        rows += [s, *shape, c, r]
+    _check_entries(table)
+    try:
+        layout = table_layout(table.entries, table.static_params, shape_params)
+    except LayoutError as exc:
+        raise UserError(f"task {table.task}: {exc}") from None
     doc = {
         "schema_version": SCHEMA_VERSION,
         "task": table.task,
         "static_params": list(table.static_params),
         "shape_params": shape_params,
-        "statics": [json.loads(s) for s in statics],
-        "configs": [json.loads(c) for c in configs],
-        "rules": [json.loads(r) for r in rules],
-        "rows": rows,
+        **layout,
     }
     return doc, stat_columns(table.entries)
 
 
-def _rule_of(entry: Mapping[str, Any], shape_params: Sequence[str]) -> dict[str, Any] | None:
-    """The entry's rule as the table stores it (checked by reading it back), or None."""
-    raw = entry.get("rule")
-    if raw is None:
-        return None
-    try:
-        rule = WaveRule.from_json(raw)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise UserError(f"an entry's rule is malformed: {exc}") from None
-    if {rule.across, rule.along} - set(shape_params):
-        raise UserError(f"a rule names {rule.across!r} and {rule.along!r}, not both shape dimensions")
-    return rule.to_json()
+def _check_entries(table: TaskTable) -> None:
+    """``UserError`` for an entry at a shape the table does not declare, or with a rule that names
+    something other than two of its shape dimensions."""
+    points = {p: set(dim["points"]) for p, dim in table.shape_params.items()}
+    for i, entry in enumerate(table.entries):
+        for p, value in entry.shape:
+            if p in points and value not in points[p]:
+                raise UserError(f"task {table.task}: entry {i} has {p}={value!r}, not a declared point")
+        rule = entry.rule
+        if rule is not None and {rule.across, rule.along} - set(points):
+            raise UserError(f"a rule names {rule.across!r} and {rule.along!r}, not both shape dimensions")
 
 
 def build_files(

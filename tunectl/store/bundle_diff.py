@@ -5,14 +5,11 @@ Standard library only: it reads two loaded bundles (``tunectl.runtime.Bundle``),
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tunectl.core.files import canonical_json
-from tunectl.core.keys import value_order
-from tunectl.runtime import Bundle
+from tunectl.core.keys import Key, key_text, value_order
+from tunectl.runtime import Bundle, Entry
 
 
 @dataclass(frozen=True)
@@ -20,11 +17,11 @@ class EntryChange:
     """One (task, static, shape) point compared across two bundles."""
 
     task: str
-    static: Mapping[str, Any]
-    shape: Mapping[str, Any]
+    static: Key
+    shape: Key
     kind: str  # added | removed | changed (another config) | same (the config, maybe another median)
-    old_config: Mapping[str, Any] | None
-    new_config: Mapping[str, Any] | None
+    old_config: Key | None
+    new_config: Key | None
     old_median_us: float | None
     new_median_us: float | None
 
@@ -47,14 +44,28 @@ class BundleDiff:
         return sum(c.kind == kind for c in self.changes)
 
 
-def _by_point(bundle: Bundle, task: str) -> dict[str, dict[str, Any]]:
-    return {canonical_json([e["static"], e["shape"]]): e for e in bundle.entries(task)}
+def _by_point(bundle: Bundle, task: str) -> dict[tuple[str, str], Entry]:
+    """``task``'s entries by point, as their keys' texts (``causal=1`` and ``causal=true`` stay apart)."""
+    return {(key_text(e.static), key_text(e.shape)): e for e in bundle.entries(task)}
 
 
-def _order(point: str) -> tuple[Any, ...]:
-    """Points in table order: by static key, then shape (batch 4 before 16)."""
-    static, shape = json.loads(point)
-    return value_order(static), value_order(shape)
+def _change(task: str, a: Entry | None, b: Entry | None) -> EntryChange:
+    """The point of ``a`` (in the old bundle) and ``b`` (in the new) compared; one may be None."""
+    kind = "added" if a is None else "removed" if b is None else "same"
+    if a is not None and b is not None and a.config != b.config:
+        kind = "changed"
+    either = a or b
+    assert either is not None
+    return EntryChange(
+        task,
+        either.static,
+        either.shape,
+        kind,
+        a.config if a else None,
+        b.config if b else None,
+        a.median_us if a else None,
+        b.median_us if b else None,
+    )
 
 
 def diff_bundles(old: Bundle, new: Bundle) -> BundleDiff:
@@ -67,25 +78,11 @@ def diff_bundles(old: Bundle, new: Bundle) -> BundleDiff:
             notes.append(f"task {task}: static parameters or bucketing changed")
         before = _by_point(old, task) if task in old.tasks else {}
         after = _by_point(new, task) if task in new.tasks else {}
-        for point in sorted(set(before) | set(after), key=_order):
-            a, b = before.get(point), after.get(point)
-            kind = "added" if a is None else "removed" if b is None else "same"
-            if a is not None and b is not None and a["config"] != b["config"]:
-                kind = "changed"
-            either = a or b
-            assert either is not None
-            old_config, old_median = (a["config"], a.get("median_us")) if a else (None, None)
-            new_config, new_median = (b["config"], b.get("median_us")) if b else (None, None)
-            changes.append(
-                EntryChange(
-                    task,
-                    either["static"],
-                    either["shape"],
-                    kind,
-                    old_config,
-                    new_config,
-                    old_median,
-                    new_median,
-                )
-            )
+        merged = [(before.get(p), after.get(p)) for p in set(before) | set(after)]
+        changes += sorted((_change(task, a, b) for a, b in merged), key=_order)
     return BundleDiff(f"{old.name}/{old.version}", f"{new.name}/{new.version}", tuple(changes), tuple(notes))
+
+
+def _order(change: EntryChange) -> tuple[Any, ...]:
+    """Points in table order: by static key, then shape (batch 4 before 16)."""
+    return value_order(change.static), value_order(change.shape)
