@@ -68,9 +68,13 @@ class DispatchStats:
 
 
 def dispatch(
-    lanes: Sequence[Lane], run_id: str, settings: MeasureSpec, on_records: Callable[[list[Record]], None],
-    options: DispatchOptions = DispatchOptions(), builds: BuildScheduler | None = None,
-) -> DispatchStats:  # fmt: skip
+    lanes: Sequence[Lane],
+    run_id: str,
+    settings: MeasureSpec,
+    on_records: Callable[[list[Record]], None],
+    options: DispatchOptions = DispatchOptions(),
+    builds: BuildScheduler | None = None,
+) -> DispatchStats:
     """Run every item of every lane's work; call ``on_records`` once per item with all its records
     (one, or one per arm of a comparison: they are written as a unit), in completion order; every
     record is passed exactly once. A lane's work is drawn from as its workers free up, and told each
@@ -82,10 +86,14 @@ def dispatch(
 
 class _Dispatcher:
     def __init__(
-        self, lanes: Sequence[Lane], run_id: str, settings: MeasureSpec,
-        on_records: Callable[[list[Record]], None], options: DispatchOptions,
+        self,
+        lanes: Sequence[Lane],
+        run_id: str,
+        settings: MeasureSpec,
+        on_records: Callable[[list[Record]], None],
+        options: DispatchOptions,
         builds: BuildScheduler | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.run_id, self.settings, self.on_records, self.options = run_id, settings, on_records, options
         self.builds = builds
         self.feeds = {lane.name: LaneFeed(lane, builds) for lane in lanes}
@@ -163,8 +171,12 @@ class _Dispatcher:
             self.stats.num_lost_workers -= 1
         log.info(
             "worker %s ready: pid %s on %s (node %s, %s)",
-            slot.name, info["pid"], info["host"], info["node_id"][:12], info["device"],
-        )  # fmt: skip
+            slot.name,
+            info["pid"],
+            info["host"],
+            info["node_id"][:12],
+            info["device"],
+        )
         self._judge(slot, info.get("last_words"))
         self._fill(slot)
 
@@ -318,8 +330,12 @@ class _Dispatcher:
             self._emit(slot.lane, failure_records(self.run_id, timed_out, "timeout", message))
         if killed is not None or self._node_dead(slot.node_id):
             if killed is None:
-                log.warning("worker %s lost with its node %s; its %d item(s) go back to the queue",
-                            slot.name, slot.node_id[:12], len(unanswered))  # fmt: skip
+                log.warning(
+                    "worker %s lost with its node %s; its %d item(s) go back to the queue",
+                    slot.name,
+                    slot.node_id[:12],
+                    len(unanswered),
+                )
             self._requeue(slot.lane, Verdict(innocent=[item for item, _ in unanswered]))
         else:
             slot.limbo, slot.death = unanswered, death_detail(exc)  # judged once the worker is back
@@ -360,14 +376,21 @@ class _Dispatcher:
             if (arm := verdict.crashed_arm.get(item.item_id)) is not None:
                 log.warning(
                     "worker %s died checking %s in the comparison at %s: recorded as crash; the comparison "
-                    "runs again without it", slot.name, key_text(arm), key_text(item.shape),
-                )  # fmt: skip
+                    "runs again without it",
+                    slot.name,
+                    key_text(arm),
+                    key_text(item.shape),
+                )
                 continue
             log.warning("worker %s died running %s; it runs again, alone", slot.name, describe(item))
         if not verdict.crashed and not verdict.retry:
             why = "between items" if verdict.known else "without a word on what killed it"
-            log.warning("worker %s died %s; its %d item(s) go back to the queue",
-                        slot.name, why, len(verdict.innocent))  # fmt: skip
+            log.warning(
+                "worker %s died %s; its %d item(s) go back to the queue",
+                slot.name,
+                why,
+                len(verdict.innocent),
+            )
         self._requeue(slot.lane, verdict)
 
     def _settled(self, item: WorkItem) -> None:
@@ -396,8 +419,12 @@ class _Dispatcher:
             )
             if slot.calls and slot.running_past(now, deadline_s):
                 slot.killed_item = slot.calls[0].item.item_id
-                log.warning("%s on worker %s ran past its %g s deadline; killing the worker",
-                            describe(slot.calls[0].item), slot.name, deadline_s)  # fmt: skip
+                log.warning(
+                    "%s on worker %s ran past its %g s deadline; killing the worker",
+                    describe(slot.calls[0].item),
+                    slot.name,
+                    deadline_s,
+                )
                 ray.kill(slot.worker, no_restart=False)
 
     def _check_limbo(self, now: float) -> None:
@@ -406,8 +433,12 @@ class _Dispatcher:
             if not slot.limbo or slot.state == "ready":
                 continue
             if self._node_dead(slot.node_id):
-                log.warning("worker %s lost with its node %s; its %d item(s) go back to the queue",
-                            slot.name, slot.node_id[:12], len(slot.limbo))  # fmt: skip
+                log.warning(
+                    "worker %s lost with its node %s; its %d item(s) go back to the queue",
+                    slot.name,
+                    slot.node_id[:12],
+                    len(slot.limbo),
+                )
                 innocent, slot.limbo = [item for item, _ in slot.limbo], []
                 self._requeue(slot.lane, Verdict(innocent=innocent))
             elif now - slot.limbo_since > LIMBO_TIMEOUT_S:

@@ -106,9 +106,15 @@ def check_point(opts: TritonOptions, static: Params, q_len: int) -> None:
 
 
 def heuristic_splits(
-    *, batch: int, num_kv_heads: int, head_blocks: int, kv_len: int, num_sms: int,
-    rule: str = SPLIT_RULES[0], block_n: int = DEFAULTS["BLOCK_N"],
-) -> int:  # fmt: skip
+    *,
+    batch: int,
+    num_kv_heads: int,
+    head_blocks: int,
+    kv_len: int,
+    num_sms: int,
+    rule: str = SPLIT_RULES[0],
+    block_n: int = DEFAULTS["BLOCK_N"],
+) -> int:
     """The split count ``num_kv_splits = 0`` runs with under ``rule`` (see module doc); at least 1.
     ``block_n``: the kernel cuts a sequence into splits of whole ``block_n`` steps, so a count can
     leave its last splits without tokens (``active_splits``)."""
@@ -165,11 +171,21 @@ def prepare(static: Params, config: Params, inputs: dict[str, Any]) -> Callable[
             block_n=opts.block_n,
         )
         return _triton_decode.decode_call(
-            q, inputs["k_cache"], inputs["v_cache"], inputs["page_table"], inputs["seqused_k"],
-            sinks=inputs["sinks"], causal=bool(static["causal"]), window=tuple(static["window"]),
-            softcap=float(static["softcap"]), num_kv_splits=splits, block_n=opts.block_n,
-            block_h=opts.block_h, num_warps=opts.num_warps, num_stages=opts.num_stages,
-        )  # fmt: skip
+            q,
+            inputs["k_cache"],
+            inputs["v_cache"],
+            inputs["page_table"],
+            inputs["seqused_k"],
+            sinks=inputs["sinks"],
+            causal=bool(static["causal"]),
+            window=tuple(static["window"]),
+            softcap=float(static["softcap"]),
+            num_kv_splits=splits,
+            block_n=opts.block_n,
+            block_h=opts.block_h,
+            num_warps=opts.num_warps,
+            num_stages=opts.num_stages,
+        )
 
     return lazily(build, _reject)
 

@@ -31,8 +31,10 @@ def main(argv: list[str]) -> int:
         return 2
     missing = [f for f in _FIELDS if f not in request]
     if missing:
-        print(f"usage: python -m tunectl.tasks._aot_check REQUEST_JSON (missing: {', '.join(missing)})",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"usage: python -m tunectl.tasks._aot_check REQUEST_JSON (missing: {', '.join(missing)})",
+            file=sys.stderr,
+        )
         return 2
     from tunectl.tasks._flex import why
 

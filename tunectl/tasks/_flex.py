@@ -173,8 +173,14 @@ def aot_package(task: str, key: str, device: str) -> Path | None:
     return root / task / "aot" / f"{digest}.inductor"
 
 
-def packageable(mask_mod_for: Callable[[Any], Any], block_size: int | tuple[int, int], *, enable_gqa: bool,
-                options: Mapping[str, Any], score_mod: Any = None) -> Any:  # fmt: skip
+def packageable(
+    mask_mod_for: Callable[[Any], Any],
+    block_size: int | tuple[int, int],
+    *,
+    enable_gqa: bool,
+    options: Mapping[str, Any],
+    score_mod: Any = None,
+) -> Any:
     """A module whose ``forward(q, k, v, mask_data, blocks)`` is ``flex_attention`` under the block
     mask with ``blocks`` (its kv_num_blocks, kv_indices[, full_kv_num_blocks, full_kv_indices]) of
     ``block_size`` and the mask function ``mask_mod_for(mask_data)``, with ``score_mod`` and kernel
@@ -197,8 +203,15 @@ def packageable(mask_mod_for: Callable[[Any], Any], block_size: int | tuple[int,
                 seq_lengths=(q.shape[2], k.shape[2]),
                 compute_q_blocks=False,  # what the backward pass needs, not the forward
             )
-            return flex_attention(q, k, v, block_mask=block_mask, score_mod=score_mod, enable_gqa=enable_gqa,
-                                  kernel_options=kernel_options)  # fmt: skip
+            return flex_attention(
+                q,
+                k,
+                v,
+                block_mask=block_mask,
+                score_mod=score_mod,
+                enable_gqa=enable_gqa,
+                kernel_options=kernel_options,
+            )
 
     return FlexCall()
 
@@ -254,9 +267,16 @@ def build_package(
         _meta(tmp).unlink(missing_ok=True)
 
 
-def build_packaged(task: str, static: Mapping[str, Any], shape: Mapping[str, Any], config: Mapping[str, Any],
-                   key: str | None, device: str, made: Callable[[], tuple[Any, tuple[Any, ...]]],
-                   wanted: bool = True) -> bool:  # fmt: skip
+def build_packaged(
+    task: str,
+    static: Mapping[str, Any],
+    shape: Mapping[str, Any],
+    config: Mapping[str, Any],
+    key: str | None,
+    device: str,
+    made: Callable[[], tuple[Any, tuple[Any, ...]]],
+    wanted: bool = True,
+) -> bool:
     """Build the package of ``task``'s kernel at (static, shape, config), compile key ``key``, where
     packages are ``wanted``, usable on ``device``'s target and a compile cache is set, unless a whole
     one is there already (none without a key); True where a whole package is there after. ``made()``:
@@ -273,8 +293,14 @@ def build_packaged(task: str, static: Mapping[str, Any], shape: Mapping[str, Any
     path.unlink(missing_ok=True)  # damaged: built again
     try:
         module, args = made()
-        request = {"task": task, "static": dict(static), "shape": dict(shape), "config": dict(config),
-                   "key": key, "device": device}  # fmt: skip
+        request = {
+            "task": task,
+            "static": dict(static),
+            "shape": dict(shape),
+            "config": dict(config),
+            "key": key,
+            "device": device,
+        }
 
         def check(tmp: Path, output: Any) -> None:
             check_new_package(request, tmp, args, output)
@@ -326,8 +352,13 @@ def check_package(request: Mapping[str, Any], timeout_s: float | None = None) ->
     here = str(Path(tunectl.__file__).resolve().parents[1])  # importable there as it is here
     env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p)
     try:
-        done = subprocess.run([*CHECK_COMMAND, canonical_json(request)], capture_output=True, text=True,
-                              timeout=timeout_s, env=env)  # fmt: skip
+        done = subprocess.run(
+            [*CHECK_COMMAND, canonical_json(request)],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=env,
+        )
     except subprocess.TimeoutExpired:
         raise Unusable(f"loading a package did not finish in {timeout_s:g} s") from None
     if done.returncode < 0:
@@ -367,8 +398,9 @@ def mark_unusable(task: str, device: str, reason: str) -> None:
     """Packages are off for ``task`` on this target, in this compile cache, from now on: every later
     build compiles for torch.compile only, and workers load none."""
     if cache_dir() is not None:
-        atomic_write(_marker(task, device, "unusable"), f"{aot_target(device)}: {reason}\n".encode(),
-                     make_parents=True)  # fmt: skip
+        atomic_write(
+            _marker(task, device, "unusable"), f"{aot_target(device)}: {reason}\n".encode(), make_parents=True
+        )
     log.warning("FlexAttention packages are off for %s on %s: %s", task, aot_target(device), reason)
 
 
