@@ -36,7 +36,7 @@ def main(argv: list[str]) -> int:
             file=sys.stderr,
         )
         return 2
-    from tunectl.tasks._flex import why
+    from tunectl.tasks._flex_packages import why
 
     try:
         check(request)
@@ -48,7 +48,7 @@ def main(argv: list[str]) -> int:
 
 def check(request: dict[str, Any]) -> None:
     """Raises where the package does not load, run, or match the reference."""
-    from tunectl.tasks._flex import load_package
+    from tunectl.tasks._flex_packages import load_package
     from tunectl.tasks.base import compare_outputs
     from tunectl.tasks.compile import synchronize
     from tunectl.tasks.registry import get_task
