@@ -161,33 +161,40 @@ def prepare(static: Params, config: Params, inputs: dict[str, Any]) -> Callable[
         raise InvalidConfig("TRITON_INTERPRET=1 must be set before triton is first imported")
 
     def build() -> Callable[[], Any]:
-        splits = opts.num_kv_splits or heuristic_splits(
-            batch=q.shape[0],
-            num_kv_heads=static["num_kv_heads"],
-            head_blocks=head_blocks(static, inputs["q_len"], opts.block_h),
-            kv_len=inputs["kv_len"],
-            num_sms=_num_sms(q.device),
-            rule=opts.split_rule,
-            block_n=opts.block_n,
-        )
-        return _triton_decode.decode_call(
-            q,
-            inputs["k_cache"],
-            inputs["v_cache"],
-            inputs["page_table"],
-            inputs["seqused_k"],
-            sinks=inputs["sinks"],
-            causal=bool(static["causal"]),
-            window=tuple(static["window"]),
-            softcap=float(static["softcap"]),
-            num_kv_splits=splits,
-            block_n=opts.block_n,
-            block_h=opts.block_h,
-            num_warps=opts.num_warps,
-            num_stages=opts.num_stages,
-        )
+        splits = opts.num_kv_splits or _heuristic_at(static, opts, inputs)
+        paged = (inputs["k_cache"], inputs["v_cache"], inputs["page_table"], inputs["seqused_k"])
+        kernel = _call_options(static, opts, splits)
+        return _triton_decode.decode_call(q, *paged, sinks=inputs["sinks"], **kernel)
 
     return lazily(build, _reject)
+
+
+def _heuristic_at(static: Params, opts: TritonOptions, inputs: dict[str, Any]) -> int:
+    """The split count ``num_kv_splits = 0`` runs with at the inputs' point (``heuristic_splits``)."""
+    q = inputs["q"]
+    return heuristic_splits(
+        batch=q.shape[0],
+        num_kv_heads=static["num_kv_heads"],
+        head_blocks=head_blocks(static, inputs["q_len"], opts.block_h),
+        kv_len=inputs["kv_len"],
+        num_sms=_num_sms(q.device),
+        rule=opts.split_rule,
+        block_n=opts.block_n,
+    )
+
+
+def _call_options(static: Params, opts: TritonOptions, splits: int) -> dict[str, Any]:
+    """``decode_call``'s options: the point's masking and soft-cap, and the config's kernel parameters."""
+    return {
+        "causal": bool(static["causal"]),
+        "window": tuple(static["window"]),
+        "softcap": float(static["softcap"]),
+        "num_kv_splits": splits,
+        "block_n": opts.block_n,
+        "block_h": opts.block_h,
+        "num_warps": opts.num_warps,
+        "num_stages": opts.num_stages,
+    }
 
 
 def _reject(exc: Exception) -> str | None:
