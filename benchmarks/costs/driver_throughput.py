@@ -82,7 +82,7 @@ def build_work() -> Any:
     """The lane's work as ``tunectl submit`` builds it: search, refinement over it, probes over both."""
     from tunectl.core.plan import plan
     from tunectl.core.spec import parse_spec
-    from tunectl.decide.probes import probed
+    from tunectl.decide.inline_probes import probed
     from tunectl.decide.refine import refined
     from tunectl.decide.search import Search
     from tunectl.tasks.cost_model import CostModel

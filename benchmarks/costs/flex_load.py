@@ -127,7 +127,7 @@ def child(device: str, phase: str, env: dict[str, str]) -> list[dict[str, Any]]:
 
 
 def build(device: str) -> list[dict[str, Any]]:
-    from tunectl.tasks import _flex
+    from tunectl.tasks import _flex_packages
     from tunectl.tasks.compile import synchronize
     from tunectl.tasks.flex_prefill import FlexPrefill
 
@@ -140,17 +140,19 @@ def build(device: str) -> list[dict[str, Any]]:
         t0 = time.perf_counter()
         try:
             packages.build(static, shape, config, device)
-            path = _flex.aot_package(packages.name, packages.compile_key(static, shape, config), device)
+            path = _flex_packages.aot_package(
+                packages.name, packages.compile_key(static, shape, config), device
+            )
             row["package"] = path is not None and path.is_file()
         except Exception as exc:
-            row["package"], row["build_error"] = False, _flex.why(exc)
+            row["package"], row["build_error"] = False, _flex_packages.why(exc)
         row["build_aot_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         try:
             compiled.prepare(static, shape, config, inputs)()
             synchronize(device)
         except Exception as exc:
-            row["compile_error"] = _flex.why(exc)
+            row["compile_error"] = _flex_packages.why(exc)
         row["build_compile_s"] = time.perf_counter() - t0
         rows.append(row)
     return rows
@@ -158,7 +160,7 @@ def build(device: str) -> list[dict[str, Any]]:
 
 def load(device: str) -> list[dict[str, Any]]:
     """As a worker: per config, prepare + first call, then the call timed."""
-    from tunectl.tasks import _flex
+    from tunectl.tasks import _flex, _flex_packages
     from tunectl.tasks.compile import synchronize, warm_up_libraries
     from tunectl.tasks.flex_prefill import FlexPrefill
 
@@ -181,7 +183,7 @@ def load(device: str) -> list[dict[str, Any]]:
             out = fn()
             synchronize(device)
         except Exception as exc:
-            rows.append({"error": _flex.why(exc)})
+            rows.append({"error": _flex_packages.why(exc)})
             continue
         row["load_ms"] = (time.perf_counter() - t0) * 1e3
         row["from_package"] = _flex.aot_loads["loaded"] > loaded

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tunectl.tasks import _flex
+from tunectl.tasks import _flex, _flex_packages
 from tunectl.tasks.compile import CACHE_ENV, build
 from tunectl.tasks.flex_prefill import FlexPrefill
 
@@ -37,7 +37,7 @@ CONFIGS = [
 
 def package(config: dict[str, Any]) -> Path:
     task = FlexPrefill()
-    path = _flex.aot_package(task.name, task.compile_key(STATIC, SHAPE, config), "cuda")
+    path = _flex_packages.aot_package(task.name, task.compile_key(STATIC, SHAPE, config), "cuda")
     assert path is not None
     return path
 
@@ -69,7 +69,7 @@ def test_a_built_package_loads_without_dynamo_with_its_options_and_is_right(
     assert not markers, f"packages are off on this machine: {markers[0]}"
     assert path.is_file()
     # the package, what names it, and the mark that this target's first package ran in a process of its own
-    proven = _flex._marker(task.name, "cuda:0", "proven").name
+    proven = _flex_packages._marker(task.name, "cuda:0", "proven").name
     assert sorted(p.name for p in path.parent.iterdir()) == sorted([path.name, f"{path.name}.json", proven])
     assert config["num_warps"] in launched_warps(path), launched_warps(path)
     assert _flex.aot_loads["loaded"] == loaded + 1

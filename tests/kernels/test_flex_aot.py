@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tunectl.tasks import _flex
+from tunectl.tasks import _flex, _flex_packages
 from tunectl.tasks.compile import CACHE_ENV, build
 from tunectl.tasks.flex_prefill import FlexPrefill, make_mask_mod
 
@@ -59,7 +59,7 @@ def cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 def package(config: dict[str, Any]) -> Path:
     task = FlexPrefill()
-    path = _flex.aot_package(task.name, task.compile_key(STATIC, SHAPE, config), "cpu")
+    path = _flex_packages.aot_package(task.name, task.compile_key(STATIC, SHAPE, config), "cpu")
     assert path is not None
     return path
 
@@ -93,7 +93,7 @@ def test_a_build_writes_one_package_named_by_the_compile_key(cache: Path) -> Non
     meta = json.loads(meta_of(path).read_text())
     assert meta["key"] == FlexPrefill().compile_key(STATIC, SHAPE, CONFIG)
     assert sorted(meta["inputs"]) == list(range(8))  # q, k, v, document ids, 4 block-mask tensors
-    assert _flex.intact(path)
+    assert _flex_packages.intact(path)
 
 
 def test_a_prepare_loads_the_package_without_tracing_and_matches_the_reference(cache: Path) -> None:
@@ -153,22 +153,22 @@ def test_a_damaged_or_foreign_package_is_refused_with_the_reason(cache: Path, tm
     copy = tmp_path / package(CONFIG).name
     copy.write_bytes(package(CONFIG).read_bytes()[:-1] + b"x")
     meta_of(copy).write_bytes(meta_of(package(CONFIG)).read_bytes())
-    assert not _flex.intact(copy)
+    assert not _flex_packages.intact(copy)
     with pytest.raises(ValueError, match="damaged"):
-        _flex.load_package(copy, key, "cpu")
+        _flex_packages.load_package(copy, key, "cpu")
 
 
 def test_a_package_for_another_kernel_is_refused_by_name(cache: Path) -> None:
     with pytest.raises(ValueError, match="another kernel"):
-        _flex.load_package(package(CONFIG), "some other key", "cpu")
+        _flex_packages.load_package(package(CONFIG), "some other key", "cpu")
 
 
 def test_the_check_in_a_process_of_its_own_passes_a_good_package_and_fails_a_wrong_one(cache: Path) -> None:
     request = {"task": "flex_prefill", "static": STATIC, "shape": SHAPE, "config": CONFIG,
                "path": str(package(CONFIG)), "device": "cpu"}  # fmt: skip
-    _flex.check_package({**request, "key": FlexPrefill().compile_key(STATIC, SHAPE, CONFIG)})
+    _flex_packages.check_package({**request, "key": FlexPrefill().compile_key(STATIC, SHAPE, CONFIG)})
     with pytest.raises(RuntimeError, match=r"failed its check: ValueError: .*another kernel"):
-        _flex.check_package({**request, "key": "some other key"})
+        _flex_packages.check_package({**request, "key": "some other key"})
 
 
 _SEGFAULT = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"]
@@ -185,8 +185,8 @@ def test_a_load_that_kills_or_hangs_its_process_turns_packages_off_for_the_targe
     import torch._inductor
 
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
-    monkeypatch.setattr(_flex, "CHECK_COMMAND", _SEGFAULT if loader == "crashes" else _HANG)
-    monkeypatch.setattr(_flex, "CHECK_TIMEOUT_S", 3.0)
+    monkeypatch.setattr(_flex_packages, "CHECK_COMMAND", _SEGFAULT if loader == "crashes" else _HANG)
+    monkeypatch.setattr(_flex_packages, "CHECK_TIMEOUT_S", 3.0)
     compiles: list[Any] = []
     real = torch._inductor.standalone_compile
 
@@ -198,7 +198,7 @@ def test_a_load_that_kills_or_hangs_its_process_turns_packages_off_for_the_targe
     task = FlexPrefill(compile_on_cpu=False, aot=True)
     build(task, STATIC, SHAPE, CONFIG, "cpu")
     assert len(compiles) == 1 and not package(CONFIG).exists()
-    assert not _flex.usable(task.name, "cpu")
+    assert not _flex_packages.usable(task.name, "cpu")
     (marker,) = package(CONFIG).parent.glob("unusable-*.txt")
     assert ("SIGSEGV" if loader == "crashes" else "did not finish") in marker.read_text()
 
@@ -207,7 +207,7 @@ def test_a_load_that_kills_or_hangs_its_process_turns_packages_off_for_the_targe
     built = cache / package(CONFIG).relative_to(tmp_path)  # a package from before: not loaded either
     shutil.copy(built, package(CONFIG))
     shutil.copy(meta_of(built), meta_of(package(CONFIG)))
-    assert _flex.intact(package(CONFIG))
+    assert _flex_packages.intact(package(CONFIG))
     before = _flex.aot_loads["unusable"]
     out, inputs = run(task, CONFIG)
     assert _flex.aot_loads["unusable"] == before + 1
@@ -266,7 +266,7 @@ def test_a_failed_package_compile_publishes_nothing_and_builds_the_compiled_kern
 
 def test_without_a_compile_cache_a_build_makes_no_package(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(CACHE_ENV, raising=False)
-    assert _flex.aot_package("flex_prefill", "key", "cpu") is None
+    assert _flex_packages.aot_package("flex_prefill", "key", "cpu") is None
     task = FlexPrefill(compile_on_cpu=False, aot=True)
     build(task, STATIC, SHAPE, CONFIG, "cpu")  # the torch.compile way (here eager): no error
     before = _flex.aot_loads["absent"]
@@ -343,10 +343,10 @@ def test_after_the_first_package_of_a_target_later_ones_are_checked_in_the_build
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     task = FlexPrefill(compile_on_cpu=False, aot=True)
     build(task, STATIC, SHAPE, CONFIG, "cpu")
-    assert _flex.intact(package(CONFIG)) and list(package(CONFIG).parent.glob("proven-*.txt"))
-    monkeypatch.setattr(_flex, "CHECK_COMMAND", _SEGFAULT)
+    assert _flex_packages.intact(package(CONFIG)) and list(package(CONFIG).parent.glob("proven-*.txt"))
+    monkeypatch.setattr(_flex_packages, "CHECK_COMMAND", _SEGFAULT)
     build(task, STATIC, SHAPE, OTHER, "cpu")
-    assert _flex.intact(package(OTHER)) and _flex.usable(task.name, "cpu")
+    assert _flex_packages.intact(package(OTHER)) and _flex_packages.usable(task.name, "cpu")
 
 
 def test_a_later_package_whose_loaded_output_differs_from_its_build_is_not_published(
@@ -357,7 +357,7 @@ def test_a_later_package_whose_loaded_output_differs_from_its_build_is_not_publi
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
     task = FlexPrefill(compile_on_cpu=False, aot=True)
     build(task, STATIC, SHAPE, CONFIG, "cpu")
-    real = _flex.load_package
+    real = _flex_packages.load_package
 
     def off(path: Path, key: str, device: str) -> Any:
         bind = real(path, key, device)
@@ -368,13 +368,13 @@ def test_a_later_package_whose_loaded_output_differs_from_its_build_is_not_publi
 
         return call
 
-    monkeypatch.setattr(_flex, "load_package", off)
+    monkeypatch.setattr(_flex_packages, "load_package", off)
     build(task, STATIC, SHAPE, OTHER, "cpu")
     assert (
         not package(OTHER).exists()
         and not (tmp_path / "flex_prefill" / "aot" / f"{package(OTHER).name}.json").exists()
     )
-    assert _flex.usable(task.name, "cpu")  # a bad package, not a bad target
+    assert _flex_packages.usable(task.name, "cpu")  # a bad package, not a bad target
     assert "output differs from the kernel it was built from" in caplog.text
 
 
@@ -394,6 +394,8 @@ def test_a_compile_process_builds_a_package_for_more_shapes_of_one_kernel_than_d
         for shape in shapes:
             build(task, STATIC, shape, CONFIG, "cpu")
         raised = dynamo_config.recompile_limit
-    built = [_flex.aot_package(task.name, task.compile_key(STATIC, s, CONFIG), "cpu") for s in shapes]
+    built = [
+        _flex_packages.aot_package(task.name, task.compile_key(STATIC, s, CONFIG), "cpu") for s in shapes
+    ]
     assert all(path is not None and path.is_file() for path in built), "no shape fell back for want of room"
     assert raised >= BUILDER_RECOMPILE_LIMIT

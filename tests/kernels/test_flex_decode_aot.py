@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.decode_keys import flash_static
-from tunectl.tasks import _flex
+from tunectl.tasks import _flex, _flex_packages
 from tunectl.tasks.base import InvalidConfig
 from tunectl.tasks.compile import CACHE_ENV, build
 from tunectl.tasks.flash_decode import FlashDecode
@@ -44,7 +44,7 @@ def captured() -> int:
 
 def package(static: dict[str, Any], shape: dict[str, Any]) -> Any:
     task = FlashDecode()
-    path = _flex.aot_package(task.name, task.compile_key(static, shape, FLEX), "cpu")
+    path = _flex_packages.aot_package(task.name, task.compile_key(static, shape, FLEX), "cpu")
     assert path is not None
     return path
 
@@ -58,7 +58,7 @@ def test_a_built_decode_package_loads_without_tracing_and_matches_the_reference(
     shape = {**SHAPE, "q_len": 2} if "two queries" in variant else SHAPE
     build(FlashDecode(), static, shape, FLEX, "cpu")
     path = package(static, shape)
-    assert path.is_file() and _flex.intact(path)
+    assert path.is_file() and _flex_packages.intact(path)
 
     task = FlashDecode()  # a worker: a new point, nothing loaded or compiled
     _flex._enter(object())

@@ -238,8 +238,8 @@ def test_the_console_gets_the_failed_builds_counted_by_status_and_the_log_each_o
     from rich.console import Console
 
     from tunectl.cli.progress import _ConsoleLog
-    from tunectl.orchestrator.compile_schedule import LOG_ONLY
     from tunectl.orchestrator.compiling import note_builds
+    from tunectl.orchestrator.notes import LOG_ONLY
     from tunectl.store.runs import RunInfo
 
     items = [item(4, v) for v in (0, 1, 2)]

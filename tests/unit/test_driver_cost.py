@@ -25,7 +25,7 @@ import pytest
 from tests.unit.test_refine import answer
 from tunectl.core.plan import WorkItem, plan
 from tunectl.core.spec import parse_spec
-from tunectl.decide.probes import probed
+from tunectl.decide.inline_probes import probed
 from tunectl.decide.refine import refined
 from tunectl.decide.search import Looks, Search
 from tunectl.tasks.cost_model import CostModel

@@ -18,7 +18,8 @@ from tunectl.core.buckets import make_bucketer
 from tunectl.core.keys import key_dict, make_key
 from tunectl.core.plan import plan
 from tunectl.core.record import Phase, Record, Status
-from tunectl.decide.probes import plan_probes, point_timings, probe_shapes, probed, region, regional, spread
+from tunectl.decide.inline_probes import probed
+from tunectl.decide.probes import plan_probes, point_timings, probe_shapes, region, regional, spread
 from tunectl.decide.refine import refined
 from tunectl.decide.search import Search
 from tunectl.decide.select import every_config, select_winners

@@ -292,11 +292,17 @@ def _facts(spec: Spec, task: PlannedTask, configs: Iterable[tuple[Key, Sequence[
         if not task.selectable(dict(static), dict(c))
     )
     return RunFacts(
-        spec.task, tuple(task.static_params), tuple(task.shape_params), tuple(task.config_params),
-        tuple((d.name, d.bucket) for d in spec.shapes), unselectable,
-        tuple((dim, lo, hi) for dim, (lo, hi) in sorted(spec.ranges().items())), spec.select.margin,
-        tuple(getattr(task, "split_params", ())), tuple(getattr(task, "wave_dims", ())),
-    )  # fmt: skip
+        task=spec.task,
+        static_params=tuple(task.static_params),
+        shape_params=tuple(task.shape_params),
+        config_params=tuple(task.config_params),
+        buckets=tuple((d.name, d.bucket) for d in spec.shapes),
+        unselectable=unselectable,
+        ranges=tuple((dim, lo, hi) for dim, (lo, hi) in sorted(spec.ranges().items())),
+        margin=spec.select.margin,
+        split_params=tuple(getattr(task, "split_params", ())),
+        wave_dims=tuple(getattr(task, "wave_dims", ())),
+    )
 
 
 def count_plan(spec: Spec, task: PlannedTask | None = None) -> PlanCount:

@@ -25,9 +25,7 @@ The cell's own entry keeps its place where its worst loss is within the margin o
 and the default next; a config the probes did not measure everywhere is not chosen.
 
 ``tunectl probe RUN`` probes a finished run as a run of its own. With ``[search] probes = n`` the
-tuning run probes itself (``Probed``): a layer over the search and refinement that plans a static
-key's probes once both are done with it, from finished records only, so a resumed run plans the
-same probes and asks only for the arms without a row.
+tuning run probes itself (``tunectl.decide.inline_probes``).
 """
 
 from __future__ import annotations
@@ -41,16 +39,13 @@ from dataclasses import dataclass
 
 from tunectl.core.buckets import Bucketer, make_bucketer
 from tunectl.core.keys import Key, key_text, make_key, value_order
-from tunectl.core.plan import Plan, RunFacts, WorkItem, comparison, in_pool, selectable_in
+from tunectl.core.plan import RunFacts, WorkItem, comparison
 from tunectl.core.record import Phase, Record, latest
 from tunectl.core.shapes import ShapeDim
 from tunectl.core.spec import Spec
 from tunectl.decide.coverage import nearest, sizes
-from tunectl.decide.points import Awaited
-from tunectl.decide.refine import Refined
 from tunectl.decide.rules import Fitted, Timings, fit_rules, probe_losses
-from tunectl.decide.search import Search
-from tunectl.decide.select import Winner, fidelity, latest_comparisons, select_winners
+from tunectl.decide.select import Winner, fidelity, is_timing, latest_comparisons, select_winners
 from tunectl.decide.stacked import Skipped
 
 DEFAULT_PER_CELL = 2
@@ -180,8 +175,19 @@ def probes_of(
     bucketers = {d.name: functools.partial(make_bucketer, d.bucket) for d in spec.shapes}
     timings = point_timings(records, selectable)
     rules = fit_rules(timings, [facts]) if facts is not None else []
-    return plan_probes(spec.task, spec.shapes, bucketers, winners, timings, default_of, check_point,
-                       per_cell=per_cell, shortlist=shortlist, rounds=rounds, rules=rules)  # fmt: skip
+    return plan_probes(
+        spec.task,
+        spec.shapes,
+        bucketers,
+        winners,
+        timings,
+        default_of,
+        check_point,
+        per_cell=per_cell,
+        shortlist=shortlist,
+        rounds=rounds,
+        rules=rules,
+    )
 
 
 def _corners(cell: Key, regions: Mapping[str, tuple[int, int]], values: Mapping[str, list[int]]) -> list[Key]:
@@ -220,9 +226,7 @@ def _arms(
 def point_timings(records: Iterable[Record], selectable: Callable[[str, Key, Key], bool]) -> Timings:
     """Per (task, static, shape), each selectable config's single-timing median: a full measurement
     over a screening look, then the later one (``tunectl.decide.select.fidelity``)."""
-    timed = [r for r in records
-             if r.ok and r.median_us and r.phase in (Phase.MEASURE, Phase.SCREEN)
-             and selectable(r.task, r.static, r.config)]  # fmt: skip
+    timed = [r for r in records if is_timing(r) and selectable(r.task, r.static, r.config)]
     best = latest(timed, lambda r: (r.task, r.static, r.shape, r.config), fidelity)
     out: dict[tuple[str, Key, Key], dict[Key, float]] = {}
     for (task, static, shape, config), record in best.items():
@@ -286,15 +290,16 @@ def _choose(w: Winner, sites: Sequence[Site], margin: float) -> Winner:
     least = min(worst.values())
     default = next((r.config for s in sites for r in s.arms if r.is_default), None)
     keep = [c for c in (w.config, default) if c in worst and worst[c] <= least * (1 + margin)]
-    probes = sum(1 for s in sites if s.arms)
+    counted = f"{len(sites)} site(s), {sum(1 for s in sites if s.arms)} probe(s)"
     if keep and keep[0] == w.config:
-        return dataclasses.replace(w, region=f"held over the region: worst loss {worst[w.config] - 1:.1%} at "
-                                              f"{len(sites)} site(s), {probes} probe(s)")  # fmt: skip
+        return dataclasses.replace(
+            w, region=f"held over the region: worst loss {worst[w.config] - 1:.1%} at {counted}"
+        )
     choice = keep[0] if keep else min(common, key=lambda c: (worst[c], value_order(c)))
     was = f"{worst[w.config] - 1:.1%}" if w.config in worst else "not measured at every probe"
     note = (
-        f"least worst loss over the region: {worst[choice] - 1:.1%} at {len(sites)} site(s), {probes} "
-        f"probe(s) (the point's choice {key_text(w.config)}: {was})"
+        f"least worst loss over the region: {worst[choice] - 1:.1%} at {counted} "
+        f"(the point's choice {key_text(w.config)}: {was})"
     )
     return _replaced(w, choice, sites, note)
 
@@ -324,77 +329,3 @@ def _replaced(w: Winner, config: Key, sites: Sequence[Site], note: str) -> Winne
         tie_by="",
         region=note,
     )
-
-
-class Probed:
-    """A run's work with ``[search] probes`` on: ``inner``'s items (the search, refined or not), then each
-    static key's probes, planned once ``inner`` is done with it (every point finished, refinement
-    settled), from finished records only: a resumed run plans the same ones and asks only for the arms
-    without a row. A static key's probes go out when planned; their rows are counted off as they come."""
-
-    def __init__(
-        self, inner: Search | Refined, search: Search, plan: Plan, check_point: CheckPoint, pool: str | None
-    ) -> None:
-        self.inner, self.search, self.plan = inner, search, plan
-        self._check = check_point
-        self._pool = pool
-        self._unplanned = [s for s, _, _ in plan.count.per_static]  # static keys without probes yet
-        self._done: set[str] = set()  # record ids of probe rows
-        self._awaited = Awaited()  # the planned probes without all their rows
-        self._planned_records = 0  # rows the planned probes write
-
-    def start(self, records: Iterable[Record] = ()) -> None:
-        records = list(records)
-        self._done.update(r.item_id for r in records if r.phase is Phase.PROBE)
-        self.inner.start([r for r in records if r.phase is not Phase.PROBE])
-
-    def draw(self, limit: int) -> list[WorkItem]:
-        return self.inner.draw(limit) + self._grow()
-
-    def follow_up(self, records: Sequence[Record]) -> list[WorkItem]:
-        for record in records:
-            if record.phase is Phase.PROBE:
-                self._done.add(record.item_id)
-                self._awaited.arrived(record.item_id)
-        return self.inner.follow_up([r for r in records if r.phase is not Phase.PROBE]) + self._grow()
-
-    def estimate(self) -> int:
-        return self.inner.estimate() + self._planned_records
-
-    def missing(self) -> int:
-        """The inner work's missing items, then the planned probes without all their rows."""
-        left = self.inner.missing()
-        self._grow()
-        return left + self._awaited.open
-
-    def _grow(self) -> list[WorkItem]:
-        """The probes of every static key ``inner`` is now done with, those not done, each once."""
-        out = []
-        for static in [s for s in self._unplanned if self.inner.settled(s)]:
-            self._unplanned.remove(static)
-            for item in self._probes(static):
-                self._planned_records += len(item.record_ids())
-                if self._awaited.add(item, self._done):
-                    out.append(item)
-        return out
-
-    def _probes(self, static: Key) -> list[WorkItem]:
-        search = self.plan.spec.search
-        made = probes_of(
-            self.plan.spec, [r for p in self.search.points_at(static) for r in p.records.values()],
-            selectable_in([self.plan.facts]), lambda _: self.search.configs_at(static)[0], self._check,
-            per_cell=search.probes, shortlist=search.probe_shortlist, rounds=search.rounds,
-            facts=self.plan.facts,
-        )  # fmt: skip
-        if self._pool is None:
-            return list(made.items)
-        return [dataclasses.replace(i, item_id=in_pool(i.item_id, self._pool)) for i in made.items]
-
-
-def probed(
-    work: Search | Refined, search: Search, plan: Plan, check_point: CheckPoint, pool: str | None
-) -> Search | Refined | Probed:
-    """``work`` with its cells probed where the spec asks for probes (``[search] probes``); else as is."""
-    if plan.spec.search.probes <= 0 or not plan.spec.ranges():
-        return work
-    return Probed(work, search, plan, check_point, pool)

@@ -34,13 +34,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from tunectl.core.keys import Key, make_key, value_order
 from tunectl.core.plan import Plan, WorkItem
-from tunectl.core.record import Phase, Record, latest
+from tunectl.core.record import Record, latest
 from tunectl.core.shapes import ShapeDim, line_neighbours
 from tunectl.core.spec import DEFAULT_MARGIN
 from tunectl.decide.coverage import sizes
 from tunectl.decide.points import Point
 from tunectl.decide.search import Search
-from tunectl.decide.select import Winner, fidelity, select_winners
+from tunectl.decide.select import Winner, fidelity, is_timing, select_winners
 
 CheckPoint = Callable[[Key, Key], "str | None"]  # (static, shape) -> why the task cannot run it, or None
 
@@ -116,9 +116,7 @@ def fastest(point: Point, k: int, selectable: Callable[[Key, Key], bool]) -> lis
     """The ``k`` selectable configs with the lowest median at ``point``, each config by the record
     selection counts (``tunectl.decide.select.fidelity``: a full measurement over a screening look,
     then the later one); ties in a fixed order."""
-    timed = [r for r in point.records.values()
-             if r.ok and r.median_us and r.phase in (Phase.MEASURE, Phase.SCREEN)
-             and selectable(point.static, r.config)]  # fmt: skip
+    timed = [r for r in point.records.values() if is_timing(r) and selectable(point.static, r.config)]
     best = latest(timed, lambda r: r.config, fidelity)
     return sorted(best, key=lambda c: (best[c].median_us, value_order(c)))[:k]
 

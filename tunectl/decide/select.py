@@ -153,6 +153,12 @@ def fidelity(record: Record) -> tuple[int, tuple[float, str, str]]:
     return (0 if record.phase is Phase.SCREEN else 1, _order(record))
 
 
+def is_timing(record: Record) -> bool:
+    """Whether ``record`` is a single timing the selection counts: an ok full measurement or
+    screening look with a median."""
+    return bool(record.ok and record.median_us and record.phase in (Phase.MEASURE, Phase.SCREEN))
+
+
 def select_winners(
     records: Iterable[Record],
     *,
@@ -170,8 +176,10 @@ def select_winners(
     for record in records:
         if record.phase is not Phase.FINAL and record.phase in SELECTED_PHASES:
             singles.setdefault(record.point, []).append(record)
-    groups = {at: list(latest(rows, key=lambda r: r.config_key, rank=fidelity).values())
-              for at, rows in singles.items()}  # fmt: skip
+    groups = {
+        at: list(latest(rows, key=lambda r: r.config_key, rank=fidelity).values())
+        for at, rows in singles.items()
+    }
     lines = _Lines(groups, {at: rows[0].shape for at, rows in [*groups.items(), *finals.items()] if rows})
     winners = []
     for point in singles.keys() | finals.keys():
@@ -254,8 +262,10 @@ class _Lines:
     other values equal, of the same task, device and static key) and the single timings there."""
 
     def __init__(self, groups: dict[Point, list[Record]], shapes: dict[Point, Key]) -> None:
-        self.times = {at: {r.config_key: r.median_us for r in rows if r.ok and r.median_us}
-                      for at, rows in groups.items()}  # fmt: skip
+        self.times = {
+            at: {r.config_key: r.median_us for r in rows if r.ok and r.median_us}
+            for at, rows in groups.items()
+        }
         self.shapes = shapes
         self.by_static: dict[tuple[str, str, str], list[Point]] = {}
         for at in self.shapes:
@@ -307,9 +317,8 @@ def _from_finals(
         if sum(v == held_up[best.config_key] for v in held_up.values()) == 1
         else "canonical order"
     )
-    return best, default, {"speedup": best.speedup, "speedup_lo": best.speedup_lo,
-                           "speedup_hi": best.speedup_hi, "near_ties": len(tied) - 1, "tie_by": by,
-                           **basis}  # fmt: skip
+    spread = {"speedup": best.speedup, "speedup_lo": best.speedup_lo, "speedup_hi": best.speedup_hi}
+    return best, default, {**spread, "near_ties": len(tied) - 1, "tie_by": by, **basis}
 
 
 def _speedup(record: Record) -> float:

@@ -22,7 +22,8 @@ from tunectl.core.plan import Plan, WorkItem, in_pool, plan
 from tunectl.core.record import Record
 from tunectl.core.registry import get_task
 from tunectl.core.spec import parse_spec
-from tunectl.decide.probes import CheckPoint, Probed, probed
+from tunectl.decide.inline_probes import Probed, probed
+from tunectl.decide.probes import CheckPoint
 from tunectl.decide.refine import Refined, refined
 from tunectl.decide.search import Search
 from tunectl.decide.select import LostRows, Winner

@@ -58,8 +58,12 @@ class Builder:
 
     def describe(self) -> dict[str, Any]:
         ctx = ray.get_runtime_context()
-        return {"node_id": ctx.get_node_id(), "host": socket.gethostname(), "pid": os.getpid(),
-                "device": self.device}  # fmt: skip
+        return {
+            "node_id": ctx.get_node_id(),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "device": self.device,
+        }
 
     def build(self, key: str, item: WorkItem, arm: Key) -> BuildResult:
         """Compile the kernel of config ``arm`` (the item's, or one of its arms') at ``item``'s point."""

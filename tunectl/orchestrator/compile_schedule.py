@@ -30,10 +30,9 @@ from ray import exceptions as rex
 from tunectl.core.keys import Key
 from tunectl.core.plan import WorkItem
 from tunectl.orchestrator.blame import death_detail, first_line
+from tunectl.orchestrator.notes import LOG_ONLY
 
 log = logging.getLogger("tunectl.run")
-#: a run event for its log only: the console leaves out records carrying this (``extra=LOG_ONLY``)
-LOG_ONLY = {"console": False}
 
 SHARED = "*"  # the scope of every node when the compile cache is shared
 READY, CLAIMABLE, WAIT = 0, 1, 2  # how a worker sees an item (BuildBook.rank)

@@ -33,6 +33,8 @@ NOISY_LOGGERS = ("torch", "triton", "flashinfer", "cutlass", "cuda", "tunectl")
 MAX_TEXTS = 500  # distinct texts kept per process; the rest are counted under their kind
 MAX_LINE = 300  # characters kept of a printed line
 log = logging.getLogger("tunectl.run")
+#: a run event for its log only: the console leaves out records carrying this (``extra=LOG_ONLY``)
+LOG_ONLY = {"console": False}
 
 
 @dataclass(frozen=True)

@@ -28,9 +28,14 @@ RESTART_WAIT_S = 300.0
 
 # Errors that mean the worker process (or its node) is gone, not that the item misbehaved in Python.
 WORKER_LOST = (
-    rex.RayActorError, rex.WorkerCrashedError, rex.NodeDiedError, rex.OutOfMemoryError,
-    rex.ObjectLostError, rex.ActorUnschedulableError, rex.LocalRayletDiedError,
-)  # fmt: skip
+    rex.RayActorError,
+    rex.WorkerCrashedError,
+    rex.NodeDiedError,
+    rex.OutOfMemoryError,
+    rex.ObjectLostError,
+    rex.ActorUnschedulableError,
+    rex.LocalRayletDiedError,
+)
 
 Unanswered = tuple[WorkItem, "WorkItem | None"]  # an item a dead worker held, and its lookahead
 

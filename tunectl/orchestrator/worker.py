@@ -66,11 +66,16 @@ class TuneWorker:
         ctx = ray.get_runtime_context()
         words, self.last_words = self.last_words, None
         return {
-            "node_id": ctx.get_node_id(), "host": socket.gethostname(), "pid": os.getpid(),
-            "device": self.device, "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+            "node_id": ctx.get_node_id(),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "device": self.device,
+            "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
             "accelerator_ids": {k: list(v) for k, v in ctx.get_accelerator_ids().items()},
-            "compile_ahead": self.compile_ahead, "last_words": words, "incarnation": self.incarnation,
-        }  # fmt: skip
+            "compile_ahead": self.compile_ahead,
+            "last_words": words,
+            "incarnation": self.incarnation,
+        }
 
     def run(
         self,

@@ -50,8 +50,9 @@ class WorkQueue:
         self.retry.append(item)
         self.size += 1
 
-    def pop(self, point: Any, busy: set[Any], rank: Callable[[WorkItem], int] | None = None
-            ) -> WorkItem | None:  # fmt: skip
+    def pop(
+        self, point: Any, busy: set[Any], rank: Callable[[WorkItem], int] | None = None
+    ) -> WorkItem | None:
         """A retry first; else an item at ``point``; else one at a point no other worker is on.
 
         ``rank`` (0 ready, 1 claimable, 2 wait: ``tunectl.orchestrator.compile_schedule``) says how the

@@ -84,8 +84,9 @@ def page_metadata(page_table: Any, kv_len: int, page_size: int) -> tuple[Any, An
     return indptr, indices, last_page_len
 
 
-def wrapper_kwargs(config: Params, *, workspace: Any, indptr: Any, indices: Any,
-                   last_page_len: Any) -> dict[str, Any]:  # fmt: skip
+def wrapper_kwargs(
+    config: Params, *, workspace: Any, indptr: Any, indices: Any, last_page_len: Any
+) -> dict[str, Any]:
     """The constructor's arguments: CUDA-graph mode, with the metadata buffers the graph reads.
 
     The buffers are allocated here with the plan's sizes (``plan()`` copies into them); a graph
@@ -101,8 +102,9 @@ def wrapper_kwargs(config: Params, *, workspace: Any, indptr: Any, indices: Any,
     }
 
 
-def plan_kwargs(static: Params, config: Params, *, indptr: Any, indices: Any,
-                last_page_len: Any) -> dict[str, Any]:  # fmt: skip
+def plan_kwargs(
+    static: Params, config: Params, *, indptr: Any, indices: Any, last_page_len: Any
+) -> dict[str, Any]:
     """``plan()``'s arguments, every one by keyword (0.7 deprecates positional options)."""
     import torch
 
@@ -162,8 +164,9 @@ def prepare(static: Params, config: Params, inputs: dict[str, Any]) -> Callable[
         meta = page_metadata(inputs["page_table"], inputs["kv_len"], int(static["page_size"]))
         names = ("indptr", "indices", "last_page_len")
         arrays = dict(zip(names, meta, strict=True))
-        wrapper = BatchDecodeWithPagedKVCacheWrapper(**wrapper_kwargs(config, workspace=workspace(inputs),
-                                                                      **arrays))  # fmt: skip
+        wrapper = BatchDecodeWithPagedKVCacheWrapper(
+            **wrapper_kwargs(config, workspace=workspace(inputs), **arrays)
+        )
         wrapper.plan(**plan_kwargs(static, config, **arrays))  # once, outside any graph, as serving does
         q4 = inputs["q"]
         q = q4.view(q4.shape[0], q4.shape[2], q4.shape[3])  # [batch, heads, dim]: one token each

@@ -100,9 +100,13 @@ def _sdpa_mask(static: Params, kv_len: int, q_len: int, device: Any) -> Any:
 
 
 def flex_decode(
-    static: Params, config: Params, inputs: dict[str, Any], point: object, compiled: bool,
+    static: Params,
+    config: Params,
+    inputs: dict[str, Any],
+    point: object,
+    compiled: bool,
     package: tuple[str, str] | None = None,
-) -> Callable[[], Any]:  # fmt: skip
+) -> Callable[[], Any]:
     """The Flex call over the page pool; ``package``: (task, compile key) of a package to load instead
     of tracing (``tunectl.tasks._flex``), where a compile process built one."""
     if inputs["sinks"] is not None:
@@ -150,8 +154,13 @@ def pool_views(inputs: dict[str, Any]) -> tuple[Any, Any, Any]:
 def flex_decode_args(static: Params, inputs: dict[str, Any]) -> tuple[Any, ...]:
     """What a Flex decode package's call takes (``flex_decode_module``): q, the K and V caches, the
     pool's page maps and the block mask's tensors, each made once per point."""
-    return (inputs["q"], inputs["k_cache"], inputs["v_cache"], _page_maps(inputs),
-            _flex.block_tensors(_point_flex(static, inputs)[0]))  # fmt: skip
+    return (
+        inputs["q"],
+        inputs["k_cache"],
+        inputs["v_cache"],
+        _page_maps(inputs),
+        _flex.block_tensors(_point_flex(static, inputs)[0]),
+    )
 
 
 def _point_flex(static: Params, inputs: dict[str, Any]) -> tuple[Any, Any]:

@@ -106,9 +106,15 @@ def check_point(opts: TritonOptions, static: Params, q_len: int) -> None:
 
 
 def heuristic_splits(
-    *, batch: int, num_kv_heads: int, head_blocks: int, kv_len: int, num_sms: int,
-    rule: str = SPLIT_RULES[0], block_n: int = DEFAULTS["BLOCK_N"],
-) -> int:  # fmt: skip
+    *,
+    batch: int,
+    num_kv_heads: int,
+    head_blocks: int,
+    kv_len: int,
+    num_sms: int,
+    rule: str = SPLIT_RULES[0],
+    block_n: int = DEFAULTS["BLOCK_N"],
+) -> int:
     """The split count ``num_kv_splits = 0`` runs with under ``rule`` (see module doc); at least 1.
     ``block_n``: the kernel cuts a sequence into splits of whole ``block_n`` steps, so a count can
     leave its last splits without tokens (``active_splits``)."""
@@ -155,23 +161,40 @@ def prepare(static: Params, config: Params, inputs: dict[str, Any]) -> Callable[
         raise InvalidConfig("TRITON_INTERPRET=1 must be set before triton is first imported")
 
     def build() -> Callable[[], Any]:
-        splits = opts.num_kv_splits or heuristic_splits(
-            batch=q.shape[0],
-            num_kv_heads=static["num_kv_heads"],
-            head_blocks=head_blocks(static, inputs["q_len"], opts.block_h),
-            kv_len=inputs["kv_len"],
-            num_sms=_num_sms(q.device),
-            rule=opts.split_rule,
-            block_n=opts.block_n,
-        )
-        return _triton_decode.decode_call(
-            q, inputs["k_cache"], inputs["v_cache"], inputs["page_table"], inputs["seqused_k"],
-            sinks=inputs["sinks"], causal=bool(static["causal"]), window=tuple(static["window"]),
-            softcap=float(static["softcap"]), num_kv_splits=splits, block_n=opts.block_n,
-            block_h=opts.block_h, num_warps=opts.num_warps, num_stages=opts.num_stages,
-        )  # fmt: skip
+        splits = opts.num_kv_splits or _heuristic_at(static, opts, inputs)
+        paged = (inputs["k_cache"], inputs["v_cache"], inputs["page_table"], inputs["seqused_k"])
+        kernel = _call_options(static, opts, splits)
+        return _triton_decode.decode_call(q, *paged, sinks=inputs["sinks"], **kernel)
 
     return lazily(build, _reject)
+
+
+def _heuristic_at(static: Params, opts: TritonOptions, inputs: dict[str, Any]) -> int:
+    """The split count ``num_kv_splits = 0`` runs with at the inputs' point (``heuristic_splits``)."""
+    q = inputs["q"]
+    return heuristic_splits(
+        batch=q.shape[0],
+        num_kv_heads=static["num_kv_heads"],
+        head_blocks=head_blocks(static, inputs["q_len"], opts.block_h),
+        kv_len=inputs["kv_len"],
+        num_sms=_num_sms(q.device),
+        rule=opts.split_rule,
+        block_n=opts.block_n,
+    )
+
+
+def _call_options(static: Params, opts: TritonOptions, splits: int) -> dict[str, Any]:
+    """``decode_call``'s options: the point's masking and soft-cap, and the config's kernel parameters."""
+    return {
+        "causal": bool(static["causal"]),
+        "window": tuple(static["window"]),
+        "softcap": float(static["softcap"]),
+        "num_kv_splits": splits,
+        "block_n": opts.block_n,
+        "block_h": opts.block_h,
+        "num_warps": opts.num_warps,
+        "num_stages": opts.num_stages,
+    }
 
 
 def _reject(exc: Exception) -> str | None:

@@ -31,10 +31,12 @@ def main(argv: list[str]) -> int:
         return 2
     missing = [f for f in _FIELDS if f not in request]
     if missing:
-        print(f"usage: python -m tunectl.tasks._aot_check REQUEST_JSON (missing: {', '.join(missing)})",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"usage: python -m tunectl.tasks._aot_check REQUEST_JSON (missing: {', '.join(missing)})",
+            file=sys.stderr,
+        )
         return 2
-    from tunectl.tasks._flex import why
+    from tunectl.tasks._flex_packages import why
 
     try:
         check(request)
@@ -46,7 +48,7 @@ def main(argv: list[str]) -> int:
 
 def check(request: dict[str, Any]) -> None:
     """Raises where the package does not load, run, or match the reference."""
-    from tunectl.tasks._flex import load_package
+    from tunectl.tasks._flex_packages import load_package
     from tunectl.tasks.base import compare_outputs
     from tunectl.tasks.compile import synchronize
     from tunectl.tasks.registry import get_task

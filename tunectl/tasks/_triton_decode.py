@@ -148,12 +148,31 @@ def _split_stage(
     per_split = tl.cdiv(tl.cdiv(kv_len - lo, num_kv_splits), BLOCK_N) * BLOCK_N
     start = lo + split * per_split
     end = tl.minimum(start + per_split, kv_len)
+    m, denom, acc = _attend(
+        q, K, V, Table + b * stride_table, kv_head, start, end, pos, offs_d, d_ok, sm_scale, softcap,
+        stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+        PAGE_SIZE, BLOCK_N, BLOCK_H, BLOCK_D, CAUSAL, WINDOW_LEFT, WINDOW_RIGHT, SOFTCAP, PRECISION,
+    )  # fmt: skip
+    _store_split(
+        m, denom, acc, Sinks, MidO, MidLse, Out, b, t, head, split, row_ok, d_ok, offs_d,
+        stride_ob, stride_ot, stride_oh, num_kv_splits, Q_LEN, NUM_Q_HEADS, HEAD_DIM, HAS_SINKS, SINGLE,
+    )  # fmt: skip
 
+
+@triton.jit
+def _attend(
+    q, K, V, table_row, kv_head, start, end, pos, offs_d, d_ok, sm_scale, softcap,
+    stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+    PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    CAUSAL: tl.constexpr, WINDOW_LEFT: tl.constexpr, WINDOW_RIGHT: tl.constexpr,
+    SOFTCAP: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """The online softmax of the query rows ``q`` over the tokens [start, end) of one sequence, read
+    through its page table row: each row's running maximum, denominator and unnormalised output."""
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     denom = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
     USE_DOT: tl.constexpr = BLOCK_H >= 16
-    table_row = Table + b * stride_table
     for n0 in range(start, end, BLOCK_N):
         tok = n0 + tl.arange(0, BLOCK_N)
         tok_ok = tok < end
@@ -179,7 +198,18 @@ def _split_stage(
         )  # fmt: skip
         acc = acc * alpha[:, None] + _weighted(p, v, USE_DOT, PRECISION)
         m = m_new
+    return m, denom, acc
 
+
+@triton.jit
+def _store_split(
+    m, denom, acc, Sinks, MidO, MidLse, Out, b, t, head, split, row_ok, d_ok, offs_d,
+    stride_ob, stride_ot, stride_oh, num_kv_splits,
+    Q_LEN: tl.constexpr, NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+    HAS_SINKS: tl.constexpr, SINGLE: tl.constexpr,
+):  # fmt: skip
+    """A split's result: with one split, the output itself (the sink added); else the split's
+    normalised partial output and its log-sum-exp, into the workspace."""
     if SINGLE:
         out = _with_sink(m, denom, acc, Sinks, head, row_ok, HAS_SINKS)
         ptrs = Out + b * stride_ob + t[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :]
@@ -223,6 +253,17 @@ def _merge_stage(
     tl.store(ptrs, out.to(Out.dtype.element_ty), mask=d_ok[None, :])
 
 
+def _workspace(q: Any, num_kv_splits: int) -> tuple[Any, Any]:
+    """The splits' float32 partial outputs and log-sum-exps, per (sequence, token, head, split); empty
+    with one split (stage 1 then writes the output)."""
+    import torch
+
+    if num_kv_splits == 1:
+        return q.new_empty((), dtype=torch.float32), q.new_empty((), dtype=torch.float32)
+    rows = (*q.shape[:3], num_kv_splits)
+    return q.new_empty((*rows, q.shape[3]), dtype=torch.float32), q.new_empty(rows, dtype=torch.float32)
+
+
 def decode_call(
     q: Any,
     k_cache: Any,
@@ -257,10 +298,7 @@ def decode_call(
     block_d = max(16, triton.next_power_of_2(head_dim))
     out = torch.empty_like(q)
     single = num_kv_splits == 1
-    mid_o = q.new_empty(
-        () if single else (batch, q_len, num_q_heads, num_kv_splits, head_dim), dtype=torch.float32
-    )
-    mid_lse = q.new_empty(() if single else (batch, q_len, num_q_heads, num_kv_splits), dtype=torch.float32)
+    mid_o, mid_lse = _workspace(q, num_kv_splits)
     consts = dict(
         Q_LEN=q_len, GROUP=group, NUM_Q_HEADS=num_q_heads, HEAD_BLOCKS=head_blocks,
         PAGE_SIZE=k_cache.shape[1], HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=block_n, BLOCK_H=block_h,

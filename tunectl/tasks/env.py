@@ -10,10 +10,8 @@ from typing import Any
 
 from tunectl.core.files import canonical_json
 
-_PACKAGES = (
-    "torch", "triton", "flash-attn", "flash-attn-4", "flash-attn-3", "sgl-kernel", "nvidia-cutlass-dsl",
-    "flashinfer-python", "nvidia-cudnn-frontend", "tunectl",
-)  # fmt: skip
+_KERNEL_PACKAGES = ("flash-attn", "flash-attn-4", "flash-attn-3", "sgl-kernel", "nvidia-cutlass-dsl")
+_PACKAGES = ("torch", "triton", *_KERNEL_PACKAGES, "flashinfer-python", "nvidia-cudnn-frontend", "tunectl")
 
 
 def _version(package: str) -> str | None:

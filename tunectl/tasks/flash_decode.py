@@ -73,6 +73,16 @@ BACKEND_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 _MAX_KV_BYTES = 8 << 30  # K and V together; larger points are skipped, not half-built
+#: imported once per worker on a GPU, before its first item (``warm_up``)
+_WARM_MODULES = (
+    "flash_attn.cute",
+    "flash_attn",
+    "flash_attn_interface",
+    "torch._inductor.compile_fx",
+    "torch.nn.attention.flex_attention",
+    "tunectl.tasks._triton_decode",
+    "flashinfer",
+)
 
 
 class FlashDecode(Task):
@@ -191,10 +201,7 @@ class FlashDecode(Task):
     def warm_up(self, device: str) -> None:
         """Import the kernel libraries once per worker, before its first item."""
         if device.startswith("cuda"):
-            warm_up_libraries(
-                ("flash_attn.cute", "flash_attn", "flash_attn_interface", "torch._inductor.compile_fx",
-                 "torch.nn.attention.flex_attention", "tunectl.tasks._triton_decode", "flashinfer")
-            )  # fmt: skip
+            warm_up_libraries(_WARM_MODULES)
 
     def check_point(self, static: Params, shape: Params) -> str | None:
         hq, hkv, d, page = (

@@ -34,6 +34,13 @@ MASKS = ("causal", "document_causal", "sliding_window")
 _SPARSE_BLOCK = 128
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 _OPTIONS = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "USE_TMA", "BACKEND")
+#: imported once per worker on a GPU, before its first item (``warm_up``)
+_WARM_MODULES = (
+    "torch._inductor.compile_fx",
+    "torch.nn.attention.flex_attention",
+    "flash_attn.cute.interface",
+    "flash_attn.cute.block_sparsity",
+)
 
 
 class FlexPrefill(Task):
@@ -99,8 +106,7 @@ class FlexPrefill(Task):
         """Import, before the first item, what a first load would: Inductor, Flex, and the flash-attn-4
         modules that ``BACKEND = "FLASH"`` kernels import (an H200 worker's first such load took 4.4 s)."""
         if device.startswith("cuda"):
-            warm_up_libraries(("torch._inductor.compile_fx", "torch.nn.attention.flex_attention",
-                               "flash_attn.cute.interface", "flash_attn.cute.block_sparsity"))  # fmt: skip
+            warm_up_libraries(_WARM_MODULES)
 
     def check_point(self, static: Params, shape: Params) -> str | None:
         if static["dtype"] not in _ITEMSIZE:
