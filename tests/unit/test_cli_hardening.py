@@ -150,13 +150,13 @@ def test_an_unreachable_address_fails_fast_with_one_line(
 ) -> None:
     import socket
 
-    from tunectl.orchestrator import cluster
+    from tunectl.orchestrator import cluster, reach
 
     def no_answer(address: tuple[str, int], timeout: float) -> socket.socket:
         raise TimeoutError  # what a host that drops packets gives once the timeout passes
 
     with monkeypatch.context() as patched:
-        patched.setattr(cluster.socket, "create_connection", no_answer)
+        patched.setattr(reach.socket, "create_connection", no_answer)
         with pytest.raises(UserError, match=r"no answer from head:6379 within 0.5 s"):
             cluster.check_reachable("ray://head:6379", timeout_s=0.5)
     spec = tmp_path / "tiny.toml"

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -21,12 +20,14 @@ import ray
 
 from tunectl.core.errors import UserError
 from tunectl.orchestrator.notes import Note, drained
+from tunectl.orchestrator.reach import check_ray, check_reachable, connect_timeout_s
+
+__all__ = ["check_reachable", "connect", "connect_timeout_s"]
 
 #: Pool names for devices of no declared accelerator type.
 UNTYPED_GPU = "GPU"
 CPU_POOL = "cpu"
 _ACCEL_PREFIX = "accelerator_type:"
-CONNECT_TIMEOUT_S = float(os.environ.get("TUNECTL_CONNECT_TIMEOUT_S", "10"))
 _AUTH_HINT = (
     "; if the cluster uses token authentication, set RAY_AUTH_MODE=token and give its token in "
     "RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token (`ray get-auth-token` on the head prints it)"
@@ -67,14 +68,18 @@ class Pool:
 
 
 def connect(
-    address: str | None, num_gpus: int | None = None, num_cpus: int | None = None, *,
-    connect_timeout_s: float = CONNECT_TIMEOUT_S,
-) -> bool:  # fmt: skip
+    address: str | None,
+    num_gpus: int | None = None,
+    num_cpus: int | None = None,
+    *,
+    timeout_s: float | None = None,
+) -> bool:
     """Join ``address`` (or ``RAY_ADDRESS``), else start a local instance. True if this call connected.
 
     Without an address this never joins some other Ray instance that happens to run on the machine.
-    An address whose host does not answer within ``connect_timeout_s`` is a ``UserError`` (Ray itself
-    would wait minutes).
+    An address that is not a Ray cluster's, found out within ``timeout_s`` (default
+    ``TUNECTL_CONNECT_TIMEOUT_S``, 10 s) and without Ray's warnings, is a ``UserError`` (Ray itself
+    would retry for minutes; ``tunectl.orchestrator.reach``).
     """
     if ray.is_initialized():
         return False
@@ -86,7 +91,7 @@ def connect(
             raise UserError("--num-gpus applies to a local instance only, not when joining a cluster")
         if address:
             kwargs["address"] = address
-        check_reachable(address or os.environ.get("RAY_ADDRESS", ""), connect_timeout_s)
+        check_ray(address or os.environ.get("RAY_ADDRESS", ""), timeout_s or connect_timeout_s())
     else:
         kwargs.update(address="local", include_dashboard=False)
         if num_gpus is not None:
@@ -101,27 +106,19 @@ def connect(
         detail = " ".join(lines)[:300] or type(exc).__name__
         hint = _AUTH_HINT if joining and os.environ.get("RAY_AUTH_MODE", "").lower() != "token" else ""
         raise UserError(f"cannot connect to {target}: {detail}{hint}") from None
+    if not joining:
+        _watch_local_instance()
     return True
 
 
-def check_reachable(address: str, timeout_s: float = 10.0) -> None:
-    """Open (and close) a TCP connection to ``address``'s host and port; a ``UserError`` if none comes.
+def _watch_local_instance() -> None:
+    """Have the local instance's processes stopped when this driver dies, however it dies: Ray leaves
+    its agents running for a minute after a SIGKILL (``tunectl.orchestrator.reaper``)."""
+    from tunectl.orchestrator import reaper
 
-    ``auto``, ``local`` and addresses without a port are left to Ray (they name no one host to try).
-    """
-    target = address.split("://", 1)[-1].split("/", 1)[0]
-    host, sep, port = target.rpartition(":")
-    if not sep or not port.isdigit() or not host:
-        return
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
-    except TimeoutError:
-        raise UserError(
-            f"cannot connect to {address}: no answer from {host}:{port} within {timeout_s:g} s; "
-            "check that the cluster is up and the address is right"
-        ) from None
-    except OSError as exc:
-        raise UserError(f"cannot connect to {address}: {host}:{port}: {exc.strerror or exc}") from None
+    with contextlib.suppress(AttributeError, OSError):  # Ray keeps its processes elsewhere: none watched
+        node: Any = ray._private.worker._global_node
+        reaper.watch(info.process.pid for infos in node.all_processes.values() for info in infos)
 
 
 def _init_with_retries(kwargs: dict[str, Any], attempts: int = 3, backoff_s: float = 2.0) -> None:

@@ -59,10 +59,10 @@ def client(address: str | None) -> Any:
     from ray.exceptions import AuthenticationError
     from ray.job_submission import JobSubmissionClient
 
-    from tunectl.orchestrator.cluster import CONNECT_TIMEOUT_S, check_reachable
+    from tunectl.orchestrator.reach import check_reachable, connect_timeout_s
 
     url = dashboard_address(address)
-    check_reachable(url, CONNECT_TIMEOUT_S)  # the client itself retries an unreachable host for minutes
+    check_reachable(url, connect_timeout_s())  # the client itself retries an unreachable host for minutes
     try:
         return JobSubmissionClient(url)
     except AuthenticationError:
