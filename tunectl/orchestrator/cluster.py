@@ -106,7 +106,19 @@ def connect(
         detail = " ".join(lines)[:300] or type(exc).__name__
         hint = _AUTH_HINT if joining and os.environ.get("RAY_AUTH_MODE", "").lower() != "token" else ""
         raise UserError(f"cannot connect to {target}: {detail}{hint}") from None
+    if not joining:
+        _watch_local_instance()
     return True
+
+
+def _watch_local_instance() -> None:
+    """Have the local instance's processes stopped when this driver dies, however it dies: Ray leaves
+    its agents running for a minute after a SIGKILL (``tunectl.orchestrator.reaper``)."""
+    from tunectl.orchestrator import reaper
+
+    with contextlib.suppress(AttributeError, OSError):  # Ray keeps its processes elsewhere: none watched
+        node: Any = ray._private.worker._global_node
+        reaper.watch(info.process.pid for infos in node.all_processes.values() for info in infos)
 
 
 def _init_with_retries(kwargs: dict[str, Any], attempts: int = 3, backoff_s: float = 2.0) -> None:
