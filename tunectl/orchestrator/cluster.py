@@ -110,8 +110,9 @@ def connect(
 
 
 def _watch_local_instance() -> None:
-    """Have the local instance's processes stopped when this driver dies, however it dies: Ray leaves
-    its agents running for a minute after a SIGKILL (``tunectl.orchestrator.reaper``)."""
+    """Have the local instance's processes stopped when this driver dies, however it dies: after a
+    SIGKILL Ray leaves its dashboard and runtime-env processes running for a minute
+    (``tunectl.orchestrator.reaper``)."""
     from tunectl.orchestrator import reaper
 
     with contextlib.suppress(AttributeError, OSError):  # Ray keeps its processes elsewhere: none watched
