@@ -15,7 +15,7 @@ from tunectl.orchestrator import reaper
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc"), reason="the watcher reads /proc")
 
-# a parent with a child and a grandchild, each ignoring SIGTERM as a stuck agent might
+# a parent with a child and a grandchild, each ignoring SIGTERM as a stuck Ray process might
 FAMILY = """
 import signal, subprocess, sys, time
 signal.signal(signal.SIGTERM, signal.SIG_IGN)

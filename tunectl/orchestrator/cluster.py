@@ -93,11 +93,9 @@ def connect(
             kwargs["address"] = address
         check_ray(address or os.environ.get("RAY_ADDRESS", ""), timeout_s or connect_timeout_s())
     else:
+        counts = {"num_gpus": num_gpus, "num_cpus": num_cpus}
         kwargs.update(address="local", include_dashboard=False)
-        if num_gpus is not None:
-            kwargs["num_gpus"] = num_gpus
-        if num_cpus is not None:
-            kwargs["num_cpus"] = num_cpus
+        kwargs.update({name: count for name, count in counts.items() if count is not None})
     try:
         _init_with_retries(kwargs)
     except (ConnectionError, ValueError, RuntimeError, TimeoutError) as exc:
@@ -112,8 +110,9 @@ def connect(
 
 
 def _watch_local_instance() -> None:
-    """Have the local instance's processes stopped when this driver dies, however it dies: Ray leaves
-    its agents running for a minute after a SIGKILL (``tunectl.orchestrator.reaper``)."""
+    """Have the local instance's processes stopped when this driver dies, however it dies: after a
+    SIGKILL Ray leaves its dashboard and runtime-env processes running for a minute
+    (``tunectl.orchestrator.reaper``)."""
     from tunectl.orchestrator import reaper
 
     with contextlib.suppress(AttributeError, OSError):  # Ray keeps its processes elsewhere: none watched

@@ -2,13 +2,13 @@
 
 ``ray.init(address="local")`` starts the instance's processes as the driver's children. When the driver
 is killed outright (SIGKILL, the OOM killer), Ray stops its GCS, raylet and workers within seconds,
-but the dashboard and runtime-env agents, finding their raylet gone, first report that to the GCS,
+but its dashboard and runtime-env processes, finding their raylet gone, first report that to the GCS,
 which is gone too, and wait 60 s for it (a timeout fixed inside Ray). So a driver that starts a local
-instance also starts this watcher, in a session of its own, holding the write end of its stdin: it
-notes every process under the instance's root processes, and when stdin reaches its end (the driver
-is gone, however it went) it stops those still running, SIGTERM first, then SIGKILL. It leaves by
-itself once none of the instance's processes is left (``ray.shutdown``). Linux only (``/proc``);
-elsewhere nothing is watched.
+instance also starts this watcher (out of reach of its terminal's Ctrl-C), holding the write end of
+its stdin: it notes every process under the instance's root processes, and when stdin reaches its
+end (the driver is gone, however it went) it stops those still running, SIGTERM first, then SIGKILL.
+It leaves by itself once none of the instance's processes is left (``ray.shutdown``). Linux only
+(``/proc``); elsewhere nothing is watched.
 """
 
 from __future__ import annotations
