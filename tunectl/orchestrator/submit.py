@@ -330,7 +330,9 @@ def _start(
     pools = workers.pools
     works = {p.name: job.work(p.name if len(pools) > 1 else None) for p in pools}
     lanes, info, num_done = _lanes(pools, works, info, results, resumed=job.resumed)
-    info, builds = workers.start_builds(lanes, info, compile_options, setup, progress.compiles)
+    info, builds = workers.start_builds(  # progress hears of compiles only where there are builds
+        lanes, info, compile_options, setup, lambda *counts: progress.compiles(*counts)
+    )
     run_file.save("running", info=info)
     log.info(
         "run %s: ~%d record(s) to come (%s search) from %d worker(s) in pool(s) %s (compile ahead: %s)",
