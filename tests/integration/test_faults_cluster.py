@@ -48,9 +48,11 @@ class RemoveANodeAfter:
 def test_a_node_removed_mid_run_moves_its_work_to_the_other_node(two_gpu_nodes: Any, tmp_path: Path) -> None:
     spec = write_spec(
         tmp_path,
-        '[[configs]]\nfault = "none"\nrun_ms = 100\nvariant = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]\n',
+        '[[configs]]\nfault = "none"\nrun_ms = 100\nvariant = ' + str(list(range(1, 41))) + "\n",
         n=(4, 8),
     )
+    # Work enough that the node's worker still holds calls when it goes (a call carries a batch of up
+    # to 8 looks, so the first records come back 8 at a time).
     progress = RemoveANodeAfter(two_gpu_nodes, tmp_path / "results", after=4)
     out = submit(str(spec), tmp_path / "results", progress=progress)
 
