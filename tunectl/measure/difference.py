@@ -50,7 +50,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-Sampler = Callable[[], float]
+from tunectl.measure.harness import Sampler, chunked
+
 Timer = Callable[[Callable[[], Any]], float]  # µs the device took for one launch
 Capture = Callable[[Callable[[], Any]], Callable[[], Any]]  # a callable made into one launch
 FlushKind = Literal["read", "write"]
@@ -111,14 +112,8 @@ def difference_sampler(
             out.append((t_calls - t_flushes) / num_calls)
         return out
 
-    def sample() -> float:
-        return many(1)[0]
-
-    sample.many = many  # type: ignore[attr-defined]
-    sample.num_calls = num_calls  # type: ignore[attr-defined]
-    sample.launches = (calls, flushes)  # type: ignore[attr-defined]  # a graph lives as long as its sampler
-    sample.runs = (fn, flush)  # type: ignore[attr-defined]  # and so does what the graphs read and write
-    return sample
+    # a graph lives as long as its sampler (``launches``), and so does what the graphs read and write
+    return chunked(many, num_calls=num_calls, launches=(calls, flushes), runs=(fn, flush))
 
 
 def replay_sampler(
@@ -136,14 +131,8 @@ def replay_sampler(
     def many(n: int) -> list[float]:
         return [t / num_calls for t in timed_launches(timer, [launch] * n, before=flush)]
 
-    def sample() -> float:
-        return many(1)[0]
-
-    sample.many = many  # type: ignore[attr-defined]
-    sample.num_calls = num_calls  # type: ignore[attr-defined]
-    sample.launches = (launch,)  # type: ignore[attr-defined]
-    sample.runs = (fn, flush)  # type: ignore[attr-defined]  # what the launch reads and writes (module doc)
-    return sample
+    # the launch, and what it reads and writes, live as long as the sampler (module doc)
+    return chunked(many, num_calls=num_calls, launches=(launch,), runs=(fn, flush))
 
 
 def timed_launches(

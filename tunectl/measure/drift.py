@@ -67,7 +67,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from tunectl.core.spec import MeasureSpec
-from tunectl.measure.harness import Sampler, Stats, measure, take
+from tunectl.measure.harness import Sampler, Stats, chunked, measure, take
 
 #: the probe's sampler for ``calls`` back-to-back probe calls timed as one window (µs per call)
 Probe = Callable[[int], Sampler]
@@ -370,13 +370,6 @@ def probe_sampler(device: str) -> Probe:
 
         timed = make_sampler(window, device, "eager", "warm")
 
-        def many(n: int) -> list[float]:
-            return [t / calls for t in take(timed, n)]
-
-        def per_call() -> float:
-            return many(1)[0]
-
-        per_call.many = many  # type: ignore[attr-defined]
-        return per_call
+        return chunked(lambda n: [t / calls for t in take(timed, n)])
 
     return sized

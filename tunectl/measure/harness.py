@@ -23,6 +23,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from tunectl.core.spec import MeasureSpec
 
@@ -150,11 +151,19 @@ def announced(sample: Sampler, tell: Callable[[], None]) -> Sampler:
             tell()
         return take(sample, n)
 
+    return chunked(many, expected_us=getattr(sample, "expected_us", None))
+
+
+def chunked(many: Callable[[int], list[float]], **attributes: Any) -> Sampler:
+    """A sampler made of ``many(n)`` (n samples taken as one chunk): a call is one sample, ``take``
+    uses ``many``; ``attributes`` (K, its launches, an estimate of a sample) are set on it."""
+
     def one() -> float:
         return many(1)[0]
 
     one.many = many  # type: ignore[attr-defined]
-    one.expected_us = getattr(sample, "expected_us", None)  # type: ignore[attr-defined]
+    for name, value in attributes.items():
+        setattr(one, name, value)
     return one
 
 
