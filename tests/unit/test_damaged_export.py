@@ -49,19 +49,14 @@ def test_a_read_returns_the_unreadable_parts_as_data_without_warning(
     assert not caplog.records, "a read that returns the damage says nothing itself"
 
 
+def export(results: Path, out: Path, *extra: str) -> object:
+    """``tunectl export bundle`` of ``results`` as bundle b/1 into ``out``."""
+    args = ["--results", str(results), "--name", "b", "--version", "1", "--out", str(out), *extra]
+    return run("export", "bundle", *args)
+
+
 def test_export_refuses_a_run_with_an_unreadable_part_in_one_line(results: Path, tmp_path: Path) -> None:
-    out = run(
-        "export",
-        "bundle",
-        "--results",
-        str(results),
-        "--name",
-        "b",
-        "--version",
-        "1",
-        "--out",
-        str(tmp_path / "bundles"),
-    )
+    out = export(results, tmp_path / "bundles")
     assert out.exit_code == 1 and isinstance(out.exception, SystemExit), "a clean exit, no traceback"
     lines = out.output.strip().splitlines()
     assert len(lines) == 1, out.output
@@ -73,19 +68,7 @@ def test_export_refuses_a_run_with_an_unreadable_part_in_one_line(results: Path,
 def test_with_skip_damaged_each_entry_that_lost_rows_says_so_in_its_reason(
     results: Path, tmp_path: Path
 ) -> None:
-    out = run(
-        "export",
-        "bundle",
-        "--results",
-        str(results),
-        "--name",
-        "b",
-        "--version",
-        "1",
-        "--out",
-        str(tmp_path / "bundles"),
-        "--skip-damaged",
-    )
+    out = export(results, tmp_path / "bundles", "--skip-damaged")
     assert out.exit_code == 0, out.output
     bundle = load_bundle(tmp_path / "bundles" / "b" / "1", env_policy="off")
     static = dict(key_from_text(read_dataset(results).records[0].static_key))
