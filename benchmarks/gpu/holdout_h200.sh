@@ -56,8 +56,13 @@ case "${1:?step}" in
     [ -n "$(run_of "$name" tune ==)" ] && { echo "$name is built"; exit 0; }
     unfinished=$(run_of "$name" tune !=)
     if [ -n "$unfinished" ]; then args=(--resume "$unfinished"); else args=("$spec"); fi
+    started=$(date +%s)
     timeout -k 15 "${BUILD_TIMEOUT:-560}" tunectl submit "${args[@]}" --results "$RES" --yes > /tmp/build.log 2>&1
     [ $? -eq 124 ] && { echo "stopped at the limit: run this step again to resume"; ray stop --force > /dev/null 2>&1; }
+    n=$(ls "$OUT"/console-build-p"$page"-*.txt 2>/dev/null | wc -l)
+    cp /tmp/build.log "$OUT/console-build-p$page-$n.txt"  # the whole console of this submit (or resume)
+    echo "submit ${args[*]}: $(( $(date +%s) - started )) s, console $(wc -l < /tmp/build.log) lines" \
+      | tee -a "$OUT/build-p$page-walls.txt"
     grep -v '^[│┃┏┡└]' /tmp/build.log | tail -n 8 | tee "$OUT/build-p$page.txt"
     ;;
   check)
