@@ -5,7 +5,7 @@ summed over the items.
 A run's rows say how long loading, point set-up and measuring took (``compile_ms``, ``setup_ms``,
 ``measure_ms``, ``guard_ms``); this says what inside those, and what outside them, costs: the
 correctness check's comparison, building the sampler (its first estimate, graph capture), the drift
-guard's probes and looks, the samples themselves, the device-state reads, the record.
+guard's levels, checks and looks, the samples themselves, the device-state reads, the record.
 
 With ``--cache`` pointing at a run's compile cache (``tunectl submit --compile-cache``) the kernels load
 as a worker's would; without it they compile here, and loading dominates.
@@ -40,9 +40,9 @@ PARTS = (
     ("  of which graph capture", "tunectl/measure/difference.py", "graph_of"),
     ("  of which spin cover", "tunectl/measure/difference.py", "cover"),
     ("guard, whole (incl. the measurement)", "tunectl/measure/drift.py", "measure"),
-    ("  guard references (a point's first item; waits)", "tunectl/measure/drift.py", "_time_probe"),
+    ("  guard levels (a point's first item; waits)", "tunectl/measure/drift.py", "_time_level"),
     ("  guard checks (before, looks, after)", "tunectl/measure/drift.py", "_check"),
-    ("  guard, all its own work (probes, looks, waits)", "tunectl/measure/drift.py", "_timed"),
+    ("  guard, all its own work (levels, checks, waits)", "tunectl/measure/drift.py", "_timed"),
     ("  guard waits", "tunectl/measure/drift.py", "_came_back"),
     ("sampling (harness collect)", "tunectl/measure/harness.py", "collect"),
     ("device state reads", "tunectl/measure/nvml.py", "read_state"),

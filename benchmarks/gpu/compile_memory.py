@@ -92,7 +92,7 @@ def _build_one(task: Any, static: dict, shape: dict, config: Any, inputs: Any, t
     try:
         build(task, static, shape, config, DEVICE, lambda s, sh: inputs)
         status = "ok"
-    except Exception as exc:  # a failed build is a row, not the end of the probe
+    except Exception as exc:  # a failed build is a row, not the end of the study
         status = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
     seconds = time.perf_counter() - started
     stop.set()

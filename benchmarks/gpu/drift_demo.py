@@ -11,7 +11,7 @@
 3. the same load, the guard off (``measure.drift = "off"``): what the disturbed rows read without it.
 
 Each run is a real ``tunectl submit`` (local Ray, one GPU worker). The table gives, per config and
-shape, each run's median over the baseline's, and for the guarded run whether the probe moved
+shape, each run's median over the baseline's, and for the guarded run whether the reference moved
 (``drift``) and how often the config was measured again; the summary counts rows more than 5 % off
 the baseline in each disturbed run. The load shares the GPU by time-slicing, so any kernel running
 while the load runs reads slower. The bursts come often (a second on, a second off, from the start):

@@ -60,8 +60,8 @@ How it was measured:
   event cost is left in a sample (the replay method, one call per replay, read 2-7 µs high: see
   benchmarks/results/timing.md). Searched by successive halving (every config gets a short look at
   every point, the better half a longer one, then each point's best are timed against the default
-  in interleaved rounds). Kernels were built by the compile processes; the drift guard timed its probe
-  after every measurement.
+  in interleaved rounds). Kernels were built by the compile processes; the drift guard timed its
+  reference after every measurement.
 - decode, page 256, and prefill (runs of 2026-11-29): the replay method: one call per graph replay
   (decode) or eager call (prefill) between CUDA events, the L2 written over before each sample, a
   spin kernel ahead of the start event. Each table names the method of its run, and selection never

@@ -70,7 +70,7 @@ def test_submit_export_lookup(ray_two_gpus: None, tiny_spec: Path, tmp_path: Pat
 
     entries = load_bundle(bundle_dir, env_policy="off").entries("decode_attention")
     winners = {json.dumps(e.to_json()["shape"], sort_keys=True): e.to_json()["config"] for e in entries}
-    probe = textwrap.dedent(f"""
+    script = textwrap.dedent(f"""
         import json, sys
         from tunectl.runtime import load_bundle
         b = load_bundle({str(bundle_dir)!r})
@@ -87,7 +87,7 @@ def test_submit_export_lookup(ray_two_gpus: None, tiny_spec: Path, tmp_path: Pat
         }}))
     """)
     got = json.loads(
-        subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+        subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
     )
     assert got["b3_kv100"] == winners['{"batch": 4, "kv_len": 128}']  # pow2 batch, ceil kv_len
     assert got["b1_kv64"] == winners['{"batch": 1, "kv_len": 64}']

@@ -45,7 +45,7 @@ def test_submit_export_publish_promote_and_load_by_channel(
     out = runner.invoke(app, ["bundle", "list", store, "--json"])
     assert json.loads(out.output)["channels"][0]["version"] == "1"
 
-    probe = (
+    script = (
         "import json\nfrom tunectl.store.stores import register_fetchers\n"
         "from tunectl.runtime import load_bundle\n"
         "register_fetchers()\n"
@@ -54,7 +54,7 @@ def test_submit_export_publish_promote_and_load_by_channel(
         "print(json.dumps([b.channel, b.lookup('decode_attention', **s, batch=3, kv_len=100),\n"
         "                  b.entry('decode_attention', **s, batch=4, kv_len=128).to_json()]))"
     )
-    got = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT)
+    got = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
     assert got.returncode == 0, got.stderr
     channel, hit, entry = json.loads(got.stdout)
     assert channel == "stable" and hit == entry["config"]  # batch 3 -> pow2 4, kv_len 100 -> ceil 128

@@ -33,7 +33,7 @@ def test_v1_rows_read_as_typed_records(results: Path) -> None:
     ok = [r for r in records if r.ok]
     assert {r.measure_mode for r in ok} == {TimingMethod.GRAPH}
     assert {r.timing for r in records} == {Timing.REPLAY}  # the one method before rows named theirs
-    assert all(r.probe_us is None and r.drift is None and r.remeasured is None for r in records)
+    assert all(r.reference_us is None and r.drift is None and r.remeasured is None for r in records)
     assert all(dict(r.shape)["kv_len"] == 1024 and dict(r.static)["window"] == (-1, -1) for r in ok)
     assert all(isinstance(r.finished_at, float) and r.finished_at > 1.7e9 for r in records)
 

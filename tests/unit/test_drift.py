@@ -16,7 +16,7 @@ from tunectl.measure.drift import CHECK_REUSE_S, MAX_WAIT_S, DriftGuard, Guarded
 from tunectl.measure.harness import summarise
 
 SETTINGS = MeasureSpec(warmup=0, min_samples=10, max_samples=50, noise_target=0.01, max_seconds=10.0)
-PROBE_US, CALL_US = 200.0, 40.0
+REFERENCE_US, CALL_US = 200.0, 40.0
 
 
 class SlowingDevice:
@@ -24,7 +24,7 @@ class SlowingDevice:
 
     def __init__(self) -> None:
         self.now_us = 0.0
-        self.probe_samples = 0
+        self.reference_samples = 0
         self.slow_from = self.slow_until = float("inf")
 
     def kernel(self, cost_us: float) -> Callable[[], float]:
@@ -35,12 +35,12 @@ class SlowingDevice:
 
         return sample
 
-    def probe(self, calls: int) -> Callable[[], float]:
-        """The probe: ``calls`` probe calls in one timed window, read per call."""
-        window = self.kernel(calls * PROBE_US)
+    def reference(self, calls: int) -> Callable[[], float]:
+        """The reference: ``calls`` reference calls in one timed window, read per call."""
+        window = self.kernel(calls * REFERENCE_US)
 
         def sample() -> float:
-            self.probe_samples += 1
+            self.reference_samples += 1
             return window() / calls
 
         return sample
@@ -69,11 +69,11 @@ def test_a_shift_beyond_noise_is_one_that_leaves_both_bands_by_more_than_3_perce
 
 def test_the_guard_catches_an_injected_slowdown_and_the_remeasure_corrects_it() -> None:
     device = SlowingDevice()
-    guard = DriftGuard(device.probe, action="remeasure", settings=SETTINGS, sleep=device.sleep)
+    guard = DriftGuard(device.reference, action="remeasure", settings=SETTINGS, sleep=device.sleep)
     before = point_measurements(guard, device, "p", 2)
     # Slow through the next measurement (10 samples) and the check after it (5), 20 % longer, then not;
     # the clean check after the last item stands for the check before this one.
-    device.slow_for(1.2 * (10 * CALL_US + 5 * PROBE_US) + 1)
+    device.slow_for(1.2 * (10 * CALL_US + 5 * REFERENCE_US) + 1)
     [hit] = point_measurements(guard, device, "p", 1)
     after = point_measurements(guard, device, "p", 2)
     assert [g.remeasured for g in before] == [0, 0] and not any(g.drift for g in before)
@@ -84,7 +84,7 @@ def test_the_guard_catches_an_injected_slowdown_and_the_remeasure_corrects_it() 
 
 def test_a_shift_that_outlasts_the_remeasures_is_waited_out_then_measured_again() -> None:
     device = SlowingDevice()
-    guard = DriftGuard(device.probe, action="remeasure", settings=SETTINGS, sleep=device.sleep)
+    guard = DriftGuard(device.reference, action="remeasure", settings=SETTINGS, sleep=device.sleep)
     point_measurements(guard, device, "p", 1)
     start = device.now_us
     device.slow_for(5e6)  # a neighbour's 5 s of work: longer than three measurements, shorter than the wait
@@ -96,21 +96,22 @@ def test_a_shift_that_outlasts_the_remeasures_is_waited_out_then_measured_again(
 
 def test_a_lasting_shift_is_flagged_remeasured_at_most_twice_then_flagged_alone() -> None:
     device = SlowingDevice()
-    guard = DriftGuard(device.probe, action="remeasure", settings=SETTINGS, sleep=device.sleep)
+    guard = DriftGuard(device.reference, action="remeasure", settings=SETTINGS, sleep=device.sleep)
     point_measurements(guard, device, "p", 1)
     device.slow_for(float("inf"))
     start = device.now_us
     first, later = point_measurements(guard, device, "p", 2)
     assert (first.drift, first.remeasured, later.drift, later.remeasured) == (True, 2, True, 0)
     assert device.now_us - start >= MAX_WAIT_S * 1e6, "it waited the whole bound before calling it lasting"
-    assert first.reference_ratio == pytest.approx(1.2) and first.probe_us == pytest.approx(1.2 * PROBE_US)
-    [next_point] = point_measurements(guard, device, "q", 1)  # a new point takes a new reference
+    assert first.reference_ratio == pytest.approx(1.2)
+    assert first.reference_us == pytest.approx(1.2 * REFERENCE_US)
+    [next_point] = point_measurements(guard, device, "q", 1)  # a new point takes a new level
     assert not next_point.drift and next_point.reference_ratio == pytest.approx(1.0)
 
 
 def test_flag_only_keeps_the_first_measurement_and_says_it_drifted() -> None:
     device = SlowingDevice()
-    guard = DriftGuard(device.probe, action="flag", settings=SETTINGS, sleep=device.sleep)
+    guard = DriftGuard(device.reference, action="flag", settings=SETTINGS, sleep=device.sleep)
     point_measurements(guard, device, "p", 1)
     device.slow_for(float("inf"))
     [flagged] = point_measurements(guard, device, "p", 1)
@@ -127,9 +128,9 @@ def device_clock(device: SlowingDevice) -> Callable[[], float]:
     return lambda: device.now_us / 1e6
 
 
-def test_a_shift_that_ends_inside_a_measurement_shows_in_the_probe_before_it() -> None:
+def test_a_shift_that_ends_inside_a_measurement_shows_in_the_check_before_it() -> None:
     device = SlowingDevice()
-    guard = DriftGuard(device.probe, action="remeasure", settings=SETTINGS, sleep=device.sleep,
+    guard = DriftGuard(device.reference, action="remeasure", settings=SETTINGS, sleep=device.sleep,
                        clock=device_clock(device))  # fmt: skip
     point_measurements(guard, device, "p", 1)
     device.sleep(2 * CHECK_REUSE_S)  # the last check is too old to stand for the next one's
@@ -150,37 +151,37 @@ def test_a_shift_that_ends_inside_a_measurement_shows_in_the_probe_before_it() -
 
 def test_a_young_clean_check_after_a_measurement_is_the_check_before_the_next() -> None:
     device = SlowingDevice()
-    probes: list[int] = []
+    samples: list[int] = []
 
     def counted(calls: int) -> Callable[[], float]:
-        sample = device.probe(calls)
-        return lambda: (probes.append(1), sample())[1]
+        sample = device.reference(calls)
+        return lambda: (samples.append(1), sample())[1]
 
     guard = DriftGuard(counted, action="flag", settings=SETTINGS, sleep=device.sleep,
                        clock=device_clock(device))  # fmt: skip
 
-    def probe_samples_of_one_item() -> int:
-        probes.clear()
+    def reference_samples_of_one_item() -> int:
+        samples.clear()
         point_measurements(guard, device, "p", 1)
-        return len(probes)
+        return len(samples)
 
-    # a reference is 10 probe samples (SETTINGS), a check 5 (steady readings meet the noise target)
-    assert probe_samples_of_one_item() == 10 + 5, "the reference is the first item's check before it"
-    assert probe_samples_of_one_item() == 5, "the last item's check after it is this one's before it"
+    # a level is 10 samples of the reference (SETTINGS), a check 5 (steady readings meet the noise target)
+    assert reference_samples_of_one_item() == 10 + 5, "the level is the first item's check before it"
+    assert reference_samples_of_one_item() == 5, "the last item's check after it is this one's before it"
     device.sleep(2 * CHECK_REUSE_S)
-    assert probe_samples_of_one_item() == 5 + 5, "an old check is not reused"
+    assert reference_samples_of_one_item() == 5 + 5, "an old check is not reused"
     device.slow_for(float("inf"))
     [flagged] = point_measurements(guard, device, "p", 1)
     device.slow_until = device.now_us
     assert flagged.drift
-    assert probe_samples_of_one_item() == 5 + 5, "a check that saw a shift is not reused"
+    assert reference_samples_of_one_item() == 5 + 5, "a check that saw a shift is not reused"
 
 
 def test_a_burst_inside_a_long_measurement_is_seen_by_a_look_between_its_samples() -> None:
     """A 15 ms kernel measured 200 times takes 3 s: a neighbour's burst can come and go inside it,
-    leaving the probes before and after it clean."""
+    leaving the checks before and after it clean."""
     device = SlowingDevice()
-    guard = DriftGuard(device.probe, action="remeasure", settings=SETTINGS, sleep=device.sleep,
+    guard = DriftGuard(device.reference, action="remeasure", settings=SETTINGS, sleep=device.sleep,
                        clock=lambda: device.now_us / 1e6)  # fmt: skip
     long = MeasureSpec(warmup=0, min_samples=200, max_samples=200, noise_target=0.001, max_seconds=1e9)
     kernel_us = 15_000.0
@@ -226,25 +227,25 @@ class TimeSlicedDevice(SlowingDevice):
         return sample
 
 
-def test_a_neighbour_sharing_the_gpu_is_seen_by_a_probe_as_long_as_the_measured_samples(
+def test_a_neighbour_sharing_the_gpu_is_seen_by_reference_windows_as_long_as_the_measured_samples(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """On an H200 a neighbour's burst read a 15 ms kernel 2.09x with the ~200 µs probe clean before,
-    inside and after: short windows fall between the time slices. Probe windows as long as the
-    measured samples meet the slices as they do."""
+    """On an H200 a neighbour's burst read a 15 ms kernel 2.09x with the ~200 µs reference clean
+    before, inside and after: short windows fall between the time slices. Reference windows as long as
+    the measured samples meet the slices as they do."""
     kernel_us = 15_000.0
 
     def under_a_neighbour() -> tuple[Guarded, float]:
         device = TimeSlicedDevice()
-        guard = DriftGuard(device.probe, action="remeasure", settings=SETTINGS, sleep=device.sleep,
+        guard = DriftGuard(device.reference, action="remeasure", settings=SETTINGS, sleep=device.sleep,
                            clock=lambda: device.now_us / 1e6)  # fmt: skip
         guard.measure("p", device.kernel(kernel_us), SETTINGS)
         start = device.now_us
         device.slow_for(1.5e6)
         return guard.measure("p", device.kernel(kernel_us), SETTINGS), device.now_us - start
 
-    with monkeypatch.context() as single_call_probes:
-        single_call_probes.setattr(drift, "PROBE_SPAN_MAX_US", 0.0)
+    with monkeypatch.context() as single_calls:
+        single_calls.setattr(drift, "REFERENCE_SPAN_MAX_US", 0.0)
         blind, _ = under_a_neighbour()
     assert blind.remeasured == 0 and not blind.drift, "the fake reproduces the blind spot"
     assert blind.stats.median_us > 1.8 * kernel_us
@@ -255,30 +256,30 @@ def test_a_neighbour_sharing_the_gpu_is_seen_by_a_probe_as_long_as_the_measured_
     assert took_us >= 1.5e6, "measured again once the neighbour had gone"
 
 
-def test_a_new_point_keeps_the_reference_a_recent_clean_check_confirmed() -> None:
+def test_a_new_point_keeps_the_level_a_recent_clean_check_confirmed() -> None:
     device = SlowingDevice()
-    guard = DriftGuard(device.probe, action="remeasure", settings=SETTINGS, sleep=device.sleep)
+    guard = DriftGuard(device.reference, action="remeasure", settings=SETTINGS, sleep=device.sleep)
     point_measurements(guard, device, "p", 1)
-    before = device.probe_samples
+    before = device.reference_samples
     [next_point] = point_measurements(guard, device, "q", 1)
-    assert device.probe_samples - before == drift.CHECK_SETTINGS.min_samples, "the check after it alone"
+    assert device.reference_samples - before == drift.CHECK_SETTINGS.min_samples, "the check after it alone"
     assert not next_point.drift and next_point.reference_ratio == pytest.approx(1.0)
 
 
-def test_an_old_reference_is_timed_again_at_a_new_point() -> None:
+def test_an_old_level_is_timed_again_at_a_new_point() -> None:
     device, now = SlowingDevice(), [0.0]
-    guard = DriftGuard(device.probe, settings=SETTINGS, sleep=device.sleep, clock=lambda: now[0])
+    guard = DriftGuard(device.reference, settings=SETTINGS, sleep=device.sleep, clock=lambda: now[0])
     point_measurements(guard, device, "p", 1)
-    now[0] += drift.REFERENCE_MAX_AGE_S + 1
-    before = device.probe_samples
+    now[0] += drift.LEVEL_MAX_AGE_S + 1
+    before = device.reference_samples
     point_measurements(guard, device, "q", 1)
-    assert device.probe_samples - before > drift.CHECK_SETTINGS.min_samples
+    assert device.reference_samples - before > drift.CHECK_SETTINGS.min_samples
 
 
-def test_a_slow_first_reference_reading_is_timed_again_rather_than_waited_out() -> None:
+def test_a_slow_level_is_timed_again_rather_than_waited_out() -> None:
     device = SlowingDevice()
-    guard = DriftGuard(device.probe, action="remeasure", settings=SETTINGS, sleep=device.sleep)
-    device.slow_for(1.2 * SETTINGS.min_samples * PROBE_US + 1)  # only while the reference is timed
+    guard = DriftGuard(device.reference, action="remeasure", settings=SETTINGS, sleep=device.sleep)
+    device.slow_for(1.2 * SETTINGS.min_samples * REFERENCE_US + 1)  # only while the level is timed
     start = device.now_us
     [item] = point_measurements(guard, device, "p", 1)
     assert not item.drift and item.remeasured == 1 and item.reference_ratio == pytest.approx(1.0)
@@ -286,15 +287,15 @@ def test_a_slow_first_reference_reading_is_timed_again_rather_than_waited_out() 
 
 
 def test_a_slowdown_that_starts_inside_a_points_first_measurement_is_still_waited_out() -> None:
-    """Only a reference slower than what follows is timed again: a slowdown after it keeps the wait."""
+    """Only a level slower than what follows is timed again: a slowdown after it keeps the wait."""
     device = SlowingDevice()
-    guard = DriftGuard(device.probe, action="remeasure", settings=SETTINGS, sleep=device.sleep)
+    guard = DriftGuard(device.reference, action="remeasure", settings=SETTINGS, sleep=device.sleep)
     point_measurements(guard, device, "p0", 1)
-    guard_ref_us = device.now_us
+    level_at_us = device.now_us
     device.slow_for(5e6)
     [item] = point_measurements(guard, device, "fresh-after-a-shift", 1)
     assert item.stats.median_us == pytest.approx(CALL_US) and not item.drift
-    assert device.now_us - guard_ref_us >= 5e6
+    assert device.now_us - level_at_us >= 5e6
 
 
 def batch(guard: DriftGuard, device: SlowingDevice, point: str, num: int) -> list[Guarded]:
@@ -304,20 +305,22 @@ def batch(guard: DriftGuard, device: SlowingDevice, point: str, num: int) -> lis
 
 def device_guard(device: SlowingDevice) -> DriftGuard:
     """A guard on the fake device's own clock (its looks are spaced in device time)."""
-    return DriftGuard(device.probe, settings=SETTINGS, sleep=device.sleep, clock=lambda: device.now_us / 1e6)
+    return DriftGuard(
+        device.reference, settings=SETTINGS, sleep=device.sleep, clock=lambda: device.now_us / 1e6
+    )
 
 
-def test_a_batch_on_a_steady_device_is_probed_once_after_it_not_around_each_measurement() -> None:
+def test_a_batch_on_a_steady_device_is_checked_once_after_it_not_around_each_measurement() -> None:
     device = SlowingDevice()
     guard = device_guard(device)
     point_measurements(guard, device, "p", 1)
-    before = device.probe_samples
+    before = device.reference_samples
     results = batch(guard, device, "p", 8)
     assert not any(g.drift or g.remeasured for g in results)
-    assert device.probe_samples - before == drift.CHECK_SETTINGS.min_samples, "one check for the batch"
+    assert device.reference_samples - before == drift.CHECK_SETTINGS.min_samples, "one check for the batch"
 
 
-def test_a_slowdown_inside_a_batch_remeasures_what_lies_between_the_clean_probes_around_it(
+def test_a_slowdown_inside_a_batch_remeasures_what_lies_between_the_clean_checks_around_it(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(drift, "LOOK_EVERY_S", 1e-3)  # a look every ~2.5 measurements of 400 µs
@@ -344,13 +347,13 @@ def test_a_slowdown_inside_a_batch_remeasures_what_lies_between_the_clean_probes
     assert sum(g.remeasured for g in results) < 10, "not the whole batch"
 
 
-def test_a_device_faster_than_a_carried_reference_times_the_reference_again_without_waiting() -> None:
-    """A reference timed while the GPU was busy with something else (compile processes building at a
-    run's start) is slower than the device later: that is no slowdown to wait out."""
+def test_a_device_faster_than_a_carried_level_times_the_level_again_without_waiting() -> None:
+    """A level timed while the GPU was busy with something else (compile processes building at a run's
+    start) is slower than the device later: that is no slowdown to wait out."""
     device = SlowingDevice()
-    guard = DriftGuard(device.probe, action="remeasure", settings=SETTINGS, sleep=device.sleep)
+    guard = DriftGuard(device.reference, action="remeasure", settings=SETTINGS, sleep=device.sleep)
     device.slow_for(float("inf"))
-    point_measurements(guard, device, "p", 2)  # the reference, checks and measurements alike: slow
+    point_measurements(guard, device, "p", 2)  # the level, checks and measurements alike: slow
     device.slow_for(0.0)  # the other work ends
     start = device.now_us
     [item] = point_measurements(guard, device, "q", 1)

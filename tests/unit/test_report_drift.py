@@ -1,4 +1,4 @@
-"""The report's drift section: each worker's probe over its life, from the rows' drift-guard fields."""
+"""The report's drift section: each worker's drift-guard reference over its life, from the rows' fields."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ from tunectl.store.results import ResultsWriter
 START = 1_700_000_000.0
 
 
-def _row(n: int, worker: str, probe_us: float | None, **fields: object) -> Record:
+def _row(n: int, worker: str, reference_us: float | None, **fields: object) -> Record:
     return Record(
         run_id="r-drift", item_id=f"i{n:03d}", task="t", static_key='{"d":1}', shape_key=f'{{"batch":{n}}}',
         config_key='{"c":1}', is_default=True, status=Status.OK, median_us=10.0, p20_us=10.0, p80_us=10.0,
-        rel_noise=0.01, num_samples=10, device_name="H200", worker=worker, probe_us=probe_us,
+        rel_noise=0.01, num_samples=10, device_name="H200", worker=worker, reference_us=reference_us,
         finished_at=START + 60.0 * n, **fields,  # type: ignore[arg-type]
     )  # fmt: skip
 
@@ -32,16 +32,16 @@ def _records() -> list[Record]:
         _row(12, "node-b:12", 240.0, sm_clock_mhz=1515.0, drift=True, remeasured=2, throttled=True),
         _row(13, "node-b:12", 240.0, sm_clock_mhz=1515.0, drift=True, remeasured=0, throttled=True),
     ]
-    return [*steady, *slowing, _row(20, "node-c:13", None)]  # a row without a probe shows nowhere
+    return [*steady, *slowing, _row(20, "node-c:13", None)]  # a row without a reference shows nowhere
 
 
-def test_each_worker_reads_as_its_probe_in_time_order() -> None:
+def test_each_worker_reads_as_its_reference_in_time_order() -> None:
     panel = drift_panel(list(reversed(_records())))
     assert panel is not None
     a, b = panel.workers
     assert (a.worker, b.worker) == ("node-a:11", "node-b:12")
-    assert [r.probe_us for r in b.readings] == [200.0, 201.0, 240.0, 240.0]
-    assert b.readings[-1].at_s == 13 * 60.0  # since the first probe of the report
+    assert [r.reference_us for r in b.readings] == [200.0, 201.0, 240.0, 240.0]
+    assert b.readings[-1].at_s == 13 * 60.0  # since the first reading of the report
     assert (a.largest_shift, b.largest_shift) == (1.0, 1.2)
     assert (b.num_drift, b.num_remeasured, b.num_throttled, b.clock_range) == (2, 2, 2, (1515.0, 1980.0))
     assert drift_panel([_row(0, "node-c:13", None)]) is None

@@ -118,6 +118,34 @@ def test_rows_from_before_phases_read_as_full_measurements(tmp_path: Path) -> No
     assert row.phase == "measure" and row.group_id == "" and row.run_id == "old"
 
 
+def test_a_part_written_with_the_old_probe_us_column_reads_it_as_reference_us(tmp_path: Path) -> None:
+    """Parts of schema 1 name the drift guard's reading ``probe_us``; it reads under its name now,
+    typed as it was written, beside a part of the current schema in the same dataset."""
+    import dataclasses
+
+    import pyarrow.parquet as pq
+
+    from tunectl.store.results import part_files, read_part
+
+    writer = ResultsWriter(tmp_path)
+    writer.append(dataclasses.replace(_record("old", "i1"), reference_us=201.5, reference_ratio=1.2))
+    writer.close()
+    [old] = part_files(tmp_path)
+    table = pq.read_table(old)  # as an older version wrote it: the column under its old name
+    table = table.rename_columns(["probe_us" if n == "reference_us" else n for n in table.column_names])
+    pq.write_table(table.replace_schema_metadata({"tunectl.schema_version": "1"}), old)
+    assert "probe_us" in pq.read_schema(old).names and "reference_us" not in pq.read_schema(old).names
+    writer = ResultsWriter(tmp_path)
+    writer.append(dataclasses.replace(_record("new", "i1"), reference_us=99.0))
+    writer.close()
+
+    assert read_part(old).column("reference_us").to_pylist() == [201.5]
+    assert "probe_us" not in read_part(old).column_names
+    back = {r.run_id: r for r in read_results(tmp_path)}
+    assert (back["old"].reference_us, back["old"].reference_ratio) == (201.5, 1.2)
+    assert back["new"].reference_us == 99.0
+
+
 def _tiny_run(root: Path, state: str) -> None:
     """Run r1 of the tiny spec, recorded in ``state``, with one ok row and one crash row of one point."""
     from tests.conftest import TINY_SPEC

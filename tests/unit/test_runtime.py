@@ -236,7 +236,7 @@ def test_a_lookup_does_not_depend_on_the_lookups_before_it(tmp_path_factory: Any
 
 
 @pytest.mark.parametrize(
-    ("policy", "probes"),
+    ("policy", "cases"),
     [
         ("exact", {4: 4, 5: None, 16: 16}),
         ("floor", {3: None, 4: 4, 15: 4, 16: 16, 10**9: 16}),
@@ -245,11 +245,11 @@ def test_a_lookup_does_not_depend_on_the_lookups_before_it(tmp_path_factory: Any
         ("pow2", {3: 4, 4: 4, 5: None, 9: 16, 16: 16, 17: None, 0: None, -4: None}),
     ],
 )
-def test_each_bucket_policy(policy: str, probes: dict[int, int | None]) -> None:
+def test_each_bucket_policy(policy: str, cases: dict[int, int | None]) -> None:
     from tunectl.core.buckets import make_bucketer
 
     bucket = make_bucketer(policy, [4, 16])
-    assert {v: bucket(v) for v in probes} == probes
+    assert {v: bucket(v) for v in cases} == cases
     assert (
         bucket(4.0) == bucket(4) and bucket(IndexInt(4)) == bucket(4) and bucket(True) == bucket(1)
     )  # equal values

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ from tunectl.core.plan import WorkItem
 from tunectl.core.record import Record, Status, Timing
 from tunectl.core.spec import MeasureSpec, parse_spec
 from tunectl.decide.select import select_winners
-from tunectl.measure.drift import CHECK_SETTINGS, PROBE_SETTINGS, Probe
+from tunectl.measure.drift import CHECK_SETTINGS, LEVEL_SETTINGS, MakeReference, Reference
 from tunectl.measure.runner import ItemRunner
 from tunectl.store.results import ResultsWriter, read_results
 
@@ -52,7 +51,7 @@ def test_selection_compares_only_rows_of_the_method_of_the_points_latest_row() -
 def test_the_timing_method_and_drift_fields_survive_parquet(tmp_path: Path) -> None:
     record = dataclasses.replace(
         _record('{"c":"a"}', 9.5, timing=Timing.DIFFERENCE, finished=5.0),
-        probe_us=201.5, reference_ratio=1.21, drift=True, remeasured=2, throttle_reasons=0x4,
+        reference_us=201.5, reference_ratio=1.21, drift=True, remeasured=2, throttle_reasons=0x4,
         setup_ms=12.5, measure_ms=40.0, guard_ms=9.0,
     )  # fmt: skip
     writer = ResultsWriter(tmp_path)
@@ -60,7 +59,7 @@ def test_the_timing_method_and_drift_fields_survive_parquet(tmp_path: Path) -> N
     writer.close()
     [back] = read_results(tmp_path)
     assert back.timing is Timing.DIFFERENCE and back.to_row()["timing"] == "difference"
-    assert (back.probe_us, back.reference_ratio, back.drift, back.remeasured) == (201.5, 1.21, True, 2)
+    assert (back.reference_us, back.reference_ratio, back.drift, back.remeasured) == (201.5, 1.21, True, 2)
     assert back.throttle_reasons == 0x4
     assert (back.setup_ms, back.measure_ms, back.guard_ms) == (12.5, 40.0, 9.0)
 
@@ -73,9 +72,9 @@ def test_a_row_without_a_timing_reads_as_replay() -> None:
         Record.from_row({**row, "timing": "bogus"})
 
 
-def _shifting_probe(slow_calls: range) -> Callable[[str], Probe]:
-    """A probe whose device reads 20 % slow during the given samples (fake timing, real guard), per
-    call whatever the window."""
+def _shifting_reference(slow_calls: range) -> MakeReference:
+    """A reference whose device reads 20 % slow during the given samples (fake timing, real guard),
+    per call whatever the window."""
     calls = 0
 
     def sample() -> float:
@@ -94,23 +93,23 @@ def _measure_item(runner: ItemRunner, settings: MeasureSpec) -> Record:
     return record
 
 
-def test_a_worker_measures_again_when_its_probe_moved_and_records_what_it_saw() -> None:
+def test_a_worker_measures_again_when_its_reference_moved_and_records_what_it_saw() -> None:
     # steady samples stop at the minimum
-    reference = PROBE_SETTINGS.warmup + PROBE_SETTINGS.min_samples
+    level = LEVEL_SETTINGS.warmup + LEVEL_SETTINGS.min_samples
     check = CHECK_SETTINGS.warmup + CHECK_SETTINGS.min_samples
-    # The reference probe is steady; the check after the first measurement reads 20 % slow.
-    runner = ItemRunner("cpu", probe=_shifting_probe(range(reference + 1, reference + check + 1)))
+    # The reference's level is steady; the check after the first measurement reads 20 % slow.
+    runner = ItemRunner("cpu", reference=_shifting_reference(range(level + 1, level + check + 1)))
     record = _measure_item(runner, FAST)
     assert record.timing is Timing.REPLAY  # a CPU clock: nothing fixed per sample to take out
     assert record.calls_per_sample == 1  # a CPU sample times one call
     assert (record.remeasured, record.drift) == (1, False)
-    assert (record.probe_us, record.reference_ratio) == (100.0, 1.0)
+    assert (record.reference_us, record.reference_ratio) == (100.0, 1.0)
 
 
-def test_a_worker_without_the_guard_times_no_probe() -> None:
-    runner = ItemRunner("cpu", probe=_shifting_probe(range(0)))
+def test_a_worker_without_the_guard_times_no_reference() -> None:
+    runner = ItemRunner("cpu", reference=_shifting_reference(range(0)))
     record = _measure_item(runner, dataclasses.replace(FAST, drift="off"))
-    assert (record.probe_us, record.reference_ratio, record.drift, record.remeasured) == (None,) * 4
+    assert (record.reference_us, record.reference_ratio, record.drift, record.remeasured) == (None,) * 4
 
 
 @pytest.mark.parametrize(("key", "value"), [("timing", "events"), ("drift", "ignore")])
@@ -123,17 +122,17 @@ def test_a_spec_names_a_bad_timing_or_drift_choice(key: str, value: str) -> None
         parse_spec(text)
 
 
-def test_a_probe_that_cannot_be_built_leaves_the_measurement_unguarded() -> None:
-    def no_probe(device: str) -> Probe:
+def test_a_reference_that_cannot_be_built_leaves_the_measurement_unguarded() -> None:
+    def no_reference(device: str) -> Reference:
         raise RuntimeError("out of memory")
 
-    runner = ItemRunner("cpu", probe=no_probe)
+    runner = ItemRunner("cpu", reference=no_reference)
     first, second = _measure_item(runner, FAST), _measure_item(runner, FAST)
-    assert first.probe_us is None and second.probe_us is None  # ok rows, tried once, not per item
+    assert first.reference_us is None and second.reference_us is None  # ok rows, tried once, not per item
 
 
-def _slow_probe(sleep_s: float) -> Callable[[str], Probe]:
-    """A steady probe whose every sample takes ``sleep_s`` of real time."""
+def _slow_reference(sleep_s: float) -> MakeReference:
+    """A steady reference whose every sample takes ``sleep_s`` of real time."""
 
     def sample() -> float:
         time.sleep(sleep_s)
@@ -145,7 +144,7 @@ def _slow_probe(sleep_s: float) -> Callable[[str], Probe]:
 def test_a_row_says_where_its_worker_spent_the_item(monkeypatch: pytest.MonkeyPatch) -> None:
     """Setting up the point (first item there only), the measurement's wall time, and the guard's share
     of it, each at least what the fakes spent in them (real sleeps)."""
-    runner = ItemRunner("cpu", probe=_slow_probe(0.002))
+    runner = ItemRunner("cpu", reference=_slow_reference(0.002))
     task = runner._task("fault_injection")
     build = task.build_inputs
 
@@ -158,8 +157,8 @@ def test_a_row_says_where_its_worker_spent_the_item(monkeypatch: pytest.MonkeyPa
     assert first.setup_ms is not None and first.setup_ms >= 30.0
     assert second.setup_ms == 0.0  # the same point: its inputs were kept
     per_check = CHECK_SETTINGS.warmup + CHECK_SETTINGS.min_samples
-    # the first item: the point's reference before, a check after; the second: a check after (the
-    # first's, a few milliseconds old, is its check before); 2 ms a probe sample
+    # the first item: the point's level before, a check after; the second: a check after (the
+    # first's, a few milliseconds old, is its check before); 2 ms a sample of the reference
     for record, checks in ((first, 2), (second, 1)):
         assert record.measure_ms is not None and record.guard_ms is not None and record.num_samples
         assert record.guard_ms >= checks * per_check * 2.0 * 0.9

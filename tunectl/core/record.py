@@ -124,9 +124,9 @@ class Record:
     max_abs_err: float | None = None
     compile_ms: float | None = None
     # Where the worker's time on the item went, besides compile_ms (preparing the kernel and its first,
-    # checked call): building the point's inputs and reference (0 where the worker already held them),
-    # the measurement's wall time (warm-up, samples, re-measures; for a comparison, all its rounds,
-    # the same on every arm), and of that the drift guard's probes, looks and waits.
+    # checked call): building the point's inputs and reference output (0 where the worker already held
+    # them), the measurement's wall time (warm-up, samples, re-measures; for a comparison, all its
+    # rounds, the same on every arm), and of that the drift guard's own (timing its reference, waiting).
     setup_ms: float | None = None
     measure_ms: float | None = None
     guard_ms: float | None = None
@@ -147,10 +147,12 @@ class Record:
     power_w: float | None = None
     throttled: bool | None = None
     throttle_reasons: int | None = None  # NVML's clock event reasons seen around the measurement
-    # The drift guard (tunectl.measure.drift): the probe kernel's median right after this measurement, its
-    # ratio to the probe at the start of the point on this worker, whether that moved beyond noise
-    # (after ``remeasured`` more measurements of this config), None where no probe was timed.
-    probe_us: float | None = None
+    # The drift guard (tunectl.measure.drift): the median of its reference kernel that judged this
+    # measurement (the reading around it that strayed furthest), its ratio to the reference's level at
+    # the start of the point on this worker, whether that moved beyond noise (after ``remeasured`` more
+    # measurements of this config), None where no reference was timed. Parts written by older versions
+    # name it ``probe_us`` (read as this one: tunectl.store.results).
+    reference_us: float | None = None
     reference_ratio: float | None = None
     drift: bool | None = None
     remeasured: int | None = None

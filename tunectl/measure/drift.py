@@ -4,53 +4,53 @@ A GPU can slow down in the middle of a worker's life (a software power cap pulli
 1980 to 1515 MHz, a neighbour's load): an H200 read one kernel at 1943 µs, then 2277 and 2479 µs
 later in the same process. A config measured once, stopping at ten quiet samples, cannot show it.
 
-The reference is a fixed *probe*: a copy of twice the L2 and a matrix product (on a GPU; a small
+The guard times a fixed *reference*: a copy of twice the L2 and a matrix product (on a GPU; a small
 copy and product on a CPU), so a slower memory clock and a slower SM clock both move it. It is one
 kernel for the whole worker life, not the point's default config: it is the same at every point and
 on every worker (a report can set one worker's life beside another's), it runs where a point's
-default fails, and it needs no compiling. The probe is timed:
+default fails, and it needs no compiling. The reference is timed:
 
 - when a worker starts on a point (its first item there, or the first after another point's), which
-  is the point's *reference*: at least ten samples, to half a percent of noise where 50 ms allow it
-  (``PROBE_SETTINGS``); and
+  is the point's *level*: at least ten samples, to half a percent of noise where 50 ms allow it
+  (``LEVEL_SETTINGS``); and
 - before and after every measurement at the point, and, inside a measurement, every ``LOOK_EVERY_S``
   between its chunks of samples (``tunectl.measure.harness``; a chunk ends by the time a look is
   due): a *check* of at least five samples, to 1 % of noise, at most 30 ms
   (``CHECK_SETTINGS``). The check after one measurement is the check before the next where it is
-  younger than ``CHECK_REUSE_S`` and found the probe where the reference has it: items follow each
-  other within tens of milliseconds, and a fresh check there saw the same device (the checks stay
-  spaced as the looks inside a long measurement are). A check is held to the reference's precision
+  younger than ``CHECK_REUSE_S`` and found the reference at its level: items follow each other
+  within tens of milliseconds, and a fresh check there saw the same device (the checks stay spaced
+  as the looks inside a long measurement are). A check is held to the level's precision
   where it counts: a shift is only called past 3 % (below), and a check whose noise is at most 1 %
   leaves that limit where it is; a noisier one stops at 30 ms and widens the limit, as a longer one
-  would have to. Checks as long as the reference (up to 50 ms each side, on an H200 twice a short
+  would have to. Checks as long as the level (up to 50 ms each side, on an H200 twice a short
   config's own measurement) bought nothing the 3 % limit could use. A measurement is judged by the
-  probe that strayed furthest: a shift that ends inside a measurement shows in the probe before it, one
-  that starts inside it in the probe after, and one that comes and goes inside a long measurement
-  in a look (on an H200 a neighbour's burst that ended mid-measurement, seen only after it, read a
-  config 2.3x slow with no flag; a 3 s burst inside a 15 ms kernel's measurement read 2.07x with
-  clean probes on both sides). The sample after a look is run and dropped: the look's copy has
-  evicted what a warm-L2 measurement keeps in the cache.
+  reading that strayed furthest: a shift that ends inside a measurement shows in the check before
+  it, one that starts inside it in the check after, and one that comes and goes inside a long
+  measurement in a look (on an H200 a neighbour's burst that ended mid-measurement, seen only after
+  it, read a config 2.3x slow with no flag; a 3 s burst inside a 15 ms kernel's measurement read
+  2.07x with clean checks on both sides). The sample after a look is run and dropped: the look's
+  copy has evicted what a warm-L2 measurement keeps in the cache.
 
-A probe sample lasts as long as the measurement's samples (``calls`` probe calls in one timed
-window, up to ``PROBE_SPAN_MAX_US``; its reading is per call). A neighbour process shares the GPU in
-time slices: a window shorter than a slice rarely meets a switch, so a single ~200 µs
-probe read clean through a burst that doubled a 15 ms kernel (an H200, cuDNN SDPA at 64 x 8192, 2.09x
-with no flag). A window as long as the measured sample meets as many switches as it does. The looks
-and the probe after a measurement are sized by its samples' pace so far (a chunk's wall time over its
-samples), the probe before it by the previous measurement's at the point (one
-call at a point's first item, which is the reference; readings per call compare across sizes).
+A sample of the reference lasts as long as the measurement's samples (``calls`` reference calls in
+one timed window, up to ``REFERENCE_SPAN_MAX_US``; its reading is per call). A neighbour process
+shares the GPU in time slices: a window shorter than a slice rarely meets a switch, so a single
+~200 µs reference call read clean through a burst that doubled a 15 ms kernel (an H200, cuDNN SDPA
+at 64 x 8192, 2.09x with no flag). A window as long as the measured sample meets as many switches
+as it does. The looks and the check after a measurement are sized by its samples' pace so far (a
+chunk's wall time over its samples), the check before it by the previous measurement's at the point
+(one call at a point's first item, which is the level; readings per call compare across sizes).
 
-The probe *moved* when its two medians lie each outside the other's p20-p80 band and differ by more
-than ``max(MIN_SHIFT, NOISE_FACTOR x the larger relative noise)``: 3 % or three times the noise.
-Then the measurement just made is made again, up to ``MAX_REMEASURES`` times, each followed by
-another probe. A shift still there after that may be a neighbour's burst of work or a passing power
-cap: the guard waits for the device to come back, probing every ``WAIT_STEP_S`` for up to
-``MAX_WAIT_S``, and when the probe is back within noise of the reference, measures once more. A shift
-that outlasts the wait is lasting: the row keeps its flag, and the rest of the point's items on this
-worker are flagged without being measured again or waited for (they would meet the same device).
-Every row says what happened: ``probe_us`` (the last probe), ``reference_ratio`` (that probe over
-the point's reference), ``drift`` (the probe had moved at the measurement the row keeps) and
-``remeasured`` (how many times it was measured again).
+The reference *moved* when a reading's median and the level's lie each outside the other's p20-p80
+band and differ by more than ``max(MIN_SHIFT, NOISE_FACTOR x the larger relative noise)``: 3 % or
+three times the noise. Then the measurement just made is made again, up to ``MAX_REMEASURES`` times,
+each followed by another check. A shift still there after that may be a neighbour's burst of work or
+a passing power cap: the guard waits for the device to come back, timing the reference every
+``WAIT_STEP_S`` for up to ``MAX_WAIT_S``, and when it is back within noise of the level, measures
+once more. A shift that outlasts the wait is lasting: the row keeps its flag, and the rest of the
+point's items on this worker are flagged without being measured again or waited for (they would meet
+the same device). Every row says what happened: ``reference_us`` (the reference's reading that
+judged it), ``reference_ratio`` (that reading over the point's level), ``drift`` (the reference had
+moved at the measurement the row keeps) and ``remeasured`` (how many times it was measured again).
 
 Comparisons (finals, validation) are not guarded: their arms are timed in interleaved rounds, so a
 shift touches every arm alike and the paired ratios cancel it. The guard lives in the worker because
@@ -69,38 +69,40 @@ from typing import Any, TypeVar
 from tunectl.core.spec import MeasureSpec
 from tunectl.measure.harness import Sampler, Stats, chunked, measure, take
 
-#: the probe's sampler for ``calls`` back-to-back probe calls timed as one window (µs per call)
-Probe = Callable[[int], Sampler]
+#: the reference's sampler for ``calls`` back-to-back reference calls timed as one window (µs per call)
+Reference = Callable[[int], Sampler]
+#: a device's reference samplers (``reference_sampler``)
+MakeReference = Callable[[str], Reference]
 T = TypeVar("T")
 
 MIN_SHIFT = 0.03
 NOISE_FACTOR = 3.0
 MAX_REMEASURES = 2
-LOOK_EVERY_S = 0.5  # inside a measurement: a look (a check of the probe) at most this often
+LOOK_EVERY_S = 0.5  # inside a measurement: a look (a check of the reference) at most this often
 CHECK_REUSE_S = 0.25  # a clean check after a measurement stands for the next one's check before it
-REFERENCE_MAX_AGE_S = 30.0  # a reference carried from point to point is timed again past this age
+LEVEL_MAX_AGE_S = 30.0  # a level carried from point to point is timed again past this age
 MAX_WAIT_S = 30.0  # how long a worker waits for a shifted device to come back (well under a deadline)
 WAIT_STEP_S = 1.0
-#: a point's reference: 10-200 samples of the probe (module doc)
-PROBE_SETTINGS = MeasureSpec(warmup=1, min_samples=10, max_samples=200, noise_target=0.005, max_seconds=0.05)
-#: a check before, inside (a look) and after each measurement, against the reference (module doc)
+#: a point's level: 10-200 samples of the reference (module doc)
+LEVEL_SETTINGS = MeasureSpec(warmup=1, min_samples=10, max_samples=200, noise_target=0.005, max_seconds=0.05)
+#: a check before, inside (a look) and after each measurement, against the level (module doc)
 CHECK_SETTINGS = MeasureSpec(warmup=0, min_samples=5, max_samples=20, noise_target=0.01, max_seconds=0.03)
-PROBE_SPAN_MAX_US = 20_000.0  # a probe sample spans a measured sample up to this long (module doc)
-_PROBE_COPY_L2S = 2  # the copied buffer, in L2 sizes: it streams from memory, not from the cache
-_PROBE_MATMUL_N = 4096  # bf16: ~140 µs of tensor-core work on an H200
-_CPU_PROBE_BYTES = 8 << 20
-_CPU_PROBE_MATMUL_N = 192
+REFERENCE_SPAN_MAX_US = 20_000.0  # a reference sample spans a measured sample up to this long (module doc)
+_REFERENCE_COPY_L2S = 2  # the copied buffer, in L2 sizes: it streams from memory, not from the cache
+_REFERENCE_MATMUL_N = 4096  # bf16: ~140 µs of tensor-core work on an H200
+_CPU_REFERENCE_BYTES = 8 << 20
+_CPU_REFERENCE_MATMUL_N = 192
 
 
-def moved(reference: Stats, now: Stats) -> bool:
-    """Whether the probe moved beyond noise between ``reference`` and ``now`` (see module doc)."""
-    if reference.median_us <= 0 or now.median_us <= 0:
+def moved(level: Stats, now: Stats) -> bool:
+    """Whether the reference moved beyond noise between ``level`` and ``now`` (see module doc)."""
+    if level.median_us <= 0 or now.median_us <= 0:
         return False
-    outside = not reference.p20_us <= now.median_us <= reference.p80_us and not (
-        now.p20_us <= reference.median_us <= now.p80_us
+    outside = not level.p20_us <= now.median_us <= level.p80_us and not (
+        now.p20_us <= level.median_us <= now.p80_us
     )
-    limit = max(MIN_SHIFT, NOISE_FACTOR * max(reference.rel_noise, now.rel_noise))
-    return outside and abs(now.median_us / reference.median_us - 1.0) > limit
+    limit = max(MIN_SHIFT, NOISE_FACTOR * max(level.rel_noise, now.rel_noise))
+    return outside and abs(now.median_us / level.median_us - 1.0) > limit
 
 
 @dataclass(frozen=True)
@@ -108,15 +110,15 @@ class Guarded:
     """A guarded measurement: the statistics kept, and the fields its record carries."""
 
     stats: Stats
-    probe_us: float
+    reference_us: float
     reference_ratio: float
     drift: bool
     remeasured: int
-    guard_s: float  # spent in the guard's probes, looks and waits
+    guard_s: float  # spent timing the reference (levels, checks, looks) and waiting
 
     def fields(self) -> dict[str, Any]:
         return {
-            "probe_us": self.probe_us,
+            "reference_us": self.reference_us,
             "reference_ratio": self.reference_ratio,
             "drift": self.drift,
             "remeasured": self.remeasured,
@@ -125,20 +127,20 @@ class Guarded:
 
 
 class DriftGuard:
-    """Times the probe around a worker's measurements and measures again what a shift touched.
+    """Times the reference around a worker's measurements and measures again what a shift touched.
 
-    ``probe(calls)``: the probe's sampler for ``calls`` calls in one timed window. ``action``:
+    ``reference(calls)``: the reference's sampler for ``calls`` calls in one timed window. ``action``:
     ``remeasure`` (flag and measure again) or ``flag`` (flag only). ``max_wait_s``: how long a shift is
     waited out (0 on a CPU, whose neighbours come and go with no clock to recover). ``settings`` and
-    ``check``: how a reference and a check sample the probe (module doc). One per worker.
+    ``check``: how a level and a check sample the reference (module doc). One per worker.
     """
 
     def __init__(
         self,
-        probe: Probe,
+        reference: Reference,
         *,
         action: str = "remeasure",
-        settings: MeasureSpec = PROBE_SETTINGS,
+        settings: MeasureSpec = LEVEL_SETTINGS,
         check: MeasureSpec = CHECK_SETTINGS,
         max_wait_s: float = MAX_WAIT_S,
         sleep: Callable[[float], None] = time.sleep,
@@ -146,23 +148,23 @@ class DriftGuard:
     ) -> None:
         if action not in ("remeasure", "flag"):
             raise ValueError(f"unknown drift action {action!r}; expected remeasure or flag")
-        self.probe, self.action, self.settings, self.check_settings = probe, action, settings, check
+        self.reference, self.action, self.settings, self.check_settings = reference, action, settings, check
         self._sleep, self._clock = sleep, clock
         self.max_wait_s = max_wait_s
         self._samplers: dict[int, Sampler] = {}
-        self._calls = 1  # probe calls per probe sample (module doc)
+        self._calls = 1  # reference calls per sample of the reference (module doc)
         self._point: Hashable = None
-        self._reference: Stats | None = None
+        self._level: Stats | None = None
         self._lasting = False  # a shift at this point outlived the re-measurements
-        self._spent = 0.0  # seconds in probes, looks and waits during the current measurement
+        self._spent = 0.0  # seconds timing the reference and waiting during the current measurement
         self._last_check: tuple[float, Stats] | None = None  # (when it ended, the check) after a measurement
-        self._reference_at = -math.inf  # when the reference was timed
-        self._probes: list[Stats] = []  # the probes of the measurements under way, in order
+        self._level_at = -math.inf  # when the level was timed
+        self._readings: list[Stats] = []  # the reference's readings around the measurements under way
         self._last_look = -math.inf  # when the latest of them was taken
 
     def measure(self, point: Hashable, sample: Sampler, settings: MeasureSpec) -> Guarded:
-        """``sample`` measured as ``settings`` say at ``point``, checked against the point's reference
-        probe (and measured again while the probe had moved, within the limits of the module doc)."""
+        """``sample`` measured as ``settings`` say at ``point``, checked against the point's level of the
+        reference (and measured again while the reference had moved, within the module doc's limits)."""
         [guarded] = self.measure_many(point, [(sample, settings)])
         return guarded
 
@@ -170,29 +172,29 @@ class DriftGuard:
         self, point: Hashable, measurements: Sequence[tuple[Sampler, MeasureSpec]]
     ) -> list[Guarded]:
         """Each of ``measurements`` (a sampler and its settings) made in turn at ``point``, between one
-        probe before them all and one after, with looks every ``LOOK_EVERY_S`` across them: each is
-        judged by the probe before it, the looks inside it and the first probe after it, and made again
-        as ``measure`` would where one of those moved (module doc)."""
+        check before them all and one after, with looks every ``LOOK_EVERY_S`` across them: each is
+        judged by the check before it, the looks inside it and the first check after it, and made
+        again as ``measure`` would where one of those moved (module doc)."""
         self._spent = 0.0
         fresh = self._enter(point)
-        assert self._reference is not None
-        reference: Stats = self._reference
-        before = reference if fresh else self._recent_check(reference) or self._check()
-        self._probes, self._last_look = [before], self._clock()
+        assert self._level is not None
+        level: Stats = self._level
+        before = level if fresh else self._recent_check(level) or self._check()
+        self._readings, self._last_look = [before], self._clock()
         spans: list[tuple[Stats, int, int]] = []  # each measurement, and the looks taken inside it
         for sample, settings in measurements:
-            first = len(self._probes)
-            spans.append((self._looked_at(sample, settings), first, len(self._probes)))
+            first = len(self._readings)
+            spans.append((self._looked_at(sample, settings), first, len(self._readings)))
         after = self._check()
-        self._probes.append(after)
+        self._readings.append(after)
         self._last_check = (self._clock(), after)
-        judged = [(stats, self._furthest(self._probes[first - 1 : end + 1])) for stats, first, end in spans]
+        judged = [(stats, self._furthest(self._readings[first - 1 : end + 1])) for stats, first, end in spans]
         retime = True
         shared, out = self._spent / max(1, len(measurements)), []
-        for (sample, settings), (stats, probe) in zip(measurements, judged, strict=True):
+        for (sample, settings), (stats, reading) in zip(measurements, judged, strict=True):
             self._spent = 0.0
-            out.append(self._settle(sample, settings, stats, probe, retime=retime, shared_s=shared))
-            retime = retime and self._reference is reference  # the reference is timed again at most once
+            out.append(self._settle(sample, settings, stats, reading, retime=retime, shared_s=shared))
+            retime = retime and self._level is level  # the level is timed again at most once
         return out
 
     def _settle(
@@ -200,86 +202,87 @@ class DriftGuard:
         sample: Sampler,
         settings: MeasureSpec,
         stats: Stats,
-        probe: Stats,
+        reading: Stats,
         *,
         retime: bool,
         shared_s: float,
     ) -> Guarded:
-        """A measurement judged by ``probe``: kept, or made again (within the module doc's limits)."""
-        assert self._reference is not None
-        reference = self._reference
+        """A measurement judged by ``reading``: kept, or made again (within the module doc's limits)."""
+        assert self._level is not None
+        level = self._level
         retries, remeasured = (0 if self.action == "flag" or self._lasting else MAX_REMEASURES), 0
-        if retime and retries and moved(reference, probe) and probe.median_us < reference.median_us:
-            # Faster than the reference: the reference caught a slower device (a passing slowdown, or
-            # compile processes busy on the GPU when it was timed), not a slowdown now. Timed again,
-            # and the measurement made again against it, instead of waiting for a device that will not
-            # slow down to match it.
-            self._reference = reference = self._time_probe()
-            (stats, probe), remeasured = self._bracketed(reference, sample, settings), 1
-        while moved(reference, probe) and remeasured < retries:
-            (stats, probe), remeasured = self._bracketed(reference, sample, settings), remeasured + 1
-        if moved(reference, probe) and retries and self._came_back(reference):
-            (stats, probe), remeasured = self._bracketed(reference, sample, settings), remeasured + 1
-        shifted = moved(reference, probe)
+        if retime and retries and moved(level, reading) and reading.median_us < level.median_us:
+            # Faster than the level: the level caught a slower device (a passing slowdown, or compile
+            # processes busy on the GPU when it was timed), not a slowdown now. Timed again, and the
+            # measurement made again against it, instead of waiting for a device that will not slow
+            # down to match it.
+            self._level = level = self._time_level()
+            (stats, reading), remeasured = self._bracketed(level, sample, settings), 1
+        while moved(level, reading) and remeasured < retries:
+            (stats, reading), remeasured = self._bracketed(level, sample, settings), remeasured + 1
+        if moved(level, reading) and retries and self._came_back(level):
+            (stats, reading), remeasured = self._bracketed(level, sample, settings), remeasured + 1
+        shifted = moved(level, reading)
         if shifted and retries:
             self._lasting = True
-        ratio = probe.median_us / reference.median_us
-        return Guarded(stats, probe.median_us, ratio, shifted, remeasured, shared_s + self._spent)
+        ratio = reading.median_us / level.median_us
+        return Guarded(stats, reading.median_us, ratio, shifted, remeasured, shared_s + self._spent)
 
     def _enter(self, point: Hashable) -> bool:
-        """Make ``point`` the current one; whether a reference was timed for it just now. A new point
-        keeps the reference where the last check after a measurement is recent and clean and the
-        reference younger than ``REFERENCE_MAX_AGE_S`` (the same device, seen milliseconds ago)."""
-        if point == self._point and self._reference is not None:
+        """Make ``point`` the current one; whether a level was timed for it just now. A new point keeps
+        the level where the last check after a measurement is recent and clean and the level younger
+        than ``LEVEL_MAX_AGE_S`` (the same device, seen milliseconds ago)."""
+        if point == self._point and self._level is not None:
             return False
         carried = (
-            self._reference is not None
-            and self._clock() - self._reference_at <= REFERENCE_MAX_AGE_S
-            and self._recent_check(self._reference) is not None
+            self._level is not None
+            and self._clock() - self._level_at <= LEVEL_MAX_AGE_S
+            and self._recent_check(self._level) is not None
         )
         self._point, self._lasting = point, False
         if carried:
             return False
         self._calls, self._last_check = 1, None
-        self._reference = self._time_probe()
-        self._reference_at = self._clock()
+        self._level = self._time_level()
+        self._level_at = self._clock()
         return True
 
-    def _bracketed(self, reference: Stats, sample: Sampler, settings: MeasureSpec) -> tuple[Stats, Stats]:
-        """One measurement between two probes, with looks inside it, and the probe that strayed
-        furthest from ``reference`` (module doc)."""
-        before = self._recent_check(reference) or self._check()
-        self._probes, self._last_look = [before], self._clock()
+    def _bracketed(self, level: Stats, sample: Sampler, settings: MeasureSpec) -> tuple[Stats, Stats]:
+        """One measurement between two checks, with looks inside it, and the reading that strayed
+        furthest from ``level`` (module doc)."""
+        before = self._recent_check(level) or self._check()
+        self._readings, self._last_look = [before], self._clock()
         stats = self._looked_at(sample, settings)
         after = self._check()
-        self._probes.append(after)
+        self._readings.append(after)
         self._last_check = (self._clock(), after)
-        return stats, self._furthest(self._probes)
+        return stats, self._furthest(self._readings)
 
-    def _furthest(self, probes: Sequence[Stats]) -> Stats:
-        """Of ``probes``, the one that strayed furthest from the reference."""
-        reference = self._reference
-        assert reference is not None
-        return max(probes, key=lambda p: (moved(reference, p), abs(p.median_us / reference.median_us - 1)))
+    def _furthest(self, readings: Sequence[Stats]) -> Stats:
+        """Of ``readings`` of the reference, the one that strayed furthest from the level."""
+        level = self._level
+        assert level is not None
+        return max(readings, key=lambda r: (moved(level, r), abs(r.median_us / level.median_us - 1)))
 
-    def _recent_check(self, reference: Stats) -> Stats | None:
+    def _recent_check(self, level: Stats) -> Stats | None:
         """The check after the last measurement at this point, if it is young and clean (module doc)."""
         if self._last_check is None:
             return None
         ended, check = self._last_check
-        if self._clock() - ended > CHECK_REUSE_S or moved(reference, check):
+        if self._clock() - ended > CHECK_REUSE_S or moved(level, check):
             return None
         return check
 
     def _looked_at(self, sample: Sampler, settings: MeasureSpec) -> Stats:
-        """``sample`` measured with a look at the probe (into the probes) between chunks of samples
-        every LOOK_EVERY_S since the last probe; a chunk ends by the time the next look is due."""
+        """``sample`` measured with a look at the reference (into the readings) between chunks of
+        samples every LOOK_EVERY_S since the last reading; a chunk ends by the time the next look is
+        due."""
 
         def look(pace_s: float | None) -> None:
             if pace_s is not None:
-                self._size_probe(pace_s)
+                self._size_reference(pace_s)
             if self._clock() - self._last_look >= LOOK_EVERY_S:
-                self._probes.append(self._check())
+                self._readings.append(self._check())
                 self._timed(lambda: take(sample, 1))  # run and dropped (module doc)
                 self._last_look = self._clock()
 
@@ -288,30 +291,31 @@ class DriftGuard:
 
         stats = measure(sample, settings, self._clock, between=look, chunk_s=until_look)
         if stats.num_samples:
-            self._size_probe(stats.seconds / stats.num_samples)
+            self._size_reference(stats.seconds / stats.num_samples)
         return stats
 
-    def _size_probe(self, sample_s: float) -> None:
-        """Probe samples of as many calls as span ``sample_s`` (up to ``PROBE_SPAN_MAX_US``)."""
-        assert self._reference is not None
-        span_us = min(sample_s * 1e6, PROBE_SPAN_MAX_US)
-        self._calls = max(1, math.ceil(span_us / max(self._reference.median_us, 1e-3)))
+    def _size_reference(self, sample_s: float) -> None:
+        """Samples of the reference of as many calls as span ``sample_s`` (up to
+        ``REFERENCE_SPAN_MAX_US``)."""
+        assert self._level is not None
+        span_us = min(sample_s * 1e6, REFERENCE_SPAN_MAX_US)
+        self._calls = max(1, math.ceil(span_us / max(self._level.median_us, 1e-3)))
 
-    def _probe(self) -> Sampler:
+    def _reference_sampler(self) -> Sampler:
         if self._calls not in self._samplers:
-            self._samplers[self._calls] = self.probe(self._calls)
+            self._samplers[self._calls] = self.reference(self._calls)
         sampler = self._samplers[self._calls]
-        if self._reference is not None:  # a sample's length, for the harness's first chunk
-            sampler.expected_us = self._reference.median_us * self._calls  # type: ignore[attr-defined]
+        if self._level is not None:  # a sample's length, for the harness's first chunk
+            sampler.expected_us = self._level.median_us * self._calls  # type: ignore[attr-defined]
         return sampler
 
-    def _time_probe(self) -> Stats:
-        """The probe timed for a reference (``settings``)."""
-        return self._timed(lambda: measure(self._probe(), self.settings, self._clock))
+    def _time_level(self) -> Stats:
+        """The reference timed for a level (``settings``)."""
+        return self._timed(lambda: measure(self._reference_sampler(), self.settings, self._clock))
 
     def _check(self) -> Stats:
-        """The probe timed for a check against the reference (``check_settings``)."""
-        return self._timed(lambda: measure(self._probe(), self.check_settings, self._clock))
+        """The reference timed for a check against the level (``check_settings``)."""
+        return self._timed(lambda: measure(self._reference_sampler(), self.check_settings, self._clock))
 
     def _timed(self, guard_work: Callable[[], T]) -> T:
         """``guard_work()``, its time counted as the guard's."""
@@ -321,47 +325,47 @@ class DriftGuard:
         finally:
             self._spent += self._clock() - start
 
-    def _came_back(self, reference: Stats) -> bool:
-        """Wait (up to max_wait_s, probing every WAIT_STEP_S) for the probe to be back at ``reference``."""
+    def _came_back(self, level: Stats) -> bool:
+        """Wait (up to max_wait_s, timing the reference every WAIT_STEP_S) for it to be back at ``level``."""
         for _ in range(int(self.max_wait_s / WAIT_STEP_S)):
             self._timed(lambda: self._sleep(WAIT_STEP_S))
-            if not moved(reference, self._time_probe()):
+            if not moved(level, self._time_level()):
                 return True
         return False
 
 
-def probe_kernel(device: str) -> Callable[[], Any]:
-    """The probe: a copy that streams from memory and a matrix product (module doc)."""
+def reference_kernel(device: str) -> Callable[[], Any]:
+    """The reference: a copy that streams from memory and a matrix product (module doc)."""
     import torch
 
     if device.startswith("cuda"):
         l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size
-        src = torch.ones(_PROBE_COPY_L2S * l2_bytes // 2, dtype=torch.bfloat16, device=device)
-        n = _PROBE_MATMUL_N
+        src = torch.ones(_REFERENCE_COPY_L2S * l2_bytes // 2, dtype=torch.bfloat16, device=device)
+        n = _REFERENCE_MATMUL_N
     else:
-        src = torch.ones(_CPU_PROBE_BYTES // 4, dtype=torch.float32)
-        n = _CPU_PROBE_MATMUL_N
+        src = torch.ones(_CPU_REFERENCE_BYTES // 4, dtype=torch.float32)
+        n = _CPU_REFERENCE_MATMUL_N
     dst = torch.empty_like(src)
     a = torch.full((n, n), 0.5, dtype=src.dtype, device=src.device)
     out = torch.empty_like(a)
 
-    def probe() -> None:
+    def reference() -> None:
         dst.copy_(src)
         torch.matmul(a, a, out=out)
 
-    return probe
+    return reference
 
 
-def probe_sampler(device: str) -> Probe:
-    """The probe's samplers, one per number of calls in a timed window: eager calls between events with
-    a warm L2 on a GPU (the probe streams its copy from memory whatever the cache holds), the clock on
-    a CPU; the same method at every check of a worker's life. Not a CUDA graph: a graph of the probe's
-    matrix product, captured beside the measured kernels' graphs, left the next kernel of the worker
-    reading freed memory on an H200 (an illegal address), and a ~200 µs probe pays nothing measurable
-    for its launch."""
+def reference_sampler(device: str) -> Reference:
+    """The reference's samplers, one per number of calls in a timed window: eager calls between events
+    with a warm L2 on a GPU (the reference streams its copy from memory whatever the cache holds), the
+    clock on a CPU; the same method at every check of a worker's life. Not a CUDA graph: a graph of the
+    reference's matrix product, captured beside the measured kernels' graphs, left the next kernel of
+    the worker reading freed memory on an H200 (an illegal address), and a ~200 µs reference call pays
+    nothing measurable for its launch."""
     from tunectl.measure.timing import make_sampler
 
-    kernel = probe_kernel(device)
+    kernel = reference_kernel(device)
 
     def sized(calls: int) -> Sampler:
         def window() -> None:

@@ -21,7 +21,7 @@ from tunectl.core.plan import WorkItem
 from tunectl.core.record import Record
 from tunectl.core.spec import MeasureSpec
 from tunectl.measure.built import Built, PointKernels, with_warmup
-from tunectl.measure.drift import MAX_WAIT_S, DriftGuard, Probe, probe_sampler
+from tunectl.measure.drift import MAX_WAIT_S, DriftGuard, MakeReference, reference_sampler
 from tunectl.measure.failures import clip, failure_message
 from tunectl.measure.harness import Sampler, Stats, announced, calls_per_sample, interleave, measure, scaled
 from tunectl.measure.memory import when_memory_frees
@@ -57,12 +57,12 @@ class CudaContextPoisoned(RuntimeError):
 class ItemRunner:
     """Evaluates work items on one device. One per worker process."""
 
-    def __init__(self, device: str = "cpu", *, probe: Callable[[str], Probe] = probe_sampler) -> None:
-        """``probe`` makes the drift guard's probe samplers for a device (``tunectl.measure.drift``)."""
+    def __init__(self, device: str = "cpu", *, reference: MakeReference = reference_sampler) -> None:
+        """``reference`` makes the drift guard's reference samplers for a device (``measure.drift``)."""
         self.device = device
-        self._make_probe = probe
+        self._guard_reference = reference
         self._guard: DriftGuard | None = None
-        self._probe_failed = False
+        self._guard_failed = False
         self._tasks: dict[str, TuningTask] = {}
         self._point: tuple[Any, ...] | None = None
         self._inputs: Any = None
@@ -252,17 +252,17 @@ class ItemRunner:
         return read_state(self.device)
 
     def _drift_guard(self, action: str) -> DriftGuard | None:
-        """The worker's drift guard acting as ``measure.drift`` asks (None for ``off``); its probe is
-        built on first use and kept for the worker's life."""
-        if action == "off" or self._probe_failed:
+        """The worker's drift guard acting as ``measure.drift`` asks (None for ``off``); its reference
+        kernel is built on first use and kept for the worker's life."""
+        if action == "off" or self._guard_failed:
             return None
         if self._guard is None:
             try:
                 wait = MAX_WAIT_S if self.device.startswith("cuda") else 0.0
-                self._guard = DriftGuard(self._make_probe(self.device), action=action, max_wait_s=wait)
-            except Exception as exc:  # no probe (memory, a missing op): measure unguarded, not fail
-                self._probe_failed = True
-                log.warning("drift guard off on %s: its probe could not be built (%s)", self.device, exc)
+                self._guard = DriftGuard(self._guard_reference(self.device), action=action, max_wait_s=wait)
+            except Exception as exc:  # no reference (memory, a missing op): measure unguarded, not fail
+                self._guard_failed = True
+                log.warning("drift guard off on %s: its reference could not be built (%s)", self.device, exc)
                 return None
         self._guard.action = action
         return self._guard

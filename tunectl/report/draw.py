@@ -6,7 +6,7 @@
   wild measurement does not wash out the rest; a clipped cell still shows its own number;
 - validation: each shape's speedup with its 95 % interval, coloured by verdict;
 - imported logs: per shape, every choice's time over Inductor's pick (its fastest), on a log scale;
-- drift: each worker's probe over its life (``tunectl.report.drift``).
+- drift: each worker's drift-guard reference over its life (``tunectl.report.drift``).
 
 Every plot is as wide as the page's column (``PAGE_WIDTH_IN``) and carries no title of its own: the
 page's heading above it says what it shows; a heatmap of one value of further shape dimensions says

@@ -1,11 +1,11 @@
-"""The drift section of the report: each worker's probe (``tunectl.measure.drift``) over its life, as
-plain data.
+"""The drift section of the report: each worker's drift-guard reference (``tunectl.measure.drift``)
+over its life, as plain data.
 
-Every guarded measurement row carries the probe's median taken right after it (``probe_us``); one
-worker's rows in time order are that worker's life: a probe that climbs is a device that slowed
-(a power cap, a clock, a neighbour). Per worker the report draws the probe over its first reading
-against minutes since the run's first probe, marks the rows whose guard saw a shift, and tabulates
-the range with the SM clocks and throttling read beside it.
+Every guarded measurement row carries the reference's median that judged it (``reference_us``); one
+worker's rows in time order are that worker's life: a reference that climbs is a device that slowed
+(a power cap, a clock, a neighbour). Per worker the report draws the reference over its first
+reading against minutes since the run's first reading, marks the rows whose guard saw a shift, and
+tabulates the range with the SM clocks and throttling read beside it.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ PLOT = "drift-001.png"
 
 
 @dataclass(frozen=True)
-class ProbeReading:
-    at_s: float  # seconds since the first probe in the report
-    probe_us: float
-    drift: bool  # the guard saw the probe move beyond noise at the row's kept measurement
+class ReferenceReading:
+    at_s: float  # seconds since the first reading in the report
+    reference_us: float
+    drift: bool  # the guard saw the reference move beyond noise at the row's kept measurement
     remeasured: int
     sm_clock_mhz: float | None
     throttled: bool | None
@@ -34,21 +34,21 @@ class ProbeReading:
 class WorkerDrift:
     worker: str  # host:pid
     device: str
-    readings: tuple[ProbeReading, ...]  # in time order
+    readings: tuple[ReferenceReading, ...]  # in time order
 
     @property
     def first_us(self) -> float:
-        return self.readings[0].probe_us
+        return self.readings[0].reference_us
 
     @property
     def range_us(self) -> tuple[float, float]:
-        values = [r.probe_us for r in self.readings]
+        values = [r.reference_us for r in self.readings]
         return min(values), max(values)
 
     @property
     def largest_shift(self) -> float:
         """The reading furthest from the first, as a ratio to it (1.0: never moved)."""
-        return max((r.probe_us / self.first_us for r in self.readings), key=lambda x: abs(x - 1.0))
+        return max((r.reference_us / self.first_us for r in self.readings), key=lambda x: abs(x - 1.0))
 
     @property
     def num_drift(self) -> int:
@@ -75,16 +75,17 @@ class DriftPanel:
 
 
 def drift_panel(rows: Iterable[Record]) -> DriftPanel | None:
-    """Per worker, its guarded records' probe readings in time order; None where none timed a probe."""
-    probed = [r for r in rows if r.probe_us is not None and r.worker]
-    if not probed:
+    """Per worker, its guarded records' reference readings in time order; None where none timed the
+    reference."""
+    guarded = [r for r in rows if r.reference_us is not None and r.worker]
+    if not guarded:
         return None
-    start = min(r.finished_at or 0.0 for r in probed)
-    by_worker: dict[tuple[str, str], list[ProbeReading]] = {}
-    for row in sorted(probed, key=lambda r: r.finished_at or 0.0):
-        reading = ProbeReading(
+    start = min(r.finished_at or 0.0 for r in guarded)
+    by_worker: dict[tuple[str, str], list[ReferenceReading]] = {}
+    for row in sorted(guarded, key=lambda r: r.finished_at or 0.0):
+        reading = ReferenceReading(
             at_s=(row.finished_at or 0.0) - start,
-            probe_us=float(row.probe_us or 0.0),
+            reference_us=float(row.reference_us or 0.0),
             drift=bool(row.drift),
             remeasured=int(row.remeasured or 0),
             sm_clock_mhz=row.sm_clock_mhz,
@@ -97,14 +98,14 @@ def drift_panel(rows: Iterable[Record]) -> DriftPanel | None:
 
 
 def draw_drift(panel: DriftPanel, path: Any) -> None:
-    """One line per worker: its probe over its first reading against minutes; shifts marked ×."""
+    """One line per worker: its reference over its first reading against minutes; shifts marked ×."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(PAGE_WIDTH_IN, 3.6), layout="constrained")
     ax = fig.add_subplot()
     for worker in panel.workers:
         x = [r.at_s / 60 for r in worker.readings]
-        y = [r.probe_us / worker.first_us for r in worker.readings]
+        y = [r.reference_us / worker.first_us for r in worker.readings]
         (line,) = ax.plot(x, y, marker=".", ms=3, lw=1, label=f"{worker.worker} ({worker.device or 'cpu'})")
         seen = zip(x, y, worker.readings, strict=True)
         flagged = [(xi, yi) for xi, yi, r in seen if r.drift or r.remeasured]
@@ -112,7 +113,7 @@ def draw_drift(panel: DriftPanel, path: Any) -> None:
             xs, ys = zip(*flagged, strict=True)
             ax.scatter(xs, ys, marker="x", s=40, color=line.get_color(), zorder=3)
     ax.axhline(1.0, color="grey", lw=1)
-    ax.set_xlabel("minutes since the first probe")
-    ax.set_ylabel("probe time over the worker's first (×)")
+    ax.set_xlabel("minutes since the first reading")
+    ax.set_ylabel("reference time over the worker's first (×)")
     ax.legend(fontsize=7.5, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.savefig(path, dpi=100)

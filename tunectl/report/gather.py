@@ -140,7 +140,7 @@ class ReportData:
     validation: tuple[ValidationPanel, ...]
     imported: tuple[ImportedPanel, ...]
     bundle: BundleSection | None
-    drift: DriftPanel | None = None  # each worker's drift-guard probe over its life
+    drift: DriftPanel | None = None  # each worker's drift-guard reference over its life
 
     @property
     def grids(self) -> tuple[Grid, ...]:

@@ -28,7 +28,8 @@ from tunectl.core.errors import ResultsError, UserError
 from tunectl.core.files import atomic_write, move
 from tunectl.core.record import Record, latest, record_types
 
-SCHEMA_VERSION = 1
+#: 1: the first; 2: the drift guard's ``probe_us`` is ``reference_us`` (a part of 1 still reads, below)
+SCHEMA_VERSION = 2
 PARTITIONS = ("task", "run_id")
 __all__ = [
     "SCHEMA_VERSION",
@@ -151,6 +152,8 @@ class ResultsWriter:
 
 #: columns every part has had since the first schema; a file without them is not a results part
 _REQUIRED = ("item_id", "status", "finished_at")
+#: columns renamed since the first schema, by their name now: a part written before reads the old one
+_FORMER_NAMES = {"reference_us": "probe_us"}
 _warned: set[str] = set()
 
 
@@ -233,7 +236,8 @@ def part_files(root: str | Path, run_ids: Iterable[str] | None = None, task: str
 
 
 def read_part(path: str | Path) -> Any:
-    """One part as a table in the current schema (older parts gain null columns); ``BadPart`` if not."""
+    """One part as a table in the current schema (older parts gain null columns, and a renamed column
+    reads under its name now); ``BadPart`` if not."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -252,13 +256,14 @@ def read_part(path: str | Path) -> Any:
     schema = _schema()
     columns = []
     for fld in schema:
-        if fld.name not in table.column_names:
+        name = fld.name if fld.name in table.column_names else _FORMER_NAMES.get(fld.name, fld.name)
+        if name not in table.column_names:
             columns.append(pa.nulls(table.num_rows, fld.type))
             continue
         try:
-            columns.append(table.column(fld.name).cast(fld.type))
+            columns.append(table.column(name).cast(fld.type))
         except (pa.ArrowException, ValueError) as exc:
-            why = f"column {fld.name!r} has type {table.schema.field(fld.name).type}, not {fld.type}"
+            why = f"column {name!r} has type {table.schema.field(name).type}, not {fld.type}"
             raise BadPart(path, f"{why} ({_first_line(exc)})") from None
     return pa.Table.from_arrays(columns, schema=schema)
 

@@ -1,7 +1,7 @@
 """Kernels built on first use, so that ``prepare`` does host work only.
 
 A worker may prepare the next config in a background thread while the current one is timed; a
-``prepare`` that touched the device (probe calls, block masks, re-paged caches) would then share the
+``prepare`` that touched the device (trial calls, block masks, re-paged caches) would then share the
 device, and the interpreter, with the timed region. ``lazily`` moves that work into the first call,
 which the runner makes before any timing, and turns the errors a kernel uses to reject a point on
 that first call into ``InvalidConfig``.
