@@ -175,7 +175,7 @@ def test_a_probe_that_failed_or_a_config_not_probed_everywhere_decides_nothing()
 
 def test_probing_what_cannot_be_probed_is_one_line_and_exit_2(tmp_path: Path) -> None:
     out = CliRunner().invoke(app, ["probe", "r-none", "--results", str(tmp_path / "res")])
-    assert out.exit_code == 2 and "no run r-none" in out.output and "Traceback" not in out.output
+    assert out.exit_code == 2 and "no run 'r-none'" in out.output and "Traceback" not in out.output
     out = CliRunner().invoke(app, ["probe", "r-none", "--per-cell", "0", "--results", str(tmp_path)])
     assert out.exit_code == 2 and "--per-cell" in out.output
 

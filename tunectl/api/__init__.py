@@ -1,9 +1,10 @@
 """tunectl as a library: the front door the command line uses, one call per use case.
 
 Calls take a ``Spec`` (``load_spec``), a ``Bundle`` (``read_bundle``) and small frozen options
-objects; they return typed results and raise typed errors (``tunectl.core.errors``: a ``SpecError``
-names the file and the field, an ``OptionError`` the option). Ray, torch and pyarrow are imported
-only by the calls that need them::
+objects; they return typed results and raise typed errors that carry their facts as fields
+(``tunectl.api.errors``: a ``SpecError`` names the file and the field, an ``OptionError`` the option,
+a ``NoResultsError`` the results and the run asked for). Ray, torch and pyarrow are imported only by
+the calls that need them::
 
     from tunectl import api
 

@@ -10,20 +10,19 @@ the same call and ``resume``.
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tunectl.api._running import run_options
 from tunectl.api.options import ExportOptions, HoldoutOptions, ProbeOptions, ValidateOptions
-from tunectl.core.errors import TunectlError, UserError
+from tunectl.core.errors import BundleExistsError, Fielded, NoResultsError, TunectlError, UserError
 from tunectl.core.keys import Key, make_key
 from tunectl.core.record import SELECTED_PHASES
 from tunectl.core.spec import Spec, parse_spec
 from tunectl.decide.holdout import Holdout
 from tunectl.decide.probes import ProbePlan
-from tunectl.decide.stacked import Skipped, Validation
+from tunectl.decide.stacked import PointVerdict, Skipped, Validation, describe_point
 from tunectl.formats.export import ExportResult, PreparedBundle
 from tunectl.runtime import Bundle
 
@@ -33,8 +32,26 @@ if TYPE_CHECKING:
     from tunectl.store.bundle import BundleStore
 
 
-class ValidationFailed(TunectlError):
-    """The bundle loses to the untuned defaults beyond noise somewhere; it was not published."""
+@dataclass(eq=False)
+class ValidationFailed(Fielded):
+    """Bundle ``name``/``version`` loses to the untuned defaults beyond noise at some point of its
+    validation ``runs`` (``losers``); it was not published."""
+
+    name: str
+    version: str
+    runs: tuple[ValidationRun, ...]
+
+    @property
+    def losers(self) -> list[PointVerdict]:
+        return [p for run in self.runs for p in run.validation.losers]
+
+    def problem(self) -> str:
+        losers = self.losers
+        where = "; ".join(f"{describe_point(p)}: {p.speedup}" for p in losers[:5])
+        return (
+            f"not published: bundle {self.name}/{self.version} is slower than the defaults beyond noise "
+            f"at {len(losers)} point(s): {where}{' ...' if len(losers) > 5 else ''}"
+        )
 
 
 @dataclass(frozen=True)
@@ -200,7 +217,7 @@ def _probed_run(results: str | Path, source: str) -> tuple[Spec, RunFacts]:
     from tunectl.store.runs import effective_state, load_run, run_exists, run_facts
 
     if not run_exists(results, source):
-        raise UserError(f"no run {source} in {results}")
+        raise NoResultsError(Path(results), Path(results).is_dir(), run=source)
     info = load_run(results, source)
     facts = run_facts(info)
     if info.kind != "tune":
@@ -232,7 +249,7 @@ def export_validated(
 
     bundles = open_store(store)
     if _exists(bundles, name, version):
-        raise UserError(f"bundle {name}/{version} already exists in {store}; versions are immutable")
+        raise BundleExistsError(name, version, bundles.location(name, version))
     prepared = prepare_bundle(results, name, version, options.scope, options.choices)
     if options.choices.strict and prepared.holes:
         raise UserError(
@@ -241,21 +258,10 @@ def export_validated(
     with tempfile.TemporaryDirectory(prefix="tunectl-validate-") as tmp:
         candidate = read_bundle(publish_local(Path(tmp) / "bundles", name, version, prepared.files))
     specs = options.validate_on or _source_specs(results, prepared)
-    runs = [validate(candidate, spec, results, options.validation, progress) for spec in specs]
-    _refuse_losers(runs)
-    return prepared.result(publish(bundles, name, version, prepared.files)), runs
-
-
-def _refuse_losers(runs: Sequence[ValidationRun]) -> None:
-    from tunectl.decide.stacked import describe_point
-
-    losers = [p for run in runs for p in run.validation.losers]
-    if losers:
-        where = "; ".join(f"{describe_point(p)}: {p.speedup}" for p in losers[:5])
-        raise ValidationFailed(
-            f"not published: the bundle is slower than the defaults beyond noise at {len(losers)} point(s): "
-            f"{where}{' ...' if len(losers) > 5 else ''}"
-        )
+    runs = tuple(validate(candidate, spec, results, options.validation, progress) for spec in specs)
+    if any(run.validation.losers for run in runs):
+        raise ValidationFailed(name, version, runs)
+    return prepared.result(publish(bundles, name, version, prepared.files)), list(runs)
 
 
 def _source_specs(results: str | Path, prepared: PreparedBundle) -> list[Spec]:

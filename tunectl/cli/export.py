@@ -133,7 +133,7 @@ def _export_validated(name: str, version: str, out: str, results: Path, options:
     console = Console()
     bar = RunBar(console)
     try:
-        with library_errors(), run_events(console):
+        with library_errors(lambda run_id: "run the command again"), run_events(console):
             done = api.export_bundle(results, name, version, out, options, bar)
     finally:
         bar.stop()

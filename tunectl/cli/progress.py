@@ -100,18 +100,20 @@ def measured(console: Console, what: str, results: Path, measure: Callable[[RunB
     """``measure(bar)`` with a progress bar and library errors as one line; Ctrl-C says what is kept."""
     bar = RunBar(console)
     try:
-        with library_errors(), run_events(console):
+        with library_errors(_same_command), run_events(console):
             return measure(bar)
     except KeyboardInterrupt as exc:
         run_id = getattr(exc, "run_id", None)
         if run_id:
-            again = f"finish it with the same command and --resume {run_id}"
-            raise fail(
-                f"{what} run {run_id} stopped; what was measured is kept in {results}; {again}", 130
-            ) from None
+            kept = f"what was measured is kept in {results}"
+            raise fail(f"{what} run {run_id} stopped; {kept}; {_same_command(run_id)}", 130) from None
         raise fail(f"stopped before the {what} run started; run the command again", 130) from None
     finally:
         bar.stop()
+
+
+def _same_command(run_id: str) -> str:
+    return f"finish it with the same command and --resume {run_id}"
 
 
 def stopped_message(exc: KeyboardInterrupt, results: Path) -> str:

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tunectl import api
-from tunectl.cli._common import DEFAULT_RESULTS, ResultsOption, fail, library_errors
+from tunectl.cli._common import DEFAULT_RESULTS, ResultsOption, fail, library_errors, submit_again
 from tunectl.cli.progress import RunBar, run_events, stopped_message
 from tunectl.cli.quality import print_quality
 from tunectl.cli.render import compact, winners_table
@@ -140,7 +140,7 @@ def _submit_here(
     console = Console()
     bar = RunBar(console)
     try:
-        with library_errors(), run_events(console):
+        with library_errors(submit_again(results)), run_events(console):
             if resume is None:
                 if spec is None:
                     raise fail("give a SPEC file, or --resume RUN_ID")

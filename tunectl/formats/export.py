@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tunectl.core.errors import ResultsError, UserError
+from tunectl.core.errors import Fielded, ResultsError, UserError
 from tunectl.core.keys import Key, value_order
 from tunectl.core.plan import RunFacts, selectable_in
 from tunectl.core.record import SELECTED_PHASES, Phase, Record
@@ -123,18 +123,34 @@ def assessed_winners(results: str | Path, dataset: Dataset) -> tuple[list[Winner
     return winners, assess_winners(records, winners, targets_of(results, (r.run_id for r in records)))
 
 
-class DamagedResultsError(ResultsError):
-    """Results a bundle would be chosen from include parts that cannot be read: nothing is published."""
+@dataclass(eq=False)
+class DamagedResultsError(Fielded, ResultsError):
+    """Results a bundle would be chosen from include parts that cannot be read: nothing is published.
+    ``parts``: each unreadable part of the ``results`` dataset (at least one); ``path`` and ``reason``
+    are the first one's, ``run_ids`` the runs that lost rows."""
 
-    def __init__(self, results: str | Path, parts: Sequence[DamagedPart]) -> None:
-        self.results, self.parts = Path(results), tuple(parts)
-        first = self.parts[0]
-        more = f" (and {len(parts) - 1} more)" if len(parts) > 1 else ""
-        runs = ", ".join(sorted({p.run_id for p in parts}))
-        super().__init__(
-            f"not published: {first.path} cannot be read ({first.why}){more}, so run {runs} lacks rows; "
-            f"`tunectl doctor --results {results}` lists such files, --skip-damaged publishes without them"
-        )
+    results: Path
+    parts: tuple[DamagedPart, ...]
+
+    @property
+    def path(self) -> Path:
+        return self.parts[0].path
+
+    @property
+    def reason(self) -> str:
+        return self.parts[0].why
+
+    @property
+    def run_ids(self) -> tuple[str, ...]:
+        return tuple(sorted({p.run_id for p in self.parts}))
+
+    def problem(self) -> str:
+        more = f" (and {len(self.parts) - 1} more)" if len(self.parts) > 1 else ""
+        runs = ", ".join(self.run_ids)
+        return f"not published: {self.path} cannot be read ({self.reason}){more}, so run {runs} lacks rows"
+
+    def advice(self) -> str:
+        return "doctor(results) lists such files, skip_damaged=True publishes without them"
 
 
 def _bucketable(records: list[Record], *, asked_for_runs: bool) -> list[Record]:
@@ -301,7 +317,7 @@ def _readable(results: str | Path, scope: Scope, choices: Choices) -> Dataset:
     """``scope``'s results; ``DamagedResultsError`` if a part cannot be read, unless skipped."""
     dataset = read_dataset(results, run_ids=scope.run_ids, task=scope.task)
     if dataset.damaged and not choices.skip_damaged:
-        raise DamagedResultsError(results, dataset.damaged)
+        raise DamagedResultsError(Path(results), dataset.damaged)
     return dataset
 
 

@@ -56,7 +56,7 @@ class _Dispatcher(Handout):
     items settled (module doc)."""
 
     def run(self) -> DispatchStats:
-        stalls = StallWatch(self.options.stall_timeout_s)
+        stalls = StallWatch(self.run_id, self.options.stall_timeout_s)
         next_check = time.monotonic() + self.options.poll_s
         while self._work_left():
             refs = list(self.owner) + (self.builds.refs() if self.builds else [])

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from tunectl.core.errors import TunectlError, UserError
+from tunectl.core.errors import UserError
 from tunectl.core.keys import Key
 from tunectl.core.plan import Plan, WorkItem, check_size, plan
 from tunectl.core.record import Record
@@ -33,6 +33,7 @@ from tunectl.orchestrator.compile_schedule import BuildScheduler
 from tunectl.orchestrator.compiling import note_builds, worker_setup
 from tunectl.orchestrator.control import (
     CompileOptions,
+    IncompleteRun,
     RunCancelled,
     RunStopped,
     cancel_requested,
@@ -44,13 +45,10 @@ from tunectl.orchestrator.lifecycle import RunFile, Workers, event_log, stops_re
 from tunectl.store.results import ResultsWriter, done_item_ids, read_results
 from tunectl.store.runs import RunInfo, load_run, new_run_id, refuse_if_running, run_exists
 
-__all__ = ["RunCancelled", "RunStopped", "request_cancel"]  # a run's stops, raised through ``run``
+#: a run's stops, raised through ``run``
+__all__ = ["IncompleteRun", "RunCancelled", "RunStopped", "request_cancel"]
 
 log = logging.getLogger("tunectl.run")
-
-
-class IncompleteRun(TunectlError):
-    """Dispatch ended with items of the run's work still without a row: the run is not finished."""
 
 
 @dataclass
@@ -358,15 +356,7 @@ def _finish(run_file: RunFile, started: _Started) -> None:
     run_file.save("running", info=info)
     missing = sum(w.missing() for w in works)
     if missing:
-        again = (
-            f"finish it with `tunectl submit --resume {info.run_id} --results {run_file.results}`"
-            if info.kind == "tune"
-            else "run it again"
-        )
-        raise IncompleteRun(
-            f"run {info.run_id} ended with {missing} item(s) still without a row, so it is not "
-            f"marked finished; {again}"
-        )
+        raise IncompleteRun(info.run_id, info.kind, missing, run_file.results)
 
 
 def _lanes(

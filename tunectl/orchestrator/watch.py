@@ -9,16 +9,12 @@ from collections.abc import Sequence
 
 import ray
 
-from tunectl.core.errors import TunectlError
+from tunectl.orchestrator.control import OrchestrationError
 from tunectl.orchestrator.slots import Slot
 from tunectl.orchestrator.workqueue import describe
 
 LIMBO_TIMEOUT_S = 120.0  # how long a dead worker's items wait for its replacement to say what killed it
 log = logging.getLogger("tunectl.run")
-
-
-class OrchestrationError(TunectlError):
-    """The run cannot go on (no worker left to run its items); what was measured is kept."""
 
 
 def node_dead(node_id: str) -> bool:
@@ -52,8 +48,8 @@ class StallWatch:
     """Lanes with work left and no worker able to take it: each is waited on for ``timeout_s``, then the
     run gives up (at once where every worker of the lane is lost)."""
 
-    def __init__(self, timeout_s: float) -> None:
-        self.timeout_s = timeout_s
+    def __init__(self, run_id: str, timeout_s: float) -> None:
+        self.run_id, self.timeout_s = run_id, timeout_s
         self.idle_since: dict[str, float] = {}
 
     def check(self, lane: str, num_waiting: int, slots: Sequence[Slot], now: float) -> None:
@@ -63,13 +59,7 @@ class StallWatch:
             self.idle_since.pop(lane, None)
             return
         if all(s.state == "lost" for s in slots):
-            raise OrchestrationError(
-                f"every {lane} worker is lost ({slots[0].failure}) with work left; "
-                "finish the run with `tunectl submit --resume RUN_ID` once the cluster is healthy"
-            )
+            raise OrchestrationError(self.run_id, lane, failure=slots[0].failure)
         since = self.idle_since.setdefault(lane, now)
         if now - since > self.timeout_s:
-            raise OrchestrationError(
-                f"no {lane} worker came back for {self.timeout_s:.0f} s with work left; "
-                "finish the run with `tunectl submit --resume RUN_ID`"
-            )
+            raise OrchestrationError(self.run_id, lane, waited_s=self.timeout_s)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tunectl.core.errors import UserError
+from tunectl.core.errors import NoResultsError, UserError
 from tunectl.report.draw import draw
 from tunectl.report.gather import ReportData, gather
 from tunectl.report.grids import Group, Point, label, speedup_grids
@@ -88,7 +88,7 @@ def write_report(
     """
     results, out = Path(results), Path(out)
     if not results.is_dir():
-        raise UserError(f"no results dataset at {results}: pass --results DIR")
+        raise NoResultsError(results)
     loaded = load_report_bundle(bundle) if bundle is not None else None
     rows = read_results(results, run_ids=run_ids)
     if not rows:

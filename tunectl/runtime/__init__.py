@@ -104,17 +104,16 @@ def load_bundle(
     if source is None:
         source = os.environ.get(ENV_VAR)
         if not source:
-            raise BundleNotFoundError(f"no bundle given and ${ENV_VAR} is not set")
+            raise BundleNotFoundError("", f"${ENV_VAR} is not set")
     where, pointer = resolve(os.fspath(source), name, version, channel, fetcher)
     src = Source(where, fetcher)
     manifest, raw, files = read_verified(src)
     digest = hashlib.sha256(raw).hexdigest()
     pinned = (pointer or {}).get("manifest_sha256", digest), (pointer or {}).get("name", manifest["name"])
     if pinned != (digest, manifest["name"]):
-        raise BundleCorruptError(
-            f"channel {(pointer or {}).get('channel')!r} points at {where}, but that version changed "
-            "after it was promoted: check it, then promote it again"
-        )
+        channel = (pointer or {}).get("channel")
+        changed = f"channel {channel!r} points here, but this version changed after it was promoted"
+        raise BundleCorruptError(where, f"{changed}: check it, then promote it again")
     problems = check_environment(manifest, env_policy, environment)
     schema = manifest["schema_version"]
     tasks = {task: task_index(task, spec, files, schema) for task, spec in manifest["tasks"].items()}

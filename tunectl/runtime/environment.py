@@ -162,7 +162,7 @@ def check_environment(
     )
     where = f"{manifest['name']}/{manifest['version']}"
     if problems and policy == "strict":
-        raise BundleEnvironmentError(f"bundle {where} does not fit this environment: " + "; ".join(problems))
+        raise BundleEnvironmentError(where, tuple(problems))
     for problem in problems:
         log.warning("tunectl bundle %s: %s", where, problem)
     return problems

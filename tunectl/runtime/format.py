@@ -6,10 +6,11 @@ Standard library only.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from tunectl.core.errors import BundleError, UserError
+from tunectl.core.errors import BundleError, Fielded, UserError
 
 #: 3: an entry may be a rule (``tunectl.runtime.rules``): tables hold ``rules`` and a rule column
 SCHEMA_VERSION = 3
@@ -19,33 +20,88 @@ CHANNELS = "_channels"  # <store>/<name>/_channels/<channel>.json; "_" cannot st
 ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz")
 
 
-class BundleCorruptError(BundleError):
-    """A file does not match its checksum, a member escapes the bundle, or a file is malformed."""
+@dataclass(eq=False)
+class BundleCorruptError(Fielded, BundleError):
+    """A file does not match its checksum, a member escapes the bundle, or a file is malformed.
+    ``where``: the bundle's directory, archive or URI, or a channel pointer ("" where not known);
+    ``task`` and ``member``: what in it is at fault, where one is; ``reason``: what is wrong."""
+
+    where: str
+    reason: str
+    member: str = ""
+    task: str = ""
+
+    def problem(self) -> str:
+        at = [f"bundle {self.where}" if self.where else "bundle"]
+        at += [f"task {self.task!r}"] if self.task else []
+        return ": ".join([*at, *([self.member] if self.member else []), self.reason])
 
 
-class BundleSchemaError(BundleError):
-    """The bundle was written in a schema this runtime does not read."""
+@dataclass(eq=False)
+class BundleSchemaError(Fielded, BundleError):
+    """The bundle at ``where`` was written in schema ``version``, not one of the ``readable`` ones."""
+
+    where: str
+    version: object
+    readable: tuple[int, ...] = READABLE_SCHEMAS
+
+    def problem(self) -> str:
+        readable = ", ".join(map(str, self.readable))
+        schema = f"schema version {self.version!r}"
+        return f"bundle {self.where} has {schema}; this tunectl reads versions {readable}"
+
+    def advice(self) -> str:
+        return "upgrade tunectl to load it"
 
 
-class BundleEnvironmentError(BundleError):
-    """The bundle was tuned for another environment (device or library versions)."""
+@dataclass(eq=False)
+class BundleEnvironmentError(Fielded, BundleError):
+    """The bundle (``where``: name/version) was tuned for another environment: each of ``problems``
+    is a device or library version that differs."""
+
+    where: str
+    problems: tuple[str, ...]
+
+    def problem(self) -> str:
+        return f"bundle {self.where} does not fit this environment: " + "; ".join(self.problems)
 
 
-class BundleNotFoundError(BundleError, UserError):
-    """No bundle (or channel) where the caller pointed."""
+@dataclass(eq=False)
+class BundleNotFoundError(Fielded, BundleError, UserError):
+    """No bundle where the caller pointed (``where``; "" where nothing was given), with ``reason``;
+    or no ``channel`` of bundle ``name`` in the store at ``where``."""
+
+    where: str
+    reason: str = ""
+    name: str = ""
+    channel: str = ""
+
+    def problem(self) -> str:
+        if self.channel:
+            return f"no channel {self.channel!r} for bundle {self.name} in {self.where}"
+        at = f"no bundle at {self.where}" if self.where else "no bundle given"
+        return f"{at} ({self.reason})" if self.reason else at
 
 
-class BundleReadError(BundleError):
-    """The bundle's storage could not be read (permissions, network, no fetcher for a scheme)."""
+@dataclass(eq=False)
+class BundleReadError(Fielded, BundleError):
+    """The bundle's storage could not be read (permissions, network, no fetcher for a scheme):
+    ``where`` (a path or URI) and the ``reason``."""
+
+    where: str
+    reason: str
+
+    def problem(self) -> str:
+        return f"cannot read {self.where}: {self.reason}"
 
 
 def check_member(name: object) -> str:
     """``name`` if it is a relative POSIX path that stays inside the bundle; BundleCorruptError otherwise."""
     if not isinstance(name, str) or "\\" in name or ":" in name:
-        raise BundleCorruptError(f"bundle member {name!r} escapes the bundle directory")
+        raise BundleCorruptError("", "escapes the bundle directory", repr(name))
     rel = PurePosixPath(name)
     if not rel.parts or rel.is_absolute() or ".." in rel.parts:
-        raise BundleCorruptError(f"bundle member {name!r} escapes the bundle directory")
+        raise BundleCorruptError("", "escapes the bundle directory", repr(name))
     return str(rel)
 
 
@@ -58,28 +114,27 @@ def safe_member(root: Path, name: str) -> Path:
     except (OSError, RuntimeError):  # a link loop
         inside = False
     if not inside:
-        raise BundleCorruptError(f"bundle {root}: {name} is a link to a file outside the bundle")
+        raise BundleCorruptError(str(root), "a link to a file outside the bundle", name)
     return path
 
 
-def load_json(raw: bytes, what: str) -> Any:
+def load_json(raw: bytes, where: str, member: str = "", task: str = "") -> Any:
+    """``raw`` parsed; a ``BundleCorruptError`` naming the file (``BundleCorruptError``'s fields) if it
+    is not JSON."""
     try:
         return json.loads(raw)
     except ValueError as exc:
-        raise BundleCorruptError(f"{what} is unreadable (truncated or not JSON): {exc}") from None
+        raise BundleCorruptError(where, f"unreadable (truncated or not JSON): {exc}", member, task) from None
 
 
 def parse_manifest(raw: bytes, where: str) -> dict[str, Any]:
     """The manifest's fields, checked for schema version and shape."""
-    manifest = load_json(raw, f"manifest of {where}")
+    manifest = load_json(raw, where, MANIFEST)
     if not isinstance(manifest, dict):
-        raise BundleCorruptError(f"manifest of {where} is not a JSON object")
+        raise BundleCorruptError(where, "not a JSON object", MANIFEST)
     version = manifest.get("schema_version")
     if version not in READABLE_SCHEMAS:
-        raise BundleSchemaError(
-            f"bundle {where} has schema version {version!r}; this tunectl reads versions "
-            f"{', '.join(map(str, READABLE_SCHEMAS))}: upgrade tunectl to load it"
-        )
+        raise BundleSchemaError(where, version)
     for fld, kind in (
         ("name", str),
         ("version", str),
@@ -88,9 +143,9 @@ def parse_manifest(raw: bytes, where: str) -> dict[str, Any]:
         ("environment", dict),
     ):
         if not isinstance(manifest.get(fld), kind):
-            raise BundleCorruptError(f"manifest of {where} lacks {fld!r} (or it is not a {kind.__name__})")
+            raise BundleCorruptError(where, f"lacks {fld!r} (or it is not a {kind.__name__})", MANIFEST)
     for member, digest in manifest["files"].items():
         check_member(member)
         if not isinstance(digest, str):
-            raise BundleCorruptError(f"manifest of {where}: checksum of {member!r} is not a string")
+            raise BundleCorruptError(where, f"the checksum of {member!r} is not a string", MANIFEST)
     return manifest

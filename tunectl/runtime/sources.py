@@ -68,12 +68,14 @@ def _fetcher_for(uri: str, fetcher: Fetcher | None) -> Fetcher:
         try:
             found: Fetcher = point.load()
         except Exception as exc:  # a broken plug-in is a read error, not a crash
-            raise BundleReadError(f"the {scheme}:// fetcher {point.value} cannot be loaded: {exc}") from None
+            why = f"the {scheme}:// fetcher {point.value} cannot be loaded: {exc}"
+            raise BundleReadError(uri, why) from None
         _fetchers[scheme] = found
         return found
     raise BundleReadError(
+        uri,
         f"no fetcher for {scheme}:// URIs: pass fetcher=tunectl.store.stores.fetch (needs pyarrow), "
-        f"call register_fetcher({scheme!r}, ...), or copy the bundle to a local directory"
+        f"call register_fetcher({scheme!r}, ...), or copy the bundle to a local directory",
     )
 
 
@@ -83,7 +85,7 @@ def _fetch(fetcher: Fetcher, uri: str) -> bytes:
     except (FileNotFoundError, BundleError):
         raise
     except Exception as exc:  # any transport's failure, reported as one typed error
-        raise BundleReadError(f"cannot read {uri}: {type(exc).__name__}: {exc}") from None
+        raise BundleReadError(uri, f"{type(exc).__name__}: {exc}") from None
 
 
 def read_local(path: Path) -> bytes:
@@ -93,7 +95,7 @@ def read_local(path: Path) -> bytes:
     except (FileNotFoundError, NotADirectoryError):
         raise FileNotFoundError(str(path)) from None
     except OSError as exc:
-        raise BundleReadError(f"cannot read {path}: {exc}") from None
+        raise BundleReadError(str(path), str(exc)) from None
 
 
 def _local_path(where: str) -> Path | None:
@@ -119,13 +121,13 @@ def _archive_members(data: bytes, where: str) -> dict[str, bytes]:
                 if info.isdir():
                     continue
                 if not info.isfile():
-                    raise BundleCorruptError(f"archive {where}: member {info.name!r} is not a regular file")
+                    raise BundleCorruptError(where, "not a regular file", info.name)
                 name = check_member(info.name.removeprefix("./"))
                 extracted = tar.extractfile(info)
                 assert extracted is not None, "a regular file always extracts"
                 members[name] = extracted.read()
     except (tarfile.TarError, EOFError, OSError) as exc:
-        raise BundleCorruptError(f"archive {where} is unreadable: {exc}") from None
+        raise BundleCorruptError(where, f"the archive is unreadable: {exc}") from None
     return members
 
 
@@ -141,7 +143,7 @@ class Source:
             try:
                 data = read_location(where, fetcher)
             except FileNotFoundError:
-                raise BundleNotFoundError(f"no bundle archive at {where}") from None
+                raise BundleNotFoundError(where, "no such archive") from None
             self._members = _archive_members(data, where)
 
     def read(self, member: str) -> bytes:
@@ -170,7 +172,7 @@ def _split_ref(source: str) -> tuple[str, str, str] | None:
         return None
     name, _, channel = last.partition("@")
     if not name or not channel:
-        raise BundleNotFoundError(f"{source!r} is not STORE/NAME@CHANNEL")
+        raise BundleNotFoundError(source, "not STORE/NAME@CHANNEL")
     return (urlunsplit(split._replace(path=head)) if split else head or "."), name, channel
 
 
@@ -194,10 +196,10 @@ def resolve(
     try:
         raw = read_location(pointer_at, fetcher)
     except FileNotFoundError:
-        raise BundleNotFoundError(f"no channel {channel!r} for bundle {name} in {source}") from None
-    pointer = load_json(raw, f"channel pointer {pointer_at}")
+        raise BundleNotFoundError(source, name=name, channel=channel) from None
+    pointer = load_json(raw, pointer_at)
     if not isinstance(pointer, dict) or not isinstance(pointer.get("version"), str):
-        raise BundleCorruptError(f"channel pointer {pointer_at} names no version")
+        raise BundleCorruptError(pointer_at, "the channel pointer names no version")
     return join_location(source, name, check_member(pointer["version"])), pointer
 
 
@@ -206,22 +208,20 @@ def read_verified(source: Source) -> tuple[dict[str, Any], bytes, dict[str, byte
     try:
         raw = source.read(MANIFEST)
     except FileNotFoundError:
-        raise BundleNotFoundError(f"no bundle at {source.where} (it has no {MANIFEST})") from None
+        raise BundleNotFoundError(source.where, f"it has no {MANIFEST}") from None
     manifest = parse_manifest(raw, source.where)
     files: dict[str, bytes] = {}
     for member, digest in sorted(manifest["files"].items()):
         try:
             data = source.read(member)
         except FileNotFoundError:
-            raise BundleCorruptError(f"bundle {source.where}: {member} is listed but missing") from None
+            raise BundleCorruptError(source.where, "listed but missing", member) from None
         if hashlib.sha256(data).hexdigest() != digest:
-            raise BundleCorruptError(
-                f"bundle {source.where}: {member} does not match its checksum: it was changed"
-            )
+            raise BundleCorruptError(source.where, "does not match its checksum: it was changed", member)
         files[member] = data
     for task, spec in manifest["tasks"].items():
         for key in ("table", "stats"):
             member = spec.get(key) if isinstance(spec, dict) else None
             if (member is not None or key == "table") and member not in files:
-                raise BundleCorruptError(f"bundle {source.where}: {key} of task {task!r} is not checksummed")
+                raise BundleCorruptError(source.where, "not checksummed", key, task)
     return manifest, raw, files

@@ -61,10 +61,11 @@ class _TaskIndex:
     def stats(self) -> dict[str, list[Any]]:
         with self._stats_lock:
             if isinstance(self._stats, bytes):
-                doc = load_json(self._stats, f"statistics of task {self.name}")
+                doc = load_json(self._stats, "", "statistics", self.name)
                 columns = doc.get("columns") if isinstance(doc, dict) else None
                 if not isinstance(columns, dict) or any(len(v) != len(self) for v in columns.values()):
-                    raise BundleCorruptError(f"statistics of task {self.name} do not match its table")
+                    why = "not one value per row of the table"
+                    raise BundleCorruptError("", why, "statistics", self.name)
                 self._stats = columns
             return self._stats or {}
 
@@ -325,7 +326,7 @@ class Bundle:
 
 def task_index(name: str, spec: Any, files: Mapping[str, bytes], schema: int) -> _TaskIndex:
     try:
-        doc = load_json(files[spec["table"]], f"table of task {name!r}")
+        doc = load_json(files[spec["table"]], "", "table", name)
         if schema == 1:
             table, stats = _v1_table(spec, doc)
             return _TaskIndex(name, spec, table, stats, SCHEMA)
@@ -335,4 +336,4 @@ def task_index(name: str, spec: Any, files: Mapping[str, bytes], schema: int) ->
             )
         return _TaskIndex(name, spec, doc, files[spec["stats"]] if spec.get("stats") else {}, schema)
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
-        raise BundleCorruptError(f"table of task {name!r} is malformed: {exc!r}") from None
+        raise BundleCorruptError("", f"malformed: {exc!r}", "table", name) from None

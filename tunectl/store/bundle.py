@@ -192,9 +192,7 @@ def publish_local(store: str | Path, name: str, version: str, files: Mapping[str
     """Publish ``files`` as ``store/name/version``; BundleExistsError if that version exists."""
     target = Path(store) / check_name("name", name) / check_name("version", version)
     if target.exists():
-        raise BundleExistsError(
-            f"bundle {name}/{version} already exists at {target}; versions are immutable: publish a new one"
-        )
+        raise BundleExistsError(name, version, str(target))
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = target.parent / f".{version}.{secrets.token_hex(4)}.staging"
     try:
@@ -206,7 +204,7 @@ def publish_local(store: str | Path, name: str, version: str, files: Mapping[str
             # a directory, renamed whole; fails on a non-empty target: a concurrent publish lost the race
             os.rename(staging, target)  # noqa: TID251
         except OSError:
-            raise BundleExistsError(f"bundle {name}/{version} already exists at {target}") from None
+            raise BundleExistsError(name, version, str(target)) from None
         sync_dir(target.parent)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -240,7 +238,7 @@ def read_channel(store: BundleStore, name: str, channel: str) -> ChannelPointer 
     except FileNotFoundError:
         return None
     except (ValueError, TypeError) as exc:
-        raise BundleCorruptError(f"channel {name}@{channel} in {store.url} is unreadable: {exc}") from None
+        raise BundleCorruptError(store.url, f"unreadable: {exc}", channel_member(name, channel)) from None
 
 
 def promote(store: BundleStore, name: str, version: str, channel: str) -> ChannelPointer:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tunectl.core.errors import ResultsError, UserError
+from tunectl.core.errors import Fielded, NoResultsError, ResultsError
 from tunectl.core.files import atomic_write, move
 from tunectl.core.record import Record, latest, record_types
 
@@ -173,12 +173,16 @@ class DamagedPart:
         return self.path.parent.name.removeprefix("run_id=")
 
 
-class BadPart(ResultsError):
-    """A Parquet file under the dataset that cannot be read as results (damaged, empty, foreign)."""
+@dataclass(eq=False)
+class BadPart(Fielded, ResultsError):
+    """A Parquet file under the dataset that cannot be read as results (damaged, empty, foreign):
+    its ``path`` and ``why``."""
 
-    def __init__(self, path: Path, why: str) -> None:
-        self.path, self.why = path, why
-        super().__init__(f"{path}: {why}")
+    path: Path
+    why: str
+
+    def problem(self) -> str:
+        return f"{self.path}: {self.why}"
 
     @property
     def part(self) -> DamagedPart:
@@ -198,17 +202,13 @@ class Dataset:
         return tuple(sorted({part.run_id for part in self.damaged}))
 
 
-class NoResultsError(ResultsError, UserError):
-    """The results directory asked for does not exist or holds no dataset."""
-
-
 def require_dataset(root: str | Path) -> Path:
     """``root`` as a Path if it holds a results dataset (runs or parts); else a ``NoResultsError``."""
     root = Path(root)
     if not root.is_dir():
-        raise NoResultsError(f"no results dataset at {root} (no such directory); give --results DIR")
+        raise NoResultsError(root)
     if not (root / "_runs").is_dir() and not any(root.glob("task=*/run_id=*")):
-        raise NoResultsError(f"{root} is not a results dataset (no runs, no task=*/run_id=* parts)")
+        raise NoResultsError(root, is_dir=True)
     return root
 
 
@@ -216,8 +216,7 @@ def require_task(root: str | Path, task: str) -> None:
     """A ``NoResultsError`` unless ``root`` holds results of ``task``, naming the tasks it holds."""
     tasks = sorted({p.name.removeprefix("task=") for p in Path(root).glob("task=*") if p.is_dir()})
     if task not in tasks:
-        held = f"it holds {', '.join(tasks)}" if tasks else "it holds none"
-        raise NoResultsError(f"no results of task {task!r} in {root} ({held})")
+        raise NoResultsError(Path(root), Path(root).is_dir(), task=task, held=tuple(tasks))
 
 
 def part_files(root: str | Path, run_ids: Iterable[str] | None = None, task: str | None = None) -> list[Path]:
@@ -324,7 +323,7 @@ def read_dataset(root: str | Path, run_ids: Iterable[str] | None = None, task: s
     """
     root = Path(root)
     if not root.is_dir():
-        raise NoResultsError(f"no results dataset at {root} (no such directory); give --results DIR")
+        raise NoResultsError(root)
     records: list[Record] = []
     damaged: list[DamagedPart] = []
     for path in part_files(root, run_ids, task):

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from tunectl.core.errors import UserError
+from tunectl.core.errors import NoResultsError, UserError
 from tunectl.core.files import atomic_write, json_bytes
 from tunectl.core.plan import RunFacts
 from tunectl.core.record import Record
@@ -129,7 +129,7 @@ def load_run(root: str | Path, run_id: str) -> RunInfo:
         raw["facts"] = RunFacts.from_json(raw["facts"]) if raw.get("facts") else None
         return RunInfo(**raw)
     except FileNotFoundError:
-        raise UserError(f"no run {run_id!r} in {root}; `tunectl runs --results {root}` lists them") from None
+        raise NoResultsError(Path(root), Path(root).is_dir(), run=run_id) from None
     except (ValueError, TypeError, KeyError, AttributeError, OSError) as exc:
         raise UserError(f"run metadata {path} is unreadable: {exc}") from None
 
@@ -175,12 +175,12 @@ def check_run_files(root: str | Path) -> list[tuple[Path, UserError]]:
 
 
 def require_runs(root: str | Path, run_ids: Iterable[str]) -> None:
-    """A ``UserError`` naming the first of ``run_ids`` that is not a run of ``root``."""
+    """A ``NoResultsError`` naming the first of ``run_ids`` that is not a run of ``root``."""
     known = {r.run_id for r in list_runs(root)}
     known |= {p.name.removeprefix("run_id=") for p in Path(root).glob("task=*/run_id=*")}
     for run_id in run_ids:
         if run_id not in known:
-            raise UserError(f"no run {run_id!r} in {root}; `tunectl runs --results {root}` lists them")
+            raise NoResultsError(Path(root), Path(root).is_dir(), run=run_id)
 
 
 def summarise_runs(root: str | Path, records: list[Record] | None = None) -> list[RunSummary]:

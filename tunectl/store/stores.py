@@ -29,10 +29,11 @@ import os
 import secrets
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from tunectl.core.errors import BundleError, BundleExistsError, UserError
+from tunectl.core.errors import BundleError, BundleExistsError, Fielded, UserError
 from tunectl.runtime import Bundle, BundleReadError, register_fetcher
 from tunectl.runtime.sources import Fetcher, join_uri, uri_scheme
 from tunectl.store.bundle import MANIFEST, LocalStore, check_name
@@ -43,8 +44,16 @@ SCHEMES = ("s3", "gs", "gcs", "hdfs", "viewfs", "abfs", "abfss")
 _OBJECT_STORES = ("s3", "gcs", "abfs")
 
 
-class StoreWriteError(BundleError):
-    """A store could not be written (permissions, network, a full disk)."""
+@dataclass(eq=False)
+class StoreWriteError(Fielded, BundleError):
+    """A store could not be written (permissions, network, a full disk): ``where`` (a path or URI)
+    and the ``reason``."""
+
+    where: str
+    reason: str
+
+    def problem(self) -> str:
+        return f"cannot write {self.where}: {self.reason}"
 
 
 _ENV_OPTIONS = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_REGION")
@@ -57,9 +66,8 @@ def _filesystem(uri: str) -> tuple[Any, str]:
     try:
         import pyarrow.fs as pafs
     except ImportError:
-        raise BundleReadError(
-            f"reading {uri} needs pyarrow: pip install pyarrow (or 'tunectl[tune]')"
-        ) from None
+        why = "reading it needs pyarrow: pip install pyarrow (or 'tunectl[tune]')"
+        raise BundleReadError(uri, why) from None
     split = urlsplit(uri)
     # pyarrow reads endpoints and credentials from the environment when it builds a filesystem
     env = tuple(os.environ.get(v, "") for v in _ENV_OPTIONS)
@@ -70,7 +78,7 @@ def _filesystem(uri: str) -> tuple[Any, str]:
             try:
                 fs, _ = pafs.FileSystem.from_uri(uri)
             except (ValueError, OSError) as exc:  # an unknown option, a filesystem this pyarrow lacks
-                raise BundleReadError(f"cannot open {uri}: {exc}") from None
+                raise BundleReadError(uri, f"cannot open it: {exc}") from None
             _filesystems[key] = fs
     return fs, _path_of(split)
 
@@ -120,7 +128,7 @@ class ArrowStore:
         except FileNotFoundError:
             raise
         except OSError as exc:
-            raise BundleReadError(f"cannot read {self.location(rel)}: {exc}") from None
+            raise BundleReadError(self.location(rel), str(exc)) from None
 
     def list_dir(self, rel: str) -> list[str]:
         import pyarrow.fs as pafs
@@ -128,7 +136,7 @@ class ArrowStore:
         try:
             infos = self.fs.get_file_info(pafs.FileSelector(self._path(rel), allow_not_found=True))
         except OSError as exc:
-            raise BundleReadError(f"cannot list {self.location(rel)}: {exc}") from None
+            raise BundleReadError(self.location(rel), f"cannot list it: {exc}") from None
         return sorted(info.base_name for info in infos)
 
     def _write(self, path: str, data: bytes) -> None:
@@ -155,7 +163,7 @@ class ArrowStore:
         try:
             self._put(rel, data)
         except OSError as exc:
-            raise StoreWriteError(f"cannot write {self.location(rel)}: {exc}") from None
+            raise StoreWriteError(self.location(rel), str(exc)) from None
 
     def _exists(self, rel: str) -> bool:
         import pyarrow.fs as pafs
@@ -164,9 +172,7 @@ class ArrowStore:
 
     def publish_version(self, name: str, version: str, files: Mapping[str, bytes]) -> str:
         base = f"{check_name('name', name)}/{check_name('version', version)}"
-        taken = BundleExistsError(
-            f"bundle {name}/{version} already exists in {self.url}; versions are immutable"
-        )
+        taken = BundleExistsError(name, version, self.location(name, version))
         order = sorted(files, key=lambda r: r == MANIFEST)  # the manifest last
         try:
             if self._exists(f"{base}/{MANIFEST}"):
@@ -181,7 +187,7 @@ class ArrowStore:
             else:
                 self._publish_by_rename(base, order, files, taken)
         except OSError as exc:
-            raise StoreWriteError(f"cannot publish {name}/{version} to {self.url}: {exc}") from None
+            raise StoreWriteError(self.location(name, version), str(exc)) from None
         return self.location(name, version)
 
     def _publish_by_rename(
