@@ -19,7 +19,7 @@ GPU_STATIC = {**STATIC, "head_dim": 128, "num_q_heads": 32, "num_kv_heads": 8}
 GPU_CONFIGS = [
     {"backend": "flashinfer"},
     {"backend": "flashinfer", "use_tensor_cores": True},
-    {"backend": "flashinfer", "use_tensor_cores": True, "fixed_split_size": 4},
+    {"backend": "flashinfer", "use_tensor_cores": True, "fixed_split_size": 32},  # page 16: 4 splits
     {"backend": "flashinfer", "use_tensor_cores": True, "disable_split_kv": True},
     {"backend": "flashinfer", "kv_layout": "HND"},
 ]
@@ -48,3 +48,17 @@ def test_flashinfer_matches_the_reference_eagerly_and_replayed_in_a_cuda_graph(
     assert sample() > 0
     torch.cuda.synchronize()
     torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=rtol)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_fixed_split_finer_than_the_graph_grid_holds_is_refused_as_an_invalid_config() -> None:
+    from tunectl.tasks.base import InvalidConfig
+
+    # batch 4 x 125 pages of 16, cut every 4 pages: 128 work units, more than flashinfer's graph plan holds
+    static, shape = dict(GPU_STATIC), {"batch": 4, "kv_len": 2000, "q_len": 1}
+    config = {"backend": "flashinfer", "use_tensor_cores": True, "fixed_split_size": 4}
+    task = FlashDecode()
+    inputs = task.build_inputs(static, shape, "cuda")
+    with pytest.raises(InvalidConfig, match="fixed_split_size"):
+        task.prepare(static, shape, config, inputs)()
