@@ -163,8 +163,7 @@ def _print_summary(console: Console, out: Any, results: Path) -> None:
         + (f" ({out.num_skipped_done} already measured)" if out.num_skipped_done else "")
     )
     assert out.plan is not None  # a spec's run has its plan
-    for static, shape, why in out.plan.skipped_points:
-        console.print(f"[yellow]skipped[/] {dict(static)} {dict(shape)}: {why}")
+    _print_skipped(console, out.plan.skipped_points)
     with library_errors():
         chosen = api.winners(results, api.Selection(run_ids=[out.run_id]))
     winners, quality, records = chosen.winners, chosen.quality, chosen.dataset.records
@@ -185,6 +184,17 @@ def _print_summary(console: Console, out: Any, results: Path) -> None:
             f"`tunectl failures --run {out.run_id} --results {results}` lists why",
             1,
         )
+
+
+def _print_skipped(console: Console, skipped: Any, most: int = 5) -> None:
+    """The points the task refused, a short line each (the static key only where it differs), at most
+    ``most`` of them."""
+    statics = {static for static, _, _ in skipped}
+    for static, shape, why in skipped[:most]:
+        where = " ".join(f"{k}={v}" for k, v in (*(static if len(statics) > 1 else ()), *shape))
+        console.print(f"[yellow]skipped[/] {where}: {why}")
+    if len(skipped) > most:
+        console.print(f"[yellow]skipped[/] {len(skipped) - most} more point(s) the task cannot run")
 
 
 def _print_dry_run(spec: Path, results: Path) -> None:

@@ -333,8 +333,10 @@ class BuildScheduler:
                 b.ping_at = time.monotonic() + 0.5 * 2.0**b.ping_failures
             return
         b.state, b.ping_failures = "ready", 0
-        log.info(
-            "compile process %s up: pid %s on %s (%s)", b.name, info["pid"], info["host"], info["device"]
+        log.info(  # one line a process: the run's log, not the console (a fleet has hundreds)
+            "compile process %s up: pid %s on %s (%s)",
+            *(b.name, info["pid"], info["host"], info["device"]),
+            extra=LOG_ONLY,
         )
 
     def _on_build(self, b: _Builder, ref: Any) -> None:

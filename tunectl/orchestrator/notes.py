@@ -152,17 +152,20 @@ def write_notes(path: Path, notes: Iterable[Note]) -> None:
 
 
 def summary_lines(notes: Sequence[Note], where: str, most: int = 5) -> list[str]:
-    """One line per kind: how many there were and where to read them (``where``: the command)."""
+    """One line: how many messages there were, of which kinds (the ``most`` commonest named), and where
+    to read them (``where``: the command); none where there were none."""
     kinds: Counter[str] = Counter()
     for note in notes:
         kinds[note.kind] += note.count
-    lines = [
-        f"{n} {kind} message(s) from worker and compile processes; `{where}` shows them"
-        for kind, n in kinds.most_common(most)
-    ]
+    if not kinds:
+        return []
+    named = [f"{n:,} {kind}" for kind, n in kinds.most_common(most)]
     if len(kinds) > most:
-        lines.append(f"and {len(kinds) - most} more kind(s) of message; `{where}` shows them")
-    return lines
+        named.append(f"{len(kinds) - most} more kind(s)")
+    total = sum(kinds.values())
+    return [
+        f"{total:,} message(s) from worker and compile processes ({', '.join(named)}); `{where}` shows them"
+    ]
 
 
 def drained(actors: Sequence[Any], timeout_s: float = 2.0) -> list[Note]:

@@ -42,6 +42,7 @@ from tunectl.orchestrator.control import (
 from tunectl.orchestrator.dispatch import DispatchOptions, dispatch
 from tunectl.orchestrator.feed import Lane, lookahead
 from tunectl.orchestrator.lifecycle import RunFile, Workers, event_log, stops_recorded
+from tunectl.orchestrator.notes import LOG_ONLY
 from tunectl.store.results import ResultsWriter, done_item_ids, read_results
 from tunectl.store.runs import RunInfo, load_run, new_run_id, refuse_if_running, run_exists
 
@@ -304,12 +305,11 @@ def _measure(
     )
     stats = dispatch(started.lanes, info.run_id, job.measure, on_records, dispatch_options, started.builds)
     _finish(run_file, started)
+    troubled = stats.num_worker_failures or stats.num_requeued  # else the console's summary says it all
     log.info(
         "run %s finished: %d record(s), %d worker failure(s), %d item(s) requeued",
-        info.run_id,
-        stats.num_records,
-        stats.num_worker_failures,
-        stats.num_requeued,
+        *(info.run_id, stats.num_records, stats.num_worker_failures, stats.num_requeued),
+        extra=None if troubled else LOG_ONLY,
     )
     return out
 
@@ -332,7 +332,7 @@ def _start(
         lanes, info, compile_options, setup, lambda *counts: progress.compiles(*counts)
     )
     run_file.save("running", info=info)
-    log.info(
+    log.info(  # the console's progress says its own line
         "run %s: ~%d record(s) to come (%s search) from %d worker(s) in pool(s) %s (compile ahead: %s)",
         info.run_id,
         info.num_planned - num_done,
@@ -340,6 +340,7 @@ def _start(
         placement.num_workers,
         ", ".join(info.pools),
         ahead,
+        extra=LOG_ONLY,
     )
     return _Started(info, lanes, works, builds, placement, num_done)
 
