@@ -333,11 +333,8 @@ class BuildScheduler:
                 b.ping_at = time.monotonic() + 0.5 * 2.0**b.ping_failures
             return
         b.state, b.ping_failures = "ready", 0
-        log.info(  # one line a process: the run's log, not the console (a fleet has hundreds)
-            "compile process %s up: pid %s on %s (%s)",
-            *(b.name, info["pid"], info["host"], info["device"]),
-            extra=LOG_ONLY,
-        )
+        up = (b.name, info["pid"], info["host"], info["device"])  # the run's log only: a fleet has hundreds
+        log.info("compile process %s up: pid %s on %s (%s)", *up, extra=LOG_ONLY)
 
     def _on_build(self, b: _Builder, ref: Any) -> None:
         assert b.job is not None
