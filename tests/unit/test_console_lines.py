@@ -49,3 +49,28 @@ def test_the_messages_of_all_kinds_are_counted_in_one_line_commonest_first() -> 
     many = [Note(f"kind{i}", "t", 1, "w") for i in range(7)]
     assert "(1 kind0, 1 kind1, 1 kind2, 1 kind3, 1 kind4, 2 more kind(s))" in summary_lines(many, "w")[0]
     assert summary_lines([], "w") == []
+
+
+def test_a_workers_ready_line_says_where_its_start_up_went() -> None:
+    from tunectl.orchestrator.slots import startup_text
+
+    startup = {
+        "process_s": 2.0,
+        "imports_s": 3.0,
+        "device_s": 1.25,
+        "libraries": {"flashinfer": 5.0, "flash_attn.cute": 8.0, "flash_attn": 0.5},
+        "total_s": 19.75,
+    }
+    assert startup_text(startup) == (
+        "; start-up 19.8 s: process 2.0, imports 3.0, device 1.2, libraries 13.5"
+        " (flash_attn.cute 8.0, flashinfer 5.0, flash_attn 0.5)"
+    )
+    assert startup_text({**startup, "libraries": {}}).endswith("libraries 0.0")
+    assert startup_text(None) == ""
+
+
+def test_warming_up_libraries_times_each_import_that_succeeds() -> None:
+    from tunectl.tasks.compile import warm_up_libraries
+
+    took = warm_up_libraries(("json", "tunectl_no_such_module", "email.mime.text"))
+    assert set(took) == {"json", "email.mime.text"} and all(s >= 0.0 for s in took.values())

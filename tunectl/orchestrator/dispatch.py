@@ -28,7 +28,7 @@ from tunectl.orchestrator.compile_schedule import BuildScheduler
 from tunectl.orchestrator.feed import Lane
 from tunectl.orchestrator.handout import DispatchOptions, DispatchStats, Handout
 from tunectl.orchestrator.notes import LOG_ONLY
-from tunectl.orchestrator.slots import WORKER_LOST, Call, Slot
+from tunectl.orchestrator.slots import WORKER_LOST, Call, Slot, startup_text
 from tunectl.orchestrator.watch import LIMBO_TIMEOUT_S, StallWatch, kill_overdue, node_dead
 from tunectl.orchestrator.workqueue import describe, failure_records
 
@@ -105,8 +105,9 @@ class _Dispatcher(Handout):
         if slot.came_up(info):
             self.stats.num_lost_workers -= 1
         log.info(  # one line a worker: the run's log, not the console (a fleet has hundreds)
-            "worker %s ready: pid %s on %s (node %s, %s)",
+            "worker %s ready: pid %s on %s (node %s, %s)%s",
             *(slot.name, info["pid"], info["host"], info["node_id"][:12], info["device"]),
+            startup_text(info.get("startup")),
             extra=LOG_ONLY,
         )
         self._judge(slot, info.get("last_words"))

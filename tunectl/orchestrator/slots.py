@@ -120,3 +120,14 @@ class Slot:
         self.calls.clear()
         self.reserved, self.point, self.killed_item = None, None, None
         return calls, reserved, killed
+
+
+def startup_text(startup: dict[str, Any] | None) -> str:
+    """Where a worker's start-up went (``TuneWorker.startup``), for its ready line; "" if unknown."""
+    if not startup:
+        return ""
+    libraries = startup.get("libraries", {})
+    slowest = ", ".join(f"{m} {s:.1f}" for m, s in sorted(libraries.items(), key=lambda kv: -kv[1])[:4])
+    parts = [f"{name} {startup.get(name + '_s', 0.0):.1f}" for name in ("process", "imports", "device")]
+    parts.append(f"libraries {sum(libraries.values()):.1f}" + (f" ({slowest})" if slowest else ""))
+    return f"; start-up {startup.get('total_s', 0.0):.1f} s: {', '.join(parts)}"

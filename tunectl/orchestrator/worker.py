@@ -16,6 +16,7 @@ import os
 import secrets
 import socket
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -45,21 +46,29 @@ class TuneWorker:
     """
 
     def __init__(self, num_threads: int, compile_ahead: bool = False, warm_up: tuple[str, ...] = ()) -> None:
+        began = time.perf_counter()
+        self.startup: dict[str, Any] = {"process_s": _process_age_s()}  # before this constructor ran
         from tunectl.measure.runner import ItemRunner
         from tunectl.orchestrator.notes import install
         from tunectl.orchestrator.pipeline import CompileAheadRunner
         from tunectl.tasks.registry import get_task
 
+        self.startup["imports_s"] = time.perf_counter() - began
         self.notes = install(output=True)  # warnings, library logs, prints: the run's log, not the console
         self.incarnation = secrets.token_hex(8)  # calls sent to an earlier process are not run by this one
         self.journal = journal_path(ray.get_runtime_context().get_actor_id() or f"pid-{os.getpid()}")
         self.last_words = _read_last_words(self.journal)
         runner_cls = CompileAheadRunner if compile_ahead else ItemRunner
+        started = time.perf_counter()
         self.runner = runner_cls.for_process(bool(ray.get_gpu_ids()), num_threads)
         self.device = self.runner.device
         self.compile_ahead = compile_ahead
+        self.startup["device_s"] = time.perf_counter() - started
+        libraries: dict[str, float] = {}
         for name in warm_up:  # before the first item: the driver sends work once this answers
-            get_task(name).warm_up(self.device)
+            libraries.update(get_task(name).warm_up(self.device))
+        self.startup["libraries"] = libraries
+        self.startup["total_s"] = self.startup["process_s"] + time.perf_counter() - began
 
     def describe(self) -> dict[str, Any]:
         """Where this worker runs, and its predecessor's last words (reported once)."""
@@ -75,6 +84,7 @@ class TuneWorker:
             "compile_ahead": self.compile_ahead,
             "last_words": words,
             "incarnation": self.incarnation,
+            "startup": self.startup,
         }
 
     def run(
@@ -145,6 +155,16 @@ def _read_last_words(path: Path) -> dict[str, Any] | None:
     if not isinstance(words, dict) or words.get("pid") == os.getpid():
         return None
     return {"running": words.get("running"), "preparing": words.get("preparing"), "arm": words.get("arm")}
+
+
+def _process_age_s() -> float:
+    """Seconds since this process started (0.0 where the system does not say)."""
+    try:
+        import psutil
+
+        return max(0.0, time.time() - psutil.Process().create_time())
+    except Exception:  # psutil comes with Ray; without it the start-up is counted from the constructor
+        return 0.0
 
 
 def _nothing(*_: Any) -> None:

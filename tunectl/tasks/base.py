@@ -68,8 +68,8 @@ class TuningTask(Protocol):
     def build_shape(self, static: Params, shape: Params, config: Params) -> dict[str, Any]:
         """The point this config's kernel is built at."""
 
-    def warm_up(self, device: str) -> None:
-        """Per-process start-up of the task's libraries."""
+    def warm_up(self, device: str) -> Mapping[str, float]:
+        """Per-process start-up of the task's libraries: the seconds each library's import took."""
 
     def tolerance(self, static: Params) -> tuple[float, float]:
         """(atol, rtol) for comparing an output with the reference."""
@@ -115,8 +115,9 @@ class Task:
         """The point a compile process builds this config's kernel at (``tunectl.tasks.compile.build``)."""
         return dict(shape)
 
-    def warm_up(self, device: str) -> None:
+    def warm_up(self, device: str) -> Mapping[str, float]:
         """No per-process start-up beyond importing the task."""
+        return {}
 
 
 DTYPE_TOLERANCE: dict[str, tuple[float, float]] = {

@@ -198,10 +198,9 @@ class FlashDecode(Task):
 
         return flex_decode_args(static, inputs)
 
-    def warm_up(self, device: str) -> None:
+    def warm_up(self, device: str) -> Mapping[str, float]:
         """Import the kernel libraries once per worker, before its first item."""
-        if device.startswith("cuda"):
-            warm_up_libraries(_WARM_MODULES)
+        return warm_up_libraries(_WARM_MODULES) if device.startswith("cuda") else {}
 
     def check_point(self, static: Params, shape: Params) -> str | None:
         hq, hkv, d, page = (

@@ -102,11 +102,10 @@ class FlexPrefill(Task):
         blocks = _flex.block_tensors(derived["block_mask"])
         return (inputs["q"], inputs["k"], inputs["v"], inputs["doc_id"], blocks)
 
-    def warm_up(self, device: str) -> None:
+    def warm_up(self, device: str) -> Mapping[str, float]:
         """Import, before the first item, what a first load would: Inductor, Flex, and the flash-attn-4
         modules that ``BACKEND = "FLASH"`` kernels import (an H200 worker's first such load took 4.4 s)."""
-        if device.startswith("cuda"):
-            warm_up_libraries(_WARM_MODULES)
+        return warm_up_libraries(_WARM_MODULES) if device.startswith("cuda") else {}
 
     def check_point(self, static: Params, shape: Params) -> str | None:
         if static["dtype"] not in _ITEMSIZE:
