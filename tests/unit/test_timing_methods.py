@@ -136,13 +136,40 @@ def test_the_two_launches_alternate_so_an_order_effect_cancels() -> None:
     def timer(launch: Callable[[], Any]) -> float:
         before = gpu.now_us
         gpu.timer(launch)
-        order.append("calls" if gpu.now_us - before > 4.0 + 2 * 20.0 else "flushes")
+        order.append("calls" if gpu.now_us - before > 4.0 + 3 * 20.0 else "flushes")  # B: K + 1 flushes
         return gpu.now_us - before
 
     sample = difference_sampler(gpu.call, gpu.flush, num_calls=2, timer=timer, capture=gpu.capture)
     values = [sample() for _ in range(4)]
     assert order == ["calls", "flushes", "flushes", "calls", "calls", "flushes", "flushes", "calls"]
     assert values == [10.0] * 4
+
+
+class WriteBackGpu(FakeGpu):
+    """A call leaves ``dirty_us`` of dirty lines in L2; the next flush pays to write them back."""
+
+    def __init__(self, *, dirty_us: float, **kwargs: float) -> None:
+        super().__init__(**kwargs)
+        self.dirty_us, self.dirty = dirty_us, False
+
+    def call(self) -> None:
+        super().call()
+        self.dirty = True
+
+    def flush(self) -> None:
+        super().flush()
+        self.now_us += self.dirty_us if self.dirty else 0.0
+        self.dirty = False
+
+
+@pytest.mark.parametrize("k", [1, 3, 11])
+def test_each_call_pays_its_own_write_back_inside_its_launch_whatever_k(k: int) -> None:
+    # Serving pays a call's write-back when the next kernel evicts its lines: 12 + 4 µs a call. With
+    # no flush closing launch A, its last call's write-back fell to the next launch, A or B alike, and
+    # the difference read 12 + 4 x (K - 1) / K.
+    gpu = WriteBackGpu(call_us=12.0, flush_us=30.0, overhead_us=5.0, dirty_us=4.0)
+    sample = difference_sampler(gpu.call, gpu.flush, num_calls=k, timer=gpu.timer, capture=gpu.capture)
+    assert [sample() for _ in range(6)] == pytest.approx([16.0] * 6)
 
 
 def test_a_call_lost_in_the_flush_jitter_gives_raw_differences_around_zero() -> None:

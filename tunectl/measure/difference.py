@@ -1,11 +1,17 @@
 """Timing a call with a cold L2 without a fixed cost per sample: the difference method.
 
-A sample is one paired difference. Two launches are built once: A holds K x (flush, call), B holds
-the K flushes alone. A sample times A and B back to back, in alternating order (A then B, then B
-then A on the next sample), each between two events with a spin kernel ahead so the host's launch
-latency stays out, and is
+A sample is one paired difference. Two launches are built once: A holds K x (flush, call) and a
+closing flush, B the K + 1 flushes alone. A sample times A and B back to back, in alternating order
+(A then B, then B then A on the next sample), each between two events with a spin kernel ahead so
+the host's launch latency stays out, and is
 
     d = (t(A) - t(B)) / K
+
+Both launches end on a flush, so each of A's K calls has a flush after it inside A, which pays to
+write back what the call left dirty in L2, as serving pays it; and neither launch leaves a call's
+dirty lines to whichever launch comes next. Without the closing flush the last call's write-back
+fell to the next launch, an A or a B alike, and left the difference: a call that writes much (an
+elementwise kernel over 256 MiB: ~4 µs of ~130) read low by that write-back over K.
 
 What a launch costs once (events, a graph's launch, the spin's tail: a fixed o) is in both t(A) and
 t(B) and cancels; so does a slow drift of the GPU, which moves two launches a millisecond apart
@@ -82,6 +88,22 @@ def repeated(fn: Callable[[], Any], flush: Callable[[], Any] | None, times: int)
     return run
 
 
+def closed(fn: Callable[[], Any], flush: Callable[[], Any], times: int) -> Callable[[], None]:
+    """A callable running ``times`` x (``flush``, ``fn``), then ``flush``: launch A of the module doc."""
+    calls = repeated(fn, flush, times)
+
+    def run() -> None:
+        calls()
+        flush()
+
+    return run
+
+
+def flushes_alone(flush: Callable[[], Any], times: int) -> Callable[[], None]:
+    """``times`` + 1 flushes: launch B of the module doc, for ``times`` calls."""
+    return repeated(flush, None, times + 1)
+
+
 def difference_sampler(
     fn: Callable[[], Any],
     flush: Callable[[], Any],
@@ -91,12 +113,12 @@ def difference_sampler(
     capture: Capture,
     flushes: Callable[[], Any] | None = None,
 ) -> Sampler:
-    """Samples of (t(K x (flush, fn)) - t(K x flush)) / K, the two launches in alternating order.
-    ``flushes``: the launch of K flushes where one is kept for every sampler with this K (it reads
+    """Samples of (t(K x (flush, fn), flush) - t((K + 1) x flush)) / K, the two launches in
+    alternating order. ``flushes``: launch B where one is kept for every sampler with this K (it reads
     and writes nothing of ``fn``'s), else captured here. The sampler's ``many(n)`` queues n samples'
     launches at once (``timed_launches``)."""
-    calls = capture(repeated(fn, flush, num_calls))
-    flushes = flushes if flushes is not None else capture(repeated(flush, None, num_calls))
+    calls = capture(closed(fn, flush, num_calls))
+    flushes = flushes if flushes is not None else capture(flushes_alone(flush, num_calls))
     taken = 0
 
     def many(n: int) -> list[float]:
@@ -156,14 +178,14 @@ def cuda_difference_sampler(
 ) -> Sampler:
     """The difference method for ``fn`` on a CUDA device: graphs (``graph``) or eager launches
     (``eager``), K chosen from a first estimate of one (flush, call) pair, which also warms ``fn`` for
-    its capture. The launch of K flushes is kept per device and K, for every sampler that needs it."""
+    its capture. Launch B (K + 1 flushes) is kept per device and K, for every sampler that needs it."""
     parts = cuda_parts(device, mode, warmup_calls=0)  # ``warm_pair_us`` warms what is captured
     flush = cuda_flush(device, flush_kind)
     pair_us = warm_pair_us(fn, flush, device)
     k = num_calls_for(pair_us)
     key = (device, mode, flush_kind, k)
     if key not in _FLUSHES:
-        _FLUSHES[key] = parts.capture(repeated(flush, None, k))
+        _FLUSHES[key] = parts.capture(flushes_alone(flush, k))
     sample = difference_sampler(
         fn, flush, num_calls=k, timer=parts.timer, capture=parts.capture, flushes=_FLUSHES[key]
     )
@@ -173,7 +195,7 @@ def cuda_difference_sampler(
     return sample
 
 
-#: per (device, mode, flush kind, K): the launch of K flushes every difference sampler with that K times
+#: per (device, mode, flush kind, K): launch B (K + 1 flushes) every difference sampler with that K times
 _FLUSHES: dict[tuple[str, str, str, int], Callable[[], Any]] = {}
 #: per (device, kind): the flush; its buffer lives for the process (the graphs above read it)
 _FLUSH_KERNELS: dict[tuple[str, str], Callable[[], None]] = {}

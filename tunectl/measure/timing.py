@@ -3,10 +3,10 @@
 - CPU: the monotonic clock around a synchronous call (``replay``: one call per sample; with a cold
   cache a flush of twice the last-level cache runs first, outside the clock). Nothing fixed per
   sample worth taking out: the clock costs well under a microsecond.
-- CUDA, cold L2, ``timing = "difference"`` (the default): ``tunectl.measure.difference``. A sample is a launch
-  of K x (flush, call) minus a launch of K flushes, over K: one CUDA graph each in ``graph`` mode,
-  eager launches in ``eager`` mode. No fixed cost per sample; the module docstring defines the
-  estimator and its noise.
+- CUDA, cold L2, ``timing = "difference"`` (the default): ``tunectl.measure.difference``. A sample is
+  a launch of K x (flush, call) and a closing flush minus a launch of K + 1 flushes, over K: one CUDA
+  graph each in ``graph`` mode, eager launches in ``eager`` mode. No fixed cost per sample; the module
+  docstring defines the estimator and its noise.
 - CUDA, cold L2, ``timing = "replay"``: the earlier method, kept for comparison. The L2 is written
   over (``zero_``) outside the timed region and a sample times one launch of one call (a graph
   replay, or an eager call) between events. Each sample carries the launch's fixed cost: on an
