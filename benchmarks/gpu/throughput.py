@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -44,7 +45,17 @@ def figures(results: Path, warmup: int) -> dict[str, Any]:
         "guard_share": round(parts["of which guard"] / parts["measuring"], 4) if parts["measuring"] else None,
         "worker_time_s": parts,
         "statuses": run["statuses"],
+        "worker_startup": worker_startup(results),
     }
+
+
+def worker_startup(results: Path) -> list[str]:
+    """Each worker's start-up as its ready line in the run's log says it (process, imports, device,
+    libraries); empty for runs whose workers did not say."""
+    found = []
+    for log in sorted((results / "_runs").glob("*.log")):
+        found += re.findall(r"worker (\S+) ready: .*?; start-up (.*)$", log.read_text(), flags=re.M)
+    return [f"{name}: {text}" for name, text in found]
 
 
 def screen_item_seconds(rows: list[dict[str, Any]]) -> list[float]:
