@@ -37,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fill_study import run_data
+from fill_study import enclosing, run_data
 from h200_archive import require
 
 from tunectl.core.keys import Key, make_key
@@ -58,11 +58,14 @@ def ceil_of(value: int, grid: Sequence[int]) -> int:
 
 
 def around(shape: Key, tuned: Sequence[Key], how: str) -> list[Key]:
-    """The tuned shapes that ``how`` (``ceil`` or ``around``) takes candidates from."""
+    """The tuned shapes that ``how`` (``ceil`` or ``around``) takes candidates from. Where the grid
+    point ``ceil`` names was not tuned (a run that refined part of its grid, or skipped a point),
+    the nearest tuned point at or above the shape in every dimension stands in for it."""
     here = sizes(shape)
     values = {dim: sorted({sizes(s)[dim] for s in tuned}) for dim in here}
     if how == "ceil":
-        return [make_key({**dict(shape), **{d: ceil_of(v, values[d]) for d, v in here.items()}})]
+        point = make_key({**dict(shape), **{d: ceil_of(v, values[d]) for d, v in here.items()}})
+        return [point if point in tuned or not tuned else enclosing(shape, tuned)]
     keys = [dict(shape)]
     for dim, v in here.items():
         keys = [{**k, dim: b} for k in keys for b in bracket(v, values[dim])]
@@ -135,6 +138,21 @@ def main(argv: Sequence[str] | None = None) -> None:
                 keep = f"the coarse points' {k} fastest" if k else "every config"
                 print(f"| {run} | {keep} | {sum(m for _, m in made)} | {summary(got)} |")
         return
+    scored = per_run_table(held_by_run, by_static, args.k)
+    print("\nPooled over the holdout runs:\n")
+    print("| candidates | k | shapes | configs in the list (mean) | median | worst | geomean | within 3 % |")
+    print("|---|---|---|---|---|---|---|---|")
+    for (how, k), (got, tried) in scored.items():
+        print(f"| {how} | {k} | {len(got)} | {statistics.mean(tried):.1f} | {summary(got)} |")
+
+
+def per_run_table(
+    held_by_run: Mapping[str, list[list[Record]]],
+    by_static: Mapping[Key, Mapping[Key, Mapping[Key, float]]],
+    ks: Sequence[int],
+) -> dict[tuple[str, int], tuple[list[float], list[int]]]:
+    """Print each holdout run's scores per way and k; return them pooled (scores, list lengths)."""
+    pooled: dict[tuple[str, int], tuple[list[float], list[int]]] = {}
     print(
         "| holdout run | candidates | k | shapes | configs in the list (mean) | median | worst | geomean "
         "| within 3 % |"
@@ -142,12 +160,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     for run, held in held_by_run.items():
         for how in ("ceil", "around"):
-            for k in args.k:
+            for k in ks:
                 lists = [(a, shortlist(by_static.get(a[0].static, {}), a[0].shape, k, how)) for a in held]
                 got = [s for arms, short in lists if (s := score(arms, short)) is not None]
+                pooled.setdefault((how, k), ([], []))[0].extend(got)
+                pooled[(how, k)][1].extend(len(short) for _, short in lists)
                 if got:
                     tried = statistics.mean(len(short) for _, short in lists)
                     print(f"| {run} | {how} | {k} | {len(got)} | {tried:.1f} | {summary(got)} |")
+    return pooled
 
 
 if __name__ == "__main__":
