@@ -44,6 +44,7 @@ from tunectl.core.keys import Key, make_key
 from tunectl.core.record import Phase, Record
 from tunectl.decide.coverage import sizes
 from tunectl.decide.select import latest_comparisons
+from tunectl.runtime import Bundle, load_bundle
 from tunectl.store.results import read_results
 
 
@@ -116,6 +117,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--tuning", required=True, help="the tuning run (one static key)")
     parser.add_argument("--holdout", action="append", required=True, help="a holdout run (repeat)")
     parser.add_argument("--k", type=int, nargs="+", default=[1, 2, 3, 4])
+    parser.add_argument("--bundle", type=Path, help="score this bundle's candidates (Bundle.candidates)")
     parser.add_argument("--coarse", nargs="+", metavar="DIM=V,V", help="play refinement from these values")
     args = parser.parse_args(argv)
     require(args.results)
@@ -124,6 +126,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     for run in args.holdout:
         records = [r for r in read_results(args.results, [run]) if r.phase == Phase.HOLDOUT]
         held_by_run[run] = list(latest_comparisons(records, Phase.HOLDOUT).values())
+    if args.bundle:
+        bundle_scores(load_bundle(args.bundle), held_by_run)
+        return
     if args.coarse:
         coarse = {d: {int(v) for v in vs.split(",")} for d, _, vs in (c.partition("=") for c in args.coarse)}
         print("| holdout run | points keep | configs measured | median | worst | geomean | within 3 % |")
@@ -144,6 +149,30 @@ def main(argv: Sequence[str] | None = None) -> None:
     print("|---|---|---|---|---|---|---|---|")
     for (how, k), (got, tried) in scored.items():
         print(f"| {how} | {k} | {len(got)} | {statistics.mean(tried):.1f} | {summary(got)} |")
+
+
+def bundle_scores(bundle: Bundle, held_by_run: Mapping[str, list[list[Record]]]) -> None:
+    """Print, per holdout run and pooled, the best of the bundle's candidates at each held-out shape
+    over the fastest config there, and the same for its pick alone."""
+    print(
+        "| holdout run | list | shapes | configs in the list (mean) | median | worst | geomean | within 3 % |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    pooled: dict[str, tuple[list[float], list[int]]] = {"pick": ([], []), "candidates": ([], [])}
+    for run, held in [*held_by_run.items(), ("pooled", [])]:
+        for which, (all_got, all_len) in pooled.items():
+            got, lengths = (all_got, all_len) if run == "pooled" else ([], [])
+            for arms in held:
+                params = {**dict(arms[0].static), **dict(arms[0].shape)}
+                listed = bundle.candidates(arms[0].task, **params)[: 1 if which == "pick" else None]
+                if (s := score(arms, {make_key(c) for c in listed})) is not None:
+                    got.append(s)
+                    lengths.append(len(listed))
+            if run != "pooled":
+                all_got.extend(got)
+                all_len.extend(lengths)
+            if got:
+                print(f"| {run} | {which} | {len(got)} | {statistics.mean(lengths):.1f} | {summary(got)} |")
 
 
 def per_run_table(
