@@ -109,7 +109,7 @@ def candidate_lists(
         points = corners(w.shape, shapes, policies.get(w.task, {})) if shapes else []
         if w.served_by is not None:
             points = [w.served_by, *points]
-        sites = [_losses(timings.get((w.task, w.static, p), {})) for p in dict.fromkeys(points)]
+        sites: list[Losses] = [_losses(timings.get((w.task, w.static, p), {})) for p in dict.fromkeys(points)]
         sites += at_probes.get((w.task, w.static, w.shape), [])
         out[(w.task, w.static, w.shape)] = shortlist(w.config, [s for s in sites if s], k)
     return out

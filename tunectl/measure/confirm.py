@@ -98,7 +98,7 @@ def _confirm_shape(
     entry = bundle.entry(task_name, **params)
     if entry is None or len(listed) < 2:
         return ShapeReport(shape, (), listed[0] if listed else None, 0.0)
-    device, mode, settings = how
+    device = how[0]
     static = dict(entry.static)
     inputs = task.build_inputs(static, shape, device)
     reference = task.reference(static, shape, inputs)

@@ -53,9 +53,14 @@ class _TaskIndex:
         self._stats_lock = threading.Lock()
         self.dims = [(p, make_bucketer(shapes[p]["policy"], shapes[p]["points"])) for p in self.shape_params]
         self.confirmed: dict[tuple[Any, ...], dict[str, Any]] = {}
-        self.find, self.lookup = _finders(
-            self.static_params, self.dims, self.static_ids, self.rows, (self.row_config, self.row_rule)
+        self._parts = (
+            self.static_params,
+            self.dims,
+            self.static_ids,
+            self.rows,
+            (self.row_config, self.row_rule),
         )
+        self.find, self.lookup = _finders(*self._parts)
 
     def with_confirmed(self, picks: Iterable[tuple[Mapping[str, Any], Mapping[str, Any]]]) -> _TaskIndex:
         """A copy whose lookup answers each pick's config at its exact shape (``Bundle.with_confirmed``)."""
@@ -68,14 +73,7 @@ class _TaskIndex:
                 raise ValueError(f"task {self.name}: no static key of this bundle matches {dict(params)}")
             shape = tuple(_integral(params[name]) for name in self.shape_params)
             index.confirmed[(static, *shape)] = dict(config)
-        index.find, index.lookup = _finders(
-            self.static_params,
-            self.dims,
-            self.static_ids,
-            self.rows,
-            (self.row_config, self.row_rule),
-            index.confirmed,
-        )
+        index.find, index.lookup = _finders(*self._parts, index.confirmed)
         return index
 
     def __len__(self) -> int:
@@ -184,9 +182,8 @@ def _finders(
     -> config is consulted before the buckets: picks a serving process confirmed at its own shapes.
     """
     get_all = _getter((*static_params, *(name for name, _ in dims)))
-    static_id = _static_finder(static_params, static_ids)
-    resolve = _resolver(static_id, dims, rows)
-    get_shape = _getter(tuple(name for name, _ in dims))
+    resolve = _resolver(static_id := _static_finder(static_params, static_ids), dims, rows)
+    exact = _exact(static_id, dims, confirmed) if confirmed else None
     configs, rules = answers
     memo: dict[Any, Any] = {}
 
@@ -198,10 +195,8 @@ def _finders(
         return resolve(params)
 
     def answer(params: Mapping[str, Any]) -> Any:
-        if confirmed:
-            hit = confirmed.get((static_id(params), *map(_integral, get_shape(params))))
-            if hit is not None:
-                return hit
+        if exact is not None and (hit := exact(params)) is not None:
+            return hit
         row = resolve(params)
         if row is None:
             return None
@@ -226,6 +221,12 @@ def _finders(
         return None if found is None else found.copy()
 
     return find, lookup
+
+
+def _exact(static_id: _Finder, dims: list[tuple[str, Any]], confirmed: Mapping[Any, Any]) -> _Finder:
+    """``exact(params)``: the config confirmed at exactly ``params``' static key and shape, or None."""
+    get_shape = _getter(tuple(name for name, _ in dims))
+    return lambda params: confirmed.get((static_id(params), *map(_integral, get_shape(params))))
 
 
 def _static_finder(static_params: tuple[str, ...], static_ids: dict[Any, int]) -> _Finder:
@@ -332,8 +333,7 @@ class Bundle:
             return []
         first = index.lookup(params)
         stored = index.stats().get("candidates", [None] * len(index))[row] or []
-        pick = index.row_config[row]
-        return [first, *[dict(c) for c in stored if c != pick and c != first]]
+        return [first, *[dict(c) for c in stored if c not in (index.row_config[row], first)]]
 
     def with_confirmed(
         self, task: str, picks: Iterable[tuple[Mapping[str, Any], Mapping[str, Any]]]
