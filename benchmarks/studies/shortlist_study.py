@@ -20,6 +20,9 @@ shape is served by its ``ceil`` cell's choice. It prints what that serves agains
 with the configs each way measures (one look per config and point, counted before halving's rungs
 and the finals).
 
+``--bundle DIR`` scores a bundle's own lists instead (``Bundle.candidates``: what export's
+``--candidates`` wrote, the pick first) beside its pick alone, per holdout run and pooled.
+
     git show 45ad4e3:benchmarks/results/h200_results.tar.gz > /tmp/h200_results.tar.gz
     tar xzf /tmp/h200_results.tar.gz -C /tmp
     PYTHONPATH=. python benchmarks/studies/shortlist_study.py --results /tmp/res2 \
