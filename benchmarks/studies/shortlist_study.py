@@ -20,6 +20,9 @@ shape is served by its ``ceil`` cell's choice. It prints what that serves agains
 with the configs each way measures (one look per config and point, counted before halving's rungs
 and the finals).
 
+``--bundle DIR`` scores a bundle's own lists instead (``Bundle.candidates``: what export's
+``--candidates`` wrote, the pick first) beside its pick alone, per holdout run and pooled.
+
     git show 45ad4e3:benchmarks/results/h200_results.tar.gz > /tmp/h200_results.tar.gz
     tar xzf /tmp/h200_results.tar.gz -C /tmp
     PYTHONPATH=. python benchmarks/studies/shortlist_study.py --results /tmp/res2 \
@@ -37,13 +40,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fill_study import run_data
+from fill_study import enclosing, run_data
 from h200_archive import require
 
 from tunectl.core.keys import Key, make_key
 from tunectl.core.record import Phase, Record
 from tunectl.decide.coverage import sizes
 from tunectl.decide.select import latest_comparisons
+from tunectl.runtime import Bundle, load_bundle
 from tunectl.store.results import read_results
 
 
@@ -58,11 +62,14 @@ def ceil_of(value: int, grid: Sequence[int]) -> int:
 
 
 def around(shape: Key, tuned: Sequence[Key], how: str) -> list[Key]:
-    """The tuned shapes that ``how`` (``ceil`` or ``around``) takes candidates from."""
+    """The tuned shapes that ``how`` (``ceil`` or ``around``) takes candidates from. Where the grid
+    point ``ceil`` names was not tuned (a run that refined part of its grid, or skipped a point),
+    the nearest tuned point at or above the shape in every dimension stands in for it."""
     here = sizes(shape)
     values = {dim: sorted({sizes(s)[dim] for s in tuned}) for dim in here}
     if how == "ceil":
-        return [make_key({**dict(shape), **{d: ceil_of(v, values[d]) for d, v in here.items()}})]
+        point = make_key({**dict(shape), **{d: ceil_of(v, values[d]) for d, v in here.items()}})
+        return [point if point in tuned or not tuned else enclosing(shape, tuned)]
     keys = [dict(shape)]
     for dim, v in here.items():
         keys = [{**k, dim: b} for k in keys for b in bracket(v, values[dim])]
@@ -113,6 +120,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--tuning", required=True, help="the tuning run (one static key)")
     parser.add_argument("--holdout", action="append", required=True, help="a holdout run (repeat)")
     parser.add_argument("--k", type=int, nargs="+", default=[1, 2, 3, 4])
+    parser.add_argument("--bundle", type=Path, help="score this bundle's candidates (Bundle.candidates)")
     parser.add_argument("--coarse", nargs="+", metavar="DIM=V,V", help="play refinement from these values")
     args = parser.parse_args(argv)
     require(args.results)
@@ -121,6 +129,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     for run in args.holdout:
         records = [r for r in read_results(args.results, [run]) if r.phase == Phase.HOLDOUT]
         held_by_run[run] = list(latest_comparisons(records, Phase.HOLDOUT).values())
+    if args.bundle:
+        bundle_scores(load_bundle(args.bundle), held_by_run)
+        return
     if args.coarse:
         coarse = {d: {int(v) for v in vs.split(",")} for d, _, vs in (c.partition("=") for c in args.coarse)}
         print("| holdout run | points keep | configs measured | median | worst | geomean | within 3 % |")
@@ -135,6 +146,45 @@ def main(argv: Sequence[str] | None = None) -> None:
                 keep = f"the coarse points' {k} fastest" if k else "every config"
                 print(f"| {run} | {keep} | {sum(m for _, m in made)} | {summary(got)} |")
         return
+    scored = per_run_table(held_by_run, by_static, args.k)
+    print("\nPooled over the holdout runs:\n")
+    print("| candidates | k | shapes | configs in the list (mean) | median | worst | geomean | within 3 % |")
+    print("|---|---|---|---|---|---|---|---|")
+    for (how, k), (got, tried) in scored.items():
+        print(f"| {how} | {k} | {len(got)} | {statistics.mean(tried):.1f} | {summary(got)} |")
+
+
+def bundle_scores(bundle: Bundle, held_by_run: Mapping[str, list[list[Record]]]) -> None:
+    """Print, per holdout run and pooled, the best of the bundle's candidates at each held-out shape
+    over the fastest config there, and the same for its pick alone."""
+    print(
+        "| holdout run | list | shapes | configs in the list (mean) | median | worst | geomean | within 3 % |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    pooled: dict[str, tuple[list[float], list[int]]] = {"pick": ([], []), "candidates": ([], [])}
+    for run, held in [*held_by_run.items(), ("pooled", [])]:
+        for which, (all_got, all_len) in pooled.items():
+            got, lengths = (all_got, all_len) if run == "pooled" else ([], [])
+            for arms in held:
+                params = {**dict(arms[0].static), **dict(arms[0].shape)}
+                listed = bundle.candidates(arms[0].task, **params)[: 1 if which == "pick" else None]
+                if (s := score(arms, {make_key(c) for c in listed})) is not None:
+                    got.append(s)
+                    lengths.append(len(listed))
+            if run != "pooled":
+                all_got.extend(got)
+                all_len.extend(lengths)
+            if got:
+                print(f"| {run} | {which} | {len(got)} | {statistics.mean(lengths):.1f} | {summary(got)} |")
+
+
+def per_run_table(
+    held_by_run: Mapping[str, list[list[Record]]],
+    by_static: Mapping[Key, Mapping[Key, Mapping[Key, float]]],
+    ks: Sequence[int],
+) -> dict[tuple[str, int], tuple[list[float], list[int]]]:
+    """Print each holdout run's scores per way and k; return them pooled (scores, list lengths)."""
+    pooled: dict[tuple[str, int], tuple[list[float], list[int]]] = {}
     print(
         "| holdout run | candidates | k | shapes | configs in the list (mean) | median | worst | geomean "
         "| within 3 % |"
@@ -142,12 +192,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     for run, held in held_by_run.items():
         for how in ("ceil", "around"):
-            for k in args.k:
+            for k in ks:
                 lists = [(a, shortlist(by_static.get(a[0].static, {}), a[0].shape, k, how)) for a in held]
                 got = [s for arms, short in lists if (s := score(arms, short)) is not None]
+                pooled.setdefault((how, k), ([], []))[0].extend(got)
+                pooled[(how, k)][1].extend(len(short) for _, short in lists)
                 if got:
                     tried = statistics.mean(len(short) for _, short in lists)
                     print(f"| {run} | {how} | {k} | {len(got)} | {tried:.1f} | {summary(got)} |")
+    return pooled
 
 
 if __name__ == "__main__":

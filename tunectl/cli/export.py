@@ -86,6 +86,17 @@ def export_bundle_cmd(
             "publishes configs only."
         ),
     ] = True,
+    candidates: Annotated[
+        int,
+        typer.Option(
+            "--candidates",
+            min=0,
+            help="Give each entry up to K ranked configs measured around its cell, for a serving "
+            "process to confirm at its own shapes at start-up (tunectl.runtime: Bundle.candidates); "
+            "0 writes none.",
+            metavar="K",
+        ),
+    ] = 3,
 ) -> None:
     """Pick the winners from RESULTS and publish them as an immutable, checksummed bundle. Every region
     inside the declared ranges that lookup would answer None in is listed, one line each. Exits 1,
@@ -100,7 +111,7 @@ def export_bundle_cmd(
         tunectl export bundle --name decode --version 5 --no-rules
     """
     with library_errors():
-        choices = api.Choices(margin, fill, strict, skip_damaged, rules)
+        choices = api.Choices(margin, fill, strict, skip_damaged, rules, candidates)
         scope = api.Scope(run, task, device)
         validation = api.ValidateOptions(layers, rounds, cluster=api.Cluster(address, cancel_on_sigterm=True))
         on = tuple(api.load_spec(path) for path in spec or ()) if validate else None

@@ -20,6 +20,7 @@ from tunectl.core.keys import Key, value_order
 from tunectl.core.plan import RunFacts, selectable_in
 from tunectl.core.record import SELECTED_PHASES, Phase, Record
 from tunectl.core.spec import DEFAULT_MARGIN
+from tunectl.decide.candidates import DEFAULT_CANDIDATES
 from tunectl.decide.coverage import Coverage, Hole, cover
 from tunectl.decide.quality import Quality, assess_winners, targets_of
 from tunectl.decide.select import Winner, select_winners
@@ -199,6 +200,7 @@ class Choices:
     strict: bool = False
     skip_damaged: bool = False  # publish without the rows of unreadable parts (else DamagedResultsError)
     rules: bool = True  # serve a cell a split rule where its probes measured it better (decide/rules)
+    candidates: int = DEFAULT_CANDIDATES  # ranked configs per entry to confirm at start-up (0: none)
 
 
 DEFAULT_CHOICES = Choices()
@@ -268,7 +270,9 @@ def prepare_bundle(
     if dataset.damaged:
         winners = with_shortfalls(winners, shortfalls(results, dataset))
     margin = margin_of(facts, choices.margin)
-    winners, tables = task_tables(winners, records, probes, facts, margin, rules=choices.rules)
+    winners, tables = task_tables(
+        winners, records, probes, facts, margin, rules=choices.rules, candidates=choices.candidates
+    )
     files = build_files(name, version, tables, source_runs, _environment(records))
     unfinished = unfinished_runs(results, source_runs)
     return PreparedBundle(

@@ -11,10 +11,11 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tunectl.core.buckets import make_bucketer
+from tunectl.core.buckets import Bucketer, make_bucketer
 from tunectl.core.errors import UserError
 from tunectl.core.plan import RunFacts, selectable_in
 from tunectl.core.record import Record
+from tunectl.decide.candidates import DEFAULT_CANDIDATES, candidate_lists
 from tunectl.decide.probes import cell_of, point_timings, regional
 from tunectl.decide.rules import fit_rules, rule_sites, with_rules
 from tunectl.decide.select import Winner
@@ -92,10 +93,7 @@ def over_regions(
     """Each probed cell's config chosen over its region (``tunectl.decide.probes``), then each cell
     served a split rule where its sites measured the rule better (``tunectl.decide.rules``; fitted to
     the tuning rows alone, as probe planning fitted it, so the probes measured these very rules)."""
-    bucketers = {
-        t: {dim: make_bucketer(s["policy"], s["points"]) for dim, s in table.shape_params.items()}
-        for t, table in tables.items()
-    }
+    bucketers = _bucketers(tables)
     timings = point_timings(records, selectable_in(facts.values()))
     if probes:
         winners = regional(winners, probes, timings, bucketers, margin)
@@ -106,6 +104,14 @@ def over_regions(
     return with_rules(winners, sites, fitted)
 
 
+def _bucketers(tables: Mapping[str, TaskTable]) -> dict[str, dict[str, Bucketer]]:
+    """Per task, each shape dimension's bucketer over the table's points."""
+    return {
+        t: {dim: make_bucketer(s["policy"], s["points"]) for dim, s in table.shape_params.items()}
+        for t, table in tables.items()
+    }
+
+
 def task_tables(
     winners: list[Winner],
     records: Sequence[Record],
@@ -114,10 +120,27 @@ def task_tables(
     margin: float,
     *,
     rules: bool,
+    candidates: int = DEFAULT_CANDIDATES,
 ) -> tuple[list[Winner], list[TaskTable]]:
-    """The winners as each task's table holds them (``over_regions``), and those tables."""
+    """The winners as each task's table holds them (``over_regions``), and those tables, each entry
+    with up to ``candidates`` ranked configs to confirm (``tunectl.decide.candidates``; 0: none)."""
     tasks = sorted({w.task for w in winners})
     tables = {t: table_of(t, [w for w in winners if w.task == t], facts) for t in tasks}
     winners = over_regions(winners, records, probes, facts, tables, margin, rules=rules)
-    entries = {t: tuple(entry_of(w) for w in winners if w.task == t) for t in tasks}
+    listed = candidate_lists(
+        winners,
+        point_timings(records, selectable_in(facts.values())),
+        probes,
+        _bucketers(tables),
+        {t: {dim: s["policy"] for dim, s in table.shape_params.items()} for t, table in tables.items()},
+        candidates,
+    )
+    entries = {
+        t: tuple(
+            dataclasses.replace(entry_of(w), candidates=listed.get((w.task, w.static, w.shape), ()))
+            for w in winners
+            if w.task == t
+        )
+        for t in tasks
+    }
     return winners, [dataclasses.replace(table, entries=entries[t]) for t, table in tables.items()]

@@ -55,12 +55,14 @@ class Entry:
     reason: str = ""  # why this config is the entry, in a line
     run_id: str = ""  # the run that measured it
     served_by: Key | None = None  # a filled entry: the tuned point whose winner serves this shape
+    candidates: tuple[Key, ...] = ()  # ranked configs a serving process may confirm (the pick first)
     extra: tuple[tuple[str, Any], ...] = ()
 
     def statistics(self) -> dict[str, Any]:
         """The entry's stats-file values by column name (plain JSON), every ``STATISTICS`` name included."""
         stats = {name: getattr(self, name) for name in STATISTICS}
         stats["served_by"] = None if self.served_by is None else key_json(self.served_by)
+        stats["candidates"] = [key_json(c) for c in self.candidates] or None
         return {**stats, **{name: to_json(value) for name, value in self.extra}}
 
     def to_json(self) -> dict[str, Any]:
@@ -95,6 +97,8 @@ class Entry:
         known = {name: value for name in STATISTICS if (value := stats.get(name)) is not None}
         if "served_by" in known:
             known["served_by"] = json_key(known["served_by"])
+        if "candidates" in known:
+            known["candidates"] = tuple(json_key(c) for c in known["candidates"])
         if "is_default" in known:
             known["is_default"] = bool(known["is_default"])
         extra = tuple(sorted((n, from_json(v)) for n, v in stats.items() if n not in _NAMED))

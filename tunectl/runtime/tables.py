@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from operator import itemgetter
 from pathlib import Path
 from typing import Any
@@ -50,10 +51,30 @@ class _TaskIndex:
             raise ValueError("two entries share one key")
         self._stats = stats  # raw bytes until first asked for (serving never asks), then columns
         self._stats_lock = threading.Lock()
-        dims = [(p, make_bucketer(shapes[p]["policy"], shapes[p]["points"])) for p in self.shape_params]
-        self.find, self.lookup = _finders(
-            self.static_params, dims, self.static_ids, self.rows, (self.row_config, self.row_rule)
+        self.dims = [(p, make_bucketer(shapes[p]["policy"], shapes[p]["points"])) for p in self.shape_params]
+        self.confirmed: dict[tuple[Any, ...], dict[str, Any]] = {}
+        self._parts = (
+            self.static_params,
+            self.dims,
+            self.static_ids,
+            self.rows,
+            (self.row_config, self.row_rule),
         )
+        self.find, self.lookup = _finders(*self._parts)
+
+    def with_confirmed(self, picks: Iterable[tuple[Mapping[str, Any], Mapping[str, Any]]]) -> _TaskIndex:
+        """A copy whose lookup answers each pick's config at its exact shape (``Bundle.with_confirmed``)."""
+        index = copy.copy(self)
+        index.confirmed = dict(self.confirmed)
+        find_static = _static_finder(self.static_params, self.static_ids)
+        for params, config in picks:
+            static = find_static(params)
+            if static is None:
+                raise ValueError(f"task {self.name}: no static key of this bundle matches {dict(params)}")
+            shape = tuple(_integral(params[name]) for name in self.shape_params)
+            index.confirmed[(static, *shape)] = dict(config)
+        index.find, index.lookup = _finders(*self._parts, index.confirmed)
+        return index
 
     def __len__(self) -> int:
         return len(self.row_config)
@@ -144,6 +165,7 @@ def _finders(
     static_ids: dict[Any, int],
     rows: dict[tuple[Any, ...], int],
     answers: tuple[list[Any], list[WaveRule | None]],
+    confirmed: Mapping[tuple[Any, ...], dict[str, Any]] | None = None,
 ) -> tuple[_Finder, _Finder]:
     """``find(params) -> row | None`` and ``lookup(params) -> config copy | None``, as closures.
 
@@ -156,10 +178,12 @@ def _finders(
     normalised values and normalising is idempotent, the window's normaliser is given the int a 5.0
     or a True equals (tuning's own refuses them), buckets take equal values alike
     (``tunectl.core.buckets``), and a rule takes the int a value equals. Every memo is a dict,
-    bounded, and safe to share between threads.
+    bounded, and safe to share between threads. ``confirmed`` (static index, exact shape values...)
+    -> config is consulted before the buckets: picks a serving process confirmed at its own shapes.
     """
     get_all = _getter((*static_params, *(name for name, _ in dims)))
-    resolve = _resolver(_static_finder(static_params, static_ids), dims, rows)
+    resolve = _resolver(static_id := _static_finder(static_params, static_ids), dims, rows)
+    exact = _exact(static_id, dims, confirmed) if confirmed else None
     configs, rules = answers
     memo: dict[Any, Any] = {}
 
@@ -171,6 +195,8 @@ def _finders(
         return resolve(params)
 
     def answer(params: Mapping[str, Any]) -> Any:
+        if exact is not None and (hit := exact(params)) is not None:
+            return hit
         row = resolve(params)
         if row is None:
             return None
@@ -195,6 +221,12 @@ def _finders(
         return None if found is None else found.copy()
 
     return find, lookup
+
+
+def _exact(static_id: _Finder, dims: list[tuple[str, Any]], confirmed: Mapping[Any, Any]) -> _Finder:
+    """``exact(params)``: the config confirmed at exactly ``params``' static key and shape, or None."""
+    get_shape = _getter(tuple(name for name, _ in dims))
+    return lambda params: confirmed.get((static_id(params), *map(_integral, get_shape(params))))
 
 
 def _static_finder(static_params: tuple[str, ...], static_ids: dict[Any, int]) -> _Finder:
@@ -291,6 +323,35 @@ class Bundle:
         index = self._tasks.get(task)
         row = index.find(params) if index is not None else None
         return None if row is None or index is None else index.entry(row)
+
+    def candidates(self, task: str, /, **params: Any) -> list[dict[str, Any]]:
+        """The configs worth confirming at ``params``: what ``lookup`` answers there first, then the
+        cell's other ranked candidates (export's ``--candidates``); [] on a miss."""
+        index = self._tasks.get(task)
+        row = index.find(params) if index is not None else None
+        if row is None or index is None:
+            return []
+        first = index.lookup(params)
+        stored = index.stats().get("candidates", [None] * len(index))[row] or []
+        return [first, *[dict(c) for c in stored if c not in (index.row_config[row], first)]]
+
+    def with_confirmed(
+        self, task: str, picks: Iterable[tuple[Mapping[str, Any], Mapping[str, Any]]]
+    ) -> Bundle:
+        """A bundle whose ``lookup`` of ``task`` answers each pick's config at its exact shape (each
+        pick: the parameters, static and shape, and the config confirmed there), and this bundle's
+        answer everywhere else. This bundle is left as it was; ``entry`` still gives the cell's entry."""
+        if task not in self._tasks:
+            raise KeyError(f"the bundle has no task {task!r}")
+        tasks = {**self._tasks, task: self._tasks[task].with_confirmed(picks)}
+        return Bundle(
+            self.location,
+            self.manifest,
+            tasks,
+            self.channel,
+            self.environment_problems,
+            self.manifest_sha256,
+        )
 
     def entries(self, task: str) -> Iterator[Entry]:
         """Every entry of ``task``, in table order."""

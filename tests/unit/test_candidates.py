@@ -1,0 +1,108 @@
+"""Candidates: export's ranked list per entry, the runtime's answer and confirmed picks, and confirming
+at start-up with the CPU quickstart task (decode_attention) timed for real."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tunectl.core.keys import make_key
+from tunectl.decide.candidates import corners, shortlist
+from tunectl.measure.confirm import confirm
+from tunectl.runtime import Entry, load_bundle
+from tunectl.store.bundle import TaskTable, build_files, publish_local
+
+STATIC = {"dtype": "float32", "num_q_heads": 8, "num_kv_heads": 2, "head_dim": 64, "page_size": 16}
+PICK = {"gather": "index", "gqa": "grouped", "num_splits": 1}
+OTHERS = [
+    {"gather": "index", "gqa": "grouped", "num_splits": 4},
+    {"gather": "index", "gqa": "expand", "num_splits": 2},
+]
+SHAPES = {"batch": {"policy": "pow2", "points": [4, 16]}, "kv_len": {"policy": "ceil", "points": [2048]}}
+
+
+def _bundle(tmp_path: Path, candidates: bool = True) -> Path:
+    listed = tuple(make_key(c) for c in [PICK, *OTHERS]) if candidates else ()
+    entries = tuple(
+        Entry(make_key(STATIC), make_key({"batch": b, "kv_len": 2048}), make_key(PICK), candidates=listed)
+        for b in (4, 16)
+    )
+    table = TaskTable("decode_attention", tuple(sorted(STATIC)), SHAPES, entries)
+    files = build_files("cands", "1" if candidates else "0", [table], ["r1"], {})
+    return publish_local(tmp_path, "cands", "1" if candidates else "0", files)
+
+
+def test_shortlist_adds_the_config_that_covers_the_region() -> None:
+    pick, a, b = make_key({"s": 1}), make_key({"s": 8}), make_key({"s": 16})
+    sites = [{pick: 1.0, a: 1.2, b: 1.1}, {pick: 1.3, a: 1.2, b: 1.0}, {pick: 1.2, a: 1.01, b: 1.0}]
+    assert shortlist(pick, sites, 3) == (pick, b)  # a adds nothing once b is in
+    sites[1] = {pick: 1.3, a: 1.0, b: 1.1}
+    assert shortlist(pick, sites, 3) == (pick, a, b)
+    assert shortlist(pick, sites, 1) == (pick,)
+    assert shortlist(pick, sites, 0) == ()
+    assert shortlist(pick, [{pick: 1.0, a: 1.5}], 3) == (pick,)  # nothing helps: the list stays short
+
+
+def test_corners_follow_the_policy_side() -> None:
+    tuned = [make_key({"batch": b, "kv_len": k}) for b in (4, 8, 16) for k in (1024, 4096)]
+    cell = make_key({"batch": 8, "kv_len": 4096})
+    got = set(corners(cell, tuned, {"batch": "ceil", "kv_len": "ceil"}))
+    assert got == {make_key({"batch": b, "kv_len": k}) for b in (4, 8) for k in (1024, 4096)}
+    assert set(corners(cell, tuned, {"batch": "nearest", "kv_len": "exact"})) == {
+        make_key({"batch": b, "kv_len": 4096}) for b in (4, 8, 16)
+    }
+
+
+def test_candidates_ride_in_the_stats_file_and_leave_the_table_as_it_was(tmp_path: Path) -> None:
+    with_list, without = _bundle(tmp_path), _bundle(tmp_path, candidates=False)
+    table = "tables/decode_attention.json"
+    assert json.loads((with_list / table).read_text()) == json.loads((without / table).read_text())
+    stats = json.loads((with_list / "stats/decode_attention.json").read_text())["columns"]
+    assert stats["candidates"][0] == [PICK, *OTHERS]
+    bundle = load_bundle(with_list, env_policy="off")
+    assert bundle.candidates("decode_attention", **STATIC, batch=3, kv_len=1500) == [PICK, *OTHERS]
+    assert bundle.candidates("decode_attention", **STATIC, batch=64, kv_len=1500) == []
+    old = load_bundle(without, env_policy="off")
+    assert old.candidates("decode_attention", **STATIC, batch=3, kv_len=1500) == [PICK]
+
+
+def test_confirmed_picks_answer_at_their_exact_shapes_only(tmp_path: Path) -> None:
+    bundle = load_bundle(_bundle(tmp_path), env_policy="off")
+    confirmed = bundle.with_confirmed(
+        "decode_attention", [({**STATIC, "batch": 3, "kv_len": 1500}, OTHERS[0])]
+    )
+    assert confirmed.lookup("decode_attention", **STATIC, batch=3, kv_len=1500) == OTHERS[0]
+    assert confirmed.lookup("decode_attention", **STATIC, batch=3.0, kv_len=1500) == OTHERS[0]
+    assert confirmed.lookup("decode_attention", **STATIC, batch=4, kv_len=1500) == PICK
+    assert (
+        bundle.lookup("decode_attention", **STATIC, batch=3, kv_len=1500) == PICK
+    )  # the original is unchanged
+    with pytest.raises(ValueError):
+        bundle.with_confirmed(
+            "decode_attention", [({**STATIC, "head_dim": 32, "batch": 3, "kv_len": 1}, PICK)]
+        )
+
+
+def test_confirm_times_each_candidate_with_the_cpu_task(tmp_path: Path) -> None:
+    bundle = load_bundle(_bundle(tmp_path), env_policy="off")
+    shapes = [{"batch": 3, "kv_len": 1500}, {"batch": 64, "kv_len": 1500}]
+    confirmed, report = confirm(bundle, "decode_attention", STATIC, shapes, budget_s=60)
+    first, missed = report
+    assert [dict(c) for c, _ in first.timed] == [PICK, *OTHERS]
+    medians = [t for _, t in first.timed]
+    assert all(t is not None and t > 0 for t in medians)
+    assert first.chosen == first.timed[medians.index(min(medians))][0]  # type: ignore[type-var]
+    assert confirmed.lookup("decode_attention", **STATIC, batch=3, kv_len=1500) == first.chosen
+    assert missed.chosen is None and missed.timed == ()  # not in the bundle: nothing to time
+    assert "chose" in first.line()
+
+
+def test_confirm_keeps_the_pick_where_the_budget_ran_out(tmp_path: Path) -> None:
+    bundle = load_bundle(_bundle(tmp_path), env_policy="off")
+    confirmed, report = confirm(
+        bundle, "decode_attention", STATIC, [{"batch": 3, "kv_len": 1500}], budget_s=0
+    )
+    assert report[0].skipped and report[0].chosen == PICK and report[0].timed == ()
+    assert confirmed.lookup("decode_attention", **STATIC, batch=3, kv_len=1500) == PICK

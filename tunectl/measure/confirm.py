@@ -1,0 +1,129 @@
+"""Confirm a bundle's candidates at a serving process's own shapes, at start-up.
+
+A bundle entry serves a region with one config chosen at its tuned point; between tuned points
+another config can be faster. Export gives each entry a short ranked list of configs measured
+around its cell (``Bundle.candidates``, ``tunectl.decide.candidates``). ``confirm`` times each
+candidate at each shape the caller will run, through the task's own path (inputs, reference,
+``prepare``, output check) and the project's samplers (``tunectl.measure.timing``,
+``tunectl.measure.harness``), and returns a bundle whose ``lookup`` answers the fastest at those
+exact shapes (``Bundle.with_confirmed``), with a report. Within ``budget_s`` seconds: a shape not
+reached keeps the bundle's pick. A candidate that fails to prepare or run, or whose output is wrong,
+is left out; a shape where none ran keeps the pick.
+
+    from tunectl.measure.confirm import confirm
+    bundle, report = confirm(bundle, "flash_decode", static, [{"batch": b, "kv_len": 4096} for b in sizes],
+                             budget_s=30, device="cuda")
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tunectl.core.spec import MeasureSpec
+from tunectl.measure.harness import measure
+from tunectl.measure.timing import make_sampler
+from tunectl.runtime import Bundle
+from tunectl.tasks.base import TuningTask, compare_outputs
+from tunectl.tasks.registry import get_task
+
+#: each candidate's timing: short, since a list is a handful of configs per shape at start-up
+DEFAULT_SETTINGS = MeasureSpec(warmup=2, min_samples=10, max_samples=200, noise_target=0.02, max_seconds=0.2)
+
+
+@dataclass(frozen=True)
+class ShapeReport:
+    """One shape: the configs timed and their medians (µs; None: failed or wrong), the config
+    installed (the bundle's pick where nothing was timed), the seconds spent, and whether the budget
+    ran out before it."""
+
+    shape: Mapping[str, Any]
+    timed: tuple[tuple[Mapping[str, Any], float | None], ...]
+    chosen: Mapping[str, Any] | None
+    seconds: float
+    skipped: bool = False
+
+    def line(self) -> str:
+        shape = ", ".join(f"{k}={v}" for k, v in self.shape.items())
+        if self.skipped:
+            return f"{shape}: skipped (budget spent), the bundle's pick {self.chosen}"
+        times = "; ".join(f"{dict(c)} {'failed' if t is None else f'{t:.1f} µs'}" for c, t in self.timed)
+        return f"{shape}: chose {self.chosen} in {self.seconds:.2f} s ({times})"
+
+
+def confirm(
+    bundle: Bundle,
+    task_name: str,
+    static: Mapping[str, Any],
+    shapes: Sequence[Mapping[str, Any]],
+    *,
+    budget_s: float,
+    device: str = "cpu",
+    mode: str = "eager",
+    settings: MeasureSpec = DEFAULT_SETTINGS,
+) -> tuple[Bundle, list[ShapeReport]]:
+    """``bundle`` with the fastest candidate installed at each of ``shapes`` (module doc), and the report."""
+    task = get_task(task_name)
+    start = time.perf_counter()
+    reports: list[ShapeReport] = []
+    picks: list[tuple[dict[str, Any], Mapping[str, Any]]] = []
+    for shape in shapes:
+        params = {**static, **shape}
+        listed = bundle.candidates(task_name, **params)
+        if time.perf_counter() - start >= budget_s:
+            reports.append(ShapeReport(dict(shape), (), listed[0] if listed else None, 0.0, skipped=True))
+            continue
+        report = _confirm_shape(
+            bundle, task, task_name, params, dict(shape), listed, (device, mode, settings)
+        )
+        reports.append(report)
+        if report.chosen is not None and len(report.timed) > 1:
+            picks.append((params, report.chosen))
+    return (bundle.with_confirmed(task_name, picks) if picks else bundle), reports
+
+
+def _confirm_shape(
+    bundle: Bundle,
+    task: TuningTask,
+    task_name: str,
+    params: Mapping[str, Any],
+    shape: dict[str, Any],
+    listed: list[dict[str, Any]],
+    how: tuple[str, str, MeasureSpec],
+) -> ShapeReport:
+    """Time each of ``listed`` at one shape; the fastest that ran and matched the reference."""
+    t0 = time.perf_counter()
+    entry = bundle.entry(task_name, **params)
+    if entry is None or len(listed) < 2:
+        return ShapeReport(shape, (), listed[0] if listed else None, 0.0)
+    device = how[0]
+    static = dict(entry.static)
+    inputs = task.build_inputs(static, shape, device)
+    reference = task.reference(static, shape, inputs)
+    timed = tuple((config, _median(task, static, shape, config, inputs, reference, how)) for config in listed)
+    ran = [(t, i) for i, (_, t) in enumerate(timed) if t is not None]
+    chosen = timed[min(ran)[1]][0] if ran else listed[0]
+    return ShapeReport(shape, timed, chosen, time.perf_counter() - t0)
+
+
+def _median(
+    task: TuningTask,
+    static: dict[str, Any],
+    shape: dict[str, Any],
+    config: Mapping[str, Any],
+    inputs: Any,
+    reference: Any,
+    how: tuple[str, str, MeasureSpec],
+) -> float | None:
+    """One candidate's median (µs) at the shape; None where it fails to run or its output is wrong."""
+    device, mode, settings = how
+    try:
+        fn = task.prepare(static, shape, task.complete_config(dict(config)), inputs)
+        _, ok = compare_outputs(fn(), reference, *task.tolerance(static))
+        if not ok:
+            return None
+        return measure(make_sampler(fn, device, mode, str(settings.l2)), settings).median_us
+    except Exception:  # a candidate that cannot run here is left out, as tuning leaves it out
+        return None
