@@ -106,3 +106,48 @@ def test_confirm_keeps_the_pick_where_the_budget_ran_out(tmp_path: Path) -> None
     )
     assert report[0].skipped and report[0].chosen == PICK and report[0].timed == ()
     assert confirmed.lookup("decode_attention", **STATIC, batch=3, kv_len=1500) == PICK
+
+
+def test_the_command_times_the_candidates_and_counts_what_it_did(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from tunectl.cli import app
+
+    bundle = str(_bundle(tmp_path))
+    args = [
+        "bundle",
+        "confirm",
+        bundle,
+        "--task",
+        "decode_attention",
+        "--shape",
+        "batch=16,3",
+        "--device",
+        "cpu",
+    ]
+    done = CliRunner().invoke(app, [*args, "--shape", "kv_len=2048,999999"])
+    assert done.exit_code == 0, done.output
+    text = " ".join(done.output.split())
+    assert text.count("batch=16, kv_len=2048: chose ") == 1 and "µs" in text  # three configs timed there
+    assert "batch=3, kv_len=999999: no entry of the bundle serves it" in text
+    assert "timed the candidates at 2 of 4 shape(s) on cpu" in text and "2 without an entry" in text
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--task", "nope", "--shape", "batch=4"], "--task: must be a task of the bundle (decode_attention)"),
+        (["--task", "decode_attention", "--shape", "batch"], "--shape: must be NAME=VALUE,VALUE..."),
+        (
+            ["--task", "decode_attention", "--shape", "batch=4", "--static", "dtype=float16"],
+            "--static: must match one static key of decode_attention's entries; 0 of 1 match",
+        ),
+    ],
+)
+def test_the_command_refuses_bad_options_in_one_line(tmp_path: Path, extra: list[str], message: str) -> None:
+    from typer.testing import CliRunner
+
+    from tunectl.cli import app
+
+    done = CliRunner().invoke(app, ["bundle", "confirm", str(_bundle(tmp_path)), *extra, "--device", "cpu"])
+    assert done.exit_code == 2 and done.output.strip() == f"error: {message}", done.output

@@ -40,6 +40,7 @@ from tunectl.api.checks import (
     probe,
     validate,
 )
+from tunectl.api.confirming import Confirmed, ConfirmOptions, confirm_candidates, shape_grid
 from tunectl.api.options import (
     Choices,
     Cluster,
@@ -96,6 +97,8 @@ __all__ = [
     "Choices",
     "Cluster",
     "CompileOptions",
+    "ConfirmOptions",
+    "Confirmed",
     "ExportOptions",
     "Exported",
     "HoldoutOptions",
@@ -116,6 +119,7 @@ __all__ = [
     "cancel_on_sigterm",
     "check_holdout",
     "check_size",
+    "confirm_candidates",
     "diff_bundles",
     "doctor",
     "export_bundle",
@@ -138,6 +142,7 @@ __all__ = [
     "resume",
     "run_log",
     "run_quality",
+    "shape_grid",
     "submit",
     "submit_job",
     "validate",

@@ -15,6 +15,7 @@ from rich.table import Table
 from tunectl import api
 from tunectl.api.types import Entry, EntryChange
 from tunectl.cli._common import library_errors
+from tunectl.cli.confirm import confirm_cmd
 from tunectl.core.files import canonical_json
 from tunectl.core.keys import Key, key_json
 
@@ -243,3 +244,6 @@ def pack_cmd(
     with library_errors():
         path = api.pack(source, out, overwrite=force)
     typer.echo(f"packed {source} into {path}")
+
+
+app.command("confirm")(confirm_cmd)

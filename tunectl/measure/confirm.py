@@ -47,10 +47,14 @@ class ShapeReport:
 
     def line(self) -> str:
         shape = ", ".join(f"{k}={v}" for k, v in self.shape.items())
+        if self.chosen is None:
+            return f"{shape}: no entry of the bundle serves it"
         if self.skipped:
-            return f"{shape}: skipped (budget spent), the bundle's pick {self.chosen}"
+            return f"{shape}: skipped (budget spent), the bundle's pick {dict(self.chosen)}"
+        if not self.timed:
+            return f"{shape}: one candidate, the bundle's pick {dict(self.chosen)}"
         times = "; ".join(f"{dict(c)} {'failed' if t is None else f'{t:.1f} µs'}" for c, t in self.timed)
-        return f"{shape}: chose {self.chosen} in {self.seconds:.2f} s ({times})"
+        return f"{shape}: chose {dict(self.chosen)} in {self.seconds:.2f} s ({times})"
 
 
 def confirm(

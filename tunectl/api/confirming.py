@@ -1,0 +1,86 @@
+"""Confirm a bundle's candidates at the shapes a serving process will run (``tunectl bundle confirm``):
+what start-up confirming would choose at those shapes and how long it takes on this machine."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from tunectl.core.errors import OptionError
+from tunectl.runtime import Bundle
+
+if TYPE_CHECKING:
+    from tunectl.measure.confirm import ShapeReport
+
+
+@dataclass(frozen=True)
+class ConfirmOptions:
+    """``static``: the entries' static values to confirm for (needed only where the bundle holds more
+    than one static key of the task); ``device``: ``auto`` (the first GPU, else the CPU) or a device;
+    ``budget_s``: seconds for every shape together (a shape not reached keeps the bundle's pick)."""
+
+    static: Mapping[str, Any] = field(default_factory=dict)
+    device: str = "auto"
+    budget_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class Confirmed:
+    bundle: Bundle  # answers the confirmed configs at the confirmed shapes
+    static: dict[str, Any]
+    device: str
+    reports: list[ShapeReport]
+
+    @property
+    def seconds(self) -> float:
+        return sum(r.seconds for r in self.reports)
+
+
+def shape_grid(values: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
+    """Every combination of the values given per shape dimension, in the order given."""
+    names = list(values)
+    return [dict(zip(names, combo, strict=True)) for combo in itertools.product(*values.values())]
+
+
+def confirm_candidates(
+    bundle: Bundle, task: str, shapes: Sequence[Mapping[str, Any]], options: ConfirmOptions | None = None
+) -> Confirmed:
+    """Time each shape's candidates through the task, fastest installed (``tunectl.measure.confirm``)."""
+    from tunectl.measure.confirm import confirm
+
+    options = options or ConfirmOptions()
+    if task not in bundle.tasks:
+        raise OptionError("task", task, f"must be a task of the bundle ({', '.join(bundle.tasks) or 'none'})")
+    static = _static_of(bundle, task, options.static)
+    device = _device(options.device)
+    mode = _serving_mode(task) if device.startswith("cuda") else "eager"
+    confirmed, reports = confirm(
+        bundle, task, static, list(shapes), budget_s=options.budget_s, device=device, mode=mode
+    )
+    return Confirmed(confirmed, static, device, reports)
+
+
+def _static_of(bundle: Bundle, task: str, given: Mapping[str, Any]) -> dict[str, Any]:
+    """The one static key of ``task``'s entries that agrees with ``given``."""
+    statics = {tuple(sorted(dict(e.static).items())) for e in bundle.entries(task)}
+    matching = [dict(s) for s in statics if all(dict(s).get(k) == v for k, v in given.items())]
+    if len(matching) != 1:
+        reason = f"must match one static key of {task}'s entries; {len(matching)} of {len(statics)} match"
+        raise OptionError("static", dict(given), reason)
+    return matching[0]
+
+
+def _device(device: str) -> str:
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda:0" if torch.cuda.is_available() else "cpu"
+
+
+def _serving_mode(task: str) -> str:
+    from tunectl.core.registry import get_task
+
+    return str(get_task(task).serving_mode)

@@ -1,0 +1,83 @@
+"""``tunectl bundle confirm``: what a serving process confirming the bundle's candidates at its own
+shapes at start-up would choose, and how long it takes here."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from tunectl import api
+from tunectl.api.errors import OptionError
+from tunectl.cli._common import library_errors
+
+ShapeOption = Annotated[
+    list[str],
+    typer.Option("--shape", help="A shape dimension and its values, NAME=V1,V2,... (repeat per dimension)."),
+]
+StaticOption = Annotated[
+    list[str] | None,
+    typer.Option("--static", help="NAME=VALUE of the entries' static key (where the bundle holds several)."),
+]
+
+
+def confirm_cmd(
+    source: Annotated[str, typer.Argument(help="A bundle: directory, archive, URI, or STORE/NAME@CHANNEL.")],
+    task: Annotated[str, typer.Option("--task", help="The bundle's task to confirm.")],
+    shape: ShapeOption,
+    static: StaticOption = None,
+    device: Annotated[
+        str, typer.Option(help="auto (the first GPU, else the CPU), cpu, cuda:0, ...")
+    ] = "auto",
+    budget_s: Annotated[float, typer.Option("--budget-s", help="Seconds for every shape together.")] = 60.0,
+) -> None:
+    """Time each shape's candidates (export's short list per entry) and say which is fastest where."""
+    console = Console()
+    with library_errors():
+        bundle = api.read_bundle(source)
+        shapes = api.shape_grid({k: v for k, v in (_assignment(s, "shape") for s in shape)})
+        given = dict(_assignment(s, "static", many=False) for s in static or [])
+        options = api.ConfirmOptions(
+            static={k: v[0] for k, v in given.items()}, device=device, budget_s=budget_s
+        )
+        done = api.confirm_candidates(bundle, task, shapes, options)
+    for report in done.reports:
+        console.print(report.line(), highlight=False, soft_wrap=True)
+    console.print(_summary(done, bundle, task, budget_s))
+
+
+def _summary(done: api.Confirmed, bundle: api.Bundle, task: str, budget_s: float) -> str:
+    reports = done.reports
+    timed = [r for r in reports if r.timed]
+    changed = sum(dict(r.chosen or {}) != bundle.lookup(task, **{**done.static, **r.shape}) for r in timed)
+    others = {
+        "with one candidate": sum(
+            1 for r in reports if r.chosen is not None and not r.timed and not r.skipped
+        ),
+        "without an entry": sum(r.chosen is None for r in reports),
+        f"not reached within {budget_s:g} s": sum(r.skipped for r in reports),
+    }
+    rest = "".join(f"; {n} {what}" for what, n in others.items() if n)
+    return (
+        f"timed the candidates at {len(timed)} of {len(reports)} shape(s) on {done.device} in "
+        f"{done.seconds:.1f} s: {changed} would run another config than the bundle's pick{rest}"
+    )
+
+
+def _assignment(text: str, option: str, many: bool = True) -> tuple[str, list[Any]]:
+    """``NAME=V1,V2`` as (name, values), each value an int, a float, true/false or else text."""
+    name, sep, values = text.partition("=")
+    parts = values.split(",") if many else [values]
+    if not sep or not name.strip() or not all(p.strip() for p in parts):
+        raise OptionError(option, text, "must be NAME=VALUE" + (",VALUE..." if many else ""))
+    return name.strip(), [_value(p.strip()) for p in parts]
+
+
+def _value(text: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            continue
+    return {"true": True, "false": False}.get(text.lower(), text)
