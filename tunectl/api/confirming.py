@@ -73,11 +73,9 @@ def _static_of(bundle: Bundle, task: str, given: Mapping[str, Any]) -> dict[str,
 
 
 def _device(device: str) -> str:
-    if device != "auto":
-        return device
-    import torch
+    from tunectl.tasks.compile import build_device
 
-    return "cuda:0" if torch.cuda.is_available() else "cpu"
+    return build_device(0) if device == "auto" else device
 
 
 def _serving_mode(task: str) -> str:
