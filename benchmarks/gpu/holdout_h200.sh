@@ -7,6 +7,12 @@
 #   bash benchmarks/gpu/holdout_h200.sh check 128   # export, then draw and time held-out shapes per seed
 #   bash benchmarks/gpu/holdout_h200.sh check 16
 #   bash benchmarks/gpu/holdout_h200.sh write       # holdout.json and holdout.md from the records (no GPU)
+#   bash benchmarks/gpu/holdout_h200.sh restore     # the 2026-12-04 records into $RES instead of building
+#   bash benchmarks/gpu/holdout_h200.sh confirm 128 # export with candidates, new seeds, confirmed picks scored
+# `confirm` exports the built run again with 3 candidates an entry (version 2), draws CONFIRM_SEEDS (default
+# 104 105 106, never used before), times every config there (`tunectl validate --holdout`), then confirms
+# the candidates at those shapes on this GPU and scores the confirmed picks against that run's oracle, and
+# times confirming at 32 batch sizes at kv 4096 (benchmarks/studies/confirm_holdout.py): $OUT/confirm-pP.json.
 # The held-out seeds (SEEDS, default 101 102 103; seeds 0-7 were used before) are drawn only by `check`,
 # after the bundle is built; SHAPES per seed (default 8). Results accumulate in $RES, outputs in $OUT.
 # The tuning spec is configs/h200/flash_decode.toml at one page size, spans batch 1-256 x 1k-32k tokens,
@@ -81,6 +87,31 @@ case "${1:?step}" in
       [ -n "$held" ] || { echo "seed $seed not finished: run this step again"; ray stop --force > /dev/null 2>&1; exit 1; }
     done
     cat "$RES/holdout-runs.txt"
+    ;;
+  restore)
+    tar xzf benchmarks/results/holdout_h200_2026-12-04.tar.gz -C "$(dirname "$RES")" && ls "$RES/_runs" | wc -l
+    ;;
+  confirm)
+    spec=$(spec_for "${page:?page}")
+    run=$(run_of "$name" tune ==)
+    [ -n "$run" ] || { echo "$name is not built yet: run the build (or restore) step"; exit 1; }
+    bundle="$RES/bundles/$name/2"
+    [ -d "$bundle" ] || tunectl export bundle --results "$RES" --run "$run" --name "$name" --version 2 \
+      --candidates 3 --out "$RES/bundles" 2>&1 | tail -n 3 | tee "$OUT/export-p$page-v2.txt"
+    args=()
+    for seed in ${CONFIRM_SEEDS:-104 105 106}; do  # drawn now, after the bundle was exported
+      held=$(grep "^$page $seed $bundle " "$RES/confirm-runs.txt" 2>/dev/null | cut -d' ' -f4)
+      if [ -z "$held" ]; then
+        timeout -k 15 "${CHECK_TIMEOUT:-280}" tunectl validate "$bundle" --spec "$spec" --holdout "$SHAPES" \
+          --seed "$seed" --results "$RES" > /tmp/check.log 2>&1
+        held=$(grep -o 'held-out shapes of .* (run r[0-9a-f-]*)' /tmp/check.log | grep -o 'r[0-9]\{8\}-[0-9a-f-]*' | tail -n 1)
+        [ -n "$held" ] || { echo "seed $seed not finished: run this step again"; ray stop --force > /dev/null 2>&1; exit 1; }
+        echo "$page $seed $bundle $held" >> "$RES/confirm-runs.txt"
+      fi
+      args+=(--holdout "$page:$seed=$bundle:$held")
+    done
+    python benchmarks/studies/confirm_holdout.py --results "$RES" "${args[@]}" --json "$OUT/confirm-p$page.json" \
+      --time-batches 32 --kv-len 4096
     ;;
   write)
     args=()

@@ -1,0 +1,119 @@
+"""Picks confirmed at start-up, scored at held-out shapes: what a serving process that times its
+bundle's candidates (``tunectl bundle confirm``, ``api.confirm_candidates``) would run there, against
+the oracle of a held-out run of the same session. Needs the task's device (the H200 for decode).
+
+    python benchmarks/studies/confirm_holdout.py --results RESULTS \
+        --holdout 128:104=BUNDLE_DIR:HOLDOUT_RUN [--holdout ...] --json OUT.json [--budget-s 120] \
+        [--time-batches 32 --kv-len 4096]
+
+Each ``--holdout PAGE:SEED=BUNDLE_DIR:RUN`` names a bundle exported with candidates and the run
+``tunectl validate BUNDLE --holdout N --seed SEED`` recorded for it (every selectable config timed at
+each held-out shape). Per run, the candidates are confirmed at that run's shapes (timed again here,
+independently of the run), and the confirmed picks are scored with the run's records exactly as
+``holdout_json.py`` scores the bundle's own picks; pooled per page, beside the bundle's picks. The
+seconds confirming took are recorded per run. ``--time-batches N``: also time confirming at N batch
+sizes spread over the bundle's batch span at ``--kv-len`` (a serving process's captured sizes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from holdout_json import figures, holdout_of, pooled
+
+from tunectl import api
+from tunectl.core.keys import make_key
+from tunectl.core.spec import DEFAULT_MARGIN
+from tunectl.decide.holdout import HeldOut, Holdout
+
+
+def confirmed_holdout(held: Holdout, bundle: api.Bundle, task: str, budget_s: float) -> tuple[Holdout, float]:
+    """``held`` with each shape's pick replaced by what confirming the candidates there chose."""
+    picks: dict[tuple[Any, Any], Any] = {}
+    seconds = 0.0
+    statics = {h.static for h in held.shapes}
+    for static in statics:
+        shapes = [dict(h.shape) for h in held.shapes if h.static == static]
+        options = api.ConfirmOptions(static=dict(static), budget_s=budget_s)
+        done = api.confirm_candidates(bundle, task, shapes, options)
+        seconds += done.seconds
+        for report in done.reports:
+            if report.chosen is not None:
+                picks[(static, make_key(report.shape))] = make_key(report.chosen)
+    swapped = tuple(_picking(h, picks.get((h.static, h.shape), h.pick)) for h in held.shapes)
+    return Holdout(swapped, held.margin, held.baselines), seconds
+
+
+def _picking(held: HeldOut, pick: Any) -> HeldOut:
+    """``held`` as if ``pick`` had been served there: its time over the oracle's, from the same arms."""
+    return dataclasses.replace(
+        held, pick=pick, ratio=held.losses.get(pick) if held.ratio is not None else None
+    )
+
+
+def batch_sizes(bundle: api.Bundle, task: str, n: int) -> list[int]:
+    """``n`` batch sizes spread evenly over the batches the bundle's entries span."""
+    batches = sorted({int(str(dict(e.shape)["batch"])) for e in bundle.entries(task)})
+    low, high = batches[0], batches[-1]
+    return sorted({round(low + (high - low) * i / max(1, n - 1)) for i in range(n)})
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--results", type=Path, required=True)
+    parser.add_argument("--holdout", action="append", required=True, help="PAGE:SEED=BUNDLE_DIR:HOLDOUT_RUN")
+    parser.add_argument("--json", type=Path, required=True)
+    parser.add_argument("--task", default="flash_decode")
+    parser.add_argument("--budget-s", type=float, default=120.0)
+    parser.add_argument("--time-batches", type=int, default=0)
+    parser.add_argument("--kv-len", type=int, default=4096)
+    args = parser.parse_args(argv)
+    pages: dict[str, dict[str, Any]] = {}
+    for spec in args.holdout:
+        where, _, rest = spec.partition("=")
+        page, _, seed = where.partition(":")
+        bundle_dir, _, run_id = rest.rpartition(":")
+        bundle = api.read_bundle(bundle_dir)
+        held = holdout_of(args.results, bundle_dir, run_id, DEFAULT_MARGIN)
+        confirmed, seconds = confirmed_holdout(held, bundle, args.task, args.budget_s)
+        one = pages.setdefault(page, {"picks": [], "confirmed": [], "seeds": [], "confirm_s": []})
+        one["picks"].append(held)
+        one["confirmed"].append(confirmed)
+        one["seeds"].append(int(seed))
+        one["confirm_s"].append(round(seconds, 2))
+        one["bundle"] = bundle_dir
+    doc: dict[str, Any] = {"page": {}}
+    for page, one in pages.items():
+        doc["page"][page] = {
+            "bundle's picks": figures(pooled(one["picks"]).standings()[0]),
+            "confirmed picks": figures(pooled(one["confirmed"]).standings()[0]),
+            "seeds": one["seeds"],
+            "confirm_s per run": one["confirm_s"],
+        }
+        if args.time_batches:
+            bundle = api.read_bundle(one["bundle"])
+            static = dict(next(iter(bundle.entries(args.task))).static)
+            sizes = batch_sizes(bundle, args.task, args.time_batches)
+            shapes = [{"batch": b, "kv_len": args.kv_len} for b in sizes]
+            done = api.confirm_candidates(
+                bundle, args.task, shapes, api.ConfirmOptions(static=static, budget_s=1e9)
+            )
+            doc["page"][page]["confirm at batch sizes"] = {
+                "batches": sizes,
+                "kv_len": args.kv_len,
+                "seconds": round(done.seconds, 2),
+                "timed": sum(1 for r in done.reports if r.timed),
+            }
+    args.json.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    print(json.dumps(doc, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()
