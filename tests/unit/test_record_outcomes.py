@@ -1,6 +1,7 @@
-"""A call's records built from what became of each config: every column, for fixed inputs, as the
-results schema has them (``tests/data/outcome_records.json``: the rows these inputs gave before the
-outcome values replaced field dicts), and a worker's records column by column through the runner."""
+"""A call's records built from what became of each config (``tunectl.measure.outcome``): every column,
+for fixed inputs, as the results schema has them (``tests/data/outcome_records.json``: the rows the
+same inputs gave when a call's records were assembled from field dicts), and which columns a worker
+sets for each kind of outcome, through the runner."""
 
 from __future__ import annotations
 
@@ -13,14 +14,15 @@ import pytest
 
 from tunectl.core.keys import make_key
 from tunectl.core.plan import WorkItem, batch, comparison, item_id
-from tunectl.core.record import Phase, Record, Timing, TimingMethod
+from tunectl.core.record import Phase, Record, Status, Timing, TimingMethod
 from tunectl.core.spec import MeasureSpec
 from tunectl.measure.drift import Guarded
 from tunectl.measure.harness import Stats
-from tunectl.measure.nvml import GpuState, record_fields
-from tunectl.measure.records import CallContext, Member, check_fields, failed, measured, stat_fields
+from tunectl.measure.nvml import GpuState, state_around
+from tunectl.measure.outcome import CRASHED_ARM, NO_BASELINE, Check, Outcome, Timed, Verdict
+from tunectl.measure.records import CallContext, Member, failed, measured
 from tunectl.measure.rounds import arm_stats
-from tunectl.measure.runner import _CRASHED_ARM, _NO_BASELINE, ItemRunner
+from tunectl.measure.runner import ItemRunner
 
 GOLDEN = Path(__file__).parents[1] / "data" / "outcome_records.json"
 CONTEXT = CallContext(
@@ -52,61 +54,47 @@ ROUNDS = [[5.0, 5.1], [6.0, 6.2], [5.5, 5.4]]
 
 
 def _timed_guarded() -> Record:
-    return measured(
-        CONTEXT,
-        MEMBER,
-        {
-            **check_fields(1e-3, None, 12.5),
-            "setup_ms": 3.25,
-            **stat_fields(STATS, 4, GUARD.fields()),
-            **record_fields(BEFORE, AFTER),
-        },
-    )
+    device = state_around(BEFORE, AFTER)
+    outcome = Outcome(Check(1e-3, 12.5), setup_ms=3.25, device=device).measured((STATS, GUARD), 4)
+    return measured(CONTEXT, MEMBER, outcome)
 
 
 def _timed_again_unguarded() -> Record:
-    return measured(CONTEXT, MEMBER, {**check_fields(2e-4, None, 0.0), **stat_fields(STATS, 1, {})})
+    return measured(CONTEXT, MEMBER, Outcome(Check(2e-4, 3.0).again()).measured((STATS, None), 1))
 
 
 def _wrong_result() -> Record:
-    return measured(CONTEXT, MEMBER, {**check_fields(0.5, (1e-2, 2e-2), 7.0), "setup_ms": 2.0})
+    return measured(CONTEXT, MEMBER, Outcome(Check(0.5, 7.0, (1e-2, 2e-2)), setup_ms=2.0))
 
 
 def _not_measurable() -> Record:
-    return measured(
-        CONTEXT,
-        MEMBER,
-        {
-            **check_fields(0.0, None, 1.5),
-            **stat_fields(LOST, 8, GUARD.fields()),
-            **record_fields(None, AFTER),
-        },
-    )
+    outcome = Outcome(Check(0.0, 1.5), device=state_around(None, AFTER))
+    return measured(CONTEXT, MEMBER, outcome.measured((LOST, GUARD), 8))
 
 
 def _measurement_raised() -> Record:
-    failure = {"status": "error", "message": "RuntimeError: boom"}
-    return measured(
-        CONTEXT, MEMBER, {**check_fields(0.0, None, 1.5), **failure, **record_fields(BEFORE, None)}
-    )
+    outcome = Outcome(Check(0.0, 1.5), device=state_around(BEFORE, None))
+    return measured(CONTEXT, MEMBER, outcome.failed(Verdict(Status.ERROR, "RuntimeError: boom")))
 
 
 def _check_raised() -> Record:
-    return measured(CONTEXT, MEMBER, {"status": "invalid", "message": "BLOCK_N=24", "setup_ms": 0.0})
+    return measured(CONTEXT, MEMBER, Outcome(setup_ms=0.0, failure=Verdict(Status.INVALID, "BLOCK_N=24")))
 
 
 def _arm_timed() -> Record:
-    timing = {"measure_ms": 55.5, "calls_per_sample": 3}
-    arm = {**check_fields(1e-3, None, 9.0), "setup_ms": 1.0}
-    return measured(CONTEXT, MEMBER, {**arm, **arm_stats(BASELINE, TIMES, ROUNDS), **timing})
+    arm = arm_stats(BASELINE, TIMES, ROUNDS)
+    timed = Timed(arm.stats, 3, 55.5)
+    return measured(
+        CONTEXT, MEMBER, Outcome(Check(1e-3, 9.0), setup_ms=1.0, timed=timed, speedup=arm.speedup)
+    )
 
 
 def _arm_not_compared() -> Record:
-    return measured(CONTEXT, MEMBER, {**check_fields(1e-3, None, 9.0), "setup_ms": 1.0, **_NO_BASELINE})
+    return measured(CONTEXT, MEMBER, Outcome(Check(1e-3, 9.0), setup_ms=1.0).failed(NO_BASELINE))
 
 
 def _arm_crashed() -> Record:
-    return measured(CONTEXT, MEMBER, {**_CRASHED_ARM, "setup_ms": 1.0})
+    return measured(CONTEXT, MEMBER, Outcome(setup_ms=1.0, failure=CRASHED_ARM))
 
 
 def _no_answer() -> Record:
