@@ -21,21 +21,19 @@ def _state(reasons: int | None = 0, violation_ns: int | None = 0, temp: float = 
 
 def test_a_measurement_without_slowdown_is_not_flagged() -> None:
     idle = 0x1  # a reason bit that is not a slowdown
-    fields = nvml.record_fields(_state(temp=41.0), _state(reasons=idle, temp=45.0))
-    assert fields == {
-        "sm_clock_mhz": 1980.0,
-        "temperature_c": 45.0,
-        "power_w": 400.0,
-        "throttled": False,
-        "throttle_reasons": idle,
-    }
+    state = nvml.state_around(_state(temp=41.0), _state(reasons=idle, temp=45.0))
+    assert state == nvml.DeviceState(
+        sm_clock_mhz=1980.0, temperature_c=45.0, power_w=400.0, throttled=False, throttle_reasons=idle
+    )
 
 
 @pytest.mark.parametrize("reason", [0x4, 0x8, 0x20, 0x40, 0x80])
 def test_a_slowdown_reason_at_either_end_flags_the_measurement(reason: int) -> None:
-    assert nvml.record_fields(_state(reasons=reason), _state())["throttled"] is True
-    assert nvml.record_fields(_state(), _state(reasons=reason))["throttled"] is True
-    assert nvml.record_fields(_state(reasons=reason), _state(reasons=0x1))["throttle_reasons"] == reason | 0x1
+    for before, after in ((_state(reasons=reason), _state()), (_state(), _state(reasons=reason))):
+        state = nvml.state_around(before, after)
+        assert state is not None and state.throttled is True
+    both = nvml.state_around(_state(reasons=reason), _state(reasons=0x1))
+    assert both is not None and both.throttle_reasons == reason | 0x1
 
 
 def test_violation_time_that_grew_during_the_samples_flags_the_measurement() -> None:
@@ -44,7 +42,7 @@ def test_violation_time_that_grew_during_the_samples_flags_the_measurement() -> 
 
 
 def test_nothing_read_means_nothing_recorded() -> None:
-    assert nvml.record_fields(None, None) == {}
+    assert nvml.state_around(None, None) is None
     assert nvml.is_throttled(_state(None, None), _state(None, None)) is None
     assert nvml.read_state("cpu") is None
 

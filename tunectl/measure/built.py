@@ -6,10 +6,11 @@ output checked against the reference, a sampler (for the difference method, two 
 and the calls per sample, K, chosen from a first estimate). Building them again for every look cost
 more than the look itself on an H200 (graph capture and K's estimate: ~15 ms a row, a 20 µs kernel).
 
-So a worker keeps, per config at its current point, what it built: the call, the record fields its
-check gave, and its samplers by how they time (mode, cache state, timing method). Moving to another
-point drops them all: a graph replays the addresses it was captured with, and the point's inputs it
-read are freed with the point (``tunectl.measure.difference``, module doc).
+So a worker keeps, per config at its current point, what it built: the call, its check (a later
+look's record carries it again, nothing compiled: ``Check.again``), and its samplers by how they time
+(mode, cache state, timing method). Moving to another point drops them all: a graph replays the
+addresses it was captured with, and the point's inputs it read are freed with the point
+(``tunectl.measure.difference``, module doc).
 
 A sampler that has already run samples needs no warm-up; a fresh graph sampler was warmed by its
 capture (three calls on a side stream), so one sample settles the clocks.
@@ -24,6 +25,7 @@ from typing import Any
 
 from tunectl.core.spec import MeasureSpec
 from tunectl.measure.harness import Sampler
+from tunectl.measure.outcome import Check
 
 #: warm-up samples of a fresh sampler whose build already ran its call (a graph's capture)
 FRESH_GRAPH_WARMUP = 1
@@ -31,10 +33,10 @@ FRESH_GRAPH_WARMUP = 1
 
 @dataclass
 class Built:
-    """One config checked at the current point: its call, its check's record fields, its samplers."""
+    """One config checked at the current point: its call, its check, its samplers."""
 
     call: Callable[[], Any]
-    checked: dict[str, Any]
+    checked: Check
     samplers: dict[Hashable, Sampler] = field(default_factory=dict)
     warm: set[Hashable] = field(default_factory=set)  # samplers that have run samples
 
@@ -50,10 +52,6 @@ class Built:
             return 0
         self.warm.add(how)
         return min(settings.warmup, FRESH_GRAPH_WARMUP) if graph else settings.warmup
-
-    def recheck_fields(self) -> dict[str, Any]:
-        """The fields a later look's record carries: the check's error, nothing loaded or compiled."""
-        return {**self.checked, "compile_ms": 0.0}
 
 
 class PointKernels:
@@ -71,8 +69,8 @@ class PointKernels:
     def get(self, config: Hashable) -> Built | None:
         return self._built.get(config)
 
-    def keep(self, config: Hashable, call: Callable[[], Any], checked: dict[str, Any]) -> Built:
-        built = self._built[config] = Built(call, dict(checked))
+    def keep(self, config: Hashable, call: Callable[[], Any], checked: Check) -> Built:
+        built = self._built[config] = Built(call, checked)
         return built
 
     def __len__(self) -> int:

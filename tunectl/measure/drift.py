@@ -107,7 +107,7 @@ def moved(level: Stats, now: Stats) -> bool:
 
 @dataclass(frozen=True)
 class Guarded:
-    """A guarded measurement: the statistics kept, and the fields its record carries."""
+    """A guarded measurement: the statistics kept, and what its record says of the reference."""
 
     stats: Stats
     reference_us: float
@@ -115,15 +115,6 @@ class Guarded:
     drift: bool
     remeasured: int
     guard_s: float  # spent timing the reference (levels, checks, looks) and waiting
-
-    def fields(self) -> dict[str, Any]:
-        return {
-            "reference_us": self.reference_us,
-            "reference_ratio": self.reference_ratio,
-            "drift": self.drift,
-            "remeasured": self.remeasured,
-            "guard_ms": self.guard_s * 1e3,
-        }
 
 
 class DriftGuard:

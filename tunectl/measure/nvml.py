@@ -1,9 +1,9 @@
 """GPU state around a measurement, read through NVML (nvidia-ml-py): clock, temperature, power, throttling.
 
 ``read_state(device)`` takes one reading (None on CPU, or where NVML is missing or refuses);
-``record_fields(before, after)`` turns the readings taken around a measurement into the Record's
-``sm_clock_mhz``, ``temperature_c``, ``power_w``, ``throttled`` and ``throttle_reasons`` (the reasons'
-bit mask). Clock and power are read after the samples, while the GPU is still at its working clock;
+``state_around(before, after)`` turns the readings taken around a measurement into what its record
+keeps (``DeviceState``: the SM clock, temperature, power, whether it was throttled, and the throttle
+reasons' bit mask). Clock and power are read after the samples, while the GPU is still at its working clock;
 temperature is the higher of the two.
 A measurement is flagged throttled when a slowdown reason (power cap, thermal, power brake, hardware
 slowdown) was active at either reading, or the driver's power or thermal violation counters grew
@@ -34,6 +34,17 @@ class GpuState:
     violation_ns: int | None  # power + thermal violation time since boot
 
 
+@dataclass(frozen=True)
+class DeviceState:
+    """The device's state around a measurement, as its record keeps it (module doc)."""
+
+    sm_clock_mhz: float | None
+    temperature_c: float | None
+    power_w: float | None
+    throttled: bool | None
+    throttle_reasons: int | None
+
+
 def read_state(device: str, nvml: Any = None) -> GpuState | None:
     """One reading of ``device``'s state, or None where there is nothing to read."""
     if not device.startswith("cuda"):
@@ -58,20 +69,20 @@ def read_state(device: str, nvml: Any = None) -> GpuState | None:
     )
 
 
-def record_fields(before: GpuState | None, after: GpuState | None) -> dict[str, Any]:
-    """The Record fields for a measurement bracketed by ``before`` and ``after`` (empty if unread)."""
+def state_around(before: GpuState | None, after: GpuState | None) -> DeviceState | None:
+    """The device's state for a measurement bracketed by ``before`` and ``after`` (None if unread)."""
     if before is None and after is None:
-        return {}
+        return None
     last = after or before
     assert last is not None
     temps = [s.temperature_c for s in (before, after) if s is not None and s.temperature_c is not None]
-    return {
-        "sm_clock_mhz": last.sm_clock_mhz,
-        "temperature_c": max(temps) if temps else None,
-        "power_w": last.power_w,
-        "throttled": is_throttled(before, after),
-        "throttle_reasons": _reasons_seen(before, after),
-    }
+    return DeviceState(
+        sm_clock_mhz=last.sm_clock_mhz,
+        temperature_c=max(temps) if temps else None,
+        power_w=last.power_w,
+        throttled=is_throttled(before, after),
+        throttle_reasons=_reasons_seen(before, after),
+    )
 
 
 def _reasons_seen(before: GpuState | None, after: GpuState | None) -> int | None:

@@ -1,7 +1,8 @@
 """A worker call's records, made from small frozen values: what every record of the call shares
 (``CallContext``), which item a record is for (``Member``), and what became of it. Two constructors:
-``measured`` (checked, and timed where it passed) and ``failed`` (a status and a message, nothing
-measured). A call's records are always a list: one per plain item, per batch member, per arm.
+``measured`` (checked, and timed where it passed: an ``Outcome``, ``tunectl.measure.outcome``) and
+``failed`` (a status and a message, nothing measured). A call's records are always a list: one per
+plain item, per batch member, per arm.
 
 The driver makes records the same way for items that got no answer from a worker (a crash, a
 timeout: ``tunectl.orchestrator.workqueue.failure_records``), from the item alone.
@@ -11,15 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from tunectl.core.keys import key_text
 from tunectl.core.plan import WorkItem, member_id
 from tunectl.core.record import Phase, Record, Status, Timing, TimingMethod
-from tunectl.measure.harness import Stats
-from tunectl.measure.rounds import NOT_MEASURABLE
+from tunectl.measure.outcome import Outcome, Verdict
 
 
 @dataclass(frozen=True)
@@ -81,56 +80,48 @@ def members_of(item: WorkItem) -> list[Member]:
     return [Member(m.item_id, key_text(m.config), m.is_default) for m in item.unbatched()]
 
 
-def measured(context: CallContext, member: Member, fields: Mapping[str, Any]) -> Record:
-    """The record of a member the worker checked and, where its check passed, timed: ``fields`` are
-    what it found: its status, and the check's, the measurement's, the guard's and the device state's
-    fields, or a message where a step failed."""
+def measured(context: CallContext, member: Member, outcome: Outcome) -> Record:
+    """The record of a member the worker checked and, where its check passed, timed: ``outcome`` is
+    what became of it (``tunectl.measure.outcome``), each of its parts made the record's columns here."""
+    verdict, check, timed, speedup = outcome.verdict, outcome.check, outcome.timed, outcome.speedup
+    stats, guard, device = timed.stats if timed else None, outcome.guard, outcome.device
     return Record(
         **dataclasses.asdict(context),
         item_id=member.item_id,
         config_key=member.config_key,
         is_default=member.is_default,
-        **fields,
+        status=verdict.status,
+        message=verdict.message,
+        median_us=stats.median_us if stats else None,
+        p20_us=stats.p20_us if stats else None,
+        p80_us=stats.p80_us if stats else None,
+        mean_us=stats.mean_us if stats else None,
+        min_us=stats.min_us if stats else None,
+        max_us=stats.max_us if stats else None,
+        num_samples=stats.num_samples if stats else None,
+        calls_per_sample=timed.calls_per_sample if timed else None,
+        rel_noise=stats.rel_noise if stats else None,
+        max_abs_err=check.max_abs_err if check else None,
+        compile_ms=check.compile_ms if check else None,
+        setup_ms=outcome.setup_ms,
+        measure_ms=timed.measure_ms if timed else None,
+        guard_ms=guard.guard_s * 1e3 if guard else None,
+        speedup=speedup.estimate if speedup else None,
+        speedup_lo=speedup.lo if speedup else None,
+        speedup_hi=speedup.hi if speedup else None,
+        sm_clock_mhz=device.sm_clock_mhz if device else None,
+        temperature_c=device.temperature_c if device else None,
+        power_w=device.power_w if device else None,
+        throttled=device.throttled if device else None,
+        throttle_reasons=device.throttle_reasons if device else None,
+        reference_us=guard.reference_us if guard else None,
+        reference_ratio=guard.reference_ratio if guard else None,
+        drift=guard.drift if guard else None,
+        remeasured=guard.remeasured if guard else None,
         finished_at=time.time(),
     )
 
 
-def check_fields(
-    max_abs_err: float, failed_at: tuple[float, float] | None, compile_ms: float
-) -> dict[str, Any]:
-    """A correctness check's record fields; ``failed_at``: the (atol, rtol) the output missed, where it
-    did (``wrong_result``: never timed, never a winner)."""
-    fields: dict[str, Any] = {"max_abs_err": max_abs_err, "compile_ms": compile_ms}
-    if failed_at is None:
-        return fields
-    atol, rtol = failed_at
-    message = f"max abs error {max_abs_err:.3g} exceeds atol={atol:g} rtol={rtol:g}"
-    return {**fields, "status": Status.WRONG_RESULT, "message": message}
-
-
-def stat_fields(stats: Stats, num_calls: int, extra: Mapping[str, Any]) -> dict[str, Any]:
-    """A measurement's record fields: its statistics, K (``num_calls``), and ``extra`` (the drift
-    guard's); an ``error`` where the method could not tell the call from the flush (a median at or
-    below zero)."""
-    if stats.median_us <= 0:
-        return {"status": Status.ERROR, "message": f"{NOT_MEASURABLE} (median {stats.median_us:.3g} us)"}
-    guard_ms = extra.get("guard_ms") or 0.0
-    return {
-        "status": Status.OK,
-        "median_us": stats.median_us,
-        "p20_us": stats.p20_us,
-        "p80_us": stats.p80_us,
-        "mean_us": stats.mean_us,
-        "min_us": stats.min_us,
-        "max_us": stats.max_us,
-        "num_samples": stats.num_samples,
-        "calls_per_sample": num_calls,
-        "rel_noise": stats.rel_noise,
-        "measure_ms": stats.seconds * 1e3 + guard_ms,
-        **extra,
-    }
-
-
 def failed(context: CallContext, member: Member, status: Status | str, message: str) -> Record:
     """The record of a member that got no measurement: ``status`` and why."""
-    return measured(context, member, {"status": Status(status), "message": message})
+    return measured(context, member, Outcome(failure=Verdict(Status(status), message)))

@@ -1,4 +1,4 @@
-"""A comparison's interleaved rounds made into each arm's record fields.
+"""A comparison's interleaved rounds made into each arm's statistics.
 
 A comparison times its arms in rounds (``tunectl.measure.harness.interleave``); per arm and round the
 median of one call is kept, and each arm's speedup over the baseline (the first arm) is the paired
@@ -7,11 +7,12 @@ estimate over the rounds (``tunectl.core.stats.paired_speedup``).
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
-from typing import Any
+from dataclasses import dataclass
 
-from tunectl.core.stats import paired_speedup
-from tunectl.measure.harness import quantile
+from tunectl.core.stats import Speedup, paired_speedup
+from tunectl.measure.harness import Stats, summarise
 
 NOT_MEASURABLE = (
     "not measurable: the call took no measurable time beside the cache flush by the difference "
@@ -41,21 +42,16 @@ def round_times(rounds: list[list[list[float]]], layers: int) -> list[list[float
     return net
 
 
-def arm_stats(baseline: list[float], times: list[float], rounds: list[list[float]]) -> dict[str, Any]:
-    """One arm's record fields: its per-call times over the rounds, and the paired speedup."""
-    ordered = sorted(times)
-    speedup = paired_speedup(baseline, times)
-    return {
-        "status": "ok",
-        "median_us": quantile(ordered, 0.5),
-        "p20_us": quantile(ordered, 0.2),
-        "p80_us": quantile(ordered, 0.8),
-        "mean_us": statistics.fmean(times),
-        "min_us": ordered[0],
-        "max_us": ordered[-1],
-        "num_samples": sum(map(len, rounds)),
-        "rel_noise": (quantile(ordered, 0.8) - quantile(ordered, 0.2)) / (2 * quantile(ordered, 0.5)),
-        "speedup": speedup.estimate,
-        "speedup_lo": speedup.lo,
-        "speedup_hi": speedup.hi,
-    }
+@dataclass(frozen=True)
+class ArmStats:
+    """One arm's per-call times over the rounds (``stats``: its samples are all the rounds'), and its
+    paired speedup over the baseline."""
+
+    stats: Stats
+    speedup: Speedup
+
+
+def arm_stats(baseline: list[float], times: list[float], rounds: list[list[float]]) -> ArmStats:
+    """One arm's statistics over the rounds (``times``: its per-round times), and the paired speedup."""
+    stats = dataclasses.replace(summarise(times), num_samples=sum(map(len, rounds)))
+    return ArmStats(stats, paired_speedup(baseline, times))

@@ -8,6 +8,7 @@ outcome becomes a ``Record`` with a status.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
@@ -18,15 +19,16 @@ from collections.abc import Callable
 from typing import Any
 
 from tunectl.core.plan import WorkItem
-from tunectl.core.record import Record
+from tunectl.core.record import Record, Status
 from tunectl.core.spec import MeasureSpec
 from tunectl.measure.built import Built, PointKernels, with_warmup
 from tunectl.measure.drift import MAX_WAIT_S, DriftGuard, MakeReference, reference_sampler
 from tunectl.measure.failures import clip, failure_message
-from tunectl.measure.harness import Sampler, Stats, announced, calls_per_sample, interleave, measure, scaled
+from tunectl.measure.harness import Sampler, announced, calls_per_sample, interleave, measure, scaled
 from tunectl.measure.memory import when_memory_frees
-from tunectl.measure.nvml import read_state, record_fields
-from tunectl.measure.records import CallContext, check_fields, measured, members_of, stat_fields
+from tunectl.measure.nvml import read_state, state_around
+from tunectl.measure.outcome import CRASHED_ARM, NO_BASELINE, Check, Measured, Outcome, Timed, Verdict
+from tunectl.measure.records import CallContext, measured, members_of
 from tunectl.measure.rounds import NotMeasurable, arm_stats, round_times
 from tunectl.measure.stacks import layer_inputs, stack_of, thrash_only
 from tunectl.measure.timing import make_sampler, timing_of
@@ -35,16 +37,6 @@ from tunectl.tasks.env import env_json, environment
 from tunectl.tasks.registry import get_task
 
 log = logging.getLogger("tunectl.worker")
-_NO_BASELINE = {"status": "error", "message": "not compared: the default failed at this point"}
-_CRASHED_ARM = {
-    "status": "crash",
-    "message": "the worker process died while this config was checked at this point; "
-    "the comparison went on without it",
-}
-
-
-#: the statistics of a measurement that raised (its record carries the failure instead)
-FAILED_STATS = Stats(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0, math.inf, 0.0)
 
 #: a device state read this recently stands for the reading before the next measurement (seconds)
 STATE_REUSE_S = 1.0
@@ -96,13 +88,13 @@ class ItemRunner:
         context = self._context(run_id, item, task, settings, mode)
         members = members_of(item)
         if item.arms:
-            fields = self._guarded(lambda: self._compare(task, item, settings, mode), len(members))
+            outcomes = self._guarded(lambda: self._compare(task, item, settings, mode), len(members))
         else:
             scaled_settings = scaled(settings, item.budget)
-            fields = self._guarded(
+            outcomes = self._guarded(
                 lambda: self._measure_each(task, item, scaled_settings, mode), len(members)
             )
-        return [measured(context, m, f) for m, f in zip(members, fields, strict=True)]
+        return [measured(context, m, o) for m, o in zip(members, outcomes, strict=True)]
 
     def _context(
         self, run_id: str, item: WorkItem, task: TuningTask, settings: MeasureSpec, mode: str
@@ -123,21 +115,21 @@ class ItemRunner:
             started_at=time.time(),
         )
 
-    def _guarded(self, evaluate: Callable[[], list[dict[str, Any]]], n: int) -> list[dict[str, Any]]:
-        """``evaluate``'s fields; a config that fails is data (a status), never a failure of the run."""
+    def _guarded(self, evaluate: Callable[[], list[Outcome]], n: int) -> list[Outcome]:
+        """``evaluate``'s outcomes; a config that fails is data (a status), never a failure of the run."""
         try:
             return evaluate()
         except Exception as exc:
-            return [self._failed(exc)] * n
+            return [Outcome(failure=self._failed(exc))] * n
 
-    def _failed(self, exc: Exception) -> dict[str, Any]:
-        """The record fields of a config that raised ``exc`` (re-raised where the context is lost)."""
+    def _failed(self, exc: Exception) -> Verdict:
+        """How a config that raised ``exc`` ended (re-raised where the context is lost)."""
         if isinstance(exc, InvalidConfig):
-            return {"status": "invalid", "message": clip(str(exc))}
+            return Verdict(Status.INVALID, clip(str(exc)))
         if isinstance(exc, NotMeasurable):  # the numbers are fine, the method cannot resolve them: no trace
-            return {"status": "error", "message": str(exc)}
+            return Verdict(Status.ERROR, str(exc))
         self._check_context()
-        return {"status": "error", "message": failure_message(exc)}
+        return Verdict(Status.ERROR, failure_message(exc))
 
     def _task(self, name: str) -> TuningTask:
         if name not in self._tasks:
@@ -146,37 +138,38 @@ class ItemRunner:
 
     def _measure_each(
         self, task: TuningTask, item: WorkItem, settings: MeasureSpec, mode: str
-    ) -> list[dict[str, Any]]:
-        """Fields per member of a plain item or a batch: each checked, then each measured on its own,
+    ) -> list[Outcome]:
+        """Outcomes per member of a plain item or a batch: each checked, then each measured on its own,
         under one drift guard bracket (``DriftGuard.measure_many``)."""
         members = item.members or (item,)
         setup_ms = self._load_point(task, item) * 1e3
         static, shape = dict(item.static), dict(item.shape)
-        fields: list[dict[str, Any]] = []
+        outcomes: list[Outcome] = []
         timed: list[tuple[int, Sampler, MeasureSpec]] = []
         for i, m in enumerate(members):
             self.on_member(m.item_id)
-            mine = len(fields)
+            mine = len(outcomes)
             then = members[i + 1] if i + 1 < len(members) else self.next_item
             try:
-                built, checked = self._built(task, m.config, static, shape, dict(m.config), (m, then))
-                fields.append(checked)
+                built, check = self._built(task, m.config, static, shape, dict(m.config), (m, then))
+                outcomes.append(Outcome(check=check))
                 if built is not None:
-                    timed.append((len(fields) - 1, *self._sampler(built, settings, mode)))
+                    timed.append((len(outcomes) - 1, *self._sampler(built, settings, mode)))
             except Exception as exc:
-                fields[mine:] = [self._failed(exc)]
-        fields[0] = {**fields[0], "setup_ms": setup_ms}  # the point's set-up, paid once
+                outcomes[mine:] = [Outcome(failure=self._failed(exc))]
+        outcomes[0] = dataclasses.replace(outcomes[0], setup_ms=setup_ms)  # the point's set-up, paid once
         before = self._state_before()
         named = [
             (announced(s, functools.partial(self.on_member, members[i].item_id)), st) for i, s, st in timed
         ]
-        measured = self._measured(item, named)
+        found = self._measured(item, named)
         self._state = (time.perf_counter(), read_state(self.device))
-        gpu_state = record_fields(before, self._state[1])
-        for (i, sampler, _), (stats, extra) in zip(timed, measured, strict=True):
-            found = extra if stats is FAILED_STATS else stat_fields(stats, calls_per_sample(sampler), extra)
-            fields[i] = {**fields[i], **found, **gpu_state}
-        return fields
+        device = state_around(before, self._state[1])
+        for (i, sampler, _), got in zip(timed, found, strict=True):
+            outcome = dataclasses.replace(outcomes[i], device=device)
+            calls = calls_per_sample(sampler)
+            outcomes[i] = outcome.failed(got) if isinstance(got, Verdict) else outcome.measured(got, calls)
+        return outcomes
 
     def _sampler(self, built: Built, settings: MeasureSpec, mode: str) -> tuple[Sampler, MeasureSpec]:
         """A checked config's sampler (built once at the point) and its settings with the warm-up it
@@ -192,29 +185,25 @@ class ItemRunner:
             how, lambda: make_sampler(built.call, self.device, mode, settings.l2, settings.timing)
         )
 
-    def _measured(
-        self, item: WorkItem, timed: list[tuple[Sampler, MeasureSpec]]
-    ) -> list[tuple[Stats, dict[str, Any]]]:
-        """Each sampler measured, with the drift guard's fields (under one bracket when guarded).
+    def _measured(self, item: WorkItem, timed: list[tuple[Sampler, MeasureSpec]]) -> list[Measured | Verdict]:
+        """Each sampler measured, with the drift guard's reading (under one bracket when guarded).
         Where the batch raises, each is measured alone, so a failure is charged to its config only."""
         guard = self._drift_guard(timed[0][1].drift) if timed else None
         try:
             if guard is None:
-                return [(measure(s, st), {}) for s, st in timed]
-            return [(g.stats, g.fields()) for g in guard.measure_many((item.task, *item.point), timed)]
+                return [(measure(s, st), None) for s, st in timed]
+            return [(g.stats, g) for g in guard.measure_many((item.task, *item.point), timed)]
         except Exception:
             if len(timed) == 1:
                 raise
         return [self._measured_alone(item, s, st) for s, st in timed]
 
-    def _measured_alone(
-        self, item: WorkItem, sampler: Sampler, settings: MeasureSpec
-    ) -> tuple[Stats, dict[str, Any]]:
+    def _measured_alone(self, item: WorkItem, sampler: Sampler, settings: MeasureSpec) -> Measured | Verdict:
         try:
             [out] = self._measured(item, [(sampler, settings)])
             return out
         except Exception as exc:
-            return FAILED_STATS, self._failed(exc)
+            return self._failed(exc)
 
     def _built(
         self,
@@ -224,21 +213,21 @@ class ItemRunner:
         shape: dict[str, Any],
         config: dict[str, Any],
         items: tuple[WorkItem, WorkItem | None] | None = None,
-    ) -> tuple[Built | None, dict[str, Any]]:
+    ) -> tuple[Built | None, Check]:
         """The config's checked call at the current point (built once, ``tunectl.measure.built``) and
-        the fields its record carries; (None, the failed check's fields) where its output is wrong.
+        the check its record carries; (None, the failed check) where its output is wrong.
         ``items``: the item it is built for and the one built after it (for ``prepare``)."""
         built = self._kernels.get(config_key)
         if built is not None:
-            return built, built.recheck_fields()
+            return built, built.checked.again()
         if items is not None:
             fn, prepare_s = self.prepare(task, items[0], static, shape, config, then=items[1])
         else:
             fn, prepare_s = timed_prepare(task, static, shape, config, self._inputs)
-        failed, checked = self._check(task, static, fn, prepare_s)
-        if failed:
-            return None, checked
-        return self._kernels.keep(config_key, fn, checked), checked
+        check = self._check(task, static, fn, prepare_s)
+        if check.missed is not None:
+            return None, check
+        return self._kernels.keep(config_key, fn, check), check
 
     def _graphs(self, mode: str) -> bool:
         return mode == "graph" and self.device.startswith("cuda")
@@ -291,26 +280,24 @@ class ItemRunner:
 
     def _check(
         self, task: TuningTask, static: dict[str, Any], fn: Callable[[], Any], prepare_s: float
-    ) -> tuple[bool, dict[str, Any]]:
-        """Run ``fn`` once against the point's reference: (failed, fields for its record)."""
+    ) -> Check:
+        """Run ``fn`` once against the point's reference."""
         t0 = time.perf_counter()
         out = fn()
         self._synchronize()
         compile_ms = (prepare_s + time.perf_counter() - t0) * 1e3
         atol, rtol = task.tolerance(static)
         err, ok = compare_outputs(out, self._reference, atol, rtol)
-        return not ok, check_fields(err, None if ok else (atol, rtol), compile_ms)
+        return Check(err, compile_ms, None if ok else (atol, rtol))
 
-    def _compare(
-        self, task: TuningTask, item: WorkItem, settings: MeasureSpec, mode: str
-    ) -> list[dict[str, Any]]:
-        """Fields per arm of a comparison item: each arm checked, then all timed in interleaved rounds."""
+    def _compare(self, task: TuningTask, item: WorkItem, settings: MeasureSpec, mode: str) -> list[Outcome]:
+        """Outcomes per arm of a comparison item: each arm checked, then all timed in interleaved rounds."""
         setup_s = self._load_point(task, item)
         stacks = layer_inputs(task, item, self._inputs, self.device) if item.phase == "validate" else None
-        fields, samplers, warmups = self._checked_arms(task, item, settings, mode, stacks)
-        fields = [{**f, "setup_ms": setup_s * 1e3} for f in fields]
+        outcomes, samplers, warmups = self._checked_arms(task, item, settings, mode, stacks)
+        outcomes = [dataclasses.replace(o, setup_ms=setup_s * 1e3) for o in outcomes]
         if 0 not in samplers:  # no baseline: the arms that passed their check are not compared
-            return [{**f, **_NO_BASELINE} if i in samplers else f for i, f in enumerate(fields)]
+            return [o.failed(NO_BASELINE) if i in samplers else o for i, o in enumerate(outcomes)]
         started = time.perf_counter()
         timed = list(samplers.values())
         if stacks is not None:
@@ -321,29 +308,30 @@ class ItemRunner:
         times = round_times(rounds, item.layers if stacks is not None else 0)
         measure_ms = (time.perf_counter() - started) * 1e3
         for (i, sampler), t, r in zip(samplers.items(), times, rounds, strict=False):
-            timing = {"measure_ms": measure_ms, "calls_per_sample": calls_per_sample(sampler)}
-            fields[i] = {**fields[i], **arm_stats(times[0], t, r), **timing}
-        return fields
+            arm = arm_stats(times[0], t, r)
+            timing = Timed(arm.stats, calls_per_sample(sampler), measure_ms)
+            outcomes[i] = dataclasses.replace(outcomes[i], timed=timing, speedup=arm.speedup)
+        return outcomes
 
     def _checked_arms(
         self, task: TuningTask, item: WorkItem, settings: MeasureSpec, mode: str, stacks: list[Any] | None
-    ) -> tuple[list[dict[str, Any]], dict[int, Sampler], list[int]]:
-        """Each arm's check fields; the samplers of the arms that passed, by index; their warm-ups. An
+    ) -> tuple[list[Outcome], dict[int, Sampler], list[int]]:
+        """Each arm's check; the samplers of the arms that passed, by index; their warm-ups. An
         arm that crashed a worker before, failed to build, is invalid here or fails is that arm's
         status; the others go on."""
-        unbuilt = {arm: {"status": status, "message": message} for arm, status, message in item.unbuilt_arms}
-        fields: list[dict[str, Any]] = []
+        unbuilt = {arm: Verdict(Status(status), message) for arm, status, message in item.unbuilt_arms}
+        outcomes: list[Outcome] = []
         samplers: dict[int, Sampler] = {}
         warmups: list[int] = []
         how = (mode, settings.l2, settings.timing)
         for i, arm in enumerate(item.arms):
             if i > 0 and (arm in item.crashed_arms or arm in unbuilt):
-                fields.append(dict(_CRASHED_ARM) if arm in item.crashed_arms else dict(unbuilt[arm]))
+                outcomes.append(Outcome(failure=CRASHED_ARM if arm in item.crashed_arms else unbuilt[arm]))
                 continue
             self.on_arm(i)
             try:
-                built, checked = self._built(task, arm, dict(item.static), dict(item.shape), dict(arm))
-                fields.append(checked)
+                built, check = self._built(task, arm, dict(item.static), dict(item.shape), dict(arm))
+                outcomes.append(Outcome(check=check))
                 if built is None:
                     continue
                 if stacks is None:
@@ -353,9 +341,9 @@ class ItemRunner:
                     samplers[i] = stack_of(task, item, arm, built.call, stacks, self.device, mode)
                     warmups.append(0)
             except Exception as exc:
-                fields[i:] = [self._failed(exc)]
+                outcomes[i:] = [Outcome(failure=self._failed(exc))]
         self.on_arm(None)
-        return fields, samplers, warmups
+        return outcomes, samplers, warmups
 
     def prepare(
         self,
