@@ -32,7 +32,13 @@ def confirm_cmd(
     ] = "auto",
     budget_s: Annotated[float, typer.Option("--budget-s", help="Seconds for every shape together.")] = 60.0,
 ) -> None:
-    """Time each shape's candidates (export's short list per entry) and say which is fastest where."""
+    """Time each shape's candidates (export's short list per entry) and say which is fastest where.
+
+    Example:
+    \b
+        tunectl bundle confirm bundles/quickstart/1 --task decode_attention \
+          --shape batch=4,16 --shape kv_len=2048
+    """
     console = Console()
     with library_errors():
         bundle = api.read_bundle(source)
