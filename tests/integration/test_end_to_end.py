@@ -36,7 +36,11 @@ def test_submit_export_lookup(ray_two_gpus: None, tiny_spec: Path, tmp_path: Pat
     assert run["state"] == "finished" and run["num_planned"] == run["num_done"] == len(rows)
     measured = [r for r in rows if r.phase == "measure"]
     assert len(measured) == 24 and {r.status for r in rows} == {"ok"}
-    assert all(r.median_us > 0 and r.num_samples >= 3 for r in rows)
+    assert all(r.median_us > 0 for r in rows)
+    # min_samples (3) unless the time cap (max_seconds = 0.05) came first, as on a busy machine
+    assert all(r.num_samples >= 3 or r.measure_ms >= 50.0 for r in rows), [
+        (r.phase, r.num_samples, r.measure_ms) for r in rows if r.num_samples < 3
+    ]
     assert sum(r.is_default for r in measured) == 6  # the default measured at every point
     finals: dict[str, list[dict]] = {}
     for r in rows:
