@@ -151,3 +151,19 @@ def test_the_command_refuses_bad_options_in_one_line(tmp_path: Path, extra: list
 
     done = CliRunner().invoke(app, ["bundle", "confirm", str(_bundle(tmp_path)), *extra, "--device", "cpu"])
     assert done.exit_code == 2 and done.output.strip() == f"error: {message}", done.output
+
+
+def test_confirm_times_candidates_in_interleaved_rounds_so_a_slowdown_falls_on_all() -> None:
+    from tunectl.core.spec import MeasureSpec
+    from tunectl.measure.confirm import ROUNDS, _interleaved
+
+    calls = {"n": 0}
+    settings = MeasureSpec(warmup=0, min_samples=3, max_samples=3, noise_target=0.5, max_seconds=10.0)
+    half = ROUNDS * 3  # two candidates x ROUNDS rounds x 3 samples: the device slows down half-way
+
+    def candidate() -> float:  # two configs as fast as each other
+        calls["n"] += 1
+        return 10.0 if calls["n"] <= half else 20.0
+
+    first, second = _interleaved([candidate, candidate], settings)
+    assert first == second == 15.0  # one after the other, the second would read 20.0 and lose

@@ -4,8 +4,9 @@ A bundle entry serves a region with one config chosen at its tuned point; betwee
 another config can be faster. Export gives each entry a short ranked list of configs measured
 around its cell (``Bundle.candidates``, ``tunectl.decide.candidates``). ``confirm`` times each
 candidate at each shape the caller will run, through the task's own path (inputs, reference,
-``prepare``, output check) and the project's samplers (``tunectl.measure.timing``,
-``tunectl.measure.harness``), and returns a bundle whose ``lookup`` answers the fastest at those
+``prepare``, output check) and the project's samplers (``tunectl.measure.timing``), in ``ROUNDS``
+interleaved rounds (``tunectl.measure.harness.interleave``: a slowdown meanwhile falls on every
+candidate alike), and returns a bundle whose ``lookup`` answers the fastest at those
 exact shapes (``Bundle.with_confirmed``), with a report. Within ``budget_s`` seconds: a shape not
 reached keeps the bundle's pick. A candidate that fails to prepare or run, or whose output is wrong,
 is left out; a shape where none ran keeps the pick.
@@ -17,19 +18,23 @@ is left out; a shape where none ran keeps the pick.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from tunectl.core.spec import MeasureSpec
-from tunectl.measure.harness import measure
+from tunectl.measure.harness import Sampler, interleave
+from tunectl.measure.rounds import round_times
 from tunectl.measure.timing import make_sampler
 from tunectl.runtime import Bundle
 from tunectl.tasks.base import TuningTask, compare_outputs
 from tunectl.tasks.registry import get_task
 
 #: each candidate's timing: short, since a list is a handful of configs per shape at start-up
+#: rounds a shape's candidates are timed in, each round in a fresh random order
+ROUNDS = 4
 DEFAULT_SETTINGS = MeasureSpec(warmup=2, min_samples=10, max_samples=200, noise_target=0.02, max_seconds=0.2)
 
 
@@ -106,13 +111,18 @@ def _confirm_shape(
     static = dict(entry.static)
     inputs = task.build_inputs(static, shape, device)
     reference = task.reference(static, shape, inputs)
-    timed = tuple((config, _median(task, static, shape, config, inputs, reference, how)) for config in listed)
+    samplers = [_sampler(task, static, shape, config, inputs, reference, how) for config in listed]
+    medians = _interleaved([s for s in samplers if s is not None], how[2])
+    found = iter(medians)
+    timed = tuple(
+        (config, None if s is None else next(found)) for config, s in zip(listed, samplers, strict=True)
+    )
     ran = [(t, i) for i, (_, t) in enumerate(timed) if t is not None]
     chosen = timed[min(ran)[1]][0] if ran else listed[0]
     return ShapeReport(shape, timed, chosen, time.perf_counter() - t0)
 
 
-def _median(
+def _sampler(
     task: TuningTask,
     static: dict[str, Any],
     shape: dict[str, Any],
@@ -120,14 +130,25 @@ def _median(
     inputs: Any,
     reference: Any,
     how: tuple[str, str, MeasureSpec],
-) -> float | None:
-    """One candidate's median (µs) at the shape; None where it fails to run or its output is wrong."""
+) -> Sampler | None:
+    """One candidate's sampler at the shape; None where it fails to run or its output is wrong."""
     device, mode, settings = how
     try:
         fn = task.prepare(static, shape, task.complete_config(dict(config)), inputs)
         _, ok = compare_outputs(fn(), reference, *task.tolerance(static))
-        if not ok:
-            return None
-        return measure(make_sampler(fn, device, mode, str(settings.l2)), settings).median_us
+        return make_sampler(fn, device, mode, str(settings.l2)) if ok else None
     except Exception:  # a candidate that cannot run here is left out, as tuning leaves it out
         return None
+
+
+def _interleaved(samplers: list[Sampler], settings: MeasureSpec) -> list[float | None]:
+    """Each sampler's time (µs): the median over ``ROUNDS`` interleaved rounds, each round in a fresh
+    order, so that a slowdown while confirming falls on every candidate alike; None where a
+    candidate's time could not be taken."""
+    if not samplers:
+        return []
+    try:
+        per_round = round_times(interleave(samplers, ROUNDS, settings, seed=0), 0)
+    except Exception:  # a sampler that fails mid-way (or a time lost in the flush): none is trusted
+        return [None] * len(samplers)
+    return [statistics.median(times) for times in per_round]
