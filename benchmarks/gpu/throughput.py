@@ -46,7 +46,24 @@ def figures(results: Path, warmup: int) -> dict[str, Any]:
         "worker_time_s": parts,
         "statuses": run["statuses"],
         "worker_startup": worker_startup(results),
+        "between_calls_s": between_calls_s(rows),
     }
+
+
+def between_calls_s(rows: list[dict[str, Any]]) -> float:
+    """Seconds of the workers' spans outside their calls (a call's rows share its start): a worker
+    waiting for the driver's next item, summed over workers."""
+    calls: dict[tuple[Any, Any], Any] = {}
+    spans: dict[Any, list[Any]] = {}
+    for r in rows:
+        if not r["worker"]:  # recorded by the driver (a kernel that did not build), in no call
+            continue
+        key = (r["worker"], r["started_at"])
+        calls[key] = max(calls.get(key, r["finished_at"]), r["finished_at"])
+        first, last = spans.setdefault(r["worker"], [r["started_at"], r["finished_at"]])
+        spans[r["worker"]] = [min(first, r["started_at"]), max(last, r["finished_at"])]
+    inside = sum(_seconds(end - start) for (_, start), end in calls.items())
+    return round(sum(_seconds(last - first) for first, last in spans.values()) - inside, 2)
 
 
 def worker_startup(results: Path) -> list[str]:
