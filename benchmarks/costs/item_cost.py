@@ -34,12 +34,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 PARTS = (
     ("point set-up (inputs, reference)", "tunectl/measure/runner.py", "_load_point"),
     ("loading (prepare)", "tunectl/measure/runner.py", "timed_prepare"),
-    ("check: the comparison with the reference", "tunectl/measure/runner.py", "_compare"),
+    ("check: the output against the reference", "tunectl/measure/runner.py", "_check"),
     ("sampler build", "tunectl/measure/timing.py", "make_sampler"),
     ("  of which first estimate (and warm-up)", "tunectl/measure/difference.py", "warm_pair_us"),
     ("  of which graph capture", "tunectl/measure/difference.py", "graph_of"),
     ("  of which spin cover", "tunectl/measure/difference.py", "cover"),
-    ("guard, whole (incl. the measurement)", "tunectl/measure/drift.py", "measure"),
+    ("guard, whole (incl. the measurement)", "tunectl/measure/drift.py", "measure_many"),
     ("  guard levels (a point's first item; waits)", "tunectl/measure/drift.py", "_time_level"),
     ("  guard checks (before, looks, after)", "tunectl/measure/drift.py", "_check"),
     ("  guard, all its own work (levels, checks, waits)", "tunectl/measure/drift.py", "_timed"),
@@ -50,6 +50,7 @@ PARTS = (
     ("  of which power", "pynvml.py", "nvmlDeviceGetPowerUsage"),
     ("  of which violation counters", "pynvml.py", "nvmlDeviceGetViolationStatus"),
     ("event timer (a chunk of launches, one wait)", "tunectl/measure/difference.py", "many"),
+    ("records (from each config's outcome)", "tunectl/measure/records.py", "measured"),
 )
 
 
