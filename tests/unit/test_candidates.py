@@ -139,7 +139,20 @@ def test_the_command_times_the_candidates_and_counts_what_it_did(tmp_path: Path)
         (["--task", "nope", "--shape", "batch=4"], "--task: must be a task of the bundle (decode_attention)"),
         (["--task", "decode_attention", "--shape", "batch"], "--shape: must be NAME=VALUE,VALUE..."),
         (
-            ["--task", "decode_attention", "--shape", "batch=4", "--static", "dtype=float16"],
+            ["--task", "decode_attention", "--shape", "batch=4"],
+            "--shape: must give every shape dimension of decode_attention: batch, kv_len",
+        ),
+        (
+            [
+                "--task",
+                "decode_attention",
+                "--shape",
+                "batch=4",
+                "--shape",
+                "kv_len=2048",
+                "--static",
+                "dtype=float16",
+            ],
             "--static: must match one static key of decode_attention's entries; 0 of 1 match",
         ),
     ],

@@ -53,6 +53,9 @@ def confirm_candidates(
     options = options or ConfirmOptions()
     if task not in bundle.tasks:
         raise OptionError("task", task, f"must be a task of the bundle ({', '.join(bundle.tasks) or 'none'})")
+    dims = list(bundle.task_info(task)["shape_params"])
+    if missing := [d for d in dims if any(d not in shape for shape in shapes)]:
+        raise OptionError("shape", missing, f"must give every shape dimension of {task}: {', '.join(dims)}")
     static = _static_of(bundle, task, options.static)
     device = _device(options.device)
     mode = _serving_mode(task) if device.startswith("cuda") else "eager"
