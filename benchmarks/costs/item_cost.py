@@ -12,6 +12,12 @@ as a worker's would; without it they compile here, and loading dominates.
 
     python benchmarks/costs/item_cost.py configs/h200/flex_prefill.toml --cache /tmp/fleet-x/cache-prefill-1
     python benchmarks/costs/item_cost.py configs/quickstart.toml      # on the CPU
+
+``--stats`` reads instead the profiles a real run's workers wrote (``TUNECTL_PROFILE=DIR tunectl
+submit ...``: each worker profiles its calls and leaves ``worker-PID.pstats`` in DIR) and prints the
+same parts, then the functions that took the most time of their own:
+
+    python benchmarks/costs/item_cost.py --stats DIR
 """
 
 from __future__ import annotations
@@ -56,12 +62,17 @@ PARTS = (
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("spec")
+    parser.add_argument("spec", nargs="?")
+    parser.add_argument("--stats", help="a folder (or file) of worker profiles from a run: summarise them")
     parser.add_argument("--cache", help="a run's compile cache root, to load kernels as its workers did")
     parser.add_argument("--device", default=None, help="cuda:0 or cpu (default: cuda:0 where there is one)")
     parser.add_argument("--limit", type=int, default=0, help="at most this many items (0: all)")
     parser.add_argument("--json", help="write the parts and the per-item rows here")
     args = parser.parse_args()
+    if args.stats:
+        return summarise(args.stats)
+    if not args.spec:
+        parser.error("a spec, or --stats")
     if args.cache:
         from tunectl.tasks.compile import cache_env
 
@@ -102,6 +113,27 @@ def main() -> int:
         print(f"\nstatuses: {sum(1 for _ in ok)} ok of {len(rows)}")
     if args.json:
         Path(args.json).write_text(json.dumps({"parts": parts, "rows": rows, "wall_s": wall}, indent=1))
+    return 0
+
+
+def summarise(where: str, top: int = 30) -> int:
+    """The parts, and the ``top`` functions by time of their own, over the worker profiles at ``where``."""
+    files = sorted(Path(where).glob("*.pstats")) if Path(where).is_dir() else [Path(where)]
+    if not files:
+        print(f"no .pstats files at {where}")
+        return 1
+    stats = pstats.Stats(*(str(f) for f in files))
+    total = stats.total_tt  # type: ignore[attr-defined]
+    print(f"{len(files)} profile(s), {total:.1f} s inside the workers' calls\n")
+    print("| part | seconds | calls |\n|---|---|---|")
+    for name, (seconds, calls) in cumulative(stats).items():
+        print(f"| {name} | {seconds:.2f} | {calls} |")
+    print(f"\n| function (own time) | seconds | cumulative | calls |\n|---|---|---|---|")
+    table = stats.stats  # type: ignore[attr-defined]
+    ranked = sorted(table.items(), key=lambda kv: kv[1][2], reverse=True)[:top]
+    for (path, line, func), (primitive, _total, own, cum, _callers) in ranked:
+        where_ = f"{Path(path).name}:{line}" if line else path
+        print(f"| {func} ({where_}) | {own:.2f} | {cum:.2f} | {primitive} |")
     return 0
 
 

@@ -4,7 +4,9 @@
 # again with the cache its cold run left (warm). Runs land in $W/res-ENGINE-CACHES, wall seconds beside
 # them; benchmarks/gpu/throughput.py compare reads them. Run from the project root on the GPU host after
 # stage.sh's bootstrap (flashinfer-python==0.7.2.post1 and nvidia-cudnn-frontend staged).
-#   bash benchmarks/gpu/throughput_h200.sh OLD_TREE [cold|warm|cold warm]
+#   bash benchmarks/gpu/throughput_h200.sh OLD_TREE [cold|warm|profile ...]
+# "profile" is a warm run whose workers profile their calls (TUNECTL_PROFILE): $W/prof-ENGINE/*.pstats, read
+# by `python benchmarks/costs/item_cost.py --stats DIR` (its wall is not comparable: cProfile slows calls).
 # ENGINES="after" runs one engine only; SHARED_CACHE=1 gives both engines one compile cache (they build the
 # same kernels), so one cold run leaves both warm.
 set -uo pipefail
@@ -23,7 +25,8 @@ for caches in "$@"; do
     [ "$caches" = cold ] && rm -rf "$cache"
     rm -rf "$W/res-$engine-$caches"
     start=$(date +%s.%N)
-    (cd "$root" && PYTHONPATH="$root:$PYTHONPATH" RAY_USAGE_STATS_ENABLED=0 COLUMNS=160 timeout -k 15 "${LIMIT:-420}" \
+    profile=$([ "$caches" = profile ] && echo "$W/prof-$engine" || echo "")
+    (cd "$root" && TUNECTL_PROFILE="$profile" PYTHONPATH="$root:$PYTHONPATH" RAY_USAGE_STATS_ENABLED=0 COLUMNS=160 timeout -k 15 "${LIMIT:-420}" \
       python -m tunectl submit configs/h200/flash_decode.toml --results "$W/res-$engine-$caches" \
       --compile-cache "$cache" --yes > "$W/submit-$engine-$caches.log" 2>&1)
     rc=$?

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,9 +23,11 @@ OnCompiles = Callable[[int, int, int], None]  # (built, total, building), told a
 
 def worker_setup(compile: CompileOptions, task: str, compile_ahead: bool) -> WorkerSetup:
     """How the run's workers and compile processes start: the compile caches, the task warmed up."""
+    from tunectl.orchestrator.worker import PROFILE_ENV
     from tunectl.tasks.compile import cache_env
 
-    env = tuple(sorted(cache_env(compile.cache_root()).items()))
+    profile = {PROFILE_ENV: os.environ[PROFILE_ENV]} if os.environ.get(PROFILE_ENV) else {}
+    env = tuple(sorted({**cache_env(compile.cache_root()), **profile}.items()))
     return WorkerSetup(env=env, warm_up=(task,), compile_ahead=compile_ahead)
 
 

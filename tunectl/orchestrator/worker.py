@@ -32,6 +32,8 @@ from tunectl.core.spec import MeasureSpec
 #: exit status of a worker that leaves on purpose because its CUDA context is unusable
 POISONED_EXIT_CODE = 70
 JOURNAL_DIR = "tunectl-workers"
+#: a folder: each worker profiles its calls (cProfile) and writes ``worker-PID.pstats`` there at the end
+PROFILE_ENV = "TUNECTL_PROFILE"
 
 
 def journal_path(actor_id: str) -> Path:
@@ -69,6 +71,7 @@ class TuneWorker:
             libraries.update(get_task(name).warm_up(self.device))
         self.startup["libraries"] = libraries
         self.startup["total_s"] = self.startup["process_s"] + time.perf_counter() - began
+        self.profile = _CallProfile.from_env()
 
     def describe(self) -> dict[str, Any]:
         """Where this worker runs, and its predecessor's last words (reported once)."""
@@ -119,7 +122,8 @@ class TuneWorker:
                 item.item_id, preparing, None if i is None else key_text(item.arms[i])
             )
         try:
-            records = self.runner.run(run_id, item, settings)
+            with self.profile:
+                records = self.runner.run(run_id, item, settings)
         except CudaContextPoisoned:
             # Every later call on this context would fail: leave, and let Ray start a fresh process.
             os._exit(POISONED_EXIT_CODE)
@@ -136,6 +140,7 @@ class TuneWorker:
         """Remove the journal (the run is over; nobody will ask for last words); what this process
         noted on the side (``tunectl.orchestrator.notes``)."""
         self.journal.unlink(missing_ok=True)
+        self.profile.write(f"worker-{os.getpid()}")
         return self.notes.drain(f"worker pid {os.getpid()} on {socket.gethostname()} ({self.device})")
 
     def _note(self, running: str | None, preparing: str | None, arm: str | None = None) -> None:
@@ -143,6 +148,36 @@ class TuneWorker:
         with contextlib.suppress(OSError):  # without a journal, blame falls back to Ray's order
             self.journal.parent.mkdir(exist_ok=True)
             self.journal.write_text(data)
+
+
+class _CallProfile:
+    """cProfile around a worker's calls where ``TUNECTL_PROFILE`` names a folder (else it does nothing):
+    where a call's time goes on the real device, in a real run (``benchmarks/costs/item_cost.py
+    --stats`` reads the file)."""
+
+    def __init__(self, folder: str) -> None:
+        import cProfile
+
+        self.folder = folder
+        self.profile = cProfile.Profile() if folder else None
+
+    @classmethod
+    def from_env(cls) -> _CallProfile:
+        return cls(os.environ.get(PROFILE_ENV, ""))
+
+    def __enter__(self) -> None:
+        if self.profile is not None:
+            self.profile.enable()
+
+    def __exit__(self, *_: object) -> None:
+        if self.profile is not None:
+            self.profile.disable()
+
+    def write(self, name: str) -> None:
+        if self.profile is not None:
+            with contextlib.suppress(OSError):
+                Path(self.folder).mkdir(parents=True, exist_ok=True)
+                self.profile.dump_stats(str(Path(self.folder) / f"{name}.pstats"))
 
 
 def _read_last_words(path: Path) -> dict[str, Any] | None:

@@ -1,0 +1,48 @@
+"""A worker profiles its calls where TUNECTL_PROFILE names a folder, and the run's workers get it."""
+
+from __future__ import annotations
+
+import pstats
+from pathlib import Path
+
+import pytest
+
+
+def _busy() -> int:
+    return sum(i * i for i in range(20000))
+
+
+def test_a_profile_covers_the_calls_and_is_written_at_the_end(tmp_path: Path) -> None:
+    from tunectl.orchestrator.worker import _CallProfile
+
+    profile = _CallProfile(str(tmp_path / "prof"))
+    with profile:
+        _busy()
+    _busy()  # outside a call: not profiled
+    profile.write("worker-1")
+    stats = pstats.Stats(str(tmp_path / "prof" / "worker-1.pstats"))
+    calls = {func: row[1] for (_, _, func), row in stats.stats.items()}  # type: ignore[attr-defined]
+    assert calls["_busy"] == 1
+
+
+def test_without_the_variable_nothing_is_profiled_or_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tunectl.orchestrator.worker import PROFILE_ENV, _CallProfile
+
+    monkeypatch.delenv(PROFILE_ENV, raising=False)
+    profile = _CallProfile.from_env()
+    with profile:
+        _busy()
+    profile.write("worker-1")
+    assert profile.profile is None and not list(tmp_path.iterdir())
+
+
+def test_the_runs_workers_are_started_with_the_profile_folder(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from tunectl.orchestrator.compiling import worker_setup
+    from tunectl.orchestrator.control import CompileOptions
+    from tunectl.orchestrator.worker import PROFILE_ENV
+
+    monkeypatch.setenv(PROFILE_ENV, str(tmp_path))
+    env = dict(worker_setup(CompileOptions(), "quickstart_attention", False).runtime_env()["env_vars"])
+    assert env[PROFILE_ENV] == str(tmp_path)
+    monkeypatch.delenv(PROFILE_ENV)
+    assert PROFILE_ENV not in worker_setup(CompileOptions(), "quickstart_attention", False).runtime_env()["env_vars"]
