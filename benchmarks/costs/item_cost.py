@@ -128,7 +128,7 @@ def summarise(where: str, top: int = 30) -> int:
     print("| part | seconds | calls |\n|---|---|---|")
     for name, (seconds, calls) in cumulative(stats).items():
         print(f"| {name} | {seconds:.2f} | {calls} |")
-    print(f"\n| function (own time) | seconds | cumulative | calls |\n|---|---|---|---|")
+    print("\n| function (own time) | seconds | cumulative | calls |\n|---|---|---|---|")
     table = stats.stats  # type: ignore[attr-defined]
     ranked = sorted(table.items(), key=lambda kv: kv[1][2], reverse=True)[:top]
     for (path, line, func), (primitive, _total, own, cum, _callers) in ranked:

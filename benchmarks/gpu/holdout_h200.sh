@@ -89,7 +89,8 @@ case "${1:?step}" in
     cat "$RES/holdout-runs.txt"
     ;;
   restore)
-    tar xzf benchmarks/results/holdout_h200_2026-12-04.tar.gz -C "$(dirname "$RES")" && ls "$RES/_runs" | wc -l
+    for a in holdout_h200_2026-12-04.tar.gz holdout_h200_2026-12-04b.tar.gz; do tar xzf "benchmarks/results/$a" -C "$(dirname "$RES")"; done
+    ls "$RES/_runs" | wc -l
     ;;
   confirm)
     spec=$(spec_for "${page:?page}")

@@ -34,9 +34,13 @@ from tunectl.core.spec import DEFAULT_MARGIN
 from tunectl.decide.holdout import HeldOut, Holdout
 
 
-def confirmed_holdout(held: Holdout, bundle: api.Bundle, task: str, budget_s: float) -> tuple[Holdout, float]:
-    """``held`` with each shape's pick replaced by what confirming the candidates there chose."""
+def confirmed_holdout(
+    held: Holdout, bundle: api.Bundle, task: str, budget_s: float
+) -> tuple[Holdout, float, list[str]]:
+    """``held`` with each shape's pick replaced by what confirming the candidates there chose; the
+    seconds it took, and a line per shape (what was timed, what was chosen)."""
     picks: dict[tuple[Any, Any], Any] = {}
+    lines: list[str] = []
     seconds = 0.0
     statics = {h.static for h in held.shapes}
     for static in statics:
@@ -44,11 +48,12 @@ def confirmed_holdout(held: Holdout, bundle: api.Bundle, task: str, budget_s: fl
         options = api.ConfirmOptions(static=dict(static), budget_s=budget_s)
         done = api.confirm_candidates(bundle, task, shapes, options)
         seconds += done.seconds
+        lines += [f"timed as {done.how}", *(report.line() for report in done.reports)]
         for report in done.reports:
             if report.chosen is not None:
                 picks[(static, make_key(report.shape))] = make_key(report.chosen)
     swapped = tuple(_picking(h, picks.get((h.static, h.shape), h.pick)) for h in held.shapes)
-    return Holdout(swapped, held.margin, held.baselines), seconds
+    return Holdout(swapped, held.margin, held.baselines), seconds, lines
 
 
 def _picking(held: HeldOut, pick: Any) -> HeldOut:
@@ -82,8 +87,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         bundle_dir, _, run_id = rest.rpartition(":")
         bundle = api.read_bundle(bundle_dir)
         held = holdout_of(args.results, bundle_dir, run_id, DEFAULT_MARGIN)
-        confirmed, seconds = confirmed_holdout(held, bundle, args.task, args.budget_s)
-        one = pages.setdefault(page, {"picks": [], "confirmed": [], "seeds": [], "confirm_s": []})
+        confirmed, seconds, lines = confirmed_holdout(held, bundle, args.task, args.budget_s)
+        one = pages.setdefault(
+            page, {"picks": [], "confirmed": [], "seeds": [], "confirm_s": [], "lines": []}
+        )
+        one["lines"] += [f"seed {seed}: {line}" for line in lines]
         one["picks"].append(held)
         one["confirmed"].append(confirmed)
         one["seeds"].append(int(seed))
@@ -96,12 +104,13 @@ def main(argv: Sequence[str] | None = None) -> None:
             "confirmed picks": figures(pooled(one["confirmed"]).standings()[0]),
             "seeds": one["seeds"],
             "confirm_s per run": one["confirm_s"],
+            "shapes": one["lines"],
         }
         if args.time_batches:
             bundle = api.read_bundle(one["bundle"])
             static = dict(next(iter(bundle.entries(args.task))).static)
             sizes = batch_sizes(bundle, args.task, args.time_batches)
-            shapes = [{"batch": b, "kv_len": args.kv_len} for b in sizes]
+            shapes = [{"batch": b, "kv_len": args.kv_len, "q_len": 1} for b in sizes]
             done = api.confirm_candidates(
                 bundle, args.task, shapes, api.ConfirmOptions(static=static, budget_s=1e9)
             )

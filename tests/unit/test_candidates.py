@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -180,3 +181,54 @@ def test_confirm_times_candidates_in_interleaved_rounds_so_a_slowdown_falls_on_a
 
     first, second = _interleaved([candidate, candidate], settings)
     assert first == second == 15.0  # one after the other, the second would read 20.0 and lose
+
+
+def _measured_row(task: str, l2: str, mode: str, timing: str, status: str = "ok") -> Any:
+    from tunectl.core.record import Record
+
+    return Record(
+        run_id="r1",
+        item_id=f"{l2}{mode}{timing}{status}",
+        task=task,
+        static_key="{}",
+        shape_key="{}",
+        config_key="{}",
+        is_default=False,
+        status=status,
+        median_us=1.0,
+        l2=l2,
+        measure_mode=mode,
+        timing=timing,
+    )
+
+
+def test_export_says_how_the_entries_were_measured_and_confirming_times_so(tmp_path: Path) -> None:
+    from tunectl.api.confirming import timed_as
+    from tunectl.formats.task_tables import measured_as
+
+    rows = [_measured_row("decode_attention", "cold", "graph", "difference")] * 3 + [
+        _measured_row("decode_attention", "warm", "eager", "replay"),
+        _measured_row("decode_attention", "warm", "eager", "replay", status="error"),
+        _measured_row("other", "warm", "eager", "replay"),
+    ]
+    measured = measured_as(rows, "decode_attention")
+    assert measured == {"l2": "cold", "mode": "graph", "timing": "difference"}
+    assert measured_as(rows, "missing") == {}
+    table = TaskTable(
+        "decode_attention",
+        tuple(sorted(STATIC)),
+        SHAPES,
+        (Entry(make_key(STATIC), make_key({"batch": 4, "kv_len": 2048}), make_key(PICK)),),
+        measured,
+    )
+    bundle = load_bundle(
+        publish_local(tmp_path, "m", "1", build_files("m", "1", [table], ["r1"], {})), env_policy="off"
+    )
+    assert bundle.manifest["tasks"]["decode_attention"]["measured"] == measured
+    mode, settings = timed_as(bundle, "decode_attention", "cuda:0")
+    assert (mode, str(settings.l2), str(settings.timing)) == ("graph", "cold", "difference")
+    mode, settings = timed_as(bundle, "decode_attention", "cpu")
+    assert (mode, str(settings.l2)) == ("eager", "cold")
+    older = load_bundle(_bundle(tmp_path), env_policy="off")  # no "measured": a warm L2, as before
+    assert "measured" not in older.manifest["tasks"]["decode_attention"]
+    assert str(timed_as(older, "decode_attention", "cpu")[1].l2) == "warm"

@@ -25,7 +25,9 @@ def test_a_profile_covers_the_calls_and_is_written_at_the_end(tmp_path: Path) ->
     assert calls["_busy"] == 1
 
 
-def test_without_the_variable_nothing_is_profiled_or_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_the_variable_nothing_is_profiled_or_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from tunectl.orchestrator.worker import PROFILE_ENV, _CallProfile
 
     monkeypatch.delenv(PROFILE_ENV, raising=False)
@@ -36,7 +38,9 @@ def test_without_the_variable_nothing_is_profiled_or_written(tmp_path: Path, mon
     assert profile.profile is None and not list(tmp_path.iterdir())
 
 
-def test_the_runs_workers_are_started_with_the_profile_folder(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_the_runs_workers_are_started_with_the_profile_folder(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     from tunectl.orchestrator.compiling import worker_setup
     from tunectl.orchestrator.control import CompileOptions
     from tunectl.orchestrator.worker import PROFILE_ENV
@@ -45,4 +49,7 @@ def test_the_runs_workers_are_started_with_the_profile_folder(monkeypatch: pytes
     env = dict(worker_setup(CompileOptions(), "quickstart_attention", False).runtime_env()["env_vars"])
     assert env[PROFILE_ENV] == str(tmp_path)
     monkeypatch.delenv(PROFILE_ENV)
-    assert PROFILE_ENV not in worker_setup(CompileOptions(), "quickstart_attention", False).runtime_env()["env_vars"]
+    assert (
+        PROFILE_ENV
+        not in worker_setup(CompileOptions(), "quickstart_attention", False).runtime_env()["env_vars"]
+    )

@@ -3,12 +3,14 @@ what start-up confirming would choose at those shapes and how long it takes on t
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tunectl.core.errors import OptionError
+from tunectl.core.spec import MeasureSpec
 from tunectl.runtime import Bundle
 
 if TYPE_CHECKING:
@@ -32,6 +34,7 @@ class Confirmed:
     static: dict[str, Any]
     device: str
     reports: list[ShapeReport]
+    how: str = ""  # how a candidate was timed: mode, L2 state, timing method
 
     @property
     def seconds(self) -> float:
@@ -58,11 +61,36 @@ def confirm_candidates(
         raise OptionError("shape", missing, f"must give every shape dimension of {task}: {', '.join(dims)}")
     static = _static_of(bundle, task, options.static)
     device = _device(options.device)
-    mode = _serving_mode(task) if device.startswith("cuda") else "eager"
+    mode, settings = timed_as(bundle, task, device)
     confirmed, reports = confirm(
-        bundle, task, static, list(shapes), budget_s=options.budget_s, device=device, mode=mode
+        bundle,
+        task,
+        static,
+        list(shapes),
+        budget_s=options.budget_s,
+        device=device,
+        mode=mode,
+        settings=settings,
     )
-    return Confirmed(confirmed, static, device, reports)
+    how = f"{mode}, {settings.l2} L2, {settings.timing} timing"
+    return Confirmed(confirmed, static, device, reports, how)
+
+
+def timed_as(bundle: Bundle, task: str, device: str) -> tuple[str, MeasureSpec]:
+    """How confirming times a candidate: as the bundle's entries were measured (its manifest's
+    ``measured``: L2 state, mode, timing method), else the task's serving mode with a warm L2; eager
+    where ``device`` is not a GPU."""
+    from tunectl.measure.confirm import DEFAULT_SETTINGS
+
+    measured = (bundle.manifest.get("tasks", {}).get(task) or {}).get("measured") or {}
+    mode = str(measured.get("mode") or _serving_mode(task)) if device.startswith("cuda") else "eager"
+    if mode not in ("eager", "graph"):
+        mode = _serving_mode(task)
+    how = {k: measured[k] for k in ("l2", "timing") if isinstance(measured.get(k), str)}
+    try:
+        return mode, dataclasses.replace(DEFAULT_SETTINGS, **how)
+    except (TypeError, ValueError):  # a value this version does not know: time as the default does
+        return mode, DEFAULT_SETTINGS
 
 
 def _static_of(bundle: Bundle, task: str, given: Mapping[str, Any]) -> dict[str, Any]:

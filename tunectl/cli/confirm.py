@@ -66,7 +66,7 @@ def _summary(done: api.Confirmed, bundle: api.Bundle, task: str, budget_s: float
     }
     rest = "".join(f"; {n} {what}" for what, n in others.items() if n)
     return (
-        f"timed the candidates at {len(timed)} of {len(reports)} shape(s) on {done.device} in "
+        f"timed the candidates at {len(timed)} of {len(reports)} shape(s) on {done.device} ({done.how}) in "
         f"{done.seconds:.1f} s: {changed} would run another config than the bundle's pick{rest}"
     )
 

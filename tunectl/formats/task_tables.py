@@ -8,13 +8,14 @@ What a table needs from a task (how shapes bucket) comes from the source runs' p
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tunectl.core.buckets import Bucketer, make_bucketer
 from tunectl.core.errors import UserError
 from tunectl.core.plan import RunFacts, selectable_in
-from tunectl.core.record import Record
+from tunectl.core.record import Record, Status
 from tunectl.decide.candidates import DEFAULT_CANDIDATES, candidate_lists
 from tunectl.decide.probes import cell_of, point_timings, regional
 from tunectl.decide.rules import fit_rules, rule_sites, with_rules
@@ -143,4 +144,21 @@ def task_tables(
         )
         for t in tasks
     }
-    return winners, [dataclasses.replace(table, entries=entries[t]) for t, table in tables.items()]
+    return winners, [
+        dataclasses.replace(table, entries=entries[t], measured=measured_as(records, t))
+        for t, table in tables.items()
+    ]
+
+
+def measured_as(records: Sequence[Record], task: str) -> dict[str, str]:
+    """How most of ``task``'s measured rows were timed: L2 state, mode and timing method (``{}``: none
+    say), so that confirming a candidate at start-up times it as tuning did."""
+    ways = Counter(
+        (str(r.l2), str(r.measure_mode), str(r.timing))
+        for r in records
+        if r.task == task and r.status == Status.OK and r.l2 and r.measure_mode and r.timing
+    )
+    if not ways:
+        return {}
+    (l2, mode, timing), _ = ways.most_common(1)[0]
+    return {"l2": l2, "mode": mode, "timing": timing}

@@ -7,7 +7,10 @@ candidate at each shape the caller will run, through the task's own path (inputs
 ``prepare``, output check) and the project's samplers (``tunectl.measure.timing``), in ``ROUNDS``
 interleaved rounds (``tunectl.measure.harness.interleave``: a slowdown meanwhile falls on every
 candidate alike), and returns a bundle whose ``lookup`` answers the fastest at those
-exact shapes (``Bundle.with_confirmed``), with a report. Within ``budget_s`` seconds: a shape not
+exact shapes (``Bundle.with_confirmed``), with a report. ``settings`` say how a candidate is timed:
+the L2's state and the timing method should be those the bundle's entries were measured with (the
+manifest's ``measured``; ``api.confirm_candidates`` reads them), or a warm-L2 ranking can disagree
+with the cold-L2 one the bundle chose by. Within ``budget_s`` seconds: a shape not
 reached keeps the bundle's pick. A candidate that fails to prepare or run, or whose output is wrong,
 is left out; a shape where none ran keeps the pick.
 
@@ -136,7 +139,7 @@ def _sampler(
     try:
         fn = task.prepare(static, shape, task.complete_config(dict(config)), inputs)
         _, ok = compare_outputs(fn(), reference, *task.tolerance(static))
-        return make_sampler(fn, device, mode, str(settings.l2)) if ok else None
+        return make_sampler(fn, device, mode, str(settings.l2), str(settings.timing)) if ok else None
     except Exception:  # a candidate that cannot run here is left out, as tuning leaves it out
         return None
 

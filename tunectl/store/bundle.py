@@ -28,7 +28,7 @@ import shutil
 import tarfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -58,6 +58,8 @@ class TaskTable:
     static_params: tuple[str, ...]
     shape_params: Mapping[str, Mapping[str, Any]]  # name -> {"policy": ..., "points": [...]}
     entries: tuple[Entry, ...]
+    #: how the entries were measured ({"l2", "mode", "timing"}): confirming at start-up times the same way
+    measured: Mapping[str, str] = field(default_factory=dict)
 
 
 def check_name(kind: str, value: str) -> str:
@@ -123,6 +125,7 @@ def build_files(
             "static_params": list(table.static_params),
             "shape_params": {k: dict(v) for k, v in sorted(table.shape_params.items())},
             "num_entries": len(table.entries),
+            **({"measured": dict(table.measured)} if table.measured else {}),
         }
     manifest = {
         "schema_version": SCHEMA_VERSION,
