@@ -360,3 +360,39 @@ def test_a_device_faster_than_a_carried_level_times_the_level_again_without_wait
     assert not item.drift and item.remeasured == 1 and item.reference_ratio == pytest.approx(1.0)
     assert item.stats.median_us == pytest.approx(CALL_US)
     assert device.now_us - start < 1e6, "no wait"
+
+
+class WindowedDevice(SlowingDevice):
+    """Every kernel takes 1.2 x its cost inside any of ``windows`` (device time, µs)."""
+
+    def __init__(self, windows: list[tuple[float, float]]) -> None:
+        super().__init__()
+        self.windows = windows
+
+    def kernel(self, cost_us: float) -> Callable[[], float]:
+        def sample() -> float:
+            us = cost_us * (1.2 if any(a <= self.now_us < b for a, b in self.windows) else 1.0)
+            self.now_us += us
+            return us
+
+        return sample
+
+
+def test_a_reference_reading_faster_than_its_level_is_never_waited_for() -> None:
+    """The point's level, and the level timed again after the first check read faster, both fall in a
+    slow spell (other work on the GPU while they were timed): every check reads faster than the level.
+    A device that reads faster cannot be waited back to it: the row is flagged, no second is slept,
+    and the next measurement times the level again and is clean."""
+    device = WindowedDevice([(0.0, 2400.0), (3800.0, 6201.0)])  # the two level timings of this point
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        device.sleep(seconds)
+
+    guard = DriftGuard(device.reference, action="remeasure", settings=SETTINGS, sleep=sleep)
+    first, second = point_measurements(guard, device, "p", 2)
+    assert slept == [], "no wait for a device that reads faster than its level"
+    assert first.drift and first.remeasured == 2 and first.reference_ratio < 0.9
+    assert not second.drift and second.reference_ratio == pytest.approx(1.0)
+    assert second.stats.median_us == pytest.approx(CALL_US)

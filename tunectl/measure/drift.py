@@ -46,7 +46,9 @@ three times the noise. Then the measurement just made is made again, up to ``MAX
 each followed by another check. A shift still there after that may be a neighbour's burst of work or
 a passing power cap: the guard waits for the device to come back, timing the reference every
 ``WAIT_STEP_S`` for up to ``MAX_WAIT_S``, and when it is back within noise of the level, measures
-once more. A shift that outlasts the wait is lasting: the row keeps its flag, and the rest of the
+once more; a reference that reads *faster* than the level is not waited for (waiting cannot slow it
+back down): the row is flagged and the next measurement's check times the level again. A shift that
+outlasts the wait is lasting: the row keeps its flag, and the rest of the
 point's items on this worker are flagged without being measured again or waited for (they would meet
 the same device). Every row says what happened: ``reference_us`` (the reference's reading that
 judged it), ``reference_ratio`` (that reading over the point's level), ``drift`` (the reference had
@@ -211,10 +213,13 @@ class DriftGuard:
             (stats, reading), remeasured = self._bracketed(level, sample, settings), 1
         while moved(level, reading) and remeasured < retries:
             (stats, reading), remeasured = self._bracketed(level, sample, settings), remeasured + 1
-        if moved(level, reading) and retries and self._came_back(level):
+        # Only a slower device is waited for: one that reads faster than its level (clocks still rising
+        # from idle, a level timed while something else ran) will not come back to it by waiting.
+        slower = reading.median_us > level.median_us
+        if moved(level, reading) and retries and slower and self._came_back(level):
             (stats, reading), remeasured = self._bracketed(level, sample, settings), remeasured + 1
         shifted = moved(level, reading)
-        if shifted and retries:
+        if shifted and retries and slower:
             self._lasting = True
         ratio = reading.median_us / level.median_us
         return Guarded(stats, reading.median_us, ratio, shifted, remeasured, shared_s + self._spent)
