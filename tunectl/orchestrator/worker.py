@@ -60,6 +60,7 @@ class TuneWorker:
         self.incarnation = secrets.token_hex(8)  # calls sent to an earlier process are not run by this one
         self.journal = journal_path(ray.get_runtime_context().get_actor_id() or f"pid-{os.getpid()}")
         self.last_words = _read_last_words(self.journal)
+        self.notebook = Notebook(self.journal)
         runner_cls = CompileAheadRunner if compile_ahead else ItemRunner
         started = time.perf_counter()
         self.runner = runner_cls.for_process(bool(ray.get_gpu_ids()), num_threads)
@@ -139,15 +140,42 @@ class TuneWorker:
     def close(self) -> list[Any]:
         """Remove the journal (the run is over; nobody will ask for last words); what this process
         noted on the side (``tunectl.orchestrator.notes``)."""
+        self.notebook.close()
         self.journal.unlink(missing_ok=True)
         self.profile.write(f"worker-{os.getpid()}")
         return self.notes.drain(f"worker pid {os.getpid()} on {socket.gethostname()} ({self.device})")
 
     def _note(self, running: str | None, preparing: str | None, arm: str | None = None) -> None:
-        data = canonical_json({"pid": os.getpid(), "running": running, "preparing": preparing, "arm": arm})
+        self.notebook.write(
+            canonical_json({"pid": os.getpid(), "running": running, "preparing": preparing, "arm": arm})
+        )
+
+
+class Notebook:
+    """The journal's writer: one file kept open and written in place, from its start, padded with
+    spaces to the longest note so far (the JSON stays whole; a write is a single system call, which a
+    killed process does not leave half done). A note costs microseconds, not a file's creation: a
+    worker notes every member of every batch."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+        self._longest = 0
+
+    def write(self, note: str) -> None:
+        data = note.encode()
+        self._longest = max(self._longest, len(data))
         with contextlib.suppress(OSError):  # without a journal, blame falls back to Ray's order
-            self.journal.parent.mkdir(exist_ok=True)
-            self.journal.write_text(data)
+            if self._fd is None:
+                self.path.parent.mkdir(exist_ok=True)
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.pwrite(self._fd, data.ljust(self._longest), 0)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
 
 
 class _CallProfile:

@@ -1,4 +1,5 @@
-"""A worker profiles its calls where TUNECTL_PROFILE names a folder, and the run's workers get it."""
+"""What a worker keeps on its side: the journal of what it is running (its last words if it dies), and
+a profile of its calls where TUNECTL_PROFILE names a folder."""
 
 from __future__ import annotations
 
@@ -53,3 +54,21 @@ def test_the_runs_workers_are_started_with_the_profile_folder(
         PROFILE_ENV
         not in worker_setup(CompileOptions(), "quickstart_attention", False).runtime_env()["env_vars"]
     )
+
+
+def test_the_journal_holds_the_latest_note_whole_after_longer_and_shorter_ones(tmp_path: Path) -> None:
+    import json
+    import os
+
+    from tunectl.orchestrator.worker import Notebook, _read_last_words
+
+    path = tmp_path / "journal" / "actor"
+    book = Notebook(path)
+    long = {"pid": os.getpid() + 1, "running": "item-" + "x" * 40, "preparing": "next", "arm": None}
+    short = {"pid": os.getpid() + 1, "running": "b", "preparing": None, "arm": None}
+    book.write(json.dumps(long))
+    book.write(json.dumps(short))
+    assert json.loads(path.read_text()) == short  # padded with spaces, never a tail of the longer note
+    assert _read_last_words(path) == {"running": "b", "preparing": None, "arm": None}
+    assert not path.exists()  # read once, then forgotten
+    book.close()
