@@ -94,7 +94,9 @@ def test_confirm_times_each_candidate_with_the_cpu_task(tmp_path: Path) -> None:
     assert [dict(c) for c, _ in first.timed] == [PICK, *OTHERS]
     medians = [t for _, t in first.timed]
     assert all(t is not None and t > 0 for t in medians)
-    assert first.chosen == first.timed[medians.index(min(medians))][0]  # type: ignore[type-var]
+    fastest = min(medians)  # type: ignore[type-var]
+    beats_own = fastest * 1.02 < medians[0]  # type: ignore[operator]
+    assert first.chosen == (first.timed[medians.index(fastest)][0] if beats_own else PICK)
     assert confirmed.lookup("decode_attention", **STATIC, batch=3, kv_len=1500) == first.chosen
     assert missed.chosen is None and missed.timed == ()  # not in the bundle: nothing to time
     assert "chose" in first.line()
@@ -232,3 +234,31 @@ def test_export_says_how_the_entries_were_measured_and_confirming_times_so(tmp_p
     older = load_bundle(_bundle(tmp_path), env_policy="off")  # no "measured": a warm L2, as before
     assert "measured" not in older.manifest["tasks"]["decode_attention"]
     assert str(timed_as(older, "decode_attention", "cpu")[1].l2) == "warm"
+
+
+@pytest.mark.parametrize(
+    ("medians", "chosen"),
+    [
+        ([100.0, 99.0, 90.0], 2),  # 10 % faster than the entry's own config: it replaces it
+        ([100.0, 99.0, 98.5], 0),  # within the 2 % margin: a near-tie keeps the entry's config
+        ([None, 99.0, 98.5], 2),  # the entry's config did not run: the fastest that did
+    ],
+)
+def test_a_candidate_replaces_the_entrys_config_only_beyond_the_margin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, medians: list[float | None], chosen: int
+) -> None:
+    from tunectl.measure import confirm as confirming
+
+    bundle = load_bundle(_bundle(tmp_path), env_policy="off")
+    ran = [m for m in medians if m is not None]
+    monkeypatch.setattr(confirming, "_interleaved", lambda samplers, settings: ran)  # the timing, faked
+    real_sampler = confirming._sampler
+    order = iter(medians)
+
+    def sampler(*args: Any) -> Any:
+        made = real_sampler(*args)
+        return None if next(order) is None else made
+
+    monkeypatch.setattr(confirming, "_sampler", sampler)
+    _, [report] = confirm(bundle, "decode_attention", STATIC, [{"batch": 3, "kv_len": 1500}], budget_s=60)
+    assert report.chosen == [PICK, *OTHERS][chosen]

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tunectl.core.errors import OptionError
-from tunectl.core.spec import MeasureSpec
+from tunectl.core.spec import DEFAULT_MARGIN, MeasureSpec
 from tunectl.runtime import Bundle
 
 if TYPE_CHECKING:
@@ -21,11 +21,13 @@ if TYPE_CHECKING:
 class ConfirmOptions:
     """``static``: the entries' static values to confirm for (needed only where the bundle holds more
     than one static key of the task); ``device``: ``auto`` (the first GPU, else the CPU) or a device;
-    ``budget_s``: seconds for every shape together (a shape not reached keeps the bundle's pick)."""
+    ``budget_s``: seconds for every shape together (a shape not reached keeps the bundle's pick);
+    ``margin``: how much faster than the entry's own config a candidate must be to replace it."""
 
     static: Mapping[str, Any] = field(default_factory=dict)
     device: str = "auto"
     budget_s: float = 60.0
+    margin: float = DEFAULT_MARGIN
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,11 @@ around its cell (``Bundle.candidates``, ``tunectl.decide.candidates``). ``confir
 candidate at each shape the caller will run, through the task's own path (inputs, reference,
 ``prepare``, output check) and the project's samplers (``tunectl.measure.timing``), in ``ROUNDS``
 interleaved rounds (``tunectl.measure.harness.interleave``: a slowdown meanwhile falls on every
-candidate alike), and returns a bundle whose ``lookup`` answers the fastest at those
-exact shapes (``Bundle.with_confirmed``), with a report. ``settings`` say how a candidate is timed:
-the L2's state and the timing method should be those the bundle's entries were measured with (the
+candidate alike), and returns a bundle whose ``lookup`` (``Bundle.with_confirmed``) answers, at those
+exact shapes, the fastest where it beats the entry's own config by more than ``margin`` (the margin a
+winner must clear at export, 2 %: a new process times near-tied configs apart by about that much, so a
+near-tie keeps the config the tuning runs chose), with a report. ``settings`` say how a candidate is
+timed: the L2's state and the timing method should be those the bundle's entries were measured with (the
 manifest's ``measured``; ``api.confirm_candidates`` reads them), or a warm-L2 ranking can disagree
 with the cold-L2 one the bundle chose by. Within ``budget_s`` seconds: a shape not
 reached keeps the bundle's pick. A candidate that fails to prepare or run, or whose output is wrong,
@@ -27,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tunectl.core.spec import MeasureSpec
+from tunectl.core.spec import DEFAULT_MARGIN, MeasureSpec
 from tunectl.measure.harness import Sampler, interleave
 from tunectl.measure.rounds import round_times
 from tunectl.measure.timing import make_sampler
@@ -62,6 +64,13 @@ class ShapeReport:
         if not self.timed:
             return f"{shape}: one candidate, the bundle's pick {dict(self.chosen)}"
         times = "; ".join(f"{dict(c)} {'failed' if t is None else f'{t:.1f} µs'}" for c, t in self.timed)
+        own = self.timed[0][1]
+        if (
+            self.chosen == self.timed[0][0]
+            and own is not None
+            and any(t is not None and t < own for _, t in self.timed)
+        ):
+            return f"{shape}: kept the bundle's pick {dict(self.chosen)}, no candidate faster beyond the margin, in {self.seconds:.2f} s ({times})"
         return f"{shape}: chose {dict(self.chosen)} in {self.seconds:.2f} s ({times})"
 
 
@@ -75,6 +84,7 @@ def confirm(
     device: str = "cpu",
     mode: str = "eager",
     settings: MeasureSpec = DEFAULT_SETTINGS,
+    margin: float = DEFAULT_MARGIN,
 ) -> tuple[Bundle, list[ShapeReport]]:
     """``bundle`` with the fastest candidate installed at each of ``shapes`` (module doc), and the report."""
     task = get_task(task_name)
@@ -88,7 +98,7 @@ def confirm(
             reports.append(ShapeReport(dict(shape), (), listed[0] if listed else None, 0.0, skipped=True))
             continue
         report = _confirm_shape(
-            bundle, task, task_name, params, dict(shape), listed, (device, mode, settings)
+            bundle, task, task_name, params, dict(shape), listed, (device, mode, settings), margin
         )
         reports.append(report)
         if report.chosen is not None and len(report.timed) > 1:
@@ -104,8 +114,10 @@ def _confirm_shape(
     shape: dict[str, Any],
     listed: list[dict[str, Any]],
     how: tuple[str, str, MeasureSpec],
+    margin: float,
 ) -> ShapeReport:
-    """Time each of ``listed`` at one shape; the fastest that ran and matched the reference."""
+    """Time each of ``listed`` at one shape; the fastest that ran and matched the reference, unless the
+    entry's own config (listed first) ran and none beat it by more than ``margin``."""
     t0 = time.perf_counter()
     entry = bundle.entry(task_name, **params)
     if entry is None or len(listed) < 2:
@@ -122,6 +134,9 @@ def _confirm_shape(
     )
     ran = [(t, i) for i, (_, t) in enumerate(timed) if t is not None]
     chosen = timed[min(ran)[1]][0] if ran else listed[0]
+    own = timed[0][1]
+    if own is not None and min(ran)[0] * (1.0 + margin) >= own:
+        chosen = listed[0]
     return ShapeReport(shape, timed, chosen, time.perf_counter() - t0)
 
 
