@@ -142,6 +142,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             (int(seed), holdout_of(args.results, bundle_dir, run_id, args.margin))
         )
     doc = summary(pages)
+    if args.json.exists():  # what other studies added (the confirmed picks) stays
+        kept = json.loads(args.json.read_text())
+        doc = {**{k: v for k, v in kept.items() if k not in doc}, **doc}
     args.json.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     commands = args.commands.read_text() if args.commands else ""
     args.markdown.write_text(markdown(doc, args.date, commands))
