@@ -74,7 +74,9 @@ def confirm_candidates(
         mode=mode,
         settings=settings,
     )
-    how = f"{mode}, {settings.l2} L2, {settings.timing} timing"
+    from tunectl.measure.timing import timing_of
+
+    how = f"{mode}, {settings.l2} L2, {timing_of(device, str(settings.l2), str(settings.timing))} timing"
     return Confirmed(confirmed, static, device, reports, how)
 
 
