@@ -70,7 +70,8 @@ class ShapeReport:
             and own is not None
             and any(t is not None and t < own for _, t in self.timed)
         ):
-            return f"{shape}: kept the bundle's pick {dict(self.chosen)}, no candidate faster beyond the margin, in {self.seconds:.2f} s ({times})"
+            kept = f"kept the bundle's pick {dict(self.chosen)}, no candidate faster beyond the margin"
+            return f"{shape}: {kept}, in {self.seconds:.2f} s ({times})"
         return f"{shape}: chose {dict(self.chosen)} in {self.seconds:.2f} s ({times})"
 
 
