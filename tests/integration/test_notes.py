@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pstats
 import re
 import subprocess
 import sys
@@ -76,11 +77,15 @@ def test_a_workers_warning_and_printed_lines_reach_the_runs_log_and_not_the_cons
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
+        env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "TUNECTL_PROFILE": str(tmp_path / "profiles")},
     )
     console = " ".join((done.stdout + done.stderr).split())  # lines the console wrapped, whole again
     assert done.returncode == 0, console
     assert WARNING not in console
+    # The worker also profiled its calls, as TUNECTL_PROFILE asked, and left the profile at the end.
+    [profile] = (tmp_path / "profiles").glob("worker-*.pstats")
+    functions = {func for _, _, func in pstats.Stats(str(profile)).stats}  # type: ignore[attr-defined]
+    assert "_measure_each" in functions
     [run_id] = [p.stem for p in (results / "_runs").glob("*.json")]
     [counted] = re.findall(r"(\d+) message\(s\) from worker and compile processes \(([^)]*)\)", console)
     assert "1 UserWarning" in counted[1] and re.search(r"\b\d+ printed\b", counted[1]), counted
