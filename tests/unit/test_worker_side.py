@@ -72,3 +72,39 @@ def test_the_journal_holds_the_latest_note_whole_after_longer_and_shorter_ones(t
     assert _read_last_words(path) == {"running": "b", "preparing": None, "arm": None}
     assert not path.exists()  # read once, then forgotten
     book.close()
+
+
+def test_a_decode_worker_imports_only_the_libraries_of_the_backends_the_run_measures(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from tunectl.tasks import flash_decode
+
+    imported: list[tuple[str, ...]] = []
+    monkeypatch.setattr(flash_decode, "warm_up_libraries", lambda modules: imported.append(modules) or {})
+    task = flash_decode.FlashDecode()
+    task.warm_up("cuda:0", [{"backend": "fa3", "num_splits": 8}, {"backend": "triton"}, {"backend": "sdpa"}])
+    task.warm_up("cuda:0")  # no configs given: every backend's library, as before
+    assert task.warm_up("cpu", [{"backend": "fa4"}]) == {}
+    assert imported[0] == ("flash_attn_interface", "tunectl.tasks._triton_decode")
+    assert set(imported[1]) >= {"flash_attn.cute", "flashinfer", "flash_attn", "torch._inductor.compile_fx"}
+
+
+def test_a_submitted_run_starts_its_workers_with_the_plans_configs() -> None:
+    from tunectl.core.plan import plan
+    from tunectl.core.spec import load_spec
+    from tunectl.orchestrator.compiling import worker_setup
+    from tunectl.orchestrator.control import CompileOptions
+
+    spec = load_spec("configs/lightllm/flash_decode.toml")  # flash-attn 3 only, its own default too
+    setup = worker_setup(CompileOptions(), spec.task, False, plan(spec).all_configs)
+    assert {dict(c)["backend"] for c in setup.uses} == {"fa3"}
+    shipped = plan(load_spec("configs/h200/flash_decode.toml")).all_configs
+    assert {dict(c)["backend"] for c in shipped} == {
+        "fa4",
+        "fa2",
+        "fa3",
+        "sdpa",
+        "flex",
+        "flashinfer",
+        "triton",
+    }

@@ -258,6 +258,11 @@ class Plan:
     def skipped_points(self) -> tuple[tuple[Key, Key, str], ...]:
         return self.count.skipped_points
 
+    @property
+    def all_configs(self) -> tuple[Key, ...]:
+        """Every distinct config the plan measures, over its static keys (defaults included)."""
+        return tuple(dict.fromkeys(c for _, configs in self.configs for c in configs))
+
     def points(self) -> Iterator[Planned]:
         """Every buildable (static, shape) point with its configs, lazily, static key by static key."""
         for static, configs in self.configs:

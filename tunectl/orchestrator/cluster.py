@@ -52,6 +52,8 @@ class WorkerSetup:
     env: tuple[tuple[str, str], ...] = ()
     warm_up: tuple[str, ...] = ()
     compile_ahead: bool = False
+    #: the configs the run measures: a worker imports only their libraries before its first item
+    uses: tuple[Any, ...] = ()
 
     def runtime_env(self, **extra: str) -> dict[str, Any]:
         return {"env_vars": {**dict(self.env), **extra}}
@@ -225,7 +227,7 @@ def _gpu_pool(name: str, count: int, setup: WorkerSetup, timeout_s: float, label
                 scheduling_strategy=strategy,
                 runtime_env=setup.runtime_env(),
             )
-            .remote(1, setup.compile_ahead, setup.warm_up)
+            .remote(1, setup.compile_ahead, setup.warm_up, setup.uses)
         )
     pool.node_ids = set(placement_group_table(pg).get("bundles_to_node_id", {}).values())
     return pool
@@ -245,7 +247,7 @@ def _cpu_pool(setup: WorkerSetup) -> Pool:
         pool.workers.append(
             _actor(TuneWorker)
             .options(num_cpus=cpus, scheduling_strategy=strategy, runtime_env=setup.runtime_env())
-            .remote(cpus, setup.compile_ahead, setup.warm_up)
+            .remote(cpus, setup.compile_ahead, setup.warm_up, setup.uses)
         )
         pool.node_ids.add(node["NodeID"])
     if not pool.workers:

@@ -21,14 +21,17 @@ log = logging.getLogger("tunectl.run")
 OnCompiles = Callable[[int, int, int], None]  # (built, total, building), told as the counts change
 
 
-def worker_setup(compile: CompileOptions, task: str, compile_ahead: bool) -> WorkerSetup:
-    """How the run's workers and compile processes start: the compile caches, the task warmed up."""
+def worker_setup(
+    compile: CompileOptions, task: str, compile_ahead: bool, uses: Sequence[Any] = ()
+) -> WorkerSetup:
+    """How the run's workers and compile processes start: the compile caches, the task warmed up for
+    the configs it ``uses`` (none given: all its libraries)."""
     from tunectl.orchestrator.worker import PROFILE_ENV
     from tunectl.tasks.compile import cache_env
 
     profile = {PROFILE_ENV: os.environ[PROFILE_ENV]} if os.environ.get(PROFILE_ENV) else {}
     env = tuple(sorted({**cache_env(compile.cache_root()), **profile}.items()))
-    return WorkerSetup(env=env, warm_up=(task,), compile_ahead=compile_ahead)
+    return WorkerSetup(env=env, warm_up=(task,), compile_ahead=compile_ahead, uses=tuple(uses))
 
 
 def start_builds(

@@ -212,6 +212,7 @@ def submit(
         progress=progress,
         options=options,
         strategy=spec.search.strategy,
+        uses=work.all_configs,
     )
     out.plan = work
     return out
@@ -228,11 +229,13 @@ def run(
     progress: Progress | None = None,
     options: RunOptions = RunOptions(),
     strategy: str = "fixed",
+    uses: Sequence[Key] = (),
 ) -> SubmitResult:
     """Measure ``work`` (each pool's, given its name when the run has several) as run ``info``.
 
     The run's metadata is saved as it goes; its records are appended to ``results`` as they arrive.
-    ``resumed``: the run has records already; each pool's work starts from them.
+    ``resumed``: the run has records already; each pool's work starts from them. ``uses``: the configs
+    the work measures (the workers import only their libraries up front; none given: all the task's).
     """
     results = Path(results)
     started = time.time()
@@ -240,7 +243,7 @@ def run(
     owns_ray = options.connect_fn(options.address, num_gpus=options.num_gpus, num_cpus=options.num_cpus)
     run_file = RunFile(results, info.with_driver())
     writer = ResultsWriter(results)
-    job = _Job(work, resources, measure, strategy, resumed)
+    job = _Job(work, resources, measure, strategy, resumed, tuple(uses))
     with Workers(run_file, owns_ray) as workers, stops_recorded(run_file, writer):
         run_file.save("running")
         with event_log(results, info.run_id):
@@ -262,6 +265,7 @@ class _Job:
     measure: MeasureSpec
     strategy: str
     resumed: bool
+    uses: tuple[Key, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -323,7 +327,7 @@ def _start(
     names = list(info.pools) or choose_pools(job.resources.accelerator_type, job.resources.num_gpus)
     ahead = bool(options.compile_ahead)
     compile_options = options.compile_options or CompileOptions()
-    setup = worker_setup(compile_options, info.task, ahead)
+    setup = worker_setup(compile_options, info.task, ahead, job.uses)
     placement = workers.start_pools(names, job.resources.num_gpus, setup)
     pools = workers.pools
     works = {p.name: job.work(p.name if len(pools) > 1 else None) for p in pools}

@@ -47,7 +47,13 @@ class TuneWorker:
     ``run`` calls execute one at a time, in the order they were sent; the dispatcher relies on it.
     """
 
-    def __init__(self, num_threads: int, compile_ahead: bool = False, warm_up: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        num_threads: int,
+        compile_ahead: bool = False,
+        warm_up: tuple[str, ...] = (),
+        uses: tuple[Any, ...] = (),
+    ) -> None:
         began = time.perf_counter()
         self.startup: dict[str, Any] = {"process_s": _process_age_s()}  # before this constructor ran
         from tunectl.measure.runner import ItemRunner
@@ -69,7 +75,7 @@ class TuneWorker:
         self.startup["device_s"] = time.perf_counter() - started
         libraries: dict[str, float] = {}
         for name in warm_up:  # before the first item: the driver sends work once this answers
-            libraries.update(get_task(name).warm_up(self.device))
+            libraries.update(get_task(name).warm_up(self.device, [dict(c) for c in uses]))
         self.startup["libraries"] = libraries
         self.startup["total_s"] = self.startup["process_s"] + time.perf_counter() - began
         self.profile = _CallProfile.from_env()

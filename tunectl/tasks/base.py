@@ -8,7 +8,7 @@ so that reading a task's declarations (spec validation, planning) stays cheap.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from tunectl.core.params import Rule
@@ -68,8 +68,9 @@ class TuningTask(Protocol):
     def build_shape(self, static: Params, shape: Params, config: Params) -> dict[str, Any]:
         """The point this config's kernel is built at."""
 
-    def warm_up(self, device: str) -> Mapping[str, float]:
-        """Per-process start-up of the task's libraries: the seconds each library's import took."""
+    def warm_up(self, device: str, configs: Sequence[Mapping[str, Any]] = ()) -> Mapping[str, float]:
+        """Per-process start-up of the libraries ``configs`` use (the run's configs; none given: all of
+        the task's): the seconds each library's import took."""
 
     def tolerance(self, static: Params) -> tuple[float, float]:
         """(atol, rtol) for comparing an output with the reference."""
@@ -115,7 +116,7 @@ class Task:
         """The point a compile process builds this config's kernel at (``tunectl.tasks.compile.build``)."""
         return dict(shape)
 
-    def warm_up(self, device: str) -> Mapping[str, float]:
+    def warm_up(self, device: str, configs: Sequence[Mapping[str, Any]] = ()) -> Mapping[str, float]:
         """No per-process start-up beyond importing the task."""
         return {}
 

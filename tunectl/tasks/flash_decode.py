@@ -41,7 +41,7 @@ over every backend's default.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from tunectl.core.params import Rule
@@ -73,16 +73,16 @@ BACKEND_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 _MAX_KV_BYTES = 8 << 30  # K and V together; larger points are skipped, not half-built
-#: imported once per worker on a GPU, before its first item (``warm_up``)
-_WARM_MODULES = (
-    "flash_attn.cute",
-    "flash_attn",
-    "flash_attn_interface",
-    "torch._inductor.compile_fx",
-    "torch.nn.attention.flex_attention",
-    "tunectl.tasks._triton_decode",
-    "flashinfer",
-)
+#: per backend, what a worker on a GPU imports before its first item (``warm_up``): only the backends
+#: the run measures (flash-attn-4's CUTLASS DSL alone took 5.7-9.8 s on an H200)
+_WARM_MODULES = {
+    "fa4": ("flash_attn.cute",),
+    "fa2": ("flash_attn",),
+    "fa3": ("flash_attn_interface",),
+    "flex": ("torch._inductor.compile_fx", "torch.nn.attention.flex_attention"),
+    "triton": ("tunectl.tasks._triton_decode",),
+    "flashinfer": ("flashinfer",),
+}
 
 
 class FlashDecode(Task):
@@ -198,9 +198,13 @@ class FlashDecode(Task):
 
         return flex_decode_args(static, inputs)
 
-    def warm_up(self, device: str) -> Mapping[str, float]:
-        """Import the kernel libraries once per worker, before its first item."""
-        return warm_up_libraries(_WARM_MODULES) if device.startswith("cuda") else {}
+    def warm_up(self, device: str, configs: Sequence[Mapping[str, Any]] = ()) -> Mapping[str, float]:
+        """Import once per worker, before its first item, the kernel libraries of the backends
+        ``configs`` use (all of them where none are given)."""
+        if not device.startswith("cuda"):
+            return {}
+        used = {str(c.get("backend")) for c in configs} if configs else set(_WARM_MODULES)
+        return warm_up_libraries(tuple(m for b, mods in _WARM_MODULES.items() if b in used for m in mods))
 
     def check_point(self, static: Params, shape: Params) -> str | None:
         hq, hkv, d, page = (

@@ -21,7 +21,7 @@ load, the worker compiles as before.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from tunectl.core.params import Rule
@@ -102,9 +102,10 @@ class FlexPrefill(Task):
         blocks = _flex.block_tensors(derived["block_mask"])
         return (inputs["q"], inputs["k"], inputs["v"], inputs["doc_id"], blocks)
 
-    def warm_up(self, device: str) -> Mapping[str, float]:
+    def warm_up(self, device: str, configs: Sequence[Mapping[str, Any]] = ()) -> Mapping[str, float]:
         """Import, before the first item, what a first load would: Inductor, Flex, and the flash-attn-4
-        modules that ``BACKEND = "FLASH"`` kernels import (an H200 worker's first such load took 4.4 s)."""
+        modules that ``BACKEND = "FLASH"`` kernels import (an H200 worker's first such load took 4.4 s);
+        every config needs them."""
         return warm_up_libraries(_WARM_MODULES) if device.startswith("cuda") else {}
 
     def check_point(self, static: Params, shape: Params) -> str | None:
