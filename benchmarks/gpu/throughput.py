@@ -6,6 +6,7 @@ engines (``before``, ``after``) side by side, cold and warm caches, into ``throu
 The runs themselves come from ``benchmarks/gpu/throughput_h200.sh`` on the GPU host.
 
     python benchmarks/gpu/throughput.py compare --runs /tmp/tp --out benchmarks/results/throughput.json
+    python benchmarks/gpu/throughput.py agreement /tmp/tp/res-after-warm /tmp/tp/res-after-cold ...
 """
 
 from __future__ import annotations
@@ -161,13 +162,29 @@ def cmd_compare(args: argparse.Namespace) -> None:
     print(json.dumps({k: v for k, v in out.items() if k != "runs"}, indent=1, default=str))
 
 
+def agreement(results: list[Path]) -> dict[str, Any]:
+    """``same_decisions`` between every pair of ``results`` (runs of one spec): how often two runs agree
+    on a winner, the floor any before/after comparison of decisions stands on."""
+    pairs = {
+        f"{a} vs {b}": same_decisions(a, b)["share"] for i, a in enumerate(results) for b in results[i + 1 :]
+    }
+    shares = [v for v in pairs.values() if v is not None]
+    summary = {"median": statistics.median(shares), "min": min(shares), "max": max(shares)} if shares else {}
+    return {"pairs": pairs, **summary}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     c = sub.add_parser("compare")
     c.add_argument("--runs", required=True, help="the folder throughput_h200.sh wrote (res-ENGINE-CACHES)")
     c.add_argument("--out", required=True)
+    a = sub.add_parser("agreement", help="how often runs of one spec agree on winners, pair by pair")
+    a.add_argument("results", nargs="+", type=Path, help="two or more results folders of one spec")
     args = p.parse_args()
+    if args.cmd == "agreement":
+        print(json.dumps(agreement(args.results), indent=1, default=str))
+        return
     cmd_compare(args)
 
 
