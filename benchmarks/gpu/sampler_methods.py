@@ -7,6 +7,10 @@ Methods, all with a cold L2:
 - ``difference, write flush`` / ``difference, read flush``: a graph of K x (flush, call) minus a
   graph of K flushes, over K (``tunectl.measure.difference``), with the flush that zeroes a buffer twice the
   L2, or the one that sums it (``FLUSH`` picks one for tunectl);
+- ``difference, read flush, 1x L2`` / ``1.5x L2``: the read flush over a buffer of one and one and a
+  half L2 sizes instead of two: where these read as the 2x flush does, a smaller flush leaves the L2
+  as cold, and the GPU spends less of a measurement on flushing (each flush's own time is printed
+  first);
 - ``do_bench``: Triton's ``triton.testing.do_bench`` (an eager call between events per sample, its
   own L2 flush before each), median.
 
@@ -32,14 +36,22 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tunectl.core.spec import MeasureSpec, load_spec
-from tunectl.measure.difference import FLUSH, cuda_difference_sampler
+from tunectl.measure.difference import FLUSH, cuda_difference_sampler, cuda_flush
 from tunectl.measure.harness import measure
 from tunectl.measure.timing import make_sampler
 
 COPY_US = (10, 20, 40, 100, 400, 2000)
 POINTS = ({"batch": 2, "kv_len": 3000, "q_len": 1}, {"batch": 1, "kv_len": 32768, "q_len": 1})
 BACKENDS = ("fa4", "flex")
-METHODS = ("replay", "difference, write flush", "difference, read flush", "do_bench")
+METHODS = (
+    "replay",
+    "difference, write flush",
+    "difference, read flush",
+    "difference, read flush, 1x L2",
+    "difference, read flush, 1.5x L2",
+    "do_bench",
+)
+FLUSH_SIZES = (1.0, 1.5, 2.0)  # L2 sizes of the read flushes whose own time is printed
 SPEC = Path(__file__).resolve().parents[2] / "configs" / "h200" / "flash_decode.toml"
 
 
@@ -50,6 +62,12 @@ def time_methods(fn: Callable[[], Any], device: str, settings: MeasureSpec) -> d
         "replay": lambda: make_sampler(fn, device, "graph", "cold", "replay"),
         "difference, write flush": lambda: cuda_difference_sampler(fn, device, "graph", flush_kind="write"),
         "difference, read flush": lambda: cuda_difference_sampler(fn, device, "graph", flush_kind="read"),
+        "difference, read flush, 1x L2": lambda: cuda_difference_sampler(
+            fn, device, "graph", flush_kind="read", flush_l2s=1.0
+        ),
+        "difference, read flush, 1.5x L2": lambda: cuda_difference_sampler(
+            fn, device, "graph", flush_kind="read", flush_l2s=1.5
+        ),
     }
     out = {name: measure(make(), settings).median_us for name, make in samplers.items()}
     try:
@@ -125,6 +143,11 @@ def main() -> None:
     print(f"{props.name}, L2 {props.L2_cache_size >> 20} MiB, torch {torch.__version__}; FLUSH = {FLUSH!r}\n")
     bandwidth = copy_bandwidth(args.device)
     print(f"copy bandwidth {bandwidth / 1e6:.2f} TB/s (1 GiB, warm replay)\n")
+    for l2s in FLUSH_SIZES:
+        flush = cuda_flush(args.device, "read", l2s)
+        us = measure(make_sampler(flush, args.device, "graph", "warm"), settings).median_us
+        print(f"read flush of {l2s:g}x L2: {us:.1f} µs")
+    print()
     print("| kernel | " + " | ".join(f"{m} (µs)" for m in METHODS) + " |")
     print("|---|" + "---:|" * len(METHODS))
     for target in COPY_US:

@@ -63,6 +63,9 @@ Capture = Callable[[Callable[[], Any]], Callable[[], Any]]  # a callable made in
 FlushKind = Literal["read", "write"]
 
 FLUSH: FlushKind = "read"
+#: the flush's buffer, in L2 sizes (``cuda_flush``); ``benchmarks/gpu/sampler_methods.py`` reads the
+#: same kernels with smaller flushes, to see how small one may be and still leave the L2 cold
+FLUSH_L2S = 2.0
 TARGET_LAUNCH_US = 500.0  # A this long: the events' ~1 µs resolution is 0.2 % of it, and a sample ~1 ms
 MAX_CALLS = 64
 _SPIN_CYCLES = 200_000  # ~0.1 ms at H200 clocks: several graph launches' host latency (eager: ``cover``)
@@ -174,16 +177,21 @@ def timed_launches(
 
 
 def cuda_difference_sampler(
-    fn: Callable[[], Any], device: str, mode: str, *, flush_kind: FlushKind = FLUSH
+    fn: Callable[[], Any],
+    device: str,
+    mode: str,
+    *,
+    flush_kind: FlushKind = FLUSH,
+    flush_l2s: float = FLUSH_L2S,
 ) -> Sampler:
     """The difference method for ``fn`` on a CUDA device: graphs (``graph``) or eager launches
     (``eager``), K chosen from a first estimate of one (flush, call) pair, which also warms ``fn`` for
     its capture. Launch B (K + 1 flushes) is kept per device and K, for every sampler that needs it."""
     parts = cuda_parts(device, mode, warmup_calls=0)  # ``warm_pair_us`` warms what is captured
-    flush = cuda_flush(device, flush_kind)
+    flush = cuda_flush(device, flush_kind, flush_l2s)
     pair_us = warm_pair_us(fn, flush, device)
     k = num_calls_for(pair_us)
-    key = (device, mode, flush_kind, k)
+    key = (device, mode, flush_kind, flush_l2s, k)
     if key not in _FLUSHES:
         _FLUSHES[key] = parts.capture(flushes_alone(flush, k))
     sample = difference_sampler(
@@ -195,10 +203,11 @@ def cuda_difference_sampler(
     return sample
 
 
-#: per (device, mode, flush kind, K): launch B (K + 1 flushes) every difference sampler with that K times
-_FLUSHES: dict[tuple[str, str, str, int], Callable[[], Any]] = {}
-#: per (device, kind): the flush; its buffer lives for the process (the graphs above read it)
-_FLUSH_KERNELS: dict[tuple[str, str], Callable[[], None]] = {}
+#: per (device, mode, flush kind and size, K): launch B (K + 1 flushes) every difference sampler with
+#: that K times
+_FLUSHES: dict[tuple[str, str, str, float, int], Callable[[], Any]] = {}
+#: per (device, kind, size): the flush; its buffer lives for the process (the graphs above read it)
+_FLUSH_KERNELS: dict[tuple[str, str, float], Callable[[], None]] = {}
 
 
 @dataclass
@@ -305,30 +314,32 @@ def graph_of(fn: Callable[[], Any], device: str, *, warmup_calls: int = _WARMUP_
     return replay
 
 
-def cuda_flush(device: str, kind: FlushKind = FLUSH) -> Callable[[], None]:
+def cuda_flush(device: str, kind: FlushKind = FLUSH, l2s: float = FLUSH_L2S) -> Callable[[], None]:
     """A kernel that evicts the L2: a read (a sum into a preallocated output) or a write (zeroing) of a
-    buffer twice the L2's size. Capturable in a CUDA graph: it allocates nothing per call. One per
-    device and kind for the process (its buffer is read by the graphs that capture it)."""
+    buffer ``l2s`` times the L2's size (twice). Capturable in a CUDA graph: it allocates nothing per
+    call. One per device, kind and size for the process (its buffer is read by the graphs that capture
+    it)."""
     import torch
 
-    if (device, kind) in _FLUSH_KERNELS:
-        return _FLUSH_KERNELS[device, kind]
-    l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size
+    key = (device, kind, l2s)
+    if key in _FLUSH_KERNELS:
+        return _FLUSH_KERNELS[key]
+    num_bytes = int(l2s * torch.cuda.get_device_properties(device).L2_cache_size) // 4 * 4
     if kind == "write":
-        buf = torch.empty(2 * l2_bytes, dtype=torch.int8, device=device)
+        buf = torch.empty(num_bytes, dtype=torch.int8, device=device)
 
         def write() -> None:
             buf.zero_()
 
-        _FLUSH_KERNELS[device, kind] = write
+        _FLUSH_KERNELS[key] = write
         return write
-    data = torch.ones(2 * l2_bytes // 4, dtype=torch.float32, device=device)
+    data = torch.ones(num_bytes // 4, dtype=torch.float32, device=device)
     out = torch.empty((), dtype=torch.float32, device=device)
 
     def read() -> None:
         torch.sum(data, dim=0, out=out)
 
-    _FLUSH_KERNELS[device, kind] = read
+    _FLUSH_KERNELS[key] = read
     return read
 
 
