@@ -68,3 +68,20 @@ def test_the_writer_pools_seeds_per_page_and_reports_the_baselines(tmp_path: Pat
     assert doc["baselines"]["always 16 splits"]["8"]["geomean"] > page["geomean"]
     text = (tmp_path / "h.md").read_text()
     assert text.index("## Findings") < text.index("| choosing by") < text.index("## Commands")
+
+
+def test_a_holdout_times_the_bundles_candidates_so_a_confirmed_pick_can_be_scored(tmp_path: Path) -> None:
+    from tunectl.core.plan import full_config
+
+    results = finished_run(tmp_path / "results", SPEC, oracle=wave_time)
+    bundle = read_bundle(export_bundle(results, "waves", "1", tmp_path / "bundles").location)
+    spec = parse_spec(SPEC, "waves.toml", "waves")
+    task = get_task(spec.task)
+    shapes = draw_shapes(spec, 6, 21, measured_shapes(results, bundle, spec.task))
+    items, _, _ = plan_holdout(spec, bundle, shapes, rounds=2, task=task)
+    listed = 0
+    for item in items:
+        cands = bundle.candidates(spec.task, **dict(item.static), **dict(item.shape))
+        listed += len(cands)
+        assert {full_config(task, c) for c in cands} <= set(item.arms)
+    assert listed > len(items), "the bundle lists more than its pick somewhere"

@@ -65,7 +65,9 @@ def plan_holdout(
     spec: Spec, bundle: object, shapes: Iterable[Key], *, rounds: int, task: PlannedTask
 ) -> tuple[list[WorkItem], Picks, list[Skipped]]:
     """One comparison item per (static key, shape): the default, the bundle's pick (the default where
-    the bundle has no entry: that is what serving runs) and every selectable config of the spec."""
+    the bundle has no entry: that is what serving runs), every selectable config of the spec, and the
+    bundle's candidates there (a split a rule gives at that shape is none of the spec's configs; timed,
+    whatever confirming at start-up would choose can be scored)."""
     items: list[WorkItem] = []
     picks: Picks = {}
     skipped: list[Skipped] = []
@@ -81,10 +83,17 @@ def plan_holdout(
             found = bundle.lookup(spec.task, **dict(static), **dict(shape))  # type: ignore[attr-defined]
             pick = full_config(task, found) if found is not None else default
             baselines = [config for _, config in baselines_of(spec, task)]
-            arms = tuple(dict.fromkeys([default, pick, *baselines, *selectable]))
+            listed = [full_config(task, c) for c in _candidates(bundle, spec.task, static, shape)]
+            arms = tuple(dict.fromkeys([default, pick, *baselines, *selectable, *listed]))
             items.append(comparison(spec.task, static, shape, arms, Phase.HOLDOUT, rounds))
             picks[(key_text(static), key_text(shape))] = pick
     return items, picks, skipped
+
+
+def _candidates(bundle: object, task: str, static: Key, shape: Key) -> list[dict[str, object]]:
+    """The bundle's candidates at a shape (none where it lists none, or cannot: an older bundle)."""
+    listed = getattr(bundle, "candidates", None)
+    return list(listed(task, **dict(static), **dict(shape))) if callable(listed) else []
 
 
 @dataclass(frozen=True)
