@@ -61,7 +61,7 @@ def test_a_compiler_that_fails_dies_or_hangs_never_takes_down_a_gpu_worker(
     variant = 7
     """
     spec = write_spec(tmp_path, configs, n=(4, 8))
-    options = CompileOptions(2, str(tmp_path / "cache"), timeout_s=4.0)
+    options = CompileOptions(2, str(tmp_path / "cache"), timeout_s=10.0)
     out = submit(str(spec), tmp_path / "results", options=RunOptions(compile_options=options))
     rows = assert_one_row_per_item(tmp_path / "results", out.run_id, planned_ids(spec))
     by_fault = {(json.loads(r.config_key).get("compile_fault"), r.status) for r in rows}
@@ -71,7 +71,7 @@ def test_a_compiler_that_fails_dies_or_hangs_never_takes_down_a_gpu_worker(
     messages = {json.loads(r.config_key).get("compile_fault"): r.message for r in rows}
     assert "injected failure" in messages["raise"]
     assert "compiler process died" in messages["exit"]
-    assert "longer than 4 s" in messages["hang"]
+    assert "longer than 10 s" in messages["hang"]
     failed_on_gpu = [r for r in rows if r.status != "ok" and r.worker]
     assert not failed_on_gpu, "no failed build reached a GPU worker"
     log = (tmp_path / "results" / "_runs" / f"{out.run_id}.log").read_text()

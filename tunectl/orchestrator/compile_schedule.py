@@ -299,6 +299,9 @@ class BuildScheduler:
                 b.ping_at = 0.0
                 self._ping(b)
             if b.state == "busy" and b.job is not None and now - b.job[1] > self.timeout_s:
+                if ray.wait([b.ref], timeout=0)[0]:  # it ended (or died) in time; its answer is waiting
+                    self.on_ready(b.ref)
+                    continue
                 key = b.job[0]
                 log.warning(
                     "compile process %s: building %s ran past %g s; killing it",
