@@ -303,12 +303,8 @@ class BuildScheduler:
                     self.on_ready(b.ref)
                     continue
                 key = b.job[0]
-                log.warning(
-                    "compile process %s: building %s ran past %g s; killing it",
-                    b.name,
-                    _short(key),
-                    self.timeout_s,
-                )
+                late = (b.name, _short(key), self.timeout_s)
+                log.warning("compile process %s: building %s ran past %g s; killing it", *late)
                 self.book.timed_out(b.scope, key, self.timeout_s)
                 self._owner.pop(b.ref, None)
                 b.job, b.ref = None, None
