@@ -278,3 +278,43 @@ def test_fixed_work_counts_the_items_without_all_their_records() -> None:
     assert work.missing() == 1
     work.follow_up(answer(final))
     assert work.missing() == 0
+
+
+def _halving_finals(times: Callable[[int, int], float], finalists: int = 3) -> tuple[list[Any], WorkItem]:
+    """The first point of a halving search answered with ``times(rung, i)`` for its i-th config (the
+    default is 0; p20 1 % under the median); the point's configs and its finals item."""
+    search = Search(plan(_spec(f"[search]\nstrategy = 'halving'\nfinalists = {finalists}\n")))
+    queue = search.draw(1)
+    [point] = search.points.values()
+    configs = list(point.configs)
+    while queue:
+        item = queue.pop(0)
+        if item.arms:
+            return configs, item
+        [row] = answer(item)
+        t = times(item.rung or 0, configs.index(item.config))
+        queue += search.follow_up([replace(row, median_us=t, p20_us=0.99 * t)])
+    raise AssertionError("the point never reached its finals")
+
+
+def test_a_config_read_slow_in_one_look_is_ranked_by_its_better_look() -> None:
+    # The fastest config (1) meets a slowdown at rung 1 that nothing flagged: 15 % slow there only.
+    def times(rung: int, i: int) -> float:
+        if i == 1:
+            return 115.0 if rung == 1 else 100.0
+        return {0: 120.0, 2: 101.0, 3: 102.0, 4: 103.0, 5: 104.0}.get(i, 130.0 + i)
+
+    configs, final = _halving_finals(times)
+    assert final.arms[:2] == (configs[0], configs[1]), "ranked on its rung-0 look, it leads the finalists"
+
+
+def test_near_ties_of_the_fastest_go_to_the_finals_up_to_twice_the_finalists() -> None:
+    def spread(times: dict[int, float]) -> Callable[[int, int], float]:
+        return lambda rung, i: 120.0 if i == 0 else times.get(i, 130.0 + i)
+
+    # three finalists, and 4 within 2 % of the fastest; 5 is not
+    configs, final = _halving_finals(spread({1: 100.0, 2: 100.5, 3: 101.0, 4: 101.5, 5: 103.5}))
+    assert final.arms == (configs[0], *configs[1:5])
+    # two finalists, and two more at most: 5 is as near as 3 and 4, over the cap
+    configs, final = _halving_finals(spread({1: 100.0, 2: 100.5, 3: 101.0, 4: 101.5, 5: 101.9}), 2)
+    assert final.arms == (configs[0], *configs[1:5])

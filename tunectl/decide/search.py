@@ -9,7 +9,8 @@ finals; each is one class behind the small ``Strategy`` protocol:
   baseline) go on to a look ``eta`` times longer, and so on while a look is shorter than a full
   measurement; the last rung's best go to the finals, which are the rigorous measurement. Cheap
   looks cannot rank configs a few percent apart, but they drop the ones far behind for a fraction of
-  the cost.
+  the cost. A config is ranked by its best look so far (``best_looks``): a slowdown that one look
+  met, and the drift guard did not flag, does not cut it.
 
 A model-based sampler is not among them: replayed on the recorded H200 grids, neither tunectl's own
 Gaussian process nor Optuna's TPE or GP sampler found as many winners as halving for the same or more
@@ -19,7 +20,8 @@ The grid measures configs kept for reference only (ones a server at that static 
 they are, ``TuningTask.selectable``); a search skips them.
 
 Whatever the strategy, a point ends with its *finals*: the default and up to ``finalists`` configs
-whose p20 came in under the default's median (or within ``tie`` of it) are timed again in
+whose p20 came in under the default's median (or within ``tie`` of it), and up to as many again
+within ``tie`` of the fastest of them, are timed again in
 ``rounds`` interleaved rounds on one device, which gives each a paired speedup over the default
 with a 95 % interval; selection rests on that (``tunectl.decide.select``).
 
@@ -86,16 +88,17 @@ class Halving:
         """Screening rungs; their survivors go to the finals (or, with no finals, a full measurement)."""
         s = self.settings
         survivors: Sequence[Key] = point.configs
-        looked: list[WorkItem] | Measured = {}
+        rungs: list[Measured] = []
         for rung in range(self.num_rungs):
             looked = looks.look(point, survivors, rung=rung, budget=s.rung_budget(rung))
             if isinstance(looked, list):
                 return looked
-            ranked = ranked_configs(looked)
+            rungs.append(looked)
+            ranked = ranked_configs(best_looks(rungs))
             keep = max(1, math.ceil(len(survivors) / s.eta), min(s.finalists, len(ranked)))
             # The default goes on whatever its rank: the finals measure against it.
             survivors = [point.default, *(c for c in ranked[:keep] if c != point.default)]
-        return looked if s.finalists else looks.look(point, survivors, rung=self.num_rungs)
+        return best_looks(rungs) if s.finalists else looks.look(point, survivors, rung=self.num_rungs)
 
     def num_records(self, num_configs: int) -> int:
         eta = self.settings.eta
@@ -311,16 +314,36 @@ class Search:
         # By each config's p20, not its median: a noisy config (a bimodal kernel, a disturbed
         # measurement) whose fast mode beats the default still gets its interleaved hearing.
         bar = base.median_us * (1.0 + s.tie)
-        finalists = [
+        near = [
             c
             for c in ranked_configs(measured, optimistic_us)
             if c != point.default and optimistic_us(measured[c]) < bar and self._select(point.static, c)
-        ][: s.finalists]
-        if not finalists:
+        ]
+        if not near:
             return None
+        # Configs within ``tie`` of the fastest go too, up to as many again: short looks cannot order
+        # configs 2 % apart, and the one left out is often what another run of the spec chooses.
+        fastest = optimistic_us(measured[near[0]]) * (1.0 + s.tie)
+        finalists = near[: s.finalists] + [
+            c for c in near[s.finalists : 2 * s.finalists] if optimistic_us(measured[c]) <= fastest
+        ]
         arms = (point.default, *finalists)
         item = comparison(self.looks.task, point.static, point.shape, arms, Phase.FINAL, s.rounds)
         return dataclasses.replace(item, item_id=self.looks.pooled(item.item_id))
+
+
+def best_looks(rungs: Sequence[Measured]) -> Measured:
+    """Per config of the last of ``rungs`` (a point's screening looks, oldest first), its fastest look
+    so far: the record with the lowest ``optimistic_us`` among its looks timed by the method of its
+    last. A passing slowdown (a neighbour's burst, a clock or memory state the drift guard's reference
+    barely moves for) makes a look slower, never faster; a config read slow in one look keeps its
+    better reading instead of being cut on the bad one. A failed last look stands as it is."""
+    best: Measured = {}
+    for config, last in rungs[-1].items():
+        looks = [m[config] for m in rungs if config in m]
+        same = [r for r in looks if r.status == "ok" and r.timing is last.timing]
+        best[config] = min(same, key=optimistic_us) if last.status == "ok" else last
+    return best
 
 
 def median_us(record: Record) -> float:
