@@ -33,6 +33,7 @@ the dispatcher asks for more work, so however large the grid, a lane holds the p
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from collections import Counter
@@ -307,29 +308,38 @@ class Search:
         return [final] if final is not None else []
 
     def _finals(self, point: Point, measured: Measured) -> WorkItem | None:
-        s = self.settings
-        base = measured.get(point.default)
-        if not s.finalists or base is None or base.status != "ok" or base.median_us is None:
+        selectable = functools.partial(self._select, point.static)
+        arms = finals_arms(measured, point.default, self.settings, selectable)
+        if not arms:
             return None
-        # By each config's p20, not its median: a noisy config (a bimodal kernel, a disturbed
-        # measurement) whose fast mode beats the default still gets its interleaved hearing.
-        bar = base.median_us * (1.0 + s.tie)
-        near = [
-            c
-            for c in ranked_configs(measured, optimistic_us)
-            if c != point.default and optimistic_us(measured[c]) < bar and self._select(point.static, c)
-        ]
-        if not near:
-            return None
-        # Configs within ``tie`` of the fastest go too, up to as many again: short looks cannot order
-        # configs 2 % apart, and the one left out is often what another run of the spec chooses.
-        fastest = optimistic_us(measured[near[0]]) * (1.0 + s.tie)
-        finalists = near[: s.finalists] + [
-            c for c in near[s.finalists : 2 * s.finalists] if optimistic_us(measured[c]) <= fastest
-        ]
-        arms = (point.default, *finalists)
-        item = comparison(self.looks.task, point.static, point.shape, arms, Phase.FINAL, s.rounds)
+        item = comparison(self.looks.task, point.static, point.shape, arms, Phase.FINAL, self.settings.rounds)
         return dataclasses.replace(item, item_id=self.looks.pooled(item.item_id))
+
+
+def finals_arms(
+    measured: Measured, default: Key, settings: SearchSpec, selectable: Callable[[Key], bool]
+) -> tuple[Key, ...]:
+    """The arms of a point's finals: the default, then up to ``settings.finalists`` configs whose p20
+    came in under the default's median (or within ``tie`` of it), and up to as many again within
+    ``tie`` of the fastest of them; () where none came near or the default has no time."""
+    base = measured.get(default)
+    if not settings.finalists or base is None or base.status != "ok" or base.median_us is None:
+        return ()
+    # By each config's p20, not its median: a noisy config (a bimodal kernel, a disturbed
+    # measurement) whose fast mode beats the default still gets its interleaved hearing.
+    bar = base.median_us * (1.0 + settings.tie)
+    near = [
+        c
+        for c in ranked_configs(measured, optimistic_us)
+        if c != default and optimistic_us(measured[c]) < bar and selectable(c)
+    ]
+    if not near:
+        return ()
+    # Configs within ``tie`` of the fastest go too, up to as many again: short looks cannot order
+    # configs 2 % apart, and the one left out is often what another run of the spec chooses.
+    fastest = optimistic_us(measured[near[0]]) * (1.0 + settings.tie)
+    k = settings.finalists
+    return (default, *near[:k], *(c for c in near[k : 2 * k] if optimistic_us(measured[c]) <= fastest))
 
 
 def best_looks(rungs: Sequence[Measured]) -> Measured:
