@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tunectl.core.record import Record, Status
+from tunectl.core.record import Phase, Record, Status
 from tunectl.report import write_report
-from tunectl.report.drift import drift_panel
+from tunectl.report.drift import drift_panel, looks_apart
 from tunectl.store.results import ResultsWriter
 
 START = 1_700_000_000.0
@@ -61,3 +61,29 @@ def test_the_report_draws_and_tabulates_drift_per_worker(tmp_path: Path) -> None
     rows = re.findall(r"<tr><td>(node-[ab]:\d+)</td>.*?data-value=\"([0-9.]+)\"", section, re.S)
     assert rows == [("node-a:11", "1.0"), ("node-b:12", "1.2")]
     assert "1515–1980" in section and "node-c" not in section
+
+
+def test_configs_read_far_apart_between_their_looks_at_a_point_are_counted_per_worker() -> None:
+    def look(n: int, worker: str, config: str, median: float, phase: Phase, band: float = 0.01) -> Record:
+        row = _row(n, worker, None, phase=phase, rung=n % 2 if phase is Phase.SCREEN else None)
+        fields = {"config_key": config, "shape_key": '{"batch":99}', "median_us": median}
+        return Record(
+            **{**row.__dict__, **fields, "p20_us": median * (1 - band), "p80_us": median * (1 + band)}
+        )
+
+    rows = [
+        look(0, "node-a:11", '{"c":1}', 100.0, Phase.SCREEN),  # a slowdown met at rung 1: 12 % apart
+        look(1, "node-a:11", '{"c":1}', 112.0, Phase.SCREEN),
+        look(2, "node-a:11", '{"c":1}', 100.5, Phase.FINAL),
+        look(3, "node-a:11", '{"c":2}', 100.0, Phase.SCREEN),  # steady: 1 % apart
+        look(4, "node-a:11", '{"c":2}', 101.0, Phase.FINAL),
+        look(5, "node-a:11", '{"c":3}', 100.0, Phase.SCREEN, band=0.1),  # 12 % apart inside its own noise
+        look(6, "node-a:11", '{"c":3}', 112.0, Phase.FINAL, band=0.1),
+        look(7, "node-a:11", '{"c":4}', 130.0, Phase.SCREEN),  # looked at once
+        look(8, "node-b:12", '{"c":1}', 90.0, Phase.SCREEN),  # another device: never set against node-a's
+        look(9, "node-b:12", '{"c":1}', 90.5, Phase.SCREEN),
+    ]
+    assert looks_apart(rows) == {"node-a:11": (1, 3), "node-b:12": (0, 1)}
+    panel = drift_panel([*rows, *_records()])
+    assert panel is not None
+    assert {w.worker: w.looks for w in panel.workers} == {"node-a:11": (1, 3), "node-b:12": (0, 1)}
