@@ -123,22 +123,36 @@ def _confirm_shape(
     entry = bundle.entry(task_name, **params)
     if entry is None or len(listed) < 2:
         return ShapeReport(shape, (), listed[0] if listed else None, 0.0)
-    device = how[0]
-    static = dict(entry.static)
-    inputs = task.build_inputs(static, shape, device)
-    reference = task.reference(static, shape, inputs)
-    samplers = [_sampler(task, static, shape, config, inputs, reference, how) for config in listed]
-    medians = _interleaved([s for s in samplers if s is not None], how[2])
-    found = iter(medians)
-    timed = tuple(
-        (config, None if s is None else next(found)) for config, s in zip(listed, samplers, strict=True)
-    )
+    device, mode, settings = how
+    times = time_configs(task, dict(entry.static), shape, listed, device=device, mode=mode, settings=settings)
+    timed = tuple(zip(listed, times, strict=True))
     ran = [(t, i) for i, (_, t) in enumerate(timed) if t is not None]
     chosen = timed[min(ran)[1]][0] if ran else listed[0]
     own = timed[0][1]
     if own is not None and min(ran)[0] * (1.0 + margin) >= own:
         chosen = listed[0]
     return ShapeReport(shape, timed, chosen, time.perf_counter() - t0)
+
+
+def time_configs(
+    task: TuningTask,
+    static: dict[str, Any],
+    shape: dict[str, Any],
+    configs: Sequence[Mapping[str, Any]],
+    *,
+    device: str = "cpu",
+    mode: str = "eager",
+    settings: MeasureSpec = DEFAULT_SETTINGS,
+) -> list[float | None]:
+    """Each of ``configs`` timed at one shape (µs, the median over ``ROUNDS`` interleaved rounds) on
+    fresh inputs, through the task's own path and output check; None where a config fails to run, its
+    output is wrong, or its time could not be taken."""
+    inputs = task.build_inputs(static, shape, device)
+    reference = task.reference(static, shape, inputs)
+    how = (device, mode, settings)
+    samplers = [_sampler(task, static, shape, config, inputs, reference, how) for config in configs]
+    found = iter(_interleaved([s for s in samplers if s is not None], settings))
+    return [None if s is None else next(found) for s in samplers]
 
 
 def _sampler(
