@@ -2,7 +2,7 @@
 in several fresh processes and, inside each, on several fresh sets of inputs.
 
 Two runs of one spec on one H200 read the ratio of two configs at a point differently: in the recorded
-finals, median 0.8 % apart at batch 1-8 (p90 4.8 %) against 95 % intervals about 0.5 % wide
+finals, median 0.8 % apart at batch 1-8 (p90 4.8 %) against 95 % intervals about 0.9 % wide
 (``benchmarks/results/throughput.md``); confirming at start-up and a held-out run disagreed by 5-9 %
 on flex and fa4 at batch 1-7 (``holdout.md``). This tells the kinds of variation apart: each child
 process times every config at every shape ``--inputs`` times, each on inputs of its own (the ones

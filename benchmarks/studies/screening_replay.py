@@ -12,6 +12,9 @@ that day's first session). Three questions:
   (and how far behind the rung's fastest it read where it was cut)?
 - **looks off**: each screening look of a config that reached the finals, against its finals reading
   in the same run: how often more than 5 % off, and how often the drift guard flagged it;
+- **finals apart**: for two configs in the finals of one point in two runs of one machine, how far
+  the ratio of their times moved from one run to the other, by batch, beside the width of the finals'
+  own 95 % intervals (what a second process reads that the first's interval does not cover);
 - **replay**: the finals each run held (its records, the old rule) against the finals the shipped rule
   (``tunectl.decide.search.best_looks`` and ``finals_arms``) chooses from the same looks: how often
   each holds the point's consensus winner (the config most of the eight runs chose; a tie goes to
@@ -25,6 +28,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import statistics
 import tarfile
 import tempfile
@@ -125,6 +129,39 @@ def looks_off(runs: dict[str, Run], limit: float = 0.05) -> dict[str, Any]:
     return out
 
 
+def finals_apart(runs: dict[str, Run]) -> dict[str, Any]:
+    """Two finalists' time ratio at a point, run against run of one machine (module doc)."""
+    moved: dict[str, list[float]] = defaultdict(list)
+    widths: list[float] = []
+    for a, b in itertools.combinations(runs, 2):
+        if a[0] != b[0]:
+            continue
+        for point in runs[a].finals.keys() & runs[b].finals.keys():
+            fa, fb = runs[a].finals[point], runs[b].finals[point]
+            batch = int(json.loads(point[1])["batch"])
+            band = "batch 1-8" if batch <= 8 else "batch 9-64" if batch <= 64 else "batch 65-256"
+            for one, two in itertools.combinations(sorted(fa.keys() & fb.keys()), 2):
+                ra, rb = fa[one].median_us / fa[two].median_us, fb[one].median_us / fb[two].median_us
+                moved[band].append(abs(math.log(ra / rb)))
+            widths += [
+                (r.speedup_hi - r.speedup_lo) / r.speedup for r in (*fa.values(), *fb.values()) if _ci(r)
+            ]
+    out: dict[str, Any] = {
+        band: {"pairs": len(v), "median": round(statistics.median(v), 4), "p90": round(_p90(v), 4)}
+        for band, v in sorted(moved.items())
+    }
+    out["finals_interval_width_median"] = round(statistics.median(widths), 4) if widths else None
+    return out
+
+
+def _ci(r: Record) -> bool:
+    return bool(r.speedup and r.speedup_lo and r.speedup_hi and not r.is_default)
+
+
+def _p90(values: list[float]) -> float:
+    return statistics.quantiles(values, n=10)[8] if len(values) > 1 else values[0]
+
+
 def replay(runs: dict[str, Run]) -> dict[str, Any]:
     """The finals each run held against the shipped rule's, on the same looks (module doc)."""
     points = set.intersection(*(set(r.winners) for r in runs.values()))
@@ -170,7 +207,10 @@ def main() -> None:
             with tarfile.open(RESULTS / archive) as tar:
                 tar.extractall(Path(tmp) / archive, filter="data")
         runs = {name: load(Path(tmp) / archive / inside) for name, (archive, inside) in RUNS.items()}
-    figures = {"runs": list(RUNS), **{f.__name__: f(runs) for f in (disagreement, looks_off, replay)}}
+    figures = {
+        "runs": list(RUNS),
+        **{f.__name__: f(runs) for f in (disagreement, looks_off, finals_apart, replay)},
+    }
     print(json.dumps(figures, indent=1))
     if args.out:
         args.out.write_text(json.dumps(figures, indent=1) + "\n")
