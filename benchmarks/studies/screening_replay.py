@@ -15,6 +15,9 @@ that day's first session). Three questions:
 - **finals apart**: for two configs in the finals of one point in two runs of one machine, how far
   the ratio of their times moved from one run to the other, by batch, beside the width of the finals'
   own 95 % intervals (what a second process reads that the first's interval does not cover);
+- **floor**: each run's winner scored by another run's finals at that point (where both timed it): the
+  pick / oracle a tuner that is right in its own process scores when another process judges it, the
+  floor under a held-out check made in a process of its own;
 - **replay**: the finals each run held (its records, the old rule) against the finals the shipped rule
   (``tunectl.decide.search.best_looks`` and ``finals_arms``) chooses from the same looks: how often
   each holds the point's consensus winner (the config most of the eight runs chose; a tie goes to
@@ -138,8 +141,7 @@ def finals_apart(runs: dict[str, Run]) -> dict[str, Any]:
             continue
         for point in runs[a].finals.keys() & runs[b].finals.keys():
             fa, fb = runs[a].finals[point], runs[b].finals[point]
-            batch = int(json.loads(point[1])["batch"])
-            band = "batch 1-8" if batch <= 8 else "batch 9-64" if batch <= 64 else "batch 65-256"
+            band = _band(point)
             for one, two in itertools.combinations(sorted(fa.keys() & fb.keys()), 2):
                 ra, rb = fa[one].median_us / fa[two].median_us, fb[one].median_us / fb[two].median_us
                 moved[band].append(abs(math.log(ra / rb)))
@@ -152,6 +154,38 @@ def finals_apart(runs: dict[str, Run]) -> dict[str, Any]:
     }
     out["finals_interval_width_median"] = round(statistics.median(widths), 4) if widths else None
     return out
+
+
+def floor(runs: dict[str, Run]) -> dict[str, Any]:
+    """Each run's winner over another run's fastest, both from that other run's finals (module doc)."""
+    out: dict[str, Any] = {}
+    for label, same in (("same machine", True), ("other machines", False)):
+        scores: dict[str, list[float]] = defaultdict(list)
+        for a, b in itertools.permutations(runs, 2):
+            if (a[0] == b[0]) != same:
+                continue
+            for point, won in runs[a].winners.items():
+                finals = runs[b].finals.get(point, {})
+                if won in finals:
+                    fastest = min(r.median_us for r in finals.values())
+                    scores[_band(point)].append(finals[won].median_us / fastest)
+        scores["all"] = [x for v in list(scores.values()) for x in v]
+        out[label] = {band: _score(v) for band, v in sorted(scores.items())}
+    return out
+
+
+def _band(point: Point) -> str:
+    batch = int(json.loads(point[1])["batch"])
+    return "batch 1-8" if batch <= 8 else "batch 9-64" if batch <= 64 else "batch 65-256"
+
+
+def _score(ratios: list[float]) -> dict[str, Any]:
+    return {
+        "shapes": len(ratios),
+        "geomean": round(math.exp(statistics.mean(map(math.log, ratios))), 4),
+        "within_3pct": round(sum(r <= 1.03 for r in ratios) / len(ratios), 3),
+        "worst": round(max(ratios), 3),
+    }
 
 
 def _ci(r: Record) -> bool:
@@ -209,7 +243,7 @@ def main() -> None:
         runs = {name: load(Path(tmp) / archive / inside) for name, (archive, inside) in RUNS.items()}
     figures = {
         "runs": list(RUNS),
-        **{f.__name__: f(runs) for f in (disagreement, looks_off, finals_apart, replay)},
+        **{f.__name__: f(runs) for f in (disagreement, looks_off, finals_apart, floor, replay)},
     }
     print(json.dumps(figures, indent=1))
     if args.out:
