@@ -180,3 +180,26 @@ def test_validate_marks_flagged_comparisons_and_ends_with_the_count_line(tmp_pat
     )
     [marked] = [ln for ln in printed.splitlines() if "batch=1" in ln]
     assert marked.rstrip(" │").endswith("d")
+
+
+def test_the_count_says_how_many_configs_read_far_apart_between_their_looks(tmp_path: Path) -> None:
+    """At batch 1 every rung-1 look met a slowdown (12 % slow, bands tight) that nothing flagged."""
+    halving = TINY_SPEC + "strategy = 'halving'\nmin_budget = 0.25\neta = 2\n"
+
+    def slowed(row: Record) -> Record:
+        row = dataclasses.replace(row, worker="node:1")
+        if row.phase is Phase.SCREEN and row.rung == 1 and row.shape_key == SHAPE.format(1):
+            t = (row.median_us or 0.0) * 1.12
+            return dataclasses.replace(row, median_us=t, p20_us=t * 0.99, p80_us=t * 1.01)
+        return row
+
+    results = finished_run(tmp_path / "results", halving, slowed)
+    rows = read_results(results)
+    slowed_looks = {r.config_key for r in rows if r.rung == 1 and r.shape_key == SHAPE.format(1)}
+    looked = {(r.shape_key, r.config_key) for r in rows if r.rung == 1}
+    out = run("winners", "--results", str(results))
+    assert out.exit_code == 0, out.output
+    assert slowed_looks and (
+        f"{len(slowed_looks)} of {len(looked)} configs looked at twice at a point read more than 5 % apart "
+        "with no flag (ranked by their better look)"
+    ) in _flat(out.output)

@@ -6,8 +6,9 @@ import re
 from pathlib import Path
 
 from tunectl.core.record import Phase, Record, Status
+from tunectl.decide.quality import looks_apart
 from tunectl.report import write_report
-from tunectl.report.drift import drift_panel, looks_apart
+from tunectl.report.drift import drift_panel
 from tunectl.store.results import ResultsWriter
 
 START = 1_700_000_000.0

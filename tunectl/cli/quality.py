@@ -34,7 +34,8 @@ def legend(quality: Quality) -> str | None:
 
 
 def count_line(quality: Quality) -> str:
-    """One line: drift-flagged rows, full measurements under min_samples, noisy points."""
+    """One line: drift-flagged rows, full measurements under min_samples, noisy points, and configs
+    whose looks at a point read far apart with no flag (``tunectl.decide.quality.looks_apart``)."""
     q = quality
     parts = [f"{q.num_drift} of {q.num_rows} ok rows drift-flagged"]
     if q.num_full:
@@ -43,6 +44,11 @@ def count_line(quality: Quality) -> str:
             "(screening looks not counted)"
         )
     parts.append(f"{q.num_noisy} of {q.num_points} points noisier than noise_target")
+    if q.num_looked_twice:
+        parts.append(
+            f"{q.num_looks_apart} of {q.num_looked_twice} configs looked at twice at a point read more than "
+            "5 % apart with no flag (ranked by their better look)"
+        )
     return "measurement quality: " + "; ".join(parts)
 
 

@@ -7,6 +7,15 @@ finals arms where finals decided, else their latest full measurements; a validat
 Screening looks take fewer samples by design and are not counted against ``min_samples``; nor are
 rows imported from another tuner's log, which carry no samples. A one-sample row has no noise to
 speak of: its noise is unknown (``noise_known``), never zero.
+
+A slowdown the guard's reference barely moves for (a memory-bound kernel feels a slower memory side
+in full, the reference, mostly a matrix product, by a fraction), or one that falls between two of its
+readings, leaves no flag; it shows instead as a config read far apart at one point. So the counts
+also say how many configs a worker looked at more than once at a point (screening rungs, a full
+measurement, the finals) read more than ``LOOKS_APART`` apart beyond both looks' own spread
+(``looks_apart``): on the H200's decode grids, 6 % of the finalists' screening looks read over 5 %
+off their finals with no flag (``benchmarks/results/throughput.md``). The search ranks a config by
+its better look (``tunectl.decide.search.best_looks``).
 """
 
 from __future__ import annotations
@@ -25,6 +34,9 @@ from tunectl.store.runs import load_run, run_exists
 
 #: phases whose rows are timed on purpose with fewer samples, or with none
 _UNSAMPLED = (Phase.SCREEN, Phase.IMPORT)
+#: two looks of one config at one point further apart than this are counted (``looks_apart``)
+LOOKS_APART = 0.05
+_LOOKS = (Phase.SCREEN, Phase.MEASURE, Phase.FINAL)
 
 
 @dataclass(frozen=True)
@@ -55,6 +67,8 @@ class Quality:
     num_few_samples: int = 0  # of them, with fewer samples than their run's min_samples
     num_points: int = 0  # decided points
     num_noisy: int = 0  # of them, resting on a row noisier than its run's noise_target
+    num_looked_twice: int = 0  # configs a worker looked at more than once at one point
+    num_looks_apart: int = 0  # of them, read more than LOOKS_APART apart (``looks_apart``)
     flags: Mapping[Point, frozenset[Flag]] = field(default_factory=dict)
 
     def of(self, point: Point) -> frozenset[Flag]:
@@ -132,6 +146,7 @@ def _assess(
     for point, rows in rests_on.items():
         for row in rows:
             flags.setdefault(point, set()).update(_flags(row, targets.get(row.run_id)))
+    apart = looks_apart(ok).values()
     return Quality(
         num_rows=len(ok),
         num_drift=sum(bool(r.drift) for r in ok),
@@ -139,6 +154,8 @@ def _assess(
         num_few_samples=sum(_few(r, targets[r.run_id]) for r in full),
         num_points=len(rests_on),
         num_noisy=sum(Flag.NOISY in flags.get(p, ()) for p in rests_on),
+        num_looked_twice=sum(seen for _, seen in apart),
+        num_looks_apart=sum(far for far, _ in apart),
         flags={p: frozenset(f) for p, f in flags.items() if f},
     )
 
@@ -178,3 +195,28 @@ def decision_rows(records: Iterable[Record], winners: Iterable[Winner]) -> dict[
 
 def _latest(rows: Sequence[Record]) -> list[Record]:
     return list(latest(rows, key=lambda r: r.config_key, rank=fidelity).values())
+
+
+def looks_apart(rows: Iterable[Record], apart: float = LOOKS_APART) -> dict[str, tuple[int, int]]:
+    """Per worker: how many configs it looked at more than once at one point (by one timing method)
+    read more than ``apart`` apart between their fastest and slowest look, the two looks' p20-p80
+    bands apart too, and of how many."""
+    looks: dict[tuple[str, ...], list[Record]] = {}
+    for r in rows:
+        if r.worker and r.ok and r.median_us and r.phase in _LOOKS:
+            key = (str(r.worker), r.run_id, r.static_key, r.shape_key, r.config_key, str(r.timing))
+            looks.setdefault(key, []).append(r)
+    out: dict[str, tuple[int, int]] = {}
+    for (worker, *_), seen in looks.items():
+        if len(seen) > 1:
+            fast, slow = min(seen, key=_median), max(seen, key=_median)
+            # apart beyond both looks' own spread: a noisy look of a short kernel is not a slowdown
+            bands_apart = (fast.p80_us or 0.0) < (slow.p20_us or 0.0)
+            far = _median(slow) > _median(fast) * (1.0 + apart) and bands_apart
+            count, of = out.get(worker, (0, 0))
+            out[worker] = (count + far, of + 1)
+    return out
+
+
+def _median(record: Record) -> float:
+    return float(record.median_us or 0.0)

@@ -7,13 +7,8 @@ worker's rows in time order are that worker's life: a reference that climbs is a
 reading against minutes since the run's first reading, marks the rows whose guard saw a shift, and
 tabulates the range with the SM clocks and throttling read beside it.
 
-A slowdown the reference barely moves for (a memory-bound kernel feels a slower memory side in full,
-the reference, mostly a matrix product, by a fraction), or one that falls between two readings,
-leaves no flag; it shows instead as one config read far apart at one point. So per worker the report
-also counts the configs whose looks at a point (screening rungs, a full measurement, the finals) read
-more than ``LOOKS_APART`` apart: on the H200's decode grids, 6 % of the finalists' screening looks
-read over 5 % off their finals with no flag (``benchmarks/results/throughput.md``). The search ranks
-a config by its better look (``tunectl.decide.search.best_looks``).
+Per worker it also counts the configs whose looks at one point read far apart with no flag
+(``tunectl.decide.quality.looks_apart``): a slowdown the reference did not move for.
 """
 
 from __future__ import annotations
@@ -22,12 +17,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from tunectl.core.record import Phase, Record
+from tunectl.core.record import Record
+from tunectl.decide.quality import looks_apart
 from tunectl.report.grids import PAGE_WIDTH_IN
 
 PLOT = "drift-001.png"
-LOOKS_APART = 0.05  # two looks of a config at a point further apart than this are counted (module doc)
-_LOOKS = (Phase.SCREEN, Phase.MEASURE, Phase.FINAL)
 
 
 @dataclass(frozen=True)
@@ -45,7 +39,7 @@ class WorkerDrift:
     worker: str  # host:pid
     device: str
     readings: tuple[ReferenceReading, ...]  # in time order
-    #: configs whose looks at a point read more than LOOKS_APART apart, of those it looked at twice
+    #: configs whose looks at a point read far apart (``looks_apart``), of those it looked at twice
     looks: tuple[int, int] = (0, 0)
 
     @property
@@ -112,32 +106,6 @@ def drift_panel(rows: Iterable[Record]) -> DriftPanel | None:
         for (worker, device), readings in ordered
     )
     return DriftPanel(workers, PLOT)
-
-
-def looks_apart(rows: Iterable[Record], apart: float = LOOKS_APART) -> dict[str, tuple[int, int]]:
-    """Per worker: how many configs it looked at more than once at one point (by one timing method)
-    read more than ``apart`` apart between their fastest and slowest look, the two looks' p20-p80
-    bands apart too, and of how many."""
-    looks: dict[tuple[str, ...], list[Record]] = {}
-    for r in rows:
-        if r.worker and r.ok and r.median_us and r.phase in _LOOKS:
-            key = (str(r.worker), r.run_id, r.static_key, r.shape_key, r.config_key, str(r.timing))
-            looks.setdefault(key, []).append(r)
-    out: dict[str, tuple[int, int]] = {}
-    for (worker, *_), seen in looks.items():
-        if len(seen) > 1:
-            fast, slow = min(seen, key=_median), max(seen, key=_median)
-            # apart beyond both looks' own spread: a noisy look of a short kernel is not a slowdown
-            far = _median(slow) > _median(fast) * (1.0 + apart) and (fast.p80_us or 0.0) < (
-                slow.p20_us or 0.0
-            )
-            count, of = out.get(worker, (0, 0))
-            out[worker] = (count + far, of + 1)
-    return out
-
-
-def _median(record: Record) -> float:
-    return float(record.median_us or 0.0)
 
 
 def draw_drift(panel: DriftPanel, path: Any) -> None:
