@@ -201,5 +201,5 @@ def test_the_count_says_how_many_configs_read_far_apart_between_their_looks(tmp_
     assert out.exit_code == 0, out.output
     assert slowed_looks and (
         f"{len(slowed_looks)} of {len(looked)} configs looked at twice at a point read more than 5 % apart "
-        "with no flag (a slowdown the drift guard did not see)"
+        "beyond their own noise, unflagged"
     ) in _flat(out.output)

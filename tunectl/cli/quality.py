@@ -47,7 +47,7 @@ def count_line(quality: Quality) -> str:
     if q.num_looked_twice:
         parts.append(
             f"{q.num_looks_apart} of {q.num_looked_twice} configs looked at twice at a point read more than "
-            "5 % apart with no flag (a slowdown the drift guard did not see)"
+            "5 % apart beyond their own noise, unflagged"
         )
     return "measurement quality: " + "; ".join(parts)
 
