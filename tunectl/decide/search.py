@@ -348,6 +348,8 @@ def best_looks(rungs: Sequence[Measured]) -> Measured:
     last. A passing slowdown (a neighbour's burst, a clock or memory state the drift guard's reference
     barely moves for) makes a look slower, never faster; a config read slow in one look keeps its
     better reading instead of being cut on the bad one. A failed last look stands as it is."""
+    if len(rungs) == 1:
+        return rungs[0]
     best: Measured = {}
     for config, last in rungs[-1].items():
         looks = [m[config] for m in rungs if config in m]
