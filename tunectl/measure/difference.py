@@ -314,8 +314,8 @@ def graph_of(fn: Callable[[], Any], device: str, *, warmup_calls: int = _WARMUP_
 
 
 def _captured(fn: Callable[[], Any]) -> Any:
-    """``fn`` captured into a CUDA graph on a side stream of the current device. Not through
-    ``torch.cuda.graph``, which synchronizes the device and empties the allocator's cache before each
+    """``fn`` captured into a CUDA graph on a side stream of the current device, as ``torch.cuda.graph``
+    captures it (the device synchronized first) but without emptying the allocator's cache before each
     capture: a worker captures a graph or two per measurement, and an emptied cache makes the next
     item's tensors pay the driver's allocation again (the emptying alone: ~0.6 ms of the host a capture,
     in a profiled H200 run). A call that fails while captured raises its own error, not the capture's."""
@@ -323,7 +323,7 @@ def _captured(fn: Callable[[], Any]) -> Any:
 
     graph = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())  # what fn reads is written before it runs
+    torch.cuda.synchronize()  # nothing in flight when the capture begins
     with torch.cuda.stream(stream):
         graph.capture_begin(capture_error_mode="global")
         try:
