@@ -13,8 +13,9 @@ that day's first session). Three questions:
 - **looks off**: each screening look of a config that reached the finals, against its finals reading
   in the same run: how often more than 5 % off, and how often the drift guard flagged it;
 - **finals apart**: for two configs in the finals of one point in two runs of one machine, how far
-  the ratio of their times moved from one run to the other, by batch, beside the width of the finals'
-  own 95 % intervals (what a second process reads that the first's interval does not cover);
+  the ratio of their times moved from one run to the other, by batch and by the faster one's time,
+  beside the width of the finals' own 95 % intervals (what a second process reads that the first's
+  interval does not cover);
 - **floor**: each run's winner scored by another run's finals at that point (where both timed it): the
   pick / oracle a tuner that is right in its own process scores when another process judges it, the
   floor under a held-out check made in a process of its own;
@@ -145,6 +146,7 @@ def finals_apart(runs: dict[str, Run]) -> dict[str, Any]:
             for one, two in itertools.combinations(sorted(fa.keys() & fb.keys()), 2):
                 ra, rb = fa[one].median_us / fa[two].median_us, fb[one].median_us / fb[two].median_us
                 moved[band].append(abs(math.log(ra / rb)))
+                moved[_time_band(min(fa[one].median_us, fa[two].median_us))].append(abs(math.log(ra / rb)))
             widths += [
                 (r.speedup_hi - r.speedup_lo) / r.speedup for r in (*fa.values(), *fb.values()) if _ci(r)
             ]
@@ -186,6 +188,12 @@ def _score(ratios: list[float]) -> dict[str, Any]:
         "within_3pct": round(sum(r <= 1.03 for r in ratios) / len(ratios), 3),
         "worst": round(max(ratios), 3),
     }
+
+
+def _time_band(us: float) -> str:
+    """The faster arm's time, in bands: a ratio's move between processes shrinks as calls get longer."""
+    edges = ((20, "under 20 µs"), (50, "20-50 µs"), (200, "50-200 µs"), (1000, "200 µs-1 ms"))
+    return next((name for edge, name in edges if us < edge), "over 1 ms")
 
 
 def _ci(r: Record) -> bool:
