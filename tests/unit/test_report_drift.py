@@ -85,6 +85,9 @@ def test_configs_read_far_apart_between_their_looks_at_a_point_are_counted_per_w
         look(9, "node-b:12", '{"c":1}', 90.5, Phase.SCREEN),
     ]
     assert looks_apart(rows) == {"node-a:11": (1, 3), "node-b:12": (0, 1)}
+    # a look the guard flagged is counted as flagged, not again here
+    flagged = [Record(**{**r.__dict__, "drift": True}) if r.item_id == "i001" else r for r in rows]
+    assert looks_apart(flagged) == {"node-a:11": (0, 3), "node-b:12": (0, 1)}
     panel = drift_panel([*rows, *_records()])
     assert panel is not None
     assert {w.worker: w.looks for w in panel.workers} == {"node-a:11": (1, 3), "node-b:12": (0, 1)}

@@ -198,12 +198,14 @@ def _latest(rows: Sequence[Record]) -> list[Record]:
 
 
 def looks_apart(rows: Iterable[Record], apart: float = LOOKS_APART) -> dict[str, tuple[int, int]]:
-    """Per worker: how many configs it looked at more than once at one point (by one timing method)
-    read more than ``apart`` apart between their fastest and slowest look, the two looks' p20-p80
-    bands apart too, and of how many."""
+    """Per worker: how many configs it looked at more than once at one point (by one timing method,
+    looks the drift guard flagged left out) read more than ``apart`` apart between their fastest and
+    slowest look, the two looks' p20-p80 bands apart too, and of how many."""
     looks: dict[tuple[str, ...], list[Record]] = {}
     for r in rows:
-        if r.worker and r.ok and r.median_us and r.phase in _LOOKS:
+        if (
+            r.worker and r.ok and r.median_us and r.phase in _LOOKS and not r.drift
+        ):  # flagged: counted already
             key = (str(r.worker), r.run_id, r.static_key, r.shape_key, r.config_key, str(r.timing))
             looks.setdefault(key, []).append(r)
     out: dict[str, tuple[int, int]] = {}
