@@ -4,6 +4,7 @@ tests/integration/test_builds_on_ray.py; a real build in a compile process: test
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from tunectl.orchestrator.compile_schedule import (
     SHARED,
     WAIT,
     BuildBook,
+    BuildScheduler,
     compile_keys,
 )
 from tunectl.orchestrator.workqueue import WorkQueue
@@ -261,3 +263,44 @@ def test_the_console_gets_the_failed_builds_counted_by_status_and_the_log_each_o
             run_log.makeRecord("tunectl.run", logging.INFO, "f", 1, "built %s", ("x",), None, extra=extra)
         )
     assert out.getvalue().count("built x") == 1, "the event meant for the log alone is not on the console"
+
+
+def test_a_build_whose_process_died_before_the_timeout_was_checked_is_a_death_not_a_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The news of a compile process's death can reach the driver after the build's timeout has
+    passed; the answer already waiting decides, not the clock."""
+    from ray import exceptions as rex
+
+    from tunectl.orchestrator import compile_schedule
+
+    class Method:
+        def __init__(self) -> None:
+            self.refs: list[object] = []
+
+        def remote(self, *args: object) -> object:
+            self.refs.append(object())
+            return self.refs[-1]
+
+    class Actor:  # a compile process: what the scheduler calls on it
+        build, describe = Method(), Method()
+
+    def get(ref: object) -> object:
+        if ref in Actor.describe.refs:
+            return {"pid": 1, "host": "node-a", "device": "cpu"}
+        raise rex.ActorDiedError()  # it died building the kernel
+
+    def kill(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a process that died is not killed again")
+
+    monkeypatch.setattr(compile_schedule.ray, "get", get)
+    monkeypatch.setattr(compile_schedule.ray, "wait", lambda refs, timeout: (list(refs), []))
+    monkeypatch.setattr(compile_schedule.ray, "kill", kill)
+    exiting = item(4, 0)
+    book = book_for([exiting])
+    scheduler = BuildScheduler(book, [(Actor(), "node-a")], timeout_s=4.0)
+    scheduler.on_ready(Actor.describe.refs[0])  # up: it gets the kernel to build
+    assert Actor.build.refs, "the build was handed out"
+    scheduler.check(time.monotonic() + 60.0)  # long past the timeout, its death already in
+    assert book.failure(exiting, "node-a") is None, "not a compile_timeout: it is built again"
+    assert book.rank(exiting, "node-a") == WAIT
