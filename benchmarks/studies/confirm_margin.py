@@ -23,16 +23,17 @@ import argparse
 import ast
 import json
 import re
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from holdout_json import holdout_of
+from holdout_json import figures, holdout_of
 
 from tunectl.core.keys import Key, make_key
 from tunectl.core.spec import DEFAULT_MARGIN
+from tunectl.decide.holdout import Standing
+from tunectl.measure.confirm import installed
 
 CONFIRMED = Path(__file__).resolve().parents[1] / "results" / "confirm_h200_2026-12-04.json"
 SITTING = "cold L2 (second machine)"
@@ -59,15 +60,12 @@ def confirm_lines(page: str) -> dict[tuple[int, Key], list[tuple[Key, float | No
 
 
 def choose(timed: list[tuple[Key, float | None]], margin: float | None) -> Key:
-    """The config installed: the fastest where it beats the entry's (first) by more than ``margin``
-    (None: the kernel-time rule of the module doc)."""
-    ran = [(t, c) for c, t in timed if t is not None]
+    """What confirming installs (``tunectl.measure.confirm.installed``) under ``margin`` (None: the
+    kernel-time rule of the module doc, from the entry's own confirmed time)."""
     own = timed[0][1]
-    if not ran or own is None:
-        return timed[0][0] if own is not None or not ran else min(ran)[1]
-    fastest, config = min(ran)
-    need = max(DEFAULT_MARGIN, JITTER_US / own) if margin is None else margin
-    return config if fastest * (1.0 + need) < own else timed[0][0]
+    if margin is None:
+        margin = max(DEFAULT_MARGIN, JITTER_US / own) if own else DEFAULT_MARGIN
+    return installed(timed, margin)
 
 
 def replay(results: Path, runs: list[tuple[str, int, str, str]]) -> dict[str, Any]:
@@ -94,17 +92,11 @@ def replay(results: Path, runs: list[tuple[str, int, str, str]]) -> dict[str, An
                         unscored[name] += 1
                     else:
                         scores[name].append(loss)
-        out[page] = {name: _figures(scores[name]) | {"unscored": unscored[name]} for name in rules}
+        out[page] = {
+            name: figures(Standing(name, tuple(scores[name]))) | {"unscored": unscored[name]}
+            for name in rules
+        }
     return out
-
-
-def _figures(ratios: list[float]) -> dict[str, Any]:
-    return {
-        "shapes": len(ratios),
-        "geomean": round(statistics.geometric_mean(ratios), 4),
-        "within_3pct": round(sum(r <= 1.03 for r in ratios) / len(ratios), 3),
-        "worst": round(max(ratios), 3),
-    }
 
 
 def main() -> None:

@@ -41,9 +41,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from holdout_json import figures
+
 from tunectl.core.keys import Key, key_from_text, key_text
 from tunectl.core.record import Phase, Record
 from tunectl.core.spec import SearchSpec
+from tunectl.decide.holdout import Standing
 from tunectl.decide.points import Measured
 from tunectl.decide.search import best_looks, finals_arms
 from tunectl.decide.select import select_winners
@@ -172,22 +175,13 @@ def floor(runs: dict[str, Run]) -> dict[str, Any]:
                     fastest = min(r.median_us for r in finals.values())
                     scores[_band(point)].append(finals[won].median_us / fastest)
         scores["all"] = [x for v in list(scores.values()) for x in v]
-        out[label] = {band: _score(v) for band, v in sorted(scores.items())}
+        out[label] = {band: figures(Standing(band, tuple(v))) for band, v in sorted(scores.items())}
     return out
 
 
 def _band(point: Point) -> str:
     batch = int(json.loads(point[1])["batch"])
     return "batch 1-8" if batch <= 8 else "batch 9-64" if batch <= 64 else "batch 65-256"
-
-
-def _score(ratios: list[float]) -> dict[str, Any]:
-    return {
-        "shapes": len(ratios),
-        "geomean": round(math.exp(statistics.mean(map(math.log, ratios))), 4),
-        "within_3pct": round(sum(r <= 1.03 for r in ratios) / len(ratios), 3),
-        "worst": round(max(ratios), 3),
-    }
 
 
 def _time_band(us: float) -> str:

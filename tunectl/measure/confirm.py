@@ -27,7 +27,7 @@ import statistics
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from tunectl.core.spec import DEFAULT_MARGIN, MeasureSpec
 from tunectl.measure.harness import Sampler, interleave
@@ -37,9 +37,10 @@ from tunectl.runtime import Bundle
 from tunectl.tasks.base import TuningTask, compare_outputs
 from tunectl.tasks.registry import get_task
 
-#: each candidate's timing: short, since a list is a handful of configs per shape at start-up
+T = TypeVar("T")
 #: rounds a shape's candidates are timed in, each round in a fresh random order
 ROUNDS = 4
+#: each candidate's timing: short, since a list is a handful of configs per shape at start-up
 DEFAULT_SETTINGS = MeasureSpec(warmup=2, min_samples=10, max_samples=200, noise_target=0.02, max_seconds=0.2)
 
 
@@ -126,12 +127,18 @@ def _confirm_shape(
     device, mode, settings = how
     times = time_configs(task, dict(entry.static), shape, listed, device=device, mode=mode, settings=settings)
     timed = tuple(zip(listed, times, strict=True))
+    return ShapeReport(shape, timed, installed(timed, margin), time.perf_counter() - t0)
+
+
+def installed(timed: Sequence[tuple[T, float | None]], margin: float) -> T:
+    """Of one shape's timed candidates (the entry's own config first; None: not timed), the one
+    confirming installs: the fastest that ran, unless the entry's own config ran and none beat it by
+    more than ``margin``."""
     ran = [(t, i) for i, (_, t) in enumerate(timed) if t is not None]
-    chosen = timed[min(ran)[1]][0] if ran else listed[0]
     own = timed[0][1]
-    if own is not None and min(ran)[0] * (1.0 + margin) >= own:
-        chosen = listed[0]
-    return ShapeReport(shape, timed, chosen, time.perf_counter() - t0)
+    if not ran or (own is not None and min(ran)[0] * (1.0 + margin) >= own):
+        return timed[0][0]
+    return timed[min(ran)[1]][0]
 
 
 def time_configs(
