@@ -252,3 +252,47 @@ def test_a_chunk_never_outlasts_the_time_left_at_the_pace_seen() -> None:
     assert next_chunk(200, settings, 1.0, 0.001) == MAX_CHUNK
     assert next_chunk(10, settings, 0.0035, 0.001) == 4, "what the time left allows"
     assert next_chunk(490, settings, 1.0, 0.001) == 10, "never past the cap on samples"
+
+
+class FakeAllocator:
+    """``torch.cuda``'s memory counters: ``reserved`` bytes held by the cache, ``allocated`` of them in
+    tensors, ``free`` on the device; ``empty_cache`` gives the unallocated part back to the device."""
+
+    def __init__(self, *, reserved: int, allocated: int, free: int) -> None:
+        self.reserved, self.allocated, self.free = reserved, allocated, free
+
+    def memory_reserved(self) -> int:
+        return self.reserved
+
+    def memory_allocated(self) -> int:
+        return self.allocated
+
+    def mem_get_info(self) -> tuple[int, int]:
+        return self.free, 141 << 30
+
+    def empty_cache(self) -> None:
+        self.free += self.reserved - self.allocated
+        self.reserved = self.allocated
+
+
+@pytest.mark.parametrize(
+    ("reserved_gib", "allocated_gib", "free_gib", "emptied"),
+    [
+        (136, 36, 1, True),  # the H200 case: 100 GiB cached, 1 GiB free; the capture needed 16
+        (2.5, 1, 100, True),  # more than a GiB cached: a capture should not pay for it
+        (1.5, 1, 0.25, True),  # little cached, but more than the device has free
+        (1.5, 1, 100, False),  # little cached, plenty free: nothing to win
+        (1, 1, 100, False),  # nothing cached
+    ],
+)
+def test_a_capture_empties_the_cache_only_where_it_holds_much_or_the_device_little(
+    reserved_gib: float, allocated_gib: float, free_gib: float, emptied: bool
+) -> None:
+    from tunectl.measure.difference import make_room_for_capture
+
+    gib = 1 << 30
+    cuda = FakeAllocator(
+        reserved=int(reserved_gib * gib), allocated=int(allocated_gib * gib), free=int(free_gib * gib)
+    )
+    assert make_room_for_capture(cuda) is emptied
+    assert (cuda.reserved == cuda.allocated) is (emptied or reserved_gib == allocated_gib)

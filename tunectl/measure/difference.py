@@ -59,6 +59,9 @@ from typing import Any, Literal
 
 from tunectl.measure.harness import Sampler, chunked
 
+#: before a capture the allocator's cache is emptied where it holds more than this, unallocated
+CAPTURE_IDLE_MAX_BYTES = 1 << 30
+
 Timer = Callable[[Callable[[], Any]], float]  # µs the device took for one launch
 Capture = Callable[[Callable[[], Any]], Callable[[], Any]]  # a callable made into one launch
 FlushKind = Literal["read", "write"]
@@ -313,17 +316,33 @@ def graph_of(fn: Callable[[], Any], device: str, *, warmup_calls: int = _WARMUP_
     return replay
 
 
+def make_room_for_capture(cuda: Any) -> bool:
+    """Empty the allocator's cache (``cuda``: ``torch.cuda``) where it holds, unallocated, more than
+    ``CAPTURE_IDLE_MAX_BYTES`` or more than the device has free; whether it did. A capture cannot give
+    cached memory back to the device while it runs, so a call that needs more than the device has free
+    fails there with an out-of-memory error that an eager call would not meet: on an H200, cuDNN SDPA's
+    16 GiB at 64 x 32768 met 1 GiB free beside 100 GiB cached, unallocated. ``torch.cuda.graph``
+    empties the cache before every capture, which a worker's one or two captures a measurement pay for
+    with ~0.6 ms of the host each and the next tensors' fresh allocations; where little is cached,
+    there is nothing to win."""
+    idle = cuda.memory_reserved() - cuda.memory_allocated()
+    if idle <= 0 or (idle <= CAPTURE_IDLE_MAX_BYTES and idle <= cuda.mem_get_info()[0]):
+        return False
+    cuda.empty_cache()
+    return True
+
+
 def _captured(fn: Callable[[], Any]) -> Any:
     """``fn`` captured into a CUDA graph on a side stream of the current device, as ``torch.cuda.graph``
-    captures it (the device synchronized first) but without emptying the allocator's cache before each
-    capture: a worker captures a graph or two per measurement, and an emptied cache makes the next
-    item's tensors pay the driver's allocation again (the emptying alone: ~0.6 ms of the host a capture,
-    in a profiled H200 run). A call that fails while captured raises its own error, not the capture's."""
+    captures it (the device synchronized first), but emptying the allocator's cache only where it holds
+    much (``make_room_for_capture``). A call that fails while captured raises its own error, not the
+    capture's."""
     import torch
 
     graph = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()
     torch.cuda.synchronize()  # nothing in flight when the capture begins
+    make_room_for_capture(torch.cuda)
     with torch.cuda.stream(stream):
         graph.capture_begin(capture_error_mode="global")
         try:
