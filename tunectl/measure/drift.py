@@ -4,16 +4,16 @@ A GPU can slow down in the middle of a worker's life (a software power cap pulli
 1980 to 1515 MHz, a neighbour's load): an H200 read one kernel at 1943 µs, then 2277 and 2479 µs
 later in the same process. A config measured once, stopping at ten quiet samples, cannot show it.
 
-The guard times a fixed *reference*: a copy of twice the L2 and a matrix product (on a GPU; a small
-copy and product on a CPU), so a slower memory clock and a slower SM clock both move it. On a GPU the
-copy takes most of it (by estimate on an H200 ~50 µs of copy beside ~30 µs of a bf16 2048 product):
-the kernels tuned first are memory-bound and feel a memory-side slowdown in full, and a reference that
-was mostly a product (a 4096 one, ~180 µs) moved by a fifth as much (an H200 decode batch read 12 %
-slow while it read 2.6 %); an SM clock pulled from 1980 to 1515 MHz still moves the product by ~30 %,
-the reference past its limit. It is one
-kernel for the whole worker life, not the point's default config: it is the same at every point and
-on every worker (a report can set one worker's life beside another's), it runs where a point's
-default fails, and it needs no compiling. The reference is timed:
+The guard times a fixed *reference*: a copy of twice the L2 and a matrix product (on a GPU; a small copy
+and product on a CPU), so a slower memory clock and a slower SM clock both move it. On an H200 the copy
+is about a quarter of it (``benchmarks/gpu/reference_parts.py``: a 120 MiB copy took 62 µs, a 2048
+product 23 µs; the 4096 one ~8 times that, by estimate). A reference mostly of copy (a 2048 product:
+73 % copy) was tried there, to feel memory-side slowdowns as the memory-bound decode kernels do: over
+two runs of the decode spec it flagged nothing more, read 1.6 % from its level at the median where this
+one reads 0.6 %, and cost the guard twice the time. It is one kernel for the whole worker life, not the
+point's default config: it is the same at every point and on every worker (a report can set one worker's
+life beside another's), it runs where a point's default fails, and it needs no compiling. The reference
+is timed:
 
 - when a worker starts on a point (its first item there, or the first after another point's), which
   is the point's *level*: at least ten samples, to half a percent of noise where 50 ms allow it
@@ -96,7 +96,7 @@ LEVEL_SETTINGS = MeasureSpec(warmup=1, min_samples=10, max_samples=200, noise_ta
 CHECK_SETTINGS = MeasureSpec(warmup=0, min_samples=5, max_samples=20, noise_target=0.01, max_seconds=0.03)
 REFERENCE_SPAN_MAX_US = 20_000.0  # a reference sample spans a measured sample up to this long (module doc)
 _REFERENCE_COPY_L2S = 2  # the copied buffer, in L2 sizes: it streams from memory, not from the cache
-_REFERENCE_MATMUL_N = 2048  # bf16: ~30 µs of tensor-core work on an H200, less than the copy
+_REFERENCE_MATMUL_N = 4096  # bf16: ~140 µs of tensor-core work on an H200
 _CPU_REFERENCE_BYTES = 8 << 20
 _CPU_REFERENCE_MATMUL_N = 192
 
@@ -362,7 +362,7 @@ def reference_sampler(device: str) -> Reference:
     with a warm L2 on a GPU (the reference streams its copy from memory whatever the cache holds), the
     clock on a CPU; the same method at every check of a worker's life. Not a CUDA graph: a graph of the
     reference's matrix product, captured beside the measured kernels' graphs, left the next kernel of
-    the worker reading freed memory on an H200 (an illegal address), and a ~100 µs reference call pays
+    the worker reading freed memory on an H200 (an illegal address), and a ~200 µs reference call pays
     nothing measurable for its launch."""
     from tunectl.measure.timing import make_sampler
 
