@@ -7,7 +7,7 @@
 #   bash benchmarks/gpu/holdout_h200.sh check 128   # export, then draw and time held-out shapes per seed
 #   bash benchmarks/gpu/holdout_h200.sh check 16
 #   bash benchmarks/gpu/holdout_h200.sh write       # holdout.json and holdout.md from the records (no GPU)
-#   bash benchmarks/gpu/holdout_h200.sh restore     # the 2026-12-04 records into $RES instead of building
+#   bash benchmarks/gpu/holdout_h200.sh restore     # the 2026-12-04 records (seeds 101-109) into $RES instead of building
 #   bash benchmarks/gpu/holdout_h200.sh confirm 128 # export with candidates, new seeds, confirmed picks scored
 # `confirm` exports the built run again with 3 candidates an entry (version 2), draws CONFIRM_SEEDS (default
 # 104 105 106, never used before), times every config there (`tunectl validate --holdout`), then confirms
@@ -89,7 +89,7 @@ case "${1:?step}" in
     cat "$RES/holdout-runs.txt"
     ;;
   restore)
-    for a in holdout_h200_2026-12-04.tar.gz holdout_h200_2026-12-04b.tar.gz; do tar xzf "benchmarks/results/$a" -C "$(dirname "$RES")"; done
+    for a in holdout_h200_2026-12-04.tar.gz holdout_h200_2026-12-04b.tar.gz holdout_h200_2026-12-04c.tar.gz; do tar xzf "benchmarks/results/$a" -C "$(dirname "$RES")"; done
     ls "$RES/_runs" | wc -l
     ;;
   confirm)
