@@ -43,7 +43,7 @@ PARTS = (
     ("check: the output against the reference", "tunectl/measure/runner.py", "_check"),
     ("sampler build", "tunectl/measure/timing.py", "make_sampler"),
     ("  of which first estimate (and warm-up)", "tunectl/measure/difference.py", "warm_pair_us"),
-    ("  of which graph capture", "tunectl/measure/difference.py", "graph_of"),
+    ("  of which graph capture", "tunectl/measure/graphs.py", "graph_of"),
     ("  of which spin cover", "tunectl/measure/difference.py", "cover"),
     ("guard, whole (incl. the measurement)", "tunectl/measure/drift.py", "measure_many"),
     ("  guard levels (a point's first item; waits)", "tunectl/measure/drift.py", "_time_level"),

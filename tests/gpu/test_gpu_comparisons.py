@@ -58,7 +58,7 @@ def _installed(module: str) -> bool:
 
 
 def test_a_graph_replay_keeps_the_call_it_captured_and_the_memory_the_call_owns() -> None:
-    from tunectl.measure.difference import graph_of
+    from tunectl.measure.graphs import graph_of
 
     cache = torch.randn(64, 16, device="cuda")
     out = torch.empty(16, device="cuda")

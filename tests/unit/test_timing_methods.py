@@ -288,7 +288,7 @@ class FakeAllocator:
 def test_a_capture_empties_the_cache_only_where_it_holds_much_or_the_device_little(
     reserved_gib: float, allocated_gib: float, free_gib: float, emptied: bool
 ) -> None:
-    from tunectl.measure.difference import make_room_for_capture
+    from tunectl.measure.graphs import make_room_for_capture
 
     gib = 1 << 30
     cuda = FakeAllocator(

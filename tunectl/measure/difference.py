@@ -46,21 +46,18 @@ A CUDA graph replays the addresses its kernels were captured with and owns none 
 them (a call's page-table copy, output, workspace; the flush's buffer): freed, that memory goes back
 to the allocator and is handed to the next tensor made, which the replay then reads as page indices or
 writes over. So what a launch runs must live as long as the launch: a sampler keeps the call and the
-flush it times, and ``graph_of``'s replay keeps the callable it captured.
+flush it times, and ``graph_of``'s replay keeps the callable it captured (``tunectl.measure.graphs``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from tunectl.measure.graphs import WARMUP_CALLS, graph_of
 from tunectl.measure.harness import Sampler, chunked
-
-#: before a capture the allocator's cache is emptied where it holds more than this, unallocated
-CAPTURE_IDLE_MAX_BYTES = 1 << 30
 
 Timer = Callable[[Callable[[], Any]], float]  # µs the device took for one launch
 Capture = Callable[[Callable[[], Any]], Callable[[], Any]]  # a callable made into one launch
@@ -73,7 +70,6 @@ FLUSH_L2S = 2.0
 TARGET_LAUNCH_US = 500.0  # A this long: the events' ~1 µs resolution is 0.2 % of it, and a sample ~1 ms
 MAX_CALLS = 64
 _SPIN_CYCLES = 200_000  # ~0.1 ms at H200 clocks: several graph launches' host latency (eager: ``cover``)
-_WARMUP_CALLS = 3
 
 
 def num_calls_for(pair_us: float, *, target_us: float = TARGET_LAUNCH_US, max_calls: int = MAX_CALLS) -> int:
@@ -222,7 +218,7 @@ class CudaParts:
     capture: Capture
 
 
-def cuda_parts(device: str, mode: str, *, warmup_calls: int = _WARMUP_CALLS) -> CudaParts:
+def cuda_parts(device: str, mode: str, *, warmup_calls: int = WARMUP_CALLS) -> CudaParts:
     """An event timer, and a capture that makes a CUDA graph (``graph``, after ``warmup_calls`` calls)
     or runs the callable (``eager``)."""
     timer = EventTimer()
@@ -290,70 +286,6 @@ class EventTimer:
         cycles_per_us = _SPIN_CYCLES / max(float(start.elapsed_time(end)) * 1e3, 1.0)
         self.spin_cycles = max(_SPIN_CYCLES, int(1.5 * host_us * cycles_per_us))
         self.covering = True
-
-
-def graph_of(fn: Callable[[], Any], device: str, *, warmup_calls: int = _WARMUP_CALLS) -> Callable[[], Any]:
-    """``fn`` captured into a CUDA graph (after ``warmup_calls`` calls on a side stream, as capture
-    requires, where nothing warmed it already): the graph's replay. The graph, and ``fn`` with every
-    tensor it holds (the memory the graph's kernels use: module doc), live as long as the returned
-    callable."""
-    import torch
-
-    with torch.cuda.device(device):
-        if warmup_calls:
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):  # lazy workspaces and handles get made here, not in the graph
-                for _ in range(warmup_calls):
-                    fn()
-            torch.cuda.current_stream().wait_stream(side)
-        graph = _captured(fn)
-
-    def replay() -> None:
-        graph.replay()
-
-    replay.captured = fn  # type: ignore[attr-defined]
-    return replay
-
-
-def make_room_for_capture(cuda: Any) -> bool:
-    """Empty the allocator's cache (``cuda``: ``torch.cuda``) where it holds, unallocated, more than
-    ``CAPTURE_IDLE_MAX_BYTES`` or more than the device has free; whether it did. A capture cannot give
-    cached memory back to the device while it runs, so a call that needs more than the device has free
-    fails there with an out-of-memory error that an eager call would not meet: on an H200, cuDNN SDPA's
-    16 GiB at 64 x 32768 met 1 GiB free beside 100 GiB cached, unallocated. ``torch.cuda.graph``
-    empties the cache before every capture, which a worker's one or two captures a measurement pay for
-    with ~0.6 ms of the host each and the next tensors' fresh allocations; where little is cached,
-    there is nothing to win."""
-    idle = cuda.memory_reserved() - cuda.memory_allocated()
-    if idle <= 0 or (idle <= CAPTURE_IDLE_MAX_BYTES and idle <= cuda.mem_get_info()[0]):
-        return False
-    cuda.empty_cache()
-    return True
-
-
-def _captured(fn: Callable[[], Any]) -> Any:
-    """``fn`` captured into a CUDA graph on a side stream of the current device, as ``torch.cuda.graph``
-    captures it (the device synchronized first), but emptying the allocator's cache only where it holds
-    much (``make_room_for_capture``). A call that fails while captured raises its own error, not the
-    capture's."""
-    import torch
-
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    torch.cuda.synchronize()  # nothing in flight when the capture begins
-    make_room_for_capture(torch.cuda)
-    with torch.cuda.stream(stream):
-        graph.capture_begin(capture_error_mode="global")
-        try:
-            fn()
-        except BaseException:
-            with contextlib.suppress(Exception):  # the capture is invalid; the call's error says why
-                graph.capture_end()
-            raise
-        graph.capture_end()
-    torch.cuda.current_stream().wait_stream(stream)
-    return graph
 
 
 def cuda_flush(device: str, kind: FlushKind = FLUSH, l2s: float = FLUSH_L2S) -> Callable[[], None]:
