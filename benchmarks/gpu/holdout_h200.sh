@@ -18,7 +18,8 @@
 # The tuning spec is configs/h200/flash_decode.toml at one page size, spans batch 1-256 x 1k-32k tokens,
 # a grid of 9 batches x 4 lengths, refine_budget 12, 2 probes a cell; flash-attn 2 is left out (it runs
 # on a re-paged cache: measured for reference only, it can never be chosen nor be the oracle).
-# Device time measured 2026-12-04: build ~3 min a page, check ~2.5 min a page, write ~10 s: ~12 min in all.
+# Device time measured 2026-12-04: build ~3 min a page, check ~2.5 min a page, write ~10 s: ~12 min in all;
+# confirm (three new seeds, then confirming) ~4 min at page 128 and ~3 min at page 16, restore seconds.
 set -uo pipefail
 [ -f /tmp/tunectl-site/env.sh ] && source /tmp/tunectl-site/env.sh
 python -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "editable install failed"
