@@ -2,7 +2,7 @@
 
     python benchmarks/gpu/reference_parts.py [--device cuda:0]      # seconds, on a GPU host
 
-The reference (``tunectl.measure.drift.reference_kernel``) is a copy of twice the L2 and a bf16 matrix
+The reference (``tunectl.measure.drift.reference_parts``) is a copy of twice the L2 and a bf16 matrix
 product; the share of each in its time is how much a slowdown of that side moves it. Each part and the
 whole are timed as the guard times the reference (eager calls between events, a warm L2), 50 calls a
 window, median of 20 windows; prints a JSON object of µs per call and the copy's share.
@@ -42,21 +42,14 @@ def main() -> None:
     p.add_argument("--device", default="cuda:0")
     args = p.parse_args()
     torch.cuda.set_device(args.device)
-    l2_bytes = torch.cuda.get_device_properties(args.device).L2_cache_size
-    src = torch.ones(drift._REFERENCE_COPY_L2S * l2_bytes // 2, dtype=torch.bfloat16, device=args.device)
-    dst = torch.empty_like(src)
-    n = drift._REFERENCE_MATMUL_N
-    a = torch.full((n, n), 0.5, dtype=torch.bfloat16, device=args.device)
-    out = torch.empty_like(a)
-    copy_us = per_call_us(lambda: dst.copy_(src))
-    product_us = per_call_us(lambda: torch.matmul(a, a, out=out))
+    copy, product = drift.reference_parts(args.device)
+    copy_us, product_us = per_call_us(copy), per_call_us(product)
     whole_us = per_call_us(drift.reference_kernel(args.device))
     print(
         json.dumps(
             {
                 "device": torch.cuda.get_device_name(args.device),
-                "l2_bytes": l2_bytes,
-                "matmul_n": n,
+                "l2_bytes": torch.cuda.get_device_properties(args.device).L2_cache_size,
                 "copy_us": round(copy_us, 2),
                 "product_us": round(product_us, 2),
                 "reference_us": round(whole_us, 2),

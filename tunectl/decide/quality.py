@@ -8,9 +8,9 @@ Screening looks take fewer samples by design and are not counted against ``min_s
 rows imported from another tuner's log, which carry no samples. A one-sample row has no noise to
 speak of: its noise is unknown (``noise_known``), never zero.
 
-A slowdown the guard's reference barely moves for (a memory-bound kernel feels a slower memory side
-in full, the reference, mostly a matrix product, by a fraction), or one that falls between two of its
-readings, leaves no flag; it shows instead as a config read far apart at one point. So the counts
+A slowdown the guard's reference does not move for (on an H200 not the whole device slowing: a
+reference mostly of copy caught none either), or one that falls between two of its readings, leaves
+no flag; it shows instead as a config read far apart at one point. So the counts
 also say how many configs a worker looked at more than once at a point (screening rungs, a full
 measurement, the finals) read more than ``LOOKS_APART`` apart beyond both looks' own spread
 (``looks_apart``): on the H200's decode grids, 6 % of the finalists' screening looks read over 5 %

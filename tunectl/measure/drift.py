@@ -335,8 +335,8 @@ class DriftGuard:
         return False
 
 
-def reference_kernel(device: str) -> Callable[[], Any]:
-    """The reference: a copy that streams from memory and a matrix product (module doc)."""
+def reference_parts(device: str) -> tuple[Callable[[], Any], Callable[[], Any]]:
+    """The reference's two kernels: a copy that streams from memory, and a matrix product (module doc)."""
     import torch
 
     if device.startswith("cuda"):
@@ -349,10 +349,16 @@ def reference_kernel(device: str) -> Callable[[], Any]:
     dst = torch.empty_like(src)
     a = torch.full((n, n), 0.5, dtype=src.dtype, device=src.device)
     out = torch.empty_like(a)
+    return (lambda: dst.copy_(src)), (lambda: torch.matmul(a, a, out=out))
+
+
+def reference_kernel(device: str) -> Callable[[], Any]:
+    """The reference: its copy, then its matrix product (``reference_parts``)."""
+    copy, product = reference_parts(device)
 
     def reference() -> None:
-        dst.copy_(src)
-        torch.matmul(a, a, out=out)
+        copy()
+        product()
 
     return reference
 
