@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The accurate page-128 decode bundle (benchmarks/gpu/accurate_p128.toml: a dense grid, refinement, then
+# probes) in one `tunectl submit` on one H200, timed end to end; the recorded runs of the same spec took
+# three steps under the earlier engine (benchmarks/results/throughput.md). From the project root on the
+# GPU host, after stage.sh's bootstrap (flashinfer-python==0.7.2.post1 and nvidia-cudnn-frontend staged):
+#   bash benchmarks/gpu/accurate_h200.sh build cold   # an empty compile cache ($W/cache emptied first)
+#   bash benchmarks/gpu/accurate_h200.sh build warm   # again, into a fresh results folder, the cache kept
+# A build stopped at its limit (LIMIT, default 540 s) resumes when called again with the same caches
+# word; each call's wall is appended to $W/walls-CACHES.txt, and the results are packed into $OUT.
+# The bundle is exported and scored at the recorded held-out seeds 1-7 afterwards, without a GPU
+# (throughput.md says how).
+set -uo pipefail
+[ -f /tmp/tunectl-site/env.sh ] && source /tmp/tunectl-site/env.sh
+python -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "editable install failed"
+W=${W:-/tmp/accurate}
+OUT=${OUT:-/tmp/accurate-out}
+SPEC=benchmarks/gpu/accurate_p128.toml
+mkdir -p "$W" "$OUT"
+nvidia-smi --query-gpu=name,clocks.sm,power.draw,temperature.gpu --format=csv,noheader 2>&1 | head -n 1
+unfinished() {  # the run of $1 that has not finished, if any
+  tunectl runs --results "$1" --json 2>/dev/null | python -c "
+import json, sys
+text = sys.stdin.read()
+print(next((r['run_id'] for r in (json.loads(text) if text.strip() else []) if r['state'] != 'finished'), ''))"
+}
+case "${1:?step}" in
+  build)
+    caches=${2:?cold or warm}
+    res="$W/res-$caches"
+    run=$([ -d "$res" ] && unfinished "$res")
+    if [ -n "$run" ]; then args=(--resume "$run"); else
+      [ -d "$res" ] && { echo "$res holds a finished run"; exit 0; }
+      [ "$caches" = cold ] && rm -rf "$W/cache"
+      args=("$SPEC")
+    fi
+    start=$(date +%s.%N)
+    RAY_USAGE_STATS_ENABLED=0 COLUMNS=160 timeout -k 15 "${LIMIT:-540}" tunectl submit "${args[@]}" \
+      --results "$res" --compile-cache "$W/cache" --yes > "$W/submit-$caches.log" 2>&1
+    rc=$?
+    wall=$(python -c "print(round($(date +%s.%N) - $start, 1))")
+    echo "${args[*]}: rc $rc, $wall s" | tee -a "$W/walls-$caches.txt"
+    [ $rc -eq 124 ] && { echo "stopped at the limit: run this step again to resume"; ray stop --force > /dev/null 2>&1; }
+    n=$(ls "$W"/console-"$caches"-*.txt 2>/dev/null | wc -l)
+    cp "$W/submit-$caches.log" "$W/console-$caches-$n.txt"
+    grep -v '^[│┃┏┡└]' "$W/submit-$caches.log" | tail -n 8
+    (cd "$(dirname "$W")" && tar czf "$OUT/accurate-results.tar.gz" --exclude=cache "$(basename "$W")")
+    ;;
+esac
