@@ -7,16 +7,17 @@
 #   bash benchmarks/gpu/accurate_h200.sh build warm   # again, into a fresh results folder, the cache kept
 # A build stopped at its limit (LIMIT, default 540 s) resumes when called again with the same caches
 # word; each call's wall is appended to $W/walls-CACHES.txt, and the results are packed into $OUT.
-# The bundle is exported and scored at the recorded held-out seeds 1-7 afterwards, without a GPU
-# (throughput.md says how).
+# Then, on any machine (no GPU), the bundles of both runs and of the recorded three-step runs, scored at
+# the recorded held-out seeds 1-7 (holdout_h200.md), from the archives:
+#   ARCHIVE=benchmarks/results/accurate_h200_2026-12-04.tar.gz bash benchmarks/gpu/accurate_h200.sh score
 set -uo pipefail
 [ -f /tmp/tunectl-site/env.sh ] && source /tmp/tunectl-site/env.sh
-python -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "editable install failed"
+[ "${1:-}" = score ] || python -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "editable install failed"
 W=${W:-/tmp/accurate}
 OUT=${OUT:-/tmp/accurate-out}
 SPEC=benchmarks/gpu/accurate_p128.toml
 mkdir -p "$W" "$OUT"
-nvidia-smi --query-gpu=name,clocks.sm,power.draw,temperature.gpu --format=csv,noheader 2>&1 | head -n 1
+[ "${1:-}" = score ] || nvidia-smi --query-gpu=name,clocks.sm,power.draw,temperature.gpu --format=csv,noheader 2>&1 | head -n 1
 unfinished() {  # the run of $1 that has not finished, if any
   tunectl runs --results "$1" --json 2>/dev/null | python -c "
 import json, sys
@@ -44,5 +45,25 @@ case "${1:?step}" in
     cp "$W/submit-$caches.log" "$W/console-$caches-$n.txt"
     grep -v '^[│┃┏┡└]' "$W/submit-$caches.log" | tail -n 8
     (cd "$(dirname "$W")" && tar czf "$OUT/accurate-results.tar.gz" --exclude=cache "$(basename "$W")")
+    ;;
+  score)
+    [ -d /tmp/res2 ] || { git show 45ad4e3:benchmarks/results/h200_results.tar.gz > /tmp/h200_results.tar.gz \
+      && tar xzf /tmp/h200_results.tar.gz -C /tmp; }
+    [ -n "${ARCHIVE:-}" ] && tar xzf "$ARCHIVE" -C "$(dirname "$W")"
+    bundles=/tmp/accurate-bundles
+    rm -rf "$bundles"
+    tunectl export bundle --results /tmp/res2 --run r20261202-191150-e17cb1 --run r20261203-050725-e7cd09 \
+      --name recorded --version 1 --out "$bundles" | tail -n 1
+    for caches in cold warm; do
+      run=$(tunectl runs --results "$W/res-$caches" --json | python -c "import json, sys; print(json.load(sys.stdin)[0]['run_id'])")
+      tunectl export bundle --results "$W/res-$caches" --run "$run" --name "$caches" --version 1 --out "$bundles" | tail -n 1
+    done
+    args=()
+    for seed_run in 1:r20261203-000300-a1a324 2:r20261203-000721-6b2bf8 3:r20261203-012133-8b0f32 \
+        4:r20261203-012604-f39932 5:r20261203-014839-a89e73 6:r20261203-052032-7e0f67 7:r20261203-052436-0262ea; do
+      for b in recorded cold warm; do args+=(--holdout "$b@s${seed_run%%:*}=$bundles/$b/1:${seed_run#*:}"); done
+    done
+    PYTHONPATH=.:${PYTHONPATH:-} python benchmarks/studies/holdout_table.py --results /tmp/res2 "${args[@]}" --pool --common \
+      | tail -n 12
     ;;
 esac

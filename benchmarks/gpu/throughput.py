@@ -7,6 +7,7 @@ The runs themselves come from ``benchmarks/gpu/throughput_h200.sh`` on the GPU h
 
     python benchmarks/gpu/throughput.py compare --runs /tmp/tp --out benchmarks/results/throughput.json
     python benchmarks/gpu/throughput.py agreement /tmp/tp/res-after-warm /tmp/tp/res-after-cold ...
+    python benchmarks/gpu/throughput.py figures /tmp/accurate/res-warm   # one run's figures (this engine)
 """
 
 from __future__ import annotations
@@ -48,7 +49,22 @@ def figures(results: Path, warmup: int) -> dict[str, Any]:
         "statuses": run["statuses"],
         "worker_startup": worker_startup(results),
         "between_calls_s": between_calls_s(rows),
+        "calls_by_phase_s": calls_by_phase_s(rows),
     }
+
+
+def calls_by_phase_s(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Seconds of the workers' calls, by the phase of their rows (screening, finals, probes, ...): a
+    call's rows share its start, and the call lasts until its last row's finish."""
+    calls: dict[tuple[Any, Any], list[Any]] = {}
+    for r in rows:
+        if r["worker"]:
+            call = calls.setdefault((r["worker"], r["started_at"]), [r["phase"], r["finished_at"]])
+            call[1] = max(call[1], r["finished_at"])
+    out: dict[str, float] = {}
+    for (_, start), (phase, end) in calls.items():
+        out[phase] = out.get(phase, 0.0) + _seconds(end - start)
+    return {phase: round(s, 1) for phase, s in out.items()}
 
 
 def between_calls_s(rows: list[dict[str, Any]]) -> float:
@@ -181,7 +197,12 @@ def main() -> None:
     c.add_argument("--out", required=True)
     a = sub.add_parser("agreement", help="how often runs of one spec agree on winners, pair by pair")
     a.add_argument("results", nargs="+", type=Path, help="two or more results folders of one spec")
+    f = sub.add_parser("figures", help="one run's figures per results folder (this engine's runs)")
+    f.add_argument("results", nargs="+", type=Path)
     args = p.parse_args()
+    if args.cmd == "figures":
+        print(json.dumps({str(r): figures(r, WARMUP["after"]) for r in args.results}, indent=1, default=str))
+        return
     if args.cmd == "agreement":
         print(json.dumps(agreement(args.results), indent=1, default=str))
         return

@@ -9,8 +9,10 @@ serves at each (looked up as the validation did, under the run's own spec), and 
 its interleaved comparison. A shape the bundle's own source runs measured (a tuned point, a probe)
 is left out, as ``validate --holdout`` leaves it out when it draws. ``--pool`` adds one row per
 bundle over every holdout run it was scored on (labels ``NAME@...`` pool by NAME: shapes of several
-seeds together). ``--tuning`` adds what each bundle's tuning run cost (its records and points, and
-the span from its first item's start to its last's finish). Prints Markdown.
+seeds together); ``--common`` pools again over only the shapes where every bundle's pick was timed
+(a split rule's count that the holdout run did not time is missing for that bundle alone) and gives
+each geomean against the first's. ``--tuning`` adds what each bundle's tuning run cost (its records and
+points, and the span from its first item's start to its last's finish). Prints Markdown.
 """
 
 from __future__ import annotations
@@ -87,13 +89,32 @@ def table(holdouts: dict[str, Holdout]) -> list[str]:
     return out
 
 
-def pooled(holdouts: dict[str, Holdout]) -> dict[str, Holdout]:
-    """One Holdout per NAME of the labels NAME@..., every shape of its runs together."""
+def pooled(holdouts: dict[str, Holdout], common: bool = False) -> dict[str, Holdout]:
+    """One Holdout per NAME of the labels NAME@..., every shape of its runs together; ``common``: only
+    the shapes (of a run labelled @RUN) where every NAME's pick was timed, so the pools compare alike."""
+    timed: dict[tuple[str, Key], int] = {}
+    for label, held in holdouts.items():
+        for h in held.shapes:
+            if h.ratio is not None:
+                key = (label.partition("@")[2], h.shape)
+                timed[key] = timed.get(key, 0) + 1
+    names = {label.split("@", 1)[0] for label in holdouts}
     out: dict[str, list[HeldOut]] = {}
     for label, held in holdouts.items():
-        out.setdefault(label.split("@", 1)[0], []).extend(held.shapes)
+        run = label.partition("@")[2]
+        keep = [h for h in held.shapes if not common or timed.get((run, h.shape)) == len(names)]
+        out.setdefault(label.split("@", 1)[0], []).extend(keep)
     margin = next(iter(holdouts.values())).margin
     return {name: Holdout(tuple(shapes), margin) for name, shapes in out.items()}
+
+
+def common_rows(holdouts: dict[str, Holdout]) -> list[str]:
+    """Pooled rows over the shapes where every bundle's pick was timed; each geomean against the first's."""
+    pools = pooled(holdouts, common=True)
+    means = {name: held.geomean or 1.0 for name, held in pools.items()}
+    (first, base), *rest = means.items()
+    against = ", ".join(f"{name} {mean - base:+.4f}" for name, mean in rest)
+    return ["", *table(pools)[-(2 + len(pools)) :], "", f"geomean against {first} ({base:.4f}): {against}"]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -103,6 +124,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--tuning", action="append", default=[], help="LABEL=RUN: the bundle's tuning run")
     parser.add_argument("--margin", type=float, default=DEFAULT_MARGIN)
     parser.add_argument("--pool", action="store_true", help="also: each NAME of labels NAME@... pooled")
+    parser.add_argument("--common", action="store_true", help="also: pooled where every pick was timed")
     args = parser.parse_args(argv)
     require(args.results)
     holdouts: dict[str, Holdout] = {}
@@ -114,6 +136,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.pool:
         pools = pooled(holdouts)
         lines += ["", *table(pools)[-(2 + len(pools)) :]]
+    if args.common:
+        lines += ["", "Over the shapes where every bundle's pick was timed:", *common_rows(holdouts)]
     for spec in args.tuning:
         label, _, run_id = spec.partition("=")
         lines.append(f"- {label} (run {run_id}): {cost_of(read_results(args.results, [run_id]))}")
