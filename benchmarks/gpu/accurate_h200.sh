@@ -35,12 +35,15 @@ case "${1:?step}" in
       args=("$SPEC")
     fi
     start=$(date +%s.%N)
-    RAY_USAGE_STATS_ENABLED=0 COLUMNS=160 timeout -k 15 "${LIMIT:-540}" tunectl submit "${args[@]}" \
+    # --foreground: the limit's SIGTERM goes to tunectl alone, which stops its run (cancelled) and Ray in
+    # seconds; sent to the whole process group it also stops Ray's own processes under the driver,
+    # whose shutdown then waits on them for longer than the 15 s before the SIGKILL.
+    RAY_USAGE_STATS_ENABLED=0 COLUMNS=160 timeout --foreground -k 15 "${LIMIT:-540}" tunectl submit "${args[@]}" \
       --results "$res" --compile-cache "$W/cache" --yes > "$W/submit-$caches.log" 2>&1
     rc=$?
     wall=$(python -c "print(round($(date +%s.%N) - $start, 1))")
     echo "${args[*]}: rc $rc, $wall s" | tee -a "$W/walls-$caches.txt"
-    [ $rc -eq 124 ] && { echo "stopped at the limit: run this step again to resume"; ray stop --force > /dev/null 2>&1; }
+    [ $rc -eq 124 ] || [ $rc -eq 137 ] && { echo "stopped at the limit: run this step again to resume"; ray stop --force > /dev/null 2>&1; }
     n=$(ls "$W"/console-"$caches"-*.txt 2>/dev/null | wc -l)
     cp "$W/submit-$caches.log" "$W/console-$caches-$n.txt"
     grep -v '^[│┃┏┡└]' "$W/submit-$caches.log" | tail -n 8
