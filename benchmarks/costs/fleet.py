@@ -27,7 +27,10 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tunectl.report.worker_time import WorkerTime
 
 ROOT = Path(__file__).resolve().parents[2]
 GRIDS = {
@@ -61,21 +64,17 @@ def ts(value: Any) -> float:
 
 def run_figures(results: Path, warmup: int) -> dict[str, Any]:
     """Span, throughput, compile time and busy fraction of the one run in ``results``."""
+    from tunectl.report.worker_time import worker_times
     from tunectl.store.results import read_results
     from tunectl.store.runs import list_runs
 
     (info,) = list_runs(results)
-    rows = [r.to_row() for r in read_results(results, run_ids=[info.run_id])]
-    workers: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for row in rows:
-        if row["worker"]:
-            workers[row["worker"]].append(row)
+    records = read_results(results, run_ids=[info.run_id])
+    rows = [r.to_row() for r in records]
     busy, split = {}, defaultdict(float)
-    for name, mine in workers.items():
-        span = max(ts(r["finished_at"]) for r in mine) - min(ts(r["started_at"]) for r in mine)
-        kernel = sum(kernel_seconds(r, warmup) for r in mine if r["status"] == "ok")
-        busy[name] = round(kernel / span, 3) if span > 0 else 0.0
-        for part, seconds in worker_time(mine, span, kernel).items():
+    for worker in worker_times(records, warmup=warmup):
+        busy[worker.worker] = round(worker.busy, 3)
+        for part, seconds in time_parts(worker).items():
             split[part] += seconds
     span = max(ts(r["finished_at"]) for r in rows) - min(ts(r["started_at"]) for r in rows)
     grid_items = [r for r in rows if r["phase"] in ("measure", "screen")]
@@ -101,13 +100,6 @@ def run_figures(results: Path, warmup: int) -> dict[str, Any]:
             for row in rows if row["worker"]
         ],
     }  # fmt: skip
-
-
-def kernel_seconds(row: dict[str, Any], warmup: int) -> float:
-    """The measured kernel's time inside a row's timed calls: its samples and warm-up, each of
-    ``calls_per_sample`` calls (1 in rows from before they said), and the checked first call."""
-    calls = (row["num_samples"] + warmup) * (row.get("calls_per_sample") or 1) + 1
-    return calls * row["mean_us"] / 1e6
 
 
 def kernel_of(row: dict[str, Any]) -> str | None:
@@ -158,22 +150,17 @@ def cmd_sweeps(args: argparse.Namespace) -> None:
 TIME_PARTS = ("loading", "point set-up", "measuring", "of which guard", "of which kernel", "other")
 
 
-def worker_time(rows: list[dict[str, Any]], span: float, kernel: float) -> dict[str, float]:
-    """Seconds of one worker's ``span`` in each of ``TIME_PARTS``; a comparison's rows share one set-up
-    and one measurement (counted once per group). ``kernel``: its time inside timed calls. Rows from
-    before records carried set-up and measurement times count as other."""
-    once: dict[str, dict[str, Any]] = {}
-    for i, row in enumerate(rows):
-        once.setdefault(row["group_id"] or f"item {i}", row)
-    seconds = {
-        "loading": sum((r["compile_ms"] or 0.0) for r in rows) / 1e3,
-        "point set-up": sum((r.get("setup_ms") or 0.0) for r in once.values()) / 1e3,
-        "measuring": sum((r.get("measure_ms") or 0.0) for r in once.values()) / 1e3,
-        "of which guard": sum((r.get("guard_ms") or 0.0) for r in once.values()) / 1e3,
-        "of which kernel": kernel,
+def time_parts(worker: WorkerTime) -> dict[str, float]:
+    """Seconds of one worker's span in each of ``TIME_PARTS`` (``tunectl.report.worker_time``); here
+    "other" also holds its waits between calls."""
+    return {
+        "loading": worker.loading_s,
+        "point set-up": worker.setup_s,
+        "measuring": worker.measuring_s,
+        "of which guard": worker.guard_s,
+        "of which kernel": worker.kernel_s,
+        "other": worker.other_s + worker.waiting_s,
     }
-    seconds["other"] = span - seconds["loading"] - seconds["point set-up"] - seconds["measuring"]
-    return seconds
 
 
 def sweeps_table(runs: list[dict[str, Any]]) -> str:

@@ -33,10 +33,12 @@ def figures(results: Path, warmup: int) -> dict[str, Any]:
     """A run's wall span, GPU busy share, screening item cost and the guard's share of measuring."""
     from fleet import run_figures
 
+    from tunectl.report.worker_time import worker_times
     from tunectl.store.results import read_results
 
     run = run_figures(results, warmup)
-    rows = [r.to_row() for r in read_results(results)]
+    records = read_results(results)
+    rows = [r.to_row() for r in records]
     screens = screen_item_seconds(rows)
     parts = run["worker_time_s"]
     return {
@@ -48,7 +50,7 @@ def figures(results: Path, warmup: int) -> dict[str, Any]:
         "worker_time_s": parts,
         "statuses": run["statuses"],
         "worker_startup": worker_startup(results),
-        "between_calls_s": between_calls_s(rows),
+        "between_calls_s": round(sum(w.waiting_s for w in worker_times(records)), 2),
         "calls_by_phase_s": calls_by_phase_s(rows),
     }
 

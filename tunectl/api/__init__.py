@@ -62,6 +62,7 @@ from tunectl.api.results import (
     report,
     run_quality,
     winners,
+    worker_times,
 )
 from tunectl.api.runs import (
     RunLog,
@@ -148,4 +149,5 @@ __all__ = [
     "validate",
     "verify_bundle",
     "winners",
+    "worker_times",
 ]

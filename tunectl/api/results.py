@@ -1,9 +1,10 @@
-"""Reading what runs measured: the records, the winners and how far to trust them, the files no
-reader can use, the HTML report, and other tuners' logs brought in as runs."""
+"""Reading what runs measured: the records, the winners and how far to trust them, where each
+worker's time went, the files no reader can use, the HTML report, and other tuners' logs brought in
+as runs."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from tunectl.decide.quality import Quality
 from tunectl.decide.select import Winner
 from tunectl.formats.flexlog import ImportResult
 from tunectl.report import ReportResult
+from tunectl.report.worker_time import WorkerTime
 from tunectl.store.results import Dataset
 
 
@@ -49,6 +51,15 @@ def winners(results: str | Path, selection: Selection | None = None) -> Winners:
     dataset = read_dataset(results, run_ids=selection.run_ids, task=selection.task)
     chosen, quality = assessed_winners(results, dataset)
     return Winners(dataset, chosen, quality)
+
+
+def worker_times(records: Iterable[Record], since: float = 0.0) -> list[WorkerTime]:
+    """Where each worker's time went over ``records`` that started at or after ``since`` (epoch
+    seconds): its span, the tuned kernels' share of it, measuring, loading, set-up and waiting for
+    work (``tunectl.report.worker_time``)."""
+    from tunectl.report.worker_time import worker_times as times_of
+
+    return times_of(records, since)
 
 
 def run_quality(results: str | Path, run_id: str) -> Quality:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from tunectl.core.record import Phase, Record, Status
 from tunectl.decide.quality import Flag, Quality, noise_known
 from tunectl.decide.select import Winner
+from tunectl.report.worker_time import WorkerTime
 from tunectl.runtime.entries import Entry
 from tunectl.store.bundle_diff import EntryChange
 from tunectl.store.results import Dataset
@@ -22,5 +23,6 @@ __all__ = [
     "RunSummary",
     "Status",
     "Winner",
+    "WorkerTime",
     "noise_known",
 ]

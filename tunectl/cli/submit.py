@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Annotated, Any
@@ -11,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tunectl import api
+from tunectl.api.types import WorkerTime
 from tunectl.cli._common import DEFAULT_RESULTS, ResultsOption, fail, library_errors, submit_again
 from tunectl.cli.progress import RunBar, run_events, stopped_message
 from tunectl.cli.quality import print_quality
@@ -176,6 +178,7 @@ def _print_summary(console: Console, out: Any, results: Path) -> None:
         )
     console.print(f"results: {results}")
     print_quality(console, quality, results)
+    _print_worker_times(console, api.worker_times(records, since=time.time() - out.seconds))
     if not winners:
         failed = Counter(str(r.status) for r in records if not r.ok)
         counts = ", ".join(f"{n} {s}" for s, n in sorted(failed.items())) or "no measurement"
@@ -184,6 +187,16 @@ def _print_summary(console: Console, out: Any, results: Path) -> None:
             f"`tunectl failures --run {out.run_id} --results {results}` lists why",
             1,
         )
+
+
+def _print_worker_times(console: Console, times: list[WorkerTime], most: int = 4) -> None:
+    """Where the workers' time went in this submit: a line each, or the workers together and the
+    least busy one where there are more than ``most``."""
+    if len(times) > most:
+        least = min(times, key=lambda t: t.busy)
+        times = [WorkerTime.summed(times, f"{len(times)} workers together"), least]
+    for t in times:
+        console.print(t.line(), markup=False, highlight=False)
 
 
 def _print_skipped(console: Console, skipped: Any, most: int = 5) -> None:

@@ -17,8 +17,10 @@ Every number a plot shows is also in an HTML table. The page is self-contained: 
 network, and one inline script that counts the plots that loaded (``data-plots-rendered`` and
 ``data-plots-total`` on ``<body>``), so a headless browser can check the page renders.
 
-Three parts: ``gather`` (rows and a bundle in, plain data out; the one module that reads rows),
-``draw`` (matplotlib's Agg canvas, no pyplot state) and ``page`` (a Jinja2 template, autoescaped).
+Three parts: ``gather`` (rows and a bundle in, plain data out; the one module of the page that reads
+rows), ``draw`` (matplotlib's Agg canvas, no pyplot state) and ``page`` (a Jinja2 template,
+autoescaped). Beside them, ``worker_time`` reads where each worker's time went (the console's last
+lines after a submit).
 """
 
 from __future__ import annotations
