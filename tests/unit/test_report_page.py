@@ -23,6 +23,10 @@ from tunectl.report.grids import Group, Point, speedup_grids
 
 
 def _one_sample_at_batch_4(row: Record) -> Record:
+    """One sample at batch 4; every row measured by one worker, half a second a call."""
+    row = dataclasses.replace(
+        row, worker="w0", started_at=row.finished_at - 0.5, measure_ms=400.0, mean_us=row.median_us
+    )
     if row.shape_key == '{"batch":4,"kv_len":128}':
         return dataclasses.replace(row, num_samples=1, rel_noise=0.0)
     return row
@@ -122,3 +126,13 @@ def test_a_one_sample_measurement_shows_its_noise_as_unknown(page: tuple[str, Pa
     cells = _Page(html).find("noise", data_shape='{"batch":4,"kv_len":128}')
     assert cells and all(c["text"] == "?" for c in cells), [c["text"] for c in cells]
     assert all("data-value" not in c and "one sample, its noise unknown" in c["title"] for c in cells)
+
+
+def test_the_time_section_says_where_each_workers_span_went(page: tuple[str, Path]) -> None:
+    html, _ = page
+    time = _section(html, "time")
+    rows = re.findall(r"<tr><td>(r[^<]+)</td><td>([^<]+)</td><td class=\"num\">([0-9.]+)</td>", time)
+    assert [worker for _, worker, _ in rows] == ["w0"]  # one run, one worker
+    (share,) = [float(v) for v in re.findall(r'data-value="([0-9.e-]+)"', time)]
+    assert 0.0 < share < 1.0
+    assert '<a href="#time">time</a>' in html

@@ -10,6 +10,8 @@ PNG plots beside it:
 - validation rows (a bundle's config against the default, run as an L-layer stack): each shape's
   speedup with its 95 % interval, its verdict, and their geometric mean;
 - imported autotuning logs: per shape, Inductor's pick against the other choices it timed;
+- where each worker's time went, per run: the share of its span the tuned kernels ran, measuring,
+  loading, set-up, waiting for work;
 - a bundle's entries and the same heatmaps computed from its statistics;
 - above them, a summary: runs, measurements by status, winners, geometric-mean speedup.
 

@@ -19,6 +19,7 @@ from tunectl.decide.quality import noise_known
 from tunectl.decide.select import Winner, latest_comparisons, select_winners
 from tunectl.report.drift import DriftPanel, drift_panel
 from tunectl.report.grids import Cell, Grid, Group, Point, label, noise_grid, short_labels, speedup_grids
+from tunectl.report.worker_time import WorkerTime, worker_times
 
 if TYPE_CHECKING:
     from tunectl.runtime import Bundle, Entry
@@ -141,6 +142,7 @@ class ReportData:
     imported: tuple[ImportedPanel, ...]
     bundle: BundleSection | None
     drift: DriftPanel | None = None  # each worker's drift-guard reference over its life
+    time: tuple[tuple[str, WorkerTime], ...] = ()  # (run, where a worker's time went), per run and worker
 
     @property
     def grids(self) -> tuple[Grid, ...]:
@@ -355,7 +357,16 @@ def gather(rows: Sequence[Record], bundle: Bundle | None = None) -> ReportData:
         imported=imported_panels(imported),
         bundle=None if bundle is None else bundle_section(bundle, points),
         drift=drift_panel(measured),
+        time=tuple((run, w) for run, mine in by_run(rows).items() for w in worker_times(mine)),
     )
+
+
+def by_run(rows: Iterable[Record]) -> dict[str, list[Record]]:
+    """The rows of each run, runs in order of their ids (which begin with their start time)."""
+    out: dict[str, list[Record]] = {}
+    for r in rows:
+        out.setdefault(r.run_id, []).append(r)
+    return dict(sorted(out.items()))
 
 
 __all__ = ["ReportData", "gather", "label"]
