@@ -30,6 +30,9 @@ def test_submit_export_lookup(ray_two_gpus: None, tiny_spec: Path, tmp_path: Pat
     assert out.exit_code == 0, out.output
     assert "on 2 gpu worker(s)" in out.output
     assert "winners of" in out.output and "speedup" in out.output
+    flat = " ".join(out.output.split())  # the console wraps long lines
+    # where each worker's time went, with the start-up it reported when it came up
+    assert flat.count(": started in ") == 2 and flat.count(" s from first item to last, ") == 2, flat
 
     rows = read_results(results)
     [run] = json.loads(runner.invoke(app, ["runs", "--results", str(results), "--json"]).output)

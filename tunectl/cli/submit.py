@@ -178,7 +178,7 @@ def _print_summary(console: Console, out: Any, results: Path) -> None:
         )
     console.print(f"results: {results}")
     print_quality(console, quality, results)
-    _print_worker_times(console, api.worker_times(records, since=time.time() - out.seconds))
+    _print_worker_times(console, api.worker_times(records, since=time.time() - out.seconds), out.startups)
     if not winners:
         failed = Counter(str(r.status) for r in records if not r.ok)
         counts = ", ".join(f"{n} {s}" for s, n in sorted(failed.items())) or "no measurement"
@@ -189,14 +189,17 @@ def _print_summary(console: Console, out: Any, results: Path) -> None:
         )
 
 
-def _print_worker_times(console: Console, times: list[WorkerTime], most: int = 4) -> None:
-    """Where the workers' time went in this submit: a line each, or the workers together and the
-    least busy one where there are more than ``most``."""
+def _print_worker_times(
+    console: Console, times: list[WorkerTime], startups: dict[str, Any] | None = None, most: int = 4
+) -> None:
+    """Where the workers' time went in this submit (with each one's start-up, where ``startups`` has
+    it): a line each, or the workers together and the least busy one where there are more than ``most``."""
+    startups = startups or {}
     if len(times) > most:
         least = min(times, key=lambda t: t.busy)
         times = [WorkerTime.summed(times, f"{len(times)} workers together"), least]
     for t in times:
-        console.print(t.line(), markup=False, highlight=False)
+        console.print(t.line(startups.get(t.worker)), markup=False, highlight=False)
 
 
 def _print_skipped(console: Console, skipped: Any, most: int = 5) -> None:

@@ -104,6 +104,7 @@ class _Dispatcher(Handout):
             return
         if slot.came_up(info):
             self.stats.num_lost_workers -= 1
+        self.stats.startups[f"{info['host']}:{info['pid']}"] = info.get("startup") or {}
         log.info(  # one line a worker: the run's log, not the console (a fleet has hundreds)
             "worker %s ready: pid %s on %s (node %s, %s)%s",
             *(slot.name, info["pid"], info["host"], info["node_id"][:12], info["device"]),

@@ -51,6 +51,9 @@ class DispatchStats:
     num_requeued: int = 0
     num_lost_workers: int = 0
     statuses: Counter[str] = field(default_factory=Counter)
+    #: each worker process's start-up as it reported it (``TuneWorker.startup``), by ``host:pid``: the
+    #: name its records carry
+    startups: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 class Handout:

@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from tunectl.core.errors import UserError
 from tunectl.core.keys import Key
@@ -60,6 +60,8 @@ class SubmitResult:
     statuses: Counter[str] = field(default_factory=Counter)
     seconds: float = 0.0
     plan: Plan | None = None  # the spec's plan (a run of other work has none)
+    #: each worker process's start-up, by the name its records carry (``DispatchStats.startups``)
+    startups: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -308,6 +310,7 @@ def _measure(
         stall_timeout_s=options.stall_timeout_s,
     )
     stats = dispatch(started.lanes, info.run_id, job.measure, on_records, dispatch_options, started.builds)
+    out.startups = stats.startups
     _finish(run_file, started)
     troubled = stats.num_worker_failures or stats.num_requeued  # else the console's summary says it all
     log.info(

@@ -19,8 +19,9 @@ reference), the host, and waiting.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from tunectl.core.record import Record, Status
 
@@ -54,11 +55,17 @@ class WorkerTime:
         parts = [f.name for f in dataclasses.fields(cls) if f.name != "worker"]
         return cls(name, *(sum(getattr(t, p) for t in times) for p in parts))
 
-    def line(self) -> str:
-        """One console line: the span, how busy the kernels kept the device, and the parts."""
+    def line(self, startup: Mapping[str, Any] | None = None) -> str:
+        """One console line: the worker's start-up where ``startup`` says it (``TuneWorker.startup``),
+        the span, how busy the kernels kept the device, and the parts."""
         guard = f" (drift guard {self.guard_s:.1f} s)" if self.guard_s else ""
+        began = ""
+        if startup and "total_s" in startup:
+            libraries = sum(startup.get("libraries", {}).values())
+            imports = f" (kernel libraries {libraries:.1f} s)" if libraries >= 0.05 else ""
+            began = f"started in {startup['total_s']:.1f} s{imports}, then "
         return (
-            f"{self.worker}: {self.span_s:.1f} s from first item to last, the tuned kernels running "
+            f"{self.worker}: {began}{self.span_s:.1f} s from first item to last, the tuned kernels running "
             f"{100 * self.busy:.0f} % of it; "
             f"measuring {self.measuring_s:.1f} s{guard}, loading kernels {self.loading_s:.1f} s, "
             f"point set-up {self.setup_s:.1f} s, waiting for work {self.waiting_s:.1f} s, "
