@@ -31,6 +31,7 @@ def _rows() -> list[Record]:
         _row("g0", 104.0, 104.5, status=Status.ERROR, compile_ms=400.0, mean_us=1000.0, num_samples=10),
         _row("g1", 100.0, 102.0, measure_ms=1500.0, **timed),
         _row("", 90.0, 110.0, status=Status.COMPILE_ERROR),  # recorded by the driver, in no worker's span
+        _row("g1", 0.0, 0.0),  # written by a version that did not record when an item ran
     ]
 
 

@@ -78,7 +78,8 @@ def worker_times(records: Iterable[Record], since: float = 0.0, warmup: int = 0)
     seconds: one submit of a resumed run), in the order the workers first appear."""
     mine: dict[str, list[Record]] = {}
     for r in records:
-        if r.worker and r.started_at >= since:  # a row without a worker was recorded by the driver
+        # a row without a worker was recorded by the driver; one without a start, by an old version
+        if r.worker and r.started_at > 0 and r.started_at >= since:
             mine.setdefault(r.worker, []).append(r)
     return [_worker_time(name, rows, warmup) for name, rows in mine.items()]
 
