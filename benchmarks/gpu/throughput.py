@@ -69,22 +69,6 @@ def calls_by_phase_s(rows: list[dict[str, Any]]) -> dict[str, float]:
     return {phase: round(s, 1) for phase, s in out.items()}
 
 
-def between_calls_s(rows: list[dict[str, Any]]) -> float:
-    """Seconds of the workers' spans outside their calls (a call's rows share its start): a worker
-    waiting for the driver's next item, summed over workers."""
-    calls: dict[tuple[Any, Any], Any] = {}
-    spans: dict[Any, list[Any]] = {}
-    for r in rows:
-        if not r["worker"]:  # recorded by the driver (a kernel that did not build), in no call
-            continue
-        key = (r["worker"], r["started_at"])
-        calls[key] = max(calls.get(key, r["finished_at"]), r["finished_at"])
-        first, last = spans.setdefault(r["worker"], [r["started_at"], r["finished_at"]])
-        spans[r["worker"]] = [min(first, r["started_at"]), max(last, r["finished_at"])]
-    inside = sum(_seconds(end - start) for (_, start), end in calls.items())
-    return round(sum(_seconds(last - first) for first, last in spans.values()) - inside, 2)
-
-
 def worker_startup(results: Path) -> list[str]:
     """Each worker's start-up as its ready line in the run's log says it (process, imports, device,
     libraries); empty for runs whose workers did not say."""

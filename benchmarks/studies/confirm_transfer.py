@@ -10,8 +10,8 @@ same shape, on the same GPU, and summarises the ratio per backend and batch rang
     bash benchmarks/gpu/holdout_h200.sh restore   # the holdout archives into /tmp/holdout-results
     PYTHONPATH=. python benchmarks/studies/confirm_transfer.py --results /tmp/holdout-results \\
         --confirm benchmarks/results/confirm_h200_2026-12-04b.json --seeds 107 108 109
-    PYTHONPATH=. python benchmarks/studies/confirm_transfer.py --results /tmp/holdout-results \
-        --confirm benchmarks/results/confirm_h200_2026-12-04.json --seeds 104 105 106 \
+    PYTHONPATH=. python benchmarks/studies/confirm_transfer.py --results /tmp/holdout-results \\
+        --confirm benchmarks/results/confirm_h200_2026-12-04.json --seeds 104 105 106 \\
         --sitting "cold L2 (second machine)"   # confirmed on another machine than the held-out runs
 """
 
