@@ -71,3 +71,47 @@ def test_other_failures_are_not_waited_for(monkeypatch: pytest.MonkeyPatch) -> N
     task = ShortOfMemory(failures=1, error=RuntimeError)
     record, pauses = _run(task, monkeypatch)
     assert record.status is Status.ERROR and pauses == [] and task.calls == 1
+
+
+def test_a_set_up_out_of_memory_lets_the_kept_points_go_before_it_tries_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(runner_module.time, "sleep", lambda _: None)
+    task = ShortOfMemory(failures=0)
+    runner = ItemRunner("cpu")
+    runner._tasks["fault_injection"] = task  # type: ignore[assignment]
+
+    def look(n: int) -> WorkItem:
+        return WorkItem(
+            f"a{n}", "fault_injection", make_key({}), make_key({"n": n}), make_key({"fault": "none"}), True
+        )
+
+    for n in (64, 128):
+        runner.run("r", look(n), SETTINGS)
+    assert len(runner._points) == 2
+    task.failures = task.calls + 1  # the next point's inputs fail to allocate once
+    [record] = runner.run("r", look(256), SETTINGS)
+    assert record.status is Status.OK
+    assert len(runner._points) == 1, "the points it kept were let go for the one it needs"
+
+
+def test_a_capture_out_of_memory_lets_the_kept_points_go_and_the_config_is_timed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(runner_module.time, "sleep", lambda _: None)
+    real, failures = runner_module.make_sampler, [1]
+
+    def short_once(*args: Any, **kwargs: Any) -> Any:
+        if failures and failures.pop():
+            raise OutOfMemoryError("CUDA out of memory. Tried to allocate 16.00 GiB")
+        return real(*args, **kwargs)
+
+    runner = ItemRunner("cpu")
+    configs = [make_key({"fault": "none", "variant": v}) for v in (1, 2)]
+    for n, config in zip((64, 128), configs, strict=True):
+        if n == 128:
+            monkeypatch.setattr(runner_module, "make_sampler", short_once)
+        item = WorkItem(f"b{n}", "fault_injection", make_key({}), make_key({"n": n}), config, False)
+        [record] = runner.run("r", item, SETTINGS)
+        assert record.status is Status.OK, record.message
+    assert not failures and len(runner._points) == 1, "the other point let go, the one it is at kept"

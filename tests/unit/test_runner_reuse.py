@@ -1,6 +1,7 @@
 """A config's kernel, check and sampler are built once per point and reused by its later looks and its
-finals; moving to another point builds them again. The task and the samplers are real (CPU); the
-counters only watch them."""
+finals, also after the worker measured other points in between (it keeps its last few points while
+the device has memory for them); a point it let go is built again. The task and the samplers are real
+(CPU); the counters only watch them, and the device's memory is faked."""
 
 from __future__ import annotations
 
@@ -69,11 +70,30 @@ def test_a_later_look_carries_the_first_checks_error_and_loads_nothing(counted: 
     assert later.max_abs_err == first.max_abs_err and later.compile_ms == 0.0
 
 
-def test_another_point_builds_its_configs_again(counted: dict[str, Counted]) -> None:
+def _visit(runner: ItemRunner, sizes: tuple[int, ...]) -> list[Record]:
+    return [_ok(runner.run("r", _look(make_key({"n": n}), GOOD, 0, 0.25), SETTINGS))[0] for n in sizes]
+
+
+def test_a_point_the_worker_comes_back_to_is_not_built_again(counted: dict[str, Counted]) -> None:
     runner = ItemRunner("cpu")
-    for n in (64, 128, 64):
-        _ok(runner.run("r", _look(make_key({"n": n}), GOOD, 0, 0.25), SETTINGS))
-    assert counted["samplers"].calls == 3, "a point's samplers go with its inputs"
+    first, _, again = _visit(runner, (64, 128, 64))
+    assert counted["samplers"].calls == 2 and counted["prepares"].calls == 2, "64's config reused"
+    assert again.compile_ms == 0.0 and again.max_abs_err == first.max_abs_err
+    assert again.setup_ms is not None and first.setup_ms is not None and again.setup_ms < first.setup_ms
+
+
+def test_past_the_points_it_keeps_the_oldest_is_built_again(counted: dict[str, Counted]) -> None:
+    runner = ItemRunner("cpu")
+    runner._points.keep = 2
+    _visit(runner, (64, 128, 256, 128, 64))
+    assert counted["samplers"].calls == 4, "128 was kept (newest of two), 64 was let go for 256"
+
+
+def test_a_device_short_of_memory_keeps_only_the_point_it_is_at(counted: dict[str, Counted]) -> None:
+    runner = ItemRunner("cpu")
+    runner._points.short_of_memory = lambda: True
+    _visit(runner, (64, 128, 64))
+    assert counted["samplers"].calls == 3 and len(runner._points) == 1
 
 
 def test_a_reused_sampler_is_not_warmed_again(monkeypatch: pytest.MonkeyPatch) -> None:

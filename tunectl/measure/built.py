@@ -6,11 +6,16 @@ output checked against the reference, a sampler (for the difference method, two 
 and the calls per sample, K, chosen from a first estimate). Building them again for every look cost
 more than the look itself on an H200 (graph capture and K's estimate: ~15 ms a row, a 20 µs kernel).
 
-So a worker keeps, per config at its current point, what it built: the call, its check (a later
-look's record carries it again, nothing compiled: ``Check.again``), and its samplers by how they time
-(mode, cache state, timing method). Moving to another point drops them all: a graph replays the
-addresses it was captured with, and the point's inputs it read are freed with the point
-(``tunectl.measure.difference``, module doc).
+So a worker keeps, per config at a point, what it built: the call, its check (a later look's record
+carries it again, nothing compiled: ``Check.again``), and its samplers by how they time (mode, cache
+state, timing method), beside the point's inputs and reference output, which its graphs read (a
+graph replays the addresses it was captured with: ``tunectl.measure.difference``, module doc).
+
+A worker leaves a point between its rungs: while the driver decides a point's next rung from the
+last one's looks, the worker measures another point's, and it comes back for the next rung and the
+finals after a look or two elsewhere. So it keeps its last ``KEEP_POINTS`` points (``RecentPoints``),
+not only the current one, while the device keeps ``FREE_SHARE_MIN`` of its memory free or cached
+unallocated; the oldest go first, all of them where a point's set-up runs out of memory.
 
 A sampler that has already run samples needs no warm-up; a fresh graph sampler was warmed by its
 capture (three calls on a side stream), so one sample settles the clocks.
@@ -19,6 +24,7 @@ capture (three calls on a side stream), so one sample settles the clocks.
 from __future__ import annotations
 
 import dataclasses
+from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +35,10 @@ from tunectl.measure.outcome import Check
 
 #: warm-up samples of a fresh sampler whose build already ran its call (a graph's capture)
 FRESH_GRAPH_WARMUP = 1
+#: the points a worker keeps built, the one it is at included (module doc)
+KEEP_POINTS = 4
+#: ... while the device has this share of its memory free or cached unallocated
+FREE_SHARE_MIN = 0.4
 
 
 @dataclass
@@ -54,27 +64,58 @@ class Built:
         return min(settings.warmup, FRESH_GRAPH_WARMUP) if graph else settings.warmup
 
 
-class PointKernels:
-    """The ``Built`` configs of the worker's current point (module doc)."""
+@dataclass
+class Point:
+    """A point's inputs, its reference output and the configs checked there (``Built``)."""
 
-    def __init__(self) -> None:
-        self._point: Hashable = None
-        self._built: dict[Hashable, Built] = {}
-
-    def at(self, point: Hashable) -> None:
-        """The worker is at ``point`` now; what was built elsewhere is dropped."""
-        if point != self._point:
-            self._point, self._built = point, {}
+    inputs: Any = None
+    reference: Any = None
+    built: dict[Hashable, Built] = field(default_factory=dict)
 
     def get(self, config: Hashable) -> Built | None:
-        return self._built.get(config)
+        return self.built.get(config)
 
     def keep(self, config: Hashable, call: Callable[[], Any], checked: Check) -> Built:
-        built = self._built[config] = Built(call, checked)
+        built = self.built[config] = Built(call, checked)
         return built
 
+
+class RecentPoints:
+    """The points a worker was at last, the newest last (module doc). ``short_of_memory`` says whether
+    the device is short of memory now."""
+
+    def __init__(self, keep: int = KEEP_POINTS, short_of_memory: Callable[[], bool] = lambda: False) -> None:
+        self.keep = keep
+        self.short_of_memory = short_of_memory
+        self._points: OrderedDict[Hashable, Point] = OrderedDict()
+
+    def get(self, key: Hashable) -> Point | None:
+        """The point kept under ``key``, now the newest; None where it is not kept."""
+        point = self._points.get(key)
+        if point is not None:
+            self._points.move_to_end(key)
+        return point
+
+    def add(self, key: Hashable, point: Point) -> Point:
+        """Keep ``point`` as the newest (``make_room`` first, before its inputs are made)."""
+        self._points[key] = point
+        return point
+
+    def make_room(self) -> None:
+        """Drop the oldest points until one more fits in ``keep`` and the device is not short of memory."""
+        while self._points and (len(self._points) >= self.keep or self.short_of_memory()):
+            self._points.popitem(last=False)
+
+    def clear(self, but: Hashable = None) -> None:
+        """Let every point go, ``but`` the one named (the one the worker is at)."""
+        for key in [k for k in self._points if k != but]:
+            del self._points[key]
+
     def __len__(self) -> int:
-        return len(self._built)
+        return len(self._points)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._points
 
 
 def with_warmup(settings: MeasureSpec, warmup: int) -> MeasureSpec:

@@ -317,11 +317,12 @@ def cuda_flush(device: str, kind: FlushKind = FLUSH, l2s: float = FLUSH_L2S) -> 
     return read
 
 
-def warm_pair_us(fn: Callable[[], Any], flush: Callable[[], Any], device: str, pairs: int = 2) -> float:
+def warm_pair_us(fn: Callable[[], Any], flush: Callable[[], Any], device: str, pairs: int = 1) -> float:
     """The GPU's time for one (flush, ``fn``) pair: a first estimate, for choosing K. Run on a side
     stream after one untimed pair, so it is also the warm-up a graph capture of ``fn`` needs (lazy
     workspaces and handles made outside the graph), and behind a spin, so the host's launching of
-    the timed pairs stays out of it."""
+    the timed pairs stays out of it. One timed pair is enough for K (an integer of ~500 µs over the
+    pair): a config's first look pays for each pair, a 2 ms call 2 ms."""
     import torch
 
     with torch.cuda.device(device):

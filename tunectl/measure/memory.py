@@ -16,10 +16,11 @@ T = TypeVar("T")
 MEMORY_WAIT_S = 60.0
 
 
-def when_memory_frees(build: Callable[[], T], device: str) -> T:
+def when_memory_frees(build: Callable[[], T], device: str, make_room: Callable[[], None] = lambda: None) -> T:
     """``build()``; while it runs out of device memory that other processes hold (compile processes
     building beside this worker give theirs back after each build), wait and try again, for up to
-    ``MEMORY_WAIT_S``; past that, raise as it does."""
+    ``MEMORY_WAIT_S``; past that, raise as it does. ``make_room`` drops what this process keeps and
+    could do without (the points it keeps built) before the next try."""
     waited, pause = 0.0, 0.25
     while True:
         try:
@@ -33,6 +34,19 @@ def when_memory_frees(build: Callable[[], T], device: str) -> T:
                 pause,
                 (str(exc).splitlines() or [""])[0],
             )
+        make_room()
         release(device)  # outside the handler: the failed attempt's tensors are gone by now
         time.sleep(pause)
         waited, pause = waited + pause, min(2 * pause, 4.0)
+
+
+def short_of_memory(device: str, share: float) -> bool:
+    """Whether ``device`` has less than ``share`` of its memory free or cached unallocated (a CPU never
+    is: what it keeps is bounded by count alone)."""
+    if not device.startswith("cuda"):
+        return False
+    import torch
+
+    free, total = torch.cuda.mem_get_info(device)
+    idle = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    return bool(free + idle < share * total)

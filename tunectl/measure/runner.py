@@ -21,11 +21,11 @@ from typing import Any
 from tunectl.core.plan import WorkItem
 from tunectl.core.record import Record, Status
 from tunectl.core.spec import MeasureSpec
-from tunectl.measure.built import Built, PointKernels, with_warmup
+from tunectl.measure.built import FREE_SHARE_MIN, Built, Point, RecentPoints, with_warmup
 from tunectl.measure.drift import MAX_WAIT_S, DriftGuard, MakeReference, reference_sampler
 from tunectl.measure.failures import clip, failure_message
 from tunectl.measure.harness import Sampler, announced, calls_per_sample, interleave, measure, scaled
-from tunectl.measure.memory import when_memory_frees
+from tunectl.measure.memory import short_of_memory, when_memory_frees
 from tunectl.measure.nvml import read_state, state_around
 from tunectl.measure.outcome import CRASHED_ARM, NO_BASELINE, Check, Measured, Outcome, Timed, Verdict
 from tunectl.measure.records import CallContext, measured, members_of
@@ -59,7 +59,10 @@ class ItemRunner:
         self._point: tuple[Any, ...] | None = None
         self._inputs: Any = None
         self._reference: Any = None
-        self._kernels = PointKernels()  # the point's checked configs and their samplers
+        self._here = Point()  # the current point's inputs, reference, checked configs and samplers
+        self._points = RecentPoints(
+            short_of_memory=functools.partial(short_of_memory, device, FREE_SHARE_MIN)
+        )
         self._state: tuple[float, Any] = (-math.inf, None)  # (when, the device state read then)
         #: the item this worker gets after the current call, where the dispatcher says (its lookahead)
         self.next_item: WorkItem | None = None
@@ -179,11 +182,15 @@ class ItemRunner:
         return sampler, with_warmup(settings, built.warmup(how, settings, graph=self._graphs(mode)))
 
     def _sampler_of(self, built: Built, settings: MeasureSpec, mode: str) -> Sampler:
-        """The sampler timing ``built``'s call as ``settings`` and ``mode`` say: built once at the point."""
+        """The sampler timing ``built``'s call as ``settings`` and ``mode`` say: built once at the point.
+        A capture out of device memory lets the other points this worker keeps go and tries again."""
         how = (mode, settings.l2, settings.timing)
-        return built.sampler(
-            how, lambda: make_sampler(built.call, self.device, mode, settings.l2, settings.timing)
-        )
+
+        def make() -> Sampler:
+            return make_sampler(built.call, self.device, mode, settings.l2, settings.timing)
+
+        room = functools.partial(self._points.clear, but=self._point)
+        return built.sampler(how, lambda: when_memory_frees(make, self.device, make_room=room))
 
     def _measured(self, item: WorkItem, timed: list[tuple[Sampler, MeasureSpec]]) -> list[Measured | Verdict]:
         """Each sampler measured, with the drift guard's reading (under one bracket when guarded).
@@ -217,7 +224,7 @@ class ItemRunner:
         """The config's checked call at the current point (built once, ``tunectl.measure.built``) and
         the check its record carries; (None, the failed check) where its output is wrong.
         ``items``: the item it is built for and the one built after it (for ``prepare``)."""
-        built = self._kernels.get(config_key)
+        built = self._here.get(config_key)
         if built is not None:
             return built, built.checked.again()
         if items is not None:
@@ -227,7 +234,7 @@ class ItemRunner:
         check = self._check(task, static, fn, prepare_s)
         if check.missed is not None:
             return None, check
-        return self._kernels.keep(config_key, fn, check), check
+        return self._here.keep(config_key, fn, check), check
 
     def _graphs(self, mode: str) -> bool:
         return mode == "graph" and self.device.startswith("cuda")
@@ -257,25 +264,27 @@ class ItemRunner:
         return self._guard
 
     def _load_point(self, task: TuningTask, item: WorkItem) -> float:
-        """Build the point's inputs and reference, unless the last item was at the same point; the
-        seconds that took (0 if it did not)."""
+        """Move to the item's point: its inputs and reference built, unless this worker keeps them
+        (``tunectl.measure.built``); the seconds that took (0 where it stayed at the point)."""
         point = (item.task, item.static, item.shape)
         if point == self._point:
             return 0.0
         started = time.perf_counter()
-        self._kernels.at(None)  # its graphs read the old point's inputs: dropped with them
-        self._point, self._inputs, self._reference = None, None, None  # free the old point first
-        static, shape = dict(item.static), dict(item.shape)
+        here = self._points.get(point)
+        if here is None:
+            self._point, self._inputs, self._reference, self._here = None, None, None, Point()
+            self._points.make_room()
+            static, shape = dict(item.static), dict(item.shape)
 
-        def build() -> tuple[Any, Any]:
-            inputs = task.build_inputs(static, shape, self.device)
-            reference = task.reference(static, shape, inputs)
-            self._synchronize()
-            return inputs, reference
+            def build() -> tuple[Any, Any]:
+                inputs = task.build_inputs(static, shape, self.device)
+                reference = task.reference(static, shape, inputs)
+                self._synchronize()
+                return inputs, reference
 
-        inputs, self._reference = when_memory_frees(build, self.device)
-        self._inputs, self._point = inputs, point
-        self._kernels.at(point)
+            built = when_memory_frees(build, self.device, make_room=self._points.clear)
+            here = self._points.add(point, Point(*built))
+        self._here, self._inputs, self._reference, self._point = here, here.inputs, here.reference, point
         return time.perf_counter() - started
 
     def _check(
