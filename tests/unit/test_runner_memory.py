@@ -115,3 +115,30 @@ def test_a_capture_out_of_memory_lets_the_kept_points_go_and_the_config_is_timed
         [record] = runner.run("r", item, SETTINGS)
         assert record.status is Status.OK, record.message
     assert not failures and len(runner._points) == 1, "the other point let go, the one it is at kept"
+
+
+def test_a_first_call_out_of_memory_lets_the_kept_points_go_and_the_config_is_checked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(runner_module.time, "sleep", lambda _: None)
+    task, failures = ShortOfMemory(failures=0), [1]
+
+    def prepare(static: Any, shape: Any, config: Any, inputs: Any) -> Any:
+        fn = task.inner.prepare(static, shape, config, inputs)
+
+        def call() -> Any:
+            if failures and failures.pop():
+                raise OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 GiB")
+            return fn()
+
+        return call
+
+    runner = ItemRunner("cpu")
+    runner._tasks["fault_injection"] = task  # type: ignore[assignment]
+    for n in (64, 128):
+        if n == 128:
+            monkeypatch.setattr(task, "prepare", prepare, raising=False)
+        item = WorkItem(f"c{n}", "fault_injection", make_key({}), make_key({"n": n}), make_key({}), True)
+        [record] = runner.run("r", item, SETTINGS)
+        assert record.status is Status.OK, record.message
+    assert not failures and len(runner._points) == 1, "the other point let go, the one it is at kept"

@@ -183,14 +183,17 @@ class ItemRunner:
 
     def _sampler_of(self, built: Built, settings: MeasureSpec, mode: str) -> Sampler:
         """The sampler timing ``built``'s call as ``settings`` and ``mode`` say: built once at the point.
-        A capture out of device memory lets the other points this worker keeps go and tries again."""
+        A capture out of device memory makes room (``_room``) and tries again."""
         how = (mode, settings.l2, settings.timing)
 
         def make() -> Sampler:
             return make_sampler(built.call, self.device, mode, settings.l2, settings.timing)
 
-        room = functools.partial(self._points.clear, but=self._point)
-        return built.sampler(how, lambda: when_memory_frees(make, self.device, make_room=room))
+        return built.sampler(how, lambda: when_memory_frees(make, self.device, self._room))
+
+    def _room(self) -> None:
+        """Let go of the points this worker keeps besides the one it is at (a call ran out of memory)."""
+        self._points.clear(but=self._point)
 
     def _measured(self, item: WorkItem, timed: list[tuple[Sampler, MeasureSpec]]) -> list[Measured | Verdict]:
         """Each sampler measured, with the drift guard's reading (under one bracket when guarded).
@@ -231,7 +234,7 @@ class ItemRunner:
             fn, prepare_s = self.prepare(task, items[0], static, shape, config, then=items[1])
         else:
             fn, prepare_s = timed_prepare(task, static, shape, config, self._inputs)
-        check = self._check(task, static, fn, prepare_s)
+        check = when_memory_frees(lambda: self._check(task, static, fn, prepare_s), self.device, self._room)
         if check.missed is not None:
             return None, check
         return self._here.keep(config_key, fn, check), check
@@ -282,7 +285,7 @@ class ItemRunner:
                 self._synchronize()
                 return inputs, reference
 
-            built = when_memory_frees(build, self.device, make_room=self._points.clear)
+            built = when_memory_frees(build, self.device, self._room)
             here = self._points.add(point, Point(*built))
         self._here, self._inputs, self._reference, self._point = here, here.inputs, here.reference, point
         return time.perf_counter() - started
