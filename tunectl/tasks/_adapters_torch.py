@@ -115,12 +115,16 @@ def flex_decode(
     device = str(inputs["q"].device)
 
     def build() -> Callable[[], Any]:
+        args = flex_decode_args(static, inputs)
         if package is not None:
-            call = _flex.packaged(*package, device, point, flex_decode_args(static, inputs))
+            call = _flex.packaged(*package, device, point, args)
             if call is not None:
                 return call
+        if compiled:  # the package's own graph, compiled here (``_flex.compiled_module``)
+            module = _flex.compiled_module(flex_decode_module(static, config, inputs), point)
+            return lambda: module(*args)
         block_mask, score_mod = _point_flex(static, inputs)
-        flex = _flex.flex_for(device, point, compiled)
+        flex = _flex.flex_for(device, point, compiled=False)
         q, k, v = pool_views(inputs)
         kwargs: dict[str, Any] = {"block_mask": block_mask, "enable_gqa": q.shape[1] != k.shape[1]}
         if score_mod is not None:

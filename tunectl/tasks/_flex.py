@@ -124,6 +124,21 @@ def flex_for(device: str, point: object, compiled: bool = True) -> Any:
     return _state["compiled"]
 
 
+def compiled_module(module: Any, point: object) -> Any:
+    """``module`` (what a package is built from: ``packageable``) compiled with torch.compile for
+    ``point``, where no package is loaded: the graph Inductor compiles is the package's, so a process
+    without packages (a confirming or serving one) runs the kernels a run's workers timed. Compiling
+    only ``flex_attention``, with the pool's views and the block mask outside the graph, left the same
+    attention kernel but another one beside it: on an H200 at batch 1-2, one of 8-16 times the
+    programs (4.4-6.4 µs against 1.6-1.9), the call 4-20 % slower than the package's
+    (``benchmarks/gpu/flex_paths.py``)."""
+    import torch
+
+    _enter(point)
+    raise_recompile_limits()
+    return torch.compile(module, dynamic=False, fullgraph=True)
+
+
 def _enter(point: object) -> None:
     """Move to ``point``: drop the compiled entries and loaded packages of the last one."""
     if _state["point"] != point:
