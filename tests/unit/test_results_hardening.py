@@ -64,6 +64,56 @@ def test_a_flush_interrupted_after_its_rename_is_not_written_again(
     assert sorted(_raw(tmp_path)) == [(f"g1-arm{i}", 1) for i in range(4)]
 
 
+def test_a_stop_during_the_flushs_own_bookkeeping_does_not_write_a_part_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C lands just after a part's rename (in the directory's fsync), and a second time while
+    the flush works out whether the part landed: the part is on disk once, and the flush on the way
+    out writes nothing again."""
+    writer = ResultsWriter(tmp_path, max_rows=1000, max_age_s=1000.0)
+    writer.append_item(_arms("g1"))
+    real_fsync, real_exists, fsyncs = os.fsync, Path.exists, []
+
+    def ctrl_c_after_the_rename(fd: int) -> None:
+        fsyncs.append(fd)
+        if len(fsyncs) == 2:
+            raise KeyboardInterrupt
+        real_fsync(fd)
+
+    def ctrl_c_while_looking(path: Path) -> bool:
+        if path.suffix == ".parquet" and not path.name.startswith("."):
+            raise KeyboardInterrupt
+        return real_exists(path)
+
+    monkeypatch.setattr(os, "fsync", ctrl_c_after_the_rename)
+    monkeypatch.setattr(Path, "exists", ctrl_c_while_looking)
+    with pytest.raises(KeyboardInterrupt):
+        writer.flush()
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    monkeypatch.setattr(Path, "exists", real_exists)
+    writer.close()
+    assert sorted(_raw(tmp_path)) == [(f"g1-arm{i}", 1) for i in range(4)]
+
+
+def test_a_part_that_did_not_land_is_written_by_the_next_flush(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer = ResultsWriter(tmp_path, max_rows=1000, max_age_s=1000.0)
+    writer.append_item(_arms("g1"))
+    real_fsync = os.fsync
+
+    def ctrl_c_before_the_rename(fd: int) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "fsync", ctrl_c_before_the_rename)
+    with pytest.raises(KeyboardInterrupt):
+        writer.flush()
+    assert writer.buffered == 4 and not part_files(tmp_path)
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    writer.close()
+    assert sorted(_raw(tmp_path)) == [(f"g1-arm{i}", 1) for i in range(4)]
+
+
 def _dataset(tmp_path: Path) -> Path:
     root = tmp_path / "results"
     writer = ResultsWriter(root)

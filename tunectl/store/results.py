@@ -105,22 +105,22 @@ class ResultsWriter:
             self.flush()
 
     def flush(self) -> None:
-        """Write what is buffered. Safe to call again after an interrupt: what landed is not rewritten."""
-        by_part: dict[tuple[str, str], list[Record]] = {}
-        for rec in self._buffer:
-            by_part.setdefault((rec.task, rec.run_id), []).append(rec)
-        for (task, run_id), records in by_part.items():
-            path = self._next_path(task, run_id)
+        """Write what is buffered, one part per (task, run). Each part's records leave the buffer before
+        it is written and come back only where it did not land: a stop (Ctrl-C, a cancel) at any
+        moment of a flush never leaves a landed record buffered, so the flush on the way out never
+        writes one twice (at worst a record that did not land is left to a resume, never doubled)."""
+        while self._buffer:
+            key = (self._buffer[0].task, self._buffer[0].run_id)
+            records = [r for r in self._buffer if (r.task, r.run_id) == key]
+            self._buffer = [r for r in self._buffer if (r.task, r.run_id) != key]
+            path = self._next_path(*key)
             try:
                 self._write_part(path, records)
-            finally:
-                # Even when interrupted (Ctrl-C, a cancel) right after the rename, a part that landed
-                # leaves the buffer, so the flush on the way out does not write it a second time.
-                if path.exists():
-                    landed = set(map(id, records))
-                    self._buffer = [r for r in self._buffer if id(r) not in landed]
-                    self.rows_written += len(records)
-        self._buffer.clear()
+            except BaseException:
+                if not path.exists():  # it did not land: the next flush writes it
+                    self._buffer = records + self._buffer
+                raise
+            self.rows_written += len(records)
 
     def close(self) -> None:
         self.flush()
