@@ -15,7 +15,8 @@ A worker leaves a point between its rungs: while the driver decides a point's ne
 last one's looks, the worker measures another point's, and it comes back for the next rung and the
 finals after a look or two elsewhere. So it keeps its last ``KEEP_POINTS`` points (``RecentPoints``),
 not only the current one, while the device keeps ``FREE_SHARE_MIN`` of its memory free or cached
-unallocated; the oldest go first, all of them where a point's set-up runs out of memory.
+unallocated; the oldest go first, and all but the current one where a point's set-up, a config's
+first call or a capture runs out of device memory.
 
 A sampler that has already run samples needs no warm-up; a fresh graph sampler was warmed by its
 capture (three calls on a side stream), so one sample settles the clocks.
@@ -113,9 +114,6 @@ class RecentPoints:
 
     def __len__(self) -> int:
         return len(self._points)
-
-    def __contains__(self, key: Hashable) -> bool:
-        return key in self._points
 
 
 def with_warmup(settings: MeasureSpec, warmup: int) -> MeasureSpec:
