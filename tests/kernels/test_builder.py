@@ -29,3 +29,8 @@ def test_a_compile_process_builds_a_default_that_sets_no_option(
     result = builder.build("flex_prefill:default", default, default.config)
     assert (result.status, result.message) == ("ok", "")
     assert result.seconds > 0
+    assert builder._inputs is not None, "kept while the next build may share the point"
+    builder.idle()
+    assert builder._inputs is None and builder._point is None, "let go once nothing is pending"
+    again = builder.build("flex_prefill:default", default, default.config)
+    assert again.status == "ok" and builder._inputs is not None, "a later build makes them again"

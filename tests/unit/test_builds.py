@@ -304,3 +304,42 @@ def test_a_build_whose_process_died_before_the_timeout_was_checked_is_a_death_no
     scheduler.check(time.monotonic() + 60.0)  # long past the timeout, its death already in
     assert book.failure(exiting, "node-a") is None, "not a compile_timeout: it is built again"
     assert book.rank(exiting, "node-a") == WAIT
+
+
+def test_a_compile_process_with_nothing_left_to_build_is_told_to_let_its_point_go(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A compile process keeps its last point's inputs between builds (on a GPU host, up to the
+    largest point's KV cache on the measuring workers' device); once its scope has nothing pending it
+    is told so, once, and again only after it has built since."""
+    from tunectl.orchestrator import compile_schedule
+    from tunectl.orchestrator.compile_process import BuildResult
+
+    class Method:
+        def __init__(self) -> None:
+            self.refs: list[object] = []
+
+        def remote(self, *args: object) -> object:
+            self.refs.append(object())
+            return self.refs[-1]
+
+    class Actor:  # a compile process: what the scheduler calls on it
+        build, describe, idle = Method(), Method(), Method()
+
+    def get(ref: object) -> object:
+        if ref in Actor.describe.refs:
+            return {"pid": 1, "host": "node-a", "device": "cpu"}
+        return BuildResult("k", "ok", 0.1)
+
+    monkeypatch.setattr(compile_schedule.ray, "get", get)
+    book = book_for([item(4, 0)])
+    scheduler = BuildScheduler(book, [(Actor(), "node-a")], timeout_s=60.0)
+    scheduler.on_ready(Actor.describe.refs[0])
+    assert len(Actor.build.refs) == 1 and not Actor.idle.refs, "busy: not idle"
+    scheduler.on_ready(Actor.build.refs[0])  # built; nothing else pending
+    scheduler.pump()
+    assert len(Actor.idle.refs) == 1, "told once, however often the scheduler looks"
+    book.add([item(8, 1)])  # the search draws a new point with a kernel of its own
+    scheduler.pump()
+    scheduler.on_ready(Actor.build.refs[1])
+    assert len(Actor.build.refs) == 2 and len(Actor.idle.refs) == 2, "built again, idle again"

@@ -97,6 +97,14 @@ class Builder:
             build_api.release(self.device)
         return BuildResult(key, "ok", seconds, "", host)
 
+    def idle(self) -> None:
+        """No build is pending: let go of the last point's inputs (up to the largest point's KV cache,
+        on the device the measuring workers use) until a build needs a point again."""
+        from tunectl.tasks.compile import release
+
+        self._point, self._inputs = None, None
+        release(self.device)
+
     def _inputs_for(self, task: Any, static: Any, shape: Any) -> Any:
         """The point's inputs, kept while consecutive builds share the point (as a worker keeps them)."""
         point = (task.name, sorted(static.items()), sorted(shape.items()))

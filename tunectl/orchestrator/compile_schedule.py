@@ -224,6 +224,7 @@ class _Builder:
     ref: Any = None
     ping_failures: int = 0
     ping_at: float = 0.0  # when to ask a restarting process again (0: not scheduled)
+    holding: bool = False  # built since it was last told it is idle (it may hold a point's inputs)
 
 
 class BuildScheduler:
@@ -278,15 +279,19 @@ class BuildScheduler:
         self.pump()
 
     def pump(self) -> None:
-        """Give every idle builder the next pending key of its scope."""
+        """Give every idle builder the next pending key of its scope; one with none is told it is idle
+        (``Builder.idle``: it lets go of the device memory its last build's point held)."""
         for b in self.builders:
             if b.state != "ready":
                 continue
             job = self.book.next_job(b.scope, b.share)
             if job is None:
+                if b.holding:
+                    b.actor.idle.remote()  # nothing waits on it; a later build queues behind it
+                    b.holding = False
                 continue
             key, item, config = job
-            b.state, b.job = "busy", (key, time.monotonic())
+            b.state, b.job, b.holding = "busy", (key, time.monotonic()), True
             b.ref = b.actor.build.remote(key, item, config)
             self._owner[b.ref] = b
         self._changed()
