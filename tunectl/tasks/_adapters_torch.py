@@ -124,7 +124,8 @@ def flex_decode(
             module = _flex.compiled_module(flex_decode_module(static, config, inputs), point)
             return lambda: module(*args)
         block_mask, score_mod = _point_flex(static, inputs)
-        flex = _flex.flex_for(device, point, compiled=False)
+        from torch.nn.attention.flex_attention import flex_attention as flex  # eager
+
         q, k, v = pool_views(inputs)
         kwargs: dict[str, Any] = {"block_mask": block_mask, "enable_gqa": q.shape[1] != k.shape[1]}
         if score_mod is not None:

@@ -54,7 +54,7 @@ KERNEL_OPTION_RULES: dict[str, Rule] = {
     for name, kind in KERNEL_OPTIONS.items()
 }
 
-_state: dict[str, Any] = {"compiled": None, "point": None, "packages": {}}
+_state: dict[str, Any] = {"point": None, "packages": {}}
 
 #: the switch of ahead-of-time packages (see module doc)
 AOT_ENV = "TUNECTL_FLEX_AOT"
@@ -104,24 +104,6 @@ def check_block_sizes(options: Mapping[str, Any], sparse_q: int, sparse_kv: int)
             raise InvalidConfig(
                 f"{name}={options[name]} does not divide the block mask's {sparse}-token blocks"
             )
-
-
-def flex_for(device: str, point: object, compiled: bool = True) -> Any:
-    """``flex_attention``, compiled for ``device`` (or eager where ``compiled`` is False).
-
-    ``point`` names the (task, static, shape) being measured: moving to a new one drops the compiled
-    entries of the last one (see module doc).
-    """
-    import torch
-    from torch.nn.attention.flex_attention import flex_attention
-
-    if not compiled:
-        return flex_attention
-    _enter(point)
-    if _state["compiled"] is None:
-        raise_recompile_limits()
-        _state["compiled"] = torch.compile(flex_attention, dynamic=False, fullgraph=True)
-    return _state["compiled"]
 
 
 def compiled_module(module: Any, point: object) -> Any:

@@ -81,17 +81,21 @@ class FlexPrefill(Task):
         options = self._options(config)
 
         def made() -> tuple[Any, tuple[Any, ...]]:
-            module = _flex.packageable(
-                lambda doc_id: make_mask_mod(static, doc_id),
-                _SPARSE_BLOCK,
-                enable_gqa=static["num_q_heads"] != static["num_kv_heads"],
-                options=options,
-            )
-            return module, self.aot_args(static, inputs)
+            return self._module(static, options), self.aot_args(static, inputs)
 
         key = self.compile_key(static, shape, config)
         return _flex.build_packaged(
             self.name, static, shape, config, key, device, made, _flex.aot_wanted(self.aot)
+        )
+
+    def _module(self, static: Params, options: Mapping[str, Any]) -> Any:
+        """The module a package is built from (``_flex.packageable``), which a process without
+        packages compiles too (``_flex.compiled_module``)."""
+        return _flex.packageable(
+            lambda doc_id: make_mask_mod(static, doc_id),
+            _SPARSE_BLOCK,
+            enable_gqa=static["num_q_heads"] != static["num_kv_heads"],
+            options=options,
         )
 
     def aot_args(self, static: Params, inputs: dict[str, Any]) -> tuple[Any, ...]:
@@ -178,10 +182,17 @@ class FlexPrefill(Task):
                 call = _flex.packaged(self.name, key, device, point, self.aot_args(static, inputs))
                 if call is not None:
                     return call
+            if compiled:  # the package's own graph, compiled here
+                module, args = (
+                    _flex.compiled_module(self._module(static, options), point),
+                    self.aot_args(static, inputs),
+                )
+                return lambda: module(*args)
             derived = inputs["derived"]
             if "block_mask" not in derived:
                 derived["block_mask"] = self._block_mask(static, inputs)
-            flex = _flex.flex_for(device, point, compiled)
+            from torch.nn.attention.flex_attention import flex_attention as flex  # eager
+
             kwargs: dict[str, Any] = {
                 "block_mask": derived["block_mask"],
                 "enable_gqa": q.shape[1] != k.shape[1],
