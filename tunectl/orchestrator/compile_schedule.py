@@ -286,9 +286,9 @@ class BuildScheduler:
                 continue
             job = self.book.next_job(b.scope, b.share)
             if job is None:
-                if b.holding:
-                    b.actor.idle.remote()  # nothing waits on it; a later build queues behind it
-                    b.holding = False
+                if b.holding:  # nothing waits on it; a later build queues behind it
+                    b.actor.idle.remote()
+                b.holding = False
                 continue
             key, item, config = job
             b.state, b.job, b.holding = "busy", (key, time.monotonic()), True
@@ -361,13 +361,9 @@ class BuildScheduler:
         b.state = "ready"
         self.book.finished(b.scope, key, result.status, result.seconds, result.message)
         if result.status != "ok":
+            why = result.message.splitlines()[0]
             log.info(
-                "compile process %s: %s for %s: %s",
-                b.name,
-                result.status,
-                _short(key),
-                result.message.splitlines()[0],
-                extra=LOG_ONLY,
+                "compile process %s: %s for %s: %s", b.name, result.status, _short(key), why, extra=LOG_ONLY
             )
 
     def _changed(self) -> None:
