@@ -115,22 +115,14 @@ def test_with_packages_off_the_same_prepare_traces(cache: Path) -> None:
 
 
 def test_with_packages_off_the_call_compiled_is_the_packages_own_graph(
-    cache: Path, monkeypatch: pytest.MonkeyPatch
+    cache: Path, compiled_modules: list[Any]
 ) -> None:
     """The torch.compile way compiles the module a package is built from, in one graph (with the
     block mask made inside it), so a process without packages runs the kernels the workers timed."""
-    compiled: list[Any] = []
-    real = _flex.compiled_module
-
-    def watched(module: Any, point: object) -> Any:
-        compiled.append(module)
-        return real(module, point)
-
-    monkeypatch.setattr(_flex, "compiled_module", watched)
     task = FlexPrefill(aot=False)
     traced = captured()
     out, inputs = run(task, CONFIG)
-    [module] = compiled
+    [module] = compiled_modules
     assert type(module).__name__ == "FlexCall" and captured() == traced + 1
     torch.testing.assert_close(out, task.reference(STATIC, SHAPE, inputs), atol=1e-5, rtol=1e-5)
 

@@ -89,26 +89,18 @@ def test_without_a_package_the_worker_traces_and_is_right(
 
 
 def test_without_a_package_the_call_compiled_is_the_packages_own_graph(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, compiled_modules: list[Any]
 ) -> None:
     """A process outside a run (a confirming or serving one) compiles the module a package is built
     from, in one graph, so it runs the kernels a run's workers timed: compiling ``flex_attention``
     alone, with the pool's views and the mask outside, gave other kernels beside the attention one."""
     monkeypatch.delenv(CACHE_ENV, raising=False)
-    compiled: list[Any] = []
-    real = _flex.compiled_module
-
-    def watched(module: Any, point: object) -> Any:
-        compiled.append(module)
-        return real(module, point)
-
-    monkeypatch.setattr(_flex, "compiled_module", watched)
     task = FlashDecode()
     _flex._enter(object())
     inputs = task.build_inputs(STATIC, SHAPE, "cpu")
     traced = captured()
     out = task.prepare(STATIC, SHAPE, FLEX, inputs)()
-    [module] = compiled
+    [module] = compiled_modules
     assert type(module).__name__ == "FlexDecodeCall" and captured() == traced + 1, "one graph, the package's"
     torch.testing.assert_close(out, task.reference(STATIC, SHAPE, inputs), atol=1e-5, rtol=1e-5)
 

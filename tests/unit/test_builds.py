@@ -265,6 +265,17 @@ def test_the_console_gets_the_failed_builds_counted_by_status_and_the_log_each_o
     assert out.getvalue().count("built x") == 1, "the event meant for the log alone is not on the console"
 
 
+class Method:
+    """An actor method of a fake compile process: each ``remote`` call a new reference, kept."""
+
+    def __init__(self) -> None:
+        self.refs: list[object] = []
+
+    def remote(self, *args: object) -> object:
+        self.refs.append(object())
+        return self.refs[-1]
+
+
 def test_a_build_whose_process_died_before_the_timeout_was_checked_is_a_death_not_a_timeout(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -273,14 +284,6 @@ def test_a_build_whose_process_died_before_the_timeout_was_checked_is_a_death_no
     from ray import exceptions as rex
 
     from tunectl.orchestrator import compile_schedule
-
-    class Method:
-        def __init__(self) -> None:
-            self.refs: list[object] = []
-
-        def remote(self, *args: object) -> object:
-            self.refs.append(object())
-            return self.refs[-1]
 
     class Actor:  # a compile process: what the scheduler calls on it
         build, describe = Method(), Method()
@@ -314,14 +317,6 @@ def test_a_compile_process_with_nothing_left_to_build_is_told_to_let_its_point_g
     is told so, once, and again only after it has built since."""
     from tunectl.orchestrator import compile_schedule
     from tunectl.orchestrator.compile_process import BuildResult
-
-    class Method:
-        def __init__(self) -> None:
-            self.refs: list[object] = []
-
-        def remote(self, *args: object) -> object:
-            self.refs.append(object())
-            return self.refs[-1]
 
     class Actor:  # a compile process: what the scheduler calls on it
         build, describe, idle = Method(), Method(), Method()
