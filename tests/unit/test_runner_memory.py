@@ -76,7 +76,8 @@ def test_other_failures_are_not_waited_for(monkeypatch: pytest.MonkeyPatch) -> N
 def test_a_set_up_out_of_memory_lets_the_kept_points_go_before_it_tries_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(runner_module.time, "sleep", lambda _: None)
+    pauses: list[float] = []
+    monkeypatch.setattr(runner_module.time, "sleep", pauses.append)
     task = ShortOfMemory(failures=0)
     runner = ItemRunner("cpu")
     runner._tasks["fault_injection"] = task  # type: ignore[assignment]
@@ -93,12 +94,14 @@ def test_a_set_up_out_of_memory_lets_the_kept_points_go_before_it_tries_again(
     [record] = runner.run("r", look(256), SETTINGS)
     assert record.status is Status.OK
     assert len(runner._points) == 1, "the points it kept were let go for the one it needs"
+    assert pauses == [], "having let something go, it tried again at once"
 
 
 def test_a_capture_out_of_memory_lets_the_kept_points_go_and_the_config_is_timed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(runner_module.time, "sleep", lambda _: None)
+    pauses: list[float] = []
+    monkeypatch.setattr(runner_module.time, "sleep", pauses.append)
     real, failures = runner_module.make_sampler, [1]
 
     def short_once(*args: Any, **kwargs: Any) -> Any:
@@ -115,12 +118,14 @@ def test_a_capture_out_of_memory_lets_the_kept_points_go_and_the_config_is_timed
         [record] = runner.run("r", item, SETTINGS)
         assert record.status is Status.OK, record.message
     assert not failures and len(runner._points) == 1, "the other point let go, the one it is at kept"
+    assert pauses == [], "having let something go, it tried again at once"
 
 
 def test_a_first_call_out_of_memory_lets_the_kept_points_go_and_the_config_is_checked(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(runner_module.time, "sleep", lambda _: None)
+    pauses: list[float] = []
+    monkeypatch.setattr(runner_module.time, "sleep", pauses.append)
     task, failures = ShortOfMemory(failures=0), [1]
 
     def prepare(static: Any, shape: Any, config: Any, inputs: Any) -> Any:
@@ -142,3 +147,4 @@ def test_a_first_call_out_of_memory_lets_the_kept_points_go_and_the_config_is_ch
         [record] = runner.run("r", item, SETTINGS)
         assert record.status is Status.OK, record.message
     assert not failures and len(runner._points) == 1, "the other point let go, the one it is at kept"
+    assert pauses == [], "having let something go, it tried again at once"

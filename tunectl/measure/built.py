@@ -107,10 +107,12 @@ class RecentPoints:
         while self._points and (len(self._points) >= self.keep or self.short_of_memory()):
             self._points.popitem(last=False)
 
-    def clear(self, but: Hashable = None) -> None:
-        """Let every point go, ``but`` the one named (the one the worker is at)."""
-        for key in [k for k in self._points if k != but]:
+    def clear(self, but: Hashable = None) -> bool:
+        """Let every point go, ``but`` the one named (the one the worker is at); whether any went."""
+        gone = [k for k in self._points if k != but]
+        for key in gone:
             del self._points[key]
+        return bool(gone)
 
     def __len__(self) -> int:
         return len(self._points)

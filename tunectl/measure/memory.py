@@ -16,11 +16,14 @@ T = TypeVar("T")
 MEMORY_WAIT_S = 60.0
 
 
-def when_memory_frees(build: Callable[[], T], device: str, make_room: Callable[[], None] = lambda: None) -> T:
+def when_memory_frees(
+    build: Callable[[], T], device: str, make_room: Callable[[], bool] = lambda: False
+) -> T:
     """``build()``; while it runs out of device memory that other processes hold (compile processes
     building beside this worker give theirs back after each build), wait and try again, for up to
-    ``MEMORY_WAIT_S``; past that, raise as it does. ``make_room`` drops what this process keeps and
-    could do without (the points it keeps built) before the next try."""
+    ``MEMORY_WAIT_S``; past that, raise as it does. ``make_room`` lets go of what this process keeps
+    and could do without (the points it keeps built), before each try; where it let something go, the
+    next try comes at once."""
     waited, pause = 0.0, 0.25
     while True:
         try:
@@ -34,8 +37,10 @@ def when_memory_frees(build: Callable[[], T], device: str, make_room: Callable[[
                 pause,
                 (str(exc).splitlines() or [""])[0],
             )
-        make_room()
+        freed = make_room()
         release(device)  # outside the handler: the failed attempt's tensors are gone by now
+        if freed:
+            continue
         time.sleep(pause)
         waited, pause = waited + pause, min(2 * pause, 4.0)
 

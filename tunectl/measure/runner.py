@@ -191,9 +191,9 @@ class ItemRunner:
 
         return built.sampler(how, lambda: when_memory_frees(make, self.device, self._room))
 
-    def _room(self) -> None:
+    def _room(self) -> bool:
         """Let go of the points this worker keeps besides the one it is at (a call ran out of memory)."""
-        self._points.clear(but=self._point)
+        return self._points.clear(but=self._point)
 
     def _measured(self, item: WorkItem, timed: list[tuple[Sampler, MeasureSpec]]) -> list[Measured | Verdict]:
         """Each sampler measured, with the drift guard's reading (under one bracket when guarded).
