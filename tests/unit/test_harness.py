@@ -33,6 +33,24 @@ def test_measure_stops_at_the_noise_target_after_the_minimum() -> None:
     assert stats.num_samples == 10 and stats.rel_noise == 0.0 and len(log) == 12  # 2 warm-up calls
 
 
+def test_a_measurements_seconds_leave_out_the_drift_guards_looks_between_its_chunks() -> None:
+    """The guard's looks run between a measurement's chunks and are the guard's time: counted in the
+    measurement too, a row's measuring time held them twice (the worker's measuring outran its span)."""
+    clock, log = Clock(), []
+    looks: list[float | None] = []
+
+    def look(pace_s: float | None) -> None:
+        looks.append(pace_s)
+        clock.now += 0.05  # a look at the reference: 50 ms
+
+    settings = MeasureSpec(warmup=0, min_samples=8, max_samples=8, noise_target=0.0, max_seconds=10.0)
+    stats = measure(
+        clock.sampler("a", log, us=1000.0), settings, lambda: clock.now, between=look, chunk_s=lambda: 0.003
+    )
+    assert stats.num_samples == 8 and len(looks) > 1
+    assert stats.seconds == pytest.approx(8 * 1e-3), "the samples' 8 ms, none of the looks' 50 ms each"
+
+
 def test_a_screening_look_is_a_fraction_of_the_caps_with_at_least_three_samples() -> None:
     full = MeasureSpec(min_samples=10, max_samples=1000, max_seconds=2.0)
     cheap = scaled(full, 0.1)

@@ -85,18 +85,22 @@ def collect(
     between: Callable[[float | None], None] | None = None,
     chunk_s: Callable[[], float] | None = None,
 ) -> tuple[list[float], float]:
-    """The samples ``measure`` summarises, and the seconds they took (module doc: chunks).
-    ``between(pace_s)`` runs before each chunk (the drift guard's looks), told the seconds a sample has
-    taken so far (None before the first); ``chunk_s()`` says how long the next chunk may last."""
+    """The samples ``measure`` summarises, and the seconds they took (module doc: chunks), not counting
+    ``between``'s. ``between(pace_s)`` runs before each chunk (the drift guard's looks, whose time is
+    the guard's own), told the seconds a sample has taken so far (None before the first); ``chunk_s()``
+    says how long the next chunk may last."""
     warmup = settings.warmup  # taken with the first chunk, and dropped
     start = clock()
     expected_us = getattr(sample, "expected_us", None)
     pace_s = expected_us * 1e-6 if expected_us else None  # seconds per sample, once known
     samples: list[float] = []
     sampling_s = 0.0  # in the chunks themselves (not in ``between``)
+    between_s = 0.0
     while True:
         if between is not None:
+            looked = clock()
             between(pace_s if samples else None)
+            between_s += clock() - looked
         left_s = settings.max_seconds - (clock() - start)
         n = next_chunk(len(samples), settings, min(left_s, chunk_s()) if chunk_s else left_s, pace_s)
         chunk_start = clock()
@@ -108,7 +112,7 @@ def collect(
             break
         if len(samples) >= settings.min_samples and summarise(samples).rel_noise <= settings.noise_target:
             break
-    return samples, clock() - start
+    return samples, clock() - start - between_s
 
 
 #: the most samples queued at once (their launches, and one wait for the device)
