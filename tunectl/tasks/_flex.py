@@ -112,7 +112,7 @@ def compiled_module(module: Any, point: object) -> Any:
     without packages (a confirming or serving one) runs the kernels a run's workers timed. Compiling
     only ``flex_attention``, with the pool's views and the block mask outside the graph, left the same
     attention kernel but another one beside it: on an H200 at batch 1-2, one of 8-32 times the
-    programs (4.4-6.4 µs against 1.6-1.9), the call 4-20 % slower than the package's
+    programs (4.4-6.4 µs against 1.6-1.9), the call 4-25 % slower than the package's
     (``benchmarks/gpu/flex_paths.py``)."""
     import torch
 

@@ -183,10 +183,8 @@ class FlexPrefill(Task):
                 if call is not None:
                     return call
             if compiled:  # the package's own graph, compiled here
-                module, args = (
-                    _flex.compiled_module(self._module(static, options), point),
-                    self.aot_args(static, inputs),
-                )
+                module = _flex.compiled_module(self._module(static, options), point)
+                args = self.aot_args(static, inputs)
                 return lambda: module(*args)
             derived = inputs["derived"]
             if "block_mask" not in derived:
