@@ -4,7 +4,9 @@
 Work is split into *lanes*, one per pool of workers (an accelerator type); a lane's items go only to
 its own workers. Each worker has at most ``prefetch`` calls in flight and gets new work as its
 results come back, so a fast GPU never waits on a slow one. A worker stays on one (static, shape)
-point while the point has items, so it builds the point's inputs once. A worker gets work only once
+point while the point has items, so it builds the point's inputs once, and then goes back to the
+points it was at lately (their next rung, their finals) before new ones: it keeps what it built
+there (``tunectl.measure.built``). A worker gets work only once
 it has answered a first call: startup (importing torch, a CUDA context) does not count against an
 item's deadline.
 
@@ -137,7 +139,7 @@ class Handout:
             item, slot.reserved = slot.reserved, None
             if item is None:
                 busy = {s.point for s in self.slots if s is not slot and s.lane == slot.lane}
-                item = queue.pop(slot.point, busy, self._rank_on(slot))
+                item = queue.pop(slot.point, busy, self._rank_on(slot), slot.recent)
             if item is None:
                 return
             admitted = self._admit(slot, item)
@@ -149,7 +151,7 @@ class Handout:
                 lookahead = slot.reserved = queue.pop_same_point(item.point, self._rank_on(slot))
             if not slot.calls:
                 slot.head_since = time.monotonic()
-            slot.point = item.point
+            slot.move_to(item.point)
             ref = slot.worker.run.remote(self.run_id, item, self.settings, lookahead, slot.incarnation)
             slot.calls.append(Call(ref, item, lookahead))
             self.owner[ref] = slot

@@ -17,6 +17,7 @@ from ray import exceptions as rex
 
 from tunectl.core.plan import WorkItem
 from tunectl.core.record import Record
+from tunectl.measure.built import KEEP_POINTS
 from tunectl.orchestrator.blame import first_line
 from tunectl.orchestrator.workqueue import failure_records
 
@@ -70,6 +71,8 @@ class Slot:
     calls: deque[Call] = field(default_factory=deque)
     reserved: WorkItem | None = None  # the next item, announced to the worker as its lookahead
     point: Any = None
+    #: the points its worker was at lately, newest last: as many as a worker keeps built
+    recent: deque[Any] = field(default_factory=lambda: deque(maxlen=KEEP_POINTS))
     head_since: float = 0.0  # when the oldest call started running (approximately)
     killed_item: str | None = None  # set when we killed the worker at this item's deadline
     ping_failures: int = 0
@@ -119,7 +122,15 @@ class Slot:
         calls, reserved, killed = list(self.calls), self.reserved, self.killed_item
         self.calls.clear()
         self.reserved, self.point, self.killed_item = None, None, None
+        self.recent.clear()  # a new process keeps nothing built
         return calls, reserved, killed
+
+    def move_to(self, point: Any) -> None:
+        """Its worker goes to ``point`` (the newest of its recent ones)."""
+        if point in self.recent:
+            self.recent.remove(point)
+        self.recent.append(point)
+        self.point = point
 
 
 def startup_text(startup: dict[str, Any] | None) -> str:

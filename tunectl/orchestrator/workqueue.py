@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from tunectl.core.keys import key_text
@@ -51,25 +51,32 @@ class WorkQueue:
         self.size += 1
 
     def pop(
-        self, point: Any, busy: set[Any], rank: Callable[[WorkItem], int] | None = None
+        self,
+        point: Any,
+        busy: set[Any],
+        rank: Callable[[WorkItem], int] | None = None,
+        recent: Sequence[Any] = (),
     ) -> WorkItem | None:
-        """A retry first; else an item at ``point``; else one at a point no other worker is on.
+        """A retry first; else an item at ``point``; else one at a point the asking worker was at lately
+        (``recent``, newest last: it keeps what it built there); else one at a point no other worker is on.
 
         ``rank`` (0 ready, 1 claimable, 2 wait: ``tunectl.orchestrator.compile_schedule``) says how the
-        asking worker gets an item's kernel. With it: a ready item anywhere first (this worker's point
-        first), else the first claimable one (load balance before affinity: the worker compiles it
+        asking worker gets an item's kernel. With it: a ready item anywhere first (in that order of
+        points), else the first claimable one (load balance before affinity: the worker compiles it
         itself), else None, while every item left waits for a kernel being built.
         """
         if self.retry:
             self.size -= 1
             return self.retry.popleft()
+        back = [p for p in reversed(recent) if p != point and p in self.groups and p not in busy]
         if rank is None:
-            key = point if point in self.groups else next((p for p in self.groups if p not in busy), None)
+            free = (p for p in self.groups if p not in busy)
+            key = point if point in self.groups else next(itertools.chain(back, free), None)
             if key is None:
                 key = max(self.groups, key=lambda p: len(self.groups[p]), default=None)
             return None if key is None else self._take(key, 0)
-        free = itertools.islice((p for p in self.groups if p not in busy and p != point), _SCAN_POINTS)
-        near = [*([point] if point in self.groups else []), *free]
+        free = (p for p in self.groups if p not in busy and p != point and p not in back)
+        near = [*([point] if point in self.groups else []), *back, *itertools.islice(free, _SCAN_POINTS)]
         found = self._first(near, rank)
         if found is None and len(near) < len(self.groups):  # only points other workers are on are left
             found = self._first([max(self.groups, key=lambda p: len(self.groups[p]))], rank)
