@@ -138,7 +138,8 @@ def cmd_compare(args: argparse.Namespace) -> None:
         for engine in ("before", "after"):
             results = runs / f"res-{engine}-{caches}"
             if (results).exists():
-                fig = figures(results, WARMUP[engine])
+                warmup = args.before_warmup if engine == "before" else WARMUP[engine]
+                fig = figures(results, warmup)
                 wall = runs / f"wall-{engine}-{caches}.txt"
                 fig["wall_s"] = float(wall.read_text()) if wall.exists() else None
                 out["runs"][f"{engine}-{caches}"] = fig
@@ -181,6 +182,13 @@ def main() -> None:
     c = sub.add_parser("compare")
     c.add_argument("--runs", required=True, help="the folder throughput_h200.sh wrote (res-ENGINE-CACHES)")
     c.add_argument("--out", required=True)
+    c.add_argument(
+        "--before-warmup",
+        type=int,
+        default=WARMUP["before"],
+        help="warm-up samples the before engine took a measurement (3: the engine of 45ad4e3; 0: one that "
+        "warms a fresh sampler once, as this one)",
+    )
     a = sub.add_parser("agreement", help="how often runs of one spec agree on winners, pair by pair")
     a.add_argument("results", nargs="+", type=Path, help="two or more results folders of one spec")
     f = sub.add_parser("figures", help="one run's figures per results folder (this engine's runs)")
