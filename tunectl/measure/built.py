@@ -1,4 +1,4 @@
-"""A point's checked kernels and their samplers, built once and reused while the worker stays there.
+"""A point's checked kernels and their samplers, built once and reused while the worker keeps the point.
 
 A config is measured at a point several times: a screening look per halving rung, then once more in
 the point's finals beside the default. Each of those needs the same things: the kernel loaded, its
@@ -13,7 +13,8 @@ graph replays the addresses it was captured with: ``tunectl.measure.difference``
 
 A worker leaves a point between its rungs: while the driver decides a point's next rung from the
 last one's looks, the worker measures another point's, and it comes back for the next rung and the
-finals after a look or two elsewhere. So it keeps its last ``KEEP_POINTS`` points (``RecentPoints``),
+finals after one to a few other points (on an H200 run of the decode spec, mostly 2 or 3; the
+dispatcher hands it its recent points first). So it keeps its last ``KEEP_POINTS`` points (``RecentPoints``),
 not only the current one, while the device keeps ``FREE_SHARE_MIN`` of its memory free or cached
 unallocated; the oldest go first, and all but the current one where a point's set-up, a config's
 first call or a capture runs out of device memory.
