@@ -92,6 +92,26 @@ def screen_item_seconds(rows: list[dict[str, Any]]) -> list[float]:
     return per_look
 
 
+def returns(rows: list[dict[str, Any]]) -> dict[int, int]:
+    """How far each worker went before it came back to a point: for every return to a point it had
+    left, how many other points it measured in between (the calls in order; a call's rows share its
+    start). A worker that keeps its last k points built reuses them on the returns under k."""
+    calls: dict[tuple[Any, Any], Any] = {}
+    for r in rows:
+        if r["worker"]:
+            calls.setdefault((r["worker"], r["started_at"]), (r["static_key"], r["shape_key"]))
+    out: dict[int, int] = {}
+    for worker in {w for w, _ in calls}:
+        points = [p for (w, _), p in sorted(calls.items(), key=lambda c: c[0][1]) if w == worker]
+        last: dict[Any, int] = {}
+        for i, point in enumerate(points):
+            if point in last and points[i - 1] != point:
+                between = len(set(points[last[point] + 1 : i]))
+                out[between] = out.get(between, 0) + 1
+            last[point] = i
+    return dict(sorted(out.items()))
+
+
 def _seconds(value: Any) -> float:
     return value.total_seconds() if hasattr(value, "total_seconds") else float(value)
 
@@ -193,7 +213,15 @@ def main() -> None:
     a.add_argument("results", nargs="+", type=Path, help="two or more results folders of one spec")
     f = sub.add_parser("figures", help="one run's figures per results folder (this engine's runs)")
     f.add_argument("results", nargs="+", type=Path)
+    r = sub.add_parser("returns", help="returns to a point, by how many other points came in between")
+    r.add_argument("results", nargs="+", type=Path)
     args = p.parse_args()
+    if args.cmd == "returns":
+        from tunectl.store.results import read_results
+
+        found = {str(d): returns([x.to_row() for x in read_results(d)]) for d in args.results}
+        print(json.dumps(found, indent=1))
+        return
     if args.cmd == "figures":
         print(json.dumps({str(r): figures(r, WARMUP["after"]) for r in args.results}, indent=1, default=str))
         return

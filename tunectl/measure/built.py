@@ -13,7 +13,7 @@ graph replays the addresses it was captured with: ``tunectl.measure.difference``
 
 A worker leaves a point between its rungs: while the driver decides a point's next rung from the
 last one's looks, the worker measures another point's, and it comes back for the next rung and the
-finals after one to a few other points (on an H200 run of the decode spec, mostly 2 or 3; the
+finals after one to a few other points (on an H200 run of the decode spec, most often 3; the
 dispatcher hands it its recent points first). So it keeps its last ``KEEP_POINTS`` points (``RecentPoints``),
 not only the current one, while the device keeps ``FREE_SHARE_MIN`` of its memory free or cached
 unallocated; the oldest go first, and all but the current one where a point's set-up, a config's
