@@ -75,7 +75,7 @@ def test_a_comparison_at_an_untuned_point_leaves_the_inputs_as_built_and_checks_
     assert isinstance(records, list)
     assert [r.status for r in records] == [Status.OK] * len(arms)
     built = get_task("flash_decode").build_inputs(static, shape, "cpu")
-    shared = runner._inputs
+    shared = runner._here.inputs
     for name in ("q", "k_cache", "v_cache", "page_table", "seqused_k"):
         assert shared[name].dtype == built[name].dtype and torch.equal(shared[name], built[name]), name
     assert (shared["kv_len"], shared["q_len"]) == (1452, 1)

@@ -57,8 +57,6 @@ class ItemRunner:
         self._guard_failed = False
         self._tasks: dict[str, TuningTask] = {}
         self._point: tuple[Any, ...] | None = None
-        self._inputs: Any = None
-        self._reference: Any = None
         self._here = Point()  # the current point's inputs, reference, checked configs and samplers
         self._points = RecentPoints(
             short_of_memory=functools.partial(short_of_memory, device, FREE_SHARE_MIN)
@@ -233,7 +231,7 @@ class ItemRunner:
         if items is not None:
             fn, prepare_s = self.prepare(task, items[0], static, shape, config, then=items[1])
         else:
-            fn, prepare_s = timed_prepare(task, static, shape, config, self._inputs)
+            fn, prepare_s = timed_prepare(task, static, shape, config, self._here.inputs)
         check = when_memory_frees(lambda: self._check(task, static, fn, prepare_s), self.device, self._room)
         if check.missed is not None:
             return None, check
@@ -275,7 +273,7 @@ class ItemRunner:
         started = time.perf_counter()
         here = self._points.get(point)
         if here is None:
-            self._point, self._inputs, self._reference, self._here = None, None, None, Point()
+            self._point, self._here = None, Point()
             self._points.make_room()
             static, shape = dict(item.static), dict(item.shape)
 
@@ -287,7 +285,7 @@ class ItemRunner:
 
             built = when_memory_frees(build, self.device, self._room)
             here = self._points.add(point, Point(*built))
-        self._here, self._inputs, self._reference, self._point = here, here.inputs, here.reference, point
+        self._here, self._point = here, point
         return time.perf_counter() - started
 
     def _check(
@@ -299,13 +297,15 @@ class ItemRunner:
         self._synchronize()
         compile_ms = (prepare_s + time.perf_counter() - t0) * 1e3
         atol, rtol = task.tolerance(static)
-        err, ok = compare_outputs(out, self._reference, atol, rtol)
+        err, ok = compare_outputs(out, self._here.reference, atol, rtol)
         return Check(err, compile_ms, None if ok else (atol, rtol))
 
     def _compare(self, task: TuningTask, item: WorkItem, settings: MeasureSpec, mode: str) -> list[Outcome]:
         """Outcomes per arm of a comparison item: each arm checked, then all timed in interleaved rounds."""
         setup_s = self._load_point(task, item)
-        stacks = layer_inputs(task, item, self._inputs, self.device) if item.phase == "validate" else None
+        stacks = (
+            layer_inputs(task, item, self._here.inputs, self.device) if item.phase == "validate" else None
+        )
         outcomes, samplers, warmups = self._checked_arms(task, item, settings, mode, stacks)
         outcomes = [dataclasses.replace(o, setup_ms=setup_s * 1e3) for o in outcomes]
         if 0 not in samplers:  # no baseline: the arms that passed their check are not compared
@@ -369,7 +369,7 @@ class ItemRunner:
         """The item's kernel call and the seconds preparing it took: the hook a runner that prepares
         items ahead overrides (``tunectl.orchestrator.pipeline``). Called once per config and point;
         ``then`` is the item prepared after this one (the next member of a batch, or the lookahead)."""
-        return timed_prepare(task, static, shape, config, self._inputs)
+        return timed_prepare(task, static, shape, config, self._here.inputs)
 
     def _synchronize(self) -> None:
         if self.device.startswith("cuda"):

@@ -58,7 +58,7 @@ class CompileAheadRunner(ItemRunner):
     def _start_next(self, task: TuningTask, item: WorkItem, nxt: WorkItem | None) -> None:
         if nxt is None or nxt.item_id == item.item_id or nxt.point != item.point or nxt.task != item.task:
             return
-        inputs = self._inputs
+        inputs = self._here.inputs
         static, shape, config = dict(nxt.static), dict(nxt.shape), dict(nxt.config)
 
         self._ahead[nxt.item_id] = self._pool.submit(timed_prepare, task, static, shape, config, inputs)
