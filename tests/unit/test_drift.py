@@ -15,6 +15,8 @@ from tunectl.measure import drift
 from tunectl.measure.drift import CHECK_REUSE_S, MAX_WAIT_S, DriftGuard, Guarded, moved
 from tunectl.measure.harness import summarise
 
+CHECK = drift.CHECK_SETTINGS.min_samples  # a check's samples where readings are steady
+
 SETTINGS = MeasureSpec(warmup=0, min_samples=10, max_samples=50, noise_target=0.01, max_seconds=10.0)
 REFERENCE_US, CALL_US = 200.0, 40.0
 
@@ -71,9 +73,9 @@ def test_the_guard_catches_an_injected_slowdown_and_the_remeasure_corrects_it() 
     device = SlowingDevice()
     guard = DriftGuard(device.reference, action="remeasure", settings=SETTINGS, sleep=device.sleep)
     before = point_measurements(guard, device, "p", 2)
-    # Slow through the next measurement (10 samples) and the check after it (5), 20 % longer, then not;
+    # Slow through the next measurement (10 samples) and the check after it, 20 % longer, then not;
     # the clean check after the last item stands for the check before this one.
-    device.slow_for(1.2 * (10 * CALL_US + 5 * REFERENCE_US) + 1)
+    device.slow_for(1.2 * (10 * CALL_US + CHECK * REFERENCE_US) + 1)
     [hit] = point_measurements(guard, device, "p", 1)
     after = point_measurements(guard, device, "p", 2)
     assert [g.remeasured for g in before] == [0, 0] and not any(g.drift for g in before)
@@ -165,16 +167,16 @@ def test_a_young_clean_check_after_a_measurement_is_the_check_before_the_next() 
         point_measurements(guard, device, "p", 1)
         return len(samples)
 
-    # a level is 10 samples of the reference (SETTINGS), a check 5 (steady readings meet the noise target)
-    assert reference_samples_of_one_item() == 10 + 5, "the level is the first item's check before it"
-    assert reference_samples_of_one_item() == 5, "the last item's check after it is this one's before it"
+    # a level is 10 samples of the reference (SETTINGS), a check CHECK (steady readings meet the noise target)
+    assert reference_samples_of_one_item() == 10 + CHECK, "the level is the first item's check before it"
+    assert reference_samples_of_one_item() == CHECK, "the last item's check after it is this one's before it"
     device.sleep(2 * CHECK_REUSE_S)
-    assert reference_samples_of_one_item() == 5 + 5, "an old check is not reused"
+    assert reference_samples_of_one_item() == 2 * CHECK, "an old check is not reused"
     device.slow_for(float("inf"))
     [flagged] = point_measurements(guard, device, "p", 1)
     device.slow_until = device.now_us
     assert flagged.drift
-    assert reference_samples_of_one_item() == 5 + 5, "a check that saw a shift is not reused"
+    assert reference_samples_of_one_item() == 2 * CHECK, "a check that saw a shift is not reused"
 
 
 def test_a_burst_inside_a_long_measurement_is_seen_by_a_look_between_its_samples() -> None:
@@ -383,7 +385,9 @@ def test_a_reference_reading_faster_than_its_level_is_never_waited_for() -> None
     slow spell (other work on the GPU while they were timed): every check reads faster than the level.
     A device that reads faster cannot be waited back to it: the row is flagged, no second is slept,
     and the next measurement times the level again and is clean."""
-    device = WindowedDevice([(0.0, 2400.0), (3800.0, 6201.0)])  # the two level timings of this point
+    level_us = 1.2 * 10 * REFERENCE_US  # a level (10 samples) timed in the slow spell
+    again = level_us + 10 * CALL_US + CHECK * REFERENCE_US  # after the first measurement and its check
+    device = WindowedDevice([(0.0, level_us), (again, again + level_us + 1)])  # the point's two levels
     slept: list[float] = []
 
     def sleep(seconds: float) -> None:

@@ -21,7 +21,7 @@ import math
 import random
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -197,10 +197,13 @@ def interleave(
     seed: int,
     clock: Callable[[], float] = time.perf_counter,
     warmups: Sequence[int] | None = None,
+    retire: Callable[[list[list[list[float]]]], Iterable[int]] | None = None,
 ) -> list[list[list[float]]]:
     """Time every sampler in ``rounds`` rounds, each in a fresh random order (seeded): per sampler,
     per round, the samples. A round is a short adaptive measurement with 1/rounds of the time cap.
-    ``warmups``: each sampler's warm-up samples (``settings.warmup`` each where not given)."""
+    ``warmups``: each sampler's warm-up samples (``settings.warmup`` each where not given).
+    ``retire(samples so far)``, asked after each round: samplers to time in no later round (their
+    lists stop there; ``tunectl.measure.rounds.racing``)."""
     share = scaled(settings, 1.0 / rounds)
     min_samples = max(3, settings.min_samples // 2)
     per_round = dataclasses.replace(
@@ -211,10 +214,14 @@ def interleave(
     order = list(range(len(samplers)))
     rng = random.Random(seed)
     out: list[list[list[float]]] = [[] for _ in samplers]
-    for _ in range(rounds):
+    retired: set[int] = set()
+    for r in range(rounds):
         rng.shuffle(order)
         for i in order:
-            out[i].append(collect(samplers[i], per_round, clock)[0])
+            if i not in retired:
+                out[i].append(collect(samplers[i], per_round, clock)[0])
+        if retire is not None and r + 1 < rounds:
+            retired.update(retire(out))
     return out
 
 

@@ -85,8 +85,11 @@ def measured(context: CallContext, member: Member, outcome: Outcome) -> Record:
     what became of it (``tunectl.measure.outcome``), each of its parts made the record's columns here."""
     verdict, check, timed, speedup = outcome.verdict, outcome.check, outcome.timed, outcome.speedup
     stats, guard, device = timed.stats if timed else None, outcome.guard, outcome.device
+    shared = dataclasses.asdict(context)
+    if speedup is not None:  # the rounds this arm was timed in (a retired arm: fewer than the item's)
+        shared["rounds"] = speedup.rounds
     return Record(
-        **dataclasses.asdict(context),
+        **shared,
         item_id=member.item_id,
         config_key=member.config_key,
         is_default=member.is_default,

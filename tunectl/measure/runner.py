@@ -29,7 +29,7 @@ from tunectl.measure.memory import short_of_memory, when_memory_frees
 from tunectl.measure.nvml import read_state, state_around
 from tunectl.measure.outcome import CRASHED_ARM, NO_BASELINE, Check, Measured, Outcome, Timed, Verdict
 from tunectl.measure.records import CallContext, measured, members_of
-from tunectl.measure.rounds import NotMeasurable, arm_stats, round_times
+from tunectl.measure.rounds import NotMeasurable, arm_stats, racing_for, round_times
 from tunectl.measure.stacks import layer_inputs, stack_of, thrash_only
 from tunectl.measure.timing import make_sampler, timing_of
 from tunectl.tasks.base import InvalidConfig, TuningTask, compare_outputs
@@ -315,8 +315,8 @@ class ItemRunner:
         if stacks is not None:
             timed.append(thrash_only(item, self.device, mode))
             warmups = [settings.warmup] * len(timed)
-        seed = int(item.item_id[:12], 16)
-        rounds = interleave(timed, item.rounds, settings, seed=seed, warmups=warmups)
+        seed, race = int(item.item_id[:12], 16), racing_for(item.phase, stacked=stacks is not None)
+        rounds = interleave(timed, item.rounds, settings, seed=seed, warmups=warmups, retire=race)
         times = round_times(rounds, item.layers if stacks is not None else 0)
         measure_ms = (time.perf_counter() - started) * 1e3
         for (i, sampler), t, r in zip(samplers.items(), times, rounds, strict=False):
