@@ -20,7 +20,7 @@ is timed:
   (``LEVEL_SETTINGS``); and
 - before and after every measurement at the point, and, inside a measurement, every ``LOOK_EVERY_S``
   between its chunks of samples (``tunectl.measure.harness``; a chunk ends by the time a look is
-  due): a *check* of at least three samples, to 1 % of noise, at most 30 ms
+  due): a *check* of at least five samples, to 1 % of noise, at most 30 ms
   (``CHECK_SETTINGS``). The check after one measurement is the check before the next where it is
   younger than ``CHECK_REUSE_S`` and found the reference at its level: items follow each other
   within tens of milliseconds, and a fresh check there saw the same device (the checks stay spaced
@@ -93,7 +93,7 @@ WAIT_STEP_S = 1.0
 #: a point's level: 10-200 samples of the reference (module doc)
 LEVEL_SETTINGS = MeasureSpec(warmup=1, min_samples=10, max_samples=200, noise_target=0.005, max_seconds=0.05)
 #: a check before, inside (a look) and after each measurement, against the level (module doc)
-CHECK_SETTINGS = MeasureSpec(warmup=0, min_samples=3, max_samples=20, noise_target=0.01, max_seconds=0.03)
+CHECK_SETTINGS = MeasureSpec(warmup=0, min_samples=5, max_samples=20, noise_target=0.01, max_seconds=0.03)
 REFERENCE_SPAN_MAX_US = 20_000.0  # a reference sample spans a measured sample up to this long (module doc)
 _REFERENCE_COPY_L2S = 2  # the copied buffer, in L2 sizes: it streams from memory, not from the cache
 _REFERENCE_MATMUL_N = 4096  # bf16: ~140 µs of tensor-core work on an H200
