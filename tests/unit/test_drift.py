@@ -96,6 +96,19 @@ def test_a_shift_that_outlasts_the_remeasures_is_waited_out_then_measured_again(
     assert 5e6 <= device.now_us - start < 7e6, "it waited for the device to come back, and not much longer"
 
 
+def test_a_shift_that_passes_soon_after_the_remeasures_is_waited_for_a_fraction_of_a_second() -> None:
+    """The first look at a shifted device comes after WAIT_FIRST_S, not a whole step: a slowdown that
+    outlasts the measurement and its two re-measurements by 20 ms costs the wait ~50 ms."""
+    device = SlowingDevice()
+    guard = DriftGuard(device.reference, action="remeasure", settings=SETTINGS, sleep=device.sleep)
+    point_measurements(guard, device, "p", 1)
+    start = device.now_us
+    device.slow_for(3 * (10 * CALL_US + drift.CHECK_SETTINGS.max_samples * REFERENCE_US) * 1.2 + 20e3)
+    [waited] = point_measurements(guard, device, "p", 1)
+    assert (waited.drift, waited.remeasured) == (False, 3)
+    assert device.now_us - start < 0.5e6, "not a whole second's wait before the first look"
+
+
 def test_a_lasting_shift_is_flagged_remeasured_at_most_twice_then_flagged_alone() -> None:
     device = SlowingDevice()
     guard = DriftGuard(device.reference, action="remeasure", settings=SETTINGS, sleep=device.sleep)
