@@ -21,20 +21,20 @@ from tunectl.tasks.cost_model import SIMULATED_ENV
 SETTINGS = MeasureSpec(warmup=0, min_samples=3, max_samples=6, noise_target=0.0, drift="off")
 
 
-def _fixed(costs: list[list[float]]) -> Callable[[], float]:
-    """A sampler reading ``costs[round]`` (one value a round), counting its rounds by its calls."""
+def _fixed(per_round: list[float]) -> Callable[[], float]:
+    """A sampler reading ``per_round[r]`` in round r (3 samples a round; the last value after them)."""
     calls = [0]
 
     def sample() -> float:
         calls[0] += 1
-        return costs[min((calls[0] - 1) // 3, len(costs) - 1)][0]
+        return per_round[min((calls[0] - 1) // 3, len(per_round) - 1)]
 
     return sample
 
 
 def test_an_arm_behind_in_every_round_is_retired_after_the_first_rounds() -> None:
     steady = {"baseline": 100.0, "fast": 90.0, "slow": 200.0, "close": 93.0}  # close: 3.3 % behind
-    samplers = [_fixed([[us]]) for us in steady.values()]
+    samplers = [_fixed([us]) for us in steady.values()]
     settings = MeasureSpec(warmup=0, min_samples=3, max_samples=3, noise_target=0.0, max_seconds=10.0)
     rounds = interleave(samplers, 8, settings, seed=1, retire=racing())
     assert [len(r) for r in rounds] == [8, 8, RACE_AFTER, 8], "the baseline (11 % behind) is kept"
@@ -43,8 +43,8 @@ def test_an_arm_behind_in_every_round_is_retired_after_the_first_rounds() -> Non
 
 def test_an_arm_that_led_or_came_close_in_one_round_keeps_running() -> None:
     behind = 1 + 2 * RACE_MARGIN
-    wobbly = [[100.0 * behind], [100.0], [100.0 * behind]] + [[100.0 * behind]] * 5  # close once
-    samplers = [_fixed([[120.0]]), _fixed([[100.0]]), _fixed(wobbly), _fixed([[100.0 * behind]])]
+    wobbly = [100.0 * behind, 100.0] + [100.0 * behind] * 6  # level with the fastest in round 2
+    samplers = [_fixed([120.0]), _fixed([100.0]), _fixed(wobbly), _fixed([100.0 * behind])]
     settings = MeasureSpec(warmup=0, min_samples=3, max_samples=3, noise_target=0.0, max_seconds=10.0)
     rounds = interleave(samplers, 8, settings, seed=3, retire=racing())
     assert [len(r) for r in rounds][:3] == [8, 8, 8]
