@@ -7,6 +7,7 @@
 #   bash benchmarks/gpu/accurate_h200.sh build warm   # again, into a fresh results folder, the cache kept
 # A build stopped at its limit (LIMIT, default 540 s) resumes when called again with the same caches
 # word; each call's wall is appended to $W/walls-CACHES.txt, and the results are packed into $OUT.
+# ARGS adds options to the submit (e.g. ARGS="--compile-workers 7").
 # Then, on any machine (no GPU), the bundles of both runs and of the recorded three-step runs, scored at
 # the recorded held-out seeds 1-7 (holdout_h200.md), from the archives:
 #   ARCHIVE=benchmarks/results/accurate_h200_2026-12-04.tar.gz bash benchmarks/gpu/accurate_h200.sh score
@@ -38,7 +39,7 @@ case "${1:?step}" in
     # --foreground: the limit's SIGTERM goes to tunectl alone, which stops its run (cancelled) and Ray in
     # seconds; sent to the whole process group it also stops Ray's own processes under the driver,
     # whose shutdown then waits on them for longer than the 15 s before the SIGKILL.
-    RAY_USAGE_STATS_ENABLED=0 COLUMNS=160 timeout --foreground -k 15 "${LIMIT:-540}" tunectl submit "${args[@]}" \
+    RAY_USAGE_STATS_ENABLED=0 COLUMNS=160 timeout --foreground -k 15 "${LIMIT:-540}" tunectl submit "${args[@]}" ${ARGS:-} \
       --results "$res" --compile-cache "$W/cache" --yes > "$W/submit-$caches.log" 2>&1
     rc=$?
     wall=$(python -c "print(round($(date +%s.%N) - $start, 1))")

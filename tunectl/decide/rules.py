@@ -13,8 +13,9 @@ region measured it doing better than the cell's plain config.
 (every config of the family with a positive split count) at every tuned point. The model is
 ``tunectl.runtime.rules.WaveRule``: its costs are linear given the launch geometry (``per_wave``,
 ``block``), so the geometry is searched on a grid (``per_wave`` in quarter powers of two from 1 to
-4096, refined to sixteenths around the best; ``block`` among ``BLOCKS``) and the four costs solved
-by non-negative least squares in relative error at each. A family needs ``MIN_COUNTS`` split counts
+4096, refined to sixteenths around the best; ``block`` among ``BLOCKS``) and the five costs (the
+work term with them: ``tunectl.runtime.rules`` says why) solved by non-negative least squares in
+relative error at each. A family needs ``MIN_COUNTS`` split counts
 and ``MIN_SAMPLES`` samples at two shapes or more; the rule chooses counts between the smallest and
 largest measured. Probe planning (``tunectl.decide.probes``) fits the same rules from the same rows
 and measures each rule's count at each probe of a cell whose short list holds a member of its family.
@@ -46,6 +47,8 @@ MIN_COUNTS = 3
 MIN_SAMPLES = 8
 MIN_SITES = 2
 EDGE = 0.005
+#: the model's terms, each with a cost the fit solves for: fixed, waves x chunk, split, partials, work
+FEATURES = 5
 
 Timings = Mapping[tuple[str, Key, Key], Mapping[Key, float]]  # (task, static, shape) -> config -> median
 Sample = tuple[int, int, int, float]  # across, along, split count, median µs
@@ -130,7 +133,7 @@ def fit_rule(samples: Sequence[Sample], param: str, across: str, along: str) -> 
         best = _better(best, samples, per_wave * 2 ** (step / 16), block)
     assert best is not None
     _, per_wave, block, cost = best
-    fixed, per_token, per_split, per_partial = cost
+    fixed, per_token, per_split, per_partial, per_work = cost
     return WaveRule(
         param,
         across,
@@ -140,13 +143,14 @@ def fit_rule(samples: Sequence[Sample], param: str, across: str, along: str) -> 
         counts[0],
         counts[-1],
         (fixed, per_token, per_split, per_partial),
+        per_work,
     )
 
 
 def _features(across: int, along: int, splits: int, per_wave: float, block: int) -> tuple[float, ...]:
     waves, chunk, active = launch(across, along, splits, per_wave, block)
     split = 1.0 if splits > 1 else 0.0
-    return (1.0, float(waves * chunk), split, split * across * active)
+    return (1.0, float(waves * chunk), split, split * across * active, float(across * along))
 
 
 def _better(
@@ -156,15 +160,15 @@ def _better(
     block: int,
 ) -> tuple[float, float, int, tuple[float, ...]] | None:
     """``best``, or the fit at this geometry where its relative squared error is smaller."""
-    gram = [[0.0] * 4 for _ in range(4)]
-    rhs = [0.0] * 4
+    gram = [[0.0] * FEATURES for _ in range(FEATURES)]
+    rhs = [0.0] * FEATURES
     for a, n, s, t in samples:
         row = [x / t for x in _features(a, n, s, per_wave, block)]
-        for i in range(4):
+        for i in range(FEATURES):
             rhs[i] += row[i]
-            for j in range(i, 4):
+            for j in range(i, FEATURES):
                 gram[i][j] += row[i] * row[j]
-    for i in range(4):
+    for i in range(FEATURES):
         for j in range(i):
             gram[i][j] = gram[j][i]
     error, cost = _nonnegative(gram, rhs, float(len(samples)))
@@ -174,18 +178,18 @@ def _better(
 
 
 def _nonnegative(gram: list[list[float]], rhs: list[float], total: float) -> tuple[float, tuple[float, ...]]:
-    """Least squares with every coefficient >= 0, over every subset of the features (there are 4)."""
-    best: tuple[float, tuple[float, ...]] = (total, (0.0, 0.0, 0.0, 0.0))
-    for mask in range(1, 16):
-        used = [i for i in range(4) if mask >> i & 1]
+    """Least squares with every coefficient >= 0, over every subset of the features (there are 5)."""
+    best: tuple[float, tuple[float, ...]] = (total, (0.0,) * FEATURES)
+    for mask in range(1, 1 << FEATURES):
+        used = [i for i in range(FEATURES) if mask >> i & 1]
         solved = _solve([[gram[i][j] for j in used] for i in used], [rhs[i] for i in used])
         if solved is None or min(solved) < 0:
             continue
-        coef = [0.0] * 4
+        coef = [0.0] * FEATURES
         for i, c in zip(used, solved, strict=True):
             coef[i] = c
         error = total - 2 * sum(c * b for c, b in zip(coef, rhs, strict=True))
-        error += sum(coef[i] * gram[i][j] * coef[j] for i in range(4) for j in range(4))
+        error += sum(coef[i] * gram[i][j] * coef[j] for i in range(FEATURES) for j in range(FEATURES))
         if error < best[0] - 1e-12:
             best = (error, tuple(coef))
     return best

@@ -7,11 +7,18 @@ the rest queue behind them in further waves. A call's time is modelled as its ma
     chunk  = ceil(ceil(along / splits) / block) * block       tokens per split, whole blocks
     active = ceil(along / chunk)                              splits with tokens to read
     waves  = ceil(across * active / per_wave)
-    time   = fixed + per_token * waves * chunk + (per_split + per_partial * across * active if splits > 1)
+    time   = fixed + per_work * across * along + per_token * waves * chunk
+             + (per_split + per_partial * across * active if splits > 1)
 
-``per_wave`` and ``block`` describe the launch geometry, the four costs (µs) the kernel on this
-device; ``tunectl export bundle`` fits all six to the measured rows of one kernel family (a config
-with its split count left open) at one static key (``tunectl.decide.rules``). The count a rule
+``per_wave`` and ``block`` describe the launch geometry, the costs (µs) the kernel on this device;
+``tunectl export bundle`` fits all seven to the measured rows of one kernel family (a config with its
+split count left open) at one static key (``tunectl.decide.rules``). ``per_work`` is the cost of the
+reads themselves, the same for every count at a shape (the KV a call reads does not depend on how it
+is cut): it changes no choice, but without it the fit blamed the reads' time on the waves and took a
+wave for half its size. On the H200 page-16 and page-128 tuning rows, each shape left out of the fit
+in turn, the counts chosen by the fit with it lost 1.2-1.7 % (geometric mean) to the best measured
+count, against 7-8 % without it (``benchmarks/studies/rule_models.py``). A bundle stores it beside the
+four others (``per_work``; a loader that does not know it still chooses the same counts). The count a rule
 chooses is the one whose modelled time is least among ``lo`` and, for one to ``MAX_WAVES`` waves, the
 most splits (at most ``hi``) that fill that many: beyond a few waves the same work only adds
 merging, and several cover a batch that overflows a wave by a part (the tail that flash-attn 3's
@@ -50,19 +57,20 @@ class WaveRule:
     lo: int
     hi: int
     cost: tuple[float, float, float, float]  # fixed, per_token, per_split, per_partial (µs)
+    per_work: float = 0.0  # µs per unit of across x along: the reads (module doc)
 
     def __post_init__(self) -> None:
         if not (self.per_wave > 0 and self.block >= 1 and 1 <= self.lo <= self.hi):
             raise ValueError(f"a wave rule needs per_wave > 0, block >= 1 and 1 <= lo <= hi: {self}")
-        if len(self.cost) != 4 or min(self.cost) < 0:
-            raise ValueError(f"a wave rule's four costs are non-negative numbers: {self.cost}")
+        if len(self.cost) != 4 or min(*self.cost, self.per_work) < 0:
+            raise ValueError(f"a wave rule's costs are non-negative numbers: {self.cost}, {self.per_work}")
 
     def predict_us(self, across: int, along: int, splits: int) -> float:
         """The modelled time of one call with ``splits`` splits."""
         waves, chunk, active = launch(across, along, splits, self.per_wave, self.block)
         fixed, per_token, per_split, per_partial = self.cost
         merge = per_split + per_partial * across * active if splits > 1 else 0.0
-        return fixed + per_token * waves * chunk + merge
+        return fixed + self.per_work * across * along + per_token * waves * chunk + merge
 
     def count(self, across: int, along: int) -> int:
         """The split count for this shape (module doc); ``lo`` for a size below 1. Inlined: a serving
@@ -70,7 +78,7 @@ class WaveRule:
         if across < 1 or along < 1:
             return self.lo
         per_wave, block, lo, hi = self.per_wave, self.block, self.lo, self.hi
-        _, per_token, per_split, per_partial = self.cost  # the fixed cost changes no choice
+        _, per_token, per_split, per_partial = self.cost  # the fixed and work costs change no choice
         best, best_us, last = lo, math.inf, 0
         for waves in range(MAX_WAVES + 2):  # lo; the most splits filling 1..MAX_WAVES waves; hi
             s = (
@@ -110,6 +118,7 @@ class WaveRule:
             "lo": self.lo,
             "hi": self.hi,
             "cost": list(self.cost),
+            "per_work": self.per_work,
         }
 
     @classmethod
@@ -127,4 +136,5 @@ class WaveRule:
             lo=int(raw["lo"]),
             hi=int(raw["hi"]),
             cost=(fixed, per_token, per_split, per_partial),
+            per_work=float(raw.get("per_work", 0.0)),
         )
