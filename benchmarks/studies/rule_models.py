@@ -65,17 +65,17 @@ def summary(values: Sequence[float]) -> str:
 def study(results: Path, run: str, out: Callable[[str], None]) -> None:
     facts = RunFacts.from_json(json.loads((results / "_runs" / f"{run}.json").read_text())["facts"])
     timings = point_timings(read_results(results, [run]), lambda *_: True)
-    static = {}
     for (_, key, base, param), samples in rules._samples(timings, facts).items():
         if len(samples) < MIN_ROWS:
             continue
-        static = dict(key)
         dims = (facts.wave_dims[0], facts.wave_dims[1])
         with_work = regrets(samples, param, dims)
         with mock.patch.object(rules, "_features", _without_work):
             without = regrets(samples, param, dims)
+        if not with_work or not without:
+            continue
         family = json.dumps(dict(base), sort_keys=True)
-        out(f"| {run} page {static.get('page_size')} | `{family}` | {summary(without)} | {summary(with_work)} |")
+        out(f"| {run} page {dict(key).get('page_size')} | `{family}` | {summary(without)} | {summary(with_work)} |")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
