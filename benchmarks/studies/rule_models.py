@@ -75,7 +75,8 @@ def study(results: Path, run: str, out: Callable[[str], None]) -> None:
         if not with_work or not without:
             continue
         family = json.dumps(dict(base), sort_keys=True)
-        out(f"| {run} page {dict(key).get('page_size')} | `{family}` | {summary(without)} | {summary(with_work)} |")
+        page = dict(key).get("page_size")
+        out(f"| {run} page {page} | `{family}` | {summary(without)} | {summary(with_work)} |")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
