@@ -15,10 +15,10 @@ region measured it doing better than the cell's plain config.
 ``block``), so the geometry is searched on a grid (``per_wave`` in quarter powers of two from 1 to
 4096, refined to sixteenths around the best; ``block`` among ``BLOCKS``) and the five costs (the
 work term with them: ``tunectl.runtime.rules`` says why) solved by non-negative least squares in
-relative error at each. A family needs ``MIN_COUNTS`` split counts
-and ``MIN_SAMPLES`` samples at two shapes or more; the rule chooses counts between the smallest and
-largest measured. Probe planning (``tunectl.decide.probes``) fits the same rules from the same rows
-and measures each rule's count at each probe of a cell whose short list holds a member of its family.
+relative error at each. A family needs ``MIN_COUNTS`` split counts and ``MIN_SAMPLES`` samples at
+two shapes or more; the rule chooses counts between the smallest and largest measured. Probe
+planning (``tunectl.decide.probes``) fits the same rules from the same rows and measures each rule's
+count at each probe of a cell whose short list holds a member of its family.
 
 **Choosing** (``with_rules``): per cell, each rule of its static key is compared with the cell's
 config at the sites where both were measured (the cell's tuned point, its probes; at least

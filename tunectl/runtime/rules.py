@@ -18,9 +18,9 @@ is cut): it changes no choice, but without it the fit blamed the reads' time on 
 wave for half its size. On the H200 page-16 and page-128 tuning rows, each shape left out of the fit
 in turn, the Triton kernel's counts chosen with it lost 0.8-1.7 % (geometric mean) to the best count
 timed there, against 7.0-7.9 % without it; flash-attn 3's 0.7-1.1 % either way
-(``benchmarks/studies/rule_models.py``). A bundle stores it beside the
-four others (``per_work``; a loader that does not know it still chooses the same counts). The count a rule
-chooses is the one whose modelled time is least among ``lo`` and, for one to ``MAX_WAVES`` waves, the
+(``benchmarks/studies/rule_models.py``). A bundle stores it beside the four others (``per_work``; a
+loader that does not know it still chooses the same counts). The count a rule chooses is the one
+whose modelled time is least among ``lo`` and, for one to ``MAX_WAVES`` waves, the
 most splits (at most ``hi``) that fill that many: beyond a few waves the same work only adds
 merging, and several cover a batch that overflows a wave by a part (the tail that flash-attn 3's
 wave efficiency guards against). Where two counts model alike, the fewer splits. So its choice
