@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tunectl.core.record import Phase
@@ -82,9 +82,9 @@ def racing_for(phase: str, *, stacked: bool) -> Callable[[list[list[list[float]]
     return racing() if phase in RACED and not stacked else None
 
 
-def racing(keep: Collection[int] = (0,)) -> Callable[[list[list[list[float]]]], set[int]]:
+def racing() -> Callable[[list[list[list[float]]]], set[int]]:
     """The ``retire`` rule of ``interleave`` (module doc): given each arm's samples per round so far,
-    the arms (never one of ``keep``) to time no further."""
+    the arms (never the baseline, the first) to time no further."""
 
     def retire(rounds: list[list[list[float]]]) -> set[int]:
         done = max(len(arm) for arm in rounds)
@@ -97,6 +97,6 @@ def racing(keep: Collection[int] = (0,)) -> Callable[[list[list[list[float]]]], 
             return set()
         limit = [(1 + RACE_MARGIN) * f for f in fastest]
         behind = {i for i in running if all(t > m for t, m in zip(medians[i], limit, strict=True))}
-        return behind - set(keep)
+        return behind - {0}
 
     return retire
