@@ -31,11 +31,12 @@ from tunectl.store.results import read_results
 MIN_ROWS = 80  # families fitted from fewer rows are left out (a handful of counts at a few shapes)
 
 
+_WITH_WORK = rules._features  # the fit's features; the last is the work term
+
+
 def _without_work(across: int, along: int, splits: int, per_wave: float, block: int) -> tuple[float, ...]:
-    return (*_WITH(across, along, splits, per_wave, block)[:-1], 0.0)
-
-
-_WITH = rules._features
+    """The fit's features with the work term held at zero (the fit as it was before it had one)."""
+    return (*_WITH_WORK(across, along, splits, per_wave, block)[:-1], 0.0)
 
 
 def regrets(samples: Sequence[Sample], param: str, dims: tuple[str, str]) -> list[float]:
