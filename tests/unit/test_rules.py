@@ -119,7 +119,7 @@ def test_a_fit_finds_the_wave_size_and_costs_of_a_wave_cliff_surface() -> None:
 
 def test_a_fit_tells_the_reads_from_the_waves() -> None:
     """Where most of a call's time is its reads (the same at every split count), a fit without a term
-    for them took the waves for larger than they are and counted too few splits at mid-sized batches
+    for them took the waves for smaller than they are and counted too few splits at mid-sized batches
     (on the H200: one split at 33 x 11504, 32 % slower than eight)."""
     samples = [
         (b, n, s, _time(b, n, s) + 0.002 * b * n)
