@@ -9,7 +9,7 @@
 #   bash benchmarks/gpu/holdout_h200.sh write       # holdout.json and holdout.md from the records (no GPU)
 #   bash benchmarks/gpu/holdout_h200.sh restore     # the 2026-12-04 records (seeds 101-109) into $RES instead of building
 #   bash benchmarks/gpu/holdout_h200.sh confirm 128 # export with candidates, new seeds, confirmed picks scored
-# `confirm` exports the built run again with 3 candidates an entry (version 2), draws CONFIRM_SEEDS (default
+# `confirm` exports the built run again with candidates (version VERSION, default 2), draws CONFIRM_SEEDS (default
 # 104 105 106, never used before), times every config there (`tunectl validate --holdout`), then confirms
 # the candidates at those shapes on this GPU and scores the confirmed picks against that run's oracle, and
 # times confirming at 32 batch sizes at kv 4096 (benchmarks/studies/confirm_holdout.py): $OUT/confirm-pP.json.
@@ -97,9 +97,10 @@ case "${1:?step}" in
     spec=$(spec_for "${page:?page}")
     run=$(run_of "$name" tune ==)
     [ -n "$run" ] || { echo "$name is not built yet: run the build (or restore) step"; exit 1; }
-    bundle="$RES/bundles/$name/2"
-    [ -d "$bundle" ] || tunectl export bundle --results "$RES" --run "$run" --name "$name" --version 2 \
-      --candidates 3 --out "$RES/bundles" 2>&1 | tail -n 3 | tee "$OUT/export-p$page-v2.txt"
+    version=${VERSION:-2}  # the restored records hold version 2, exported with 3 candidates an entry
+    bundle="$RES/bundles/$name/$version"
+    [ -d "$bundle" ] || tunectl export bundle --results "$RES" --run "$run" --name "$name" --version "$version" \
+      --out "$RES/bundles" 2>&1 | tail -n 3 | tee "$OUT/export-p$page-v$version.txt"
     args=()
     for seed in ${CONFIRM_SEEDS:-104 105 106}; do  # drawn now, after the bundle was exported
       held=$(grep "^$page $seed $bundle " "$RES/confirm-runs.txt" 2>/dev/null | cut -d' ' -f4)

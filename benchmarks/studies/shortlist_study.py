@@ -21,7 +21,9 @@ with the configs each way measures (one look per config and point, counted befor
 and the finals).
 
 ``--bundle DIR`` scores a bundle's own lists instead (``Bundle.candidates``: what export's
-``--candidates`` wrote, the pick first) beside its pick alone, per holdout run and pooled.
+``--candidates`` wrote, the pick first) beside its pick alone, per holdout run and pooled, and what
+confirming the list would install if it timed each candidate as the holdout run did
+(``tunectl.measure.confirm.installed``, with its margin): the list's best less what the margin costs.
 
     git show 45ad4e3:benchmarks/results/h200_results.tar.gz > /tmp/h200_results.tar.gz
     tar xzf /tmp/h200_results.tar.gz -C /tmp
@@ -37,6 +39,7 @@ import statistics
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -45,8 +48,10 @@ from h200_archive import require
 
 from tunectl.core.keys import Key, make_key
 from tunectl.core.record import Phase, Record
+from tunectl.core.spec import DEFAULT_MARGIN
 from tunectl.decide.coverage import sizes
 from tunectl.decide.select import latest_comparisons
+from tunectl.measure.confirm import installed
 from tunectl.runtime import Bundle, load_bundle
 from tunectl.store.results import read_results
 
@@ -161,14 +166,16 @@ def bundle_scores(bundle: Bundle, held_by_run: Mapping[str, list[list[Record]]])
         "| holdout run | list | shapes | configs in the list (mean) | median | worst | geomean | within 3 % |"
     )
     print("|---|---|---|---|---|---|---|---|")
-    pooled: dict[str, tuple[list[float], list[int]]] = {"pick": ([], []), "candidates": ([], [])}
+    ways = ("pick", "candidates", "confirmed")
+    pooled: dict[str, tuple[list[float], list[int]]] = {w: ([], []) for w in ways}
     for run, held in [*held_by_run.items(), ("pooled", [])]:
         for which, (all_got, all_len) in pooled.items():
             got, lengths = (all_got, all_len) if run == "pooled" else ([], [])
             for arms in held:
                 params = {**dict(arms[0].static), **dict(arms[0].shape)}
                 listed = bundle.candidates(arms[0].task, **params)[: 1 if which == "pick" else None]
-                if (s := score(arms, {make_key(c) for c in listed})) is not None:
+                chosen = [confirmed(arms, listed)] if which == "confirmed" and listed else listed
+                if (s := score(arms, {make_key(c) for c in chosen})) is not None:
                     got.append(s)
                     lengths.append(len(listed))
             if run != "pooled":
@@ -176,6 +183,13 @@ def bundle_scores(bundle: Bundle, held_by_run: Mapping[str, list[list[Record]]])
                 all_len.extend(lengths)
             if got:
                 print(f"| {run} | {which} | {len(got)} | {statistics.mean(lengths):.1f} | {summary(got)} |")
+
+
+def confirmed(arms: Sequence[Record], listed: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
+    """What confirming ``listed`` installs at one held-out shape, given the holdout run's times."""
+    ok = {r.config: (1.0 if r.is_default else r.speedup or 0.0) for r in arms if r.ok}
+    timed = [(c, 1.0 / ok[k] if ok.get(k := make_key(c)) else None) for c in listed]
+    return installed(timed, DEFAULT_MARGIN)
 
 
 def per_run_table(

@@ -38,12 +38,20 @@ def _bundle(tmp_path: Path, candidates: bool = True) -> Path:
 def test_shortlist_adds_the_config_that_covers_the_region() -> None:
     pick, a, b = make_key({"s": 1}), make_key({"s": 8}), make_key({"s": 16})
     sites = [{pick: 1.0, a: 1.2, b: 1.1}, {pick: 1.3, a: 1.2, b: 1.0}, {pick: 1.2, a: 1.01, b: 1.0}]
-    assert shortlist(pick, sites, 3) == (pick, b)  # a adds nothing once b is in
+    assert shortlist(pick, sites, 3) == (pick, b)  # a adds nothing once b is in, and is 13 % behind
     sites[1] = {pick: 1.3, a: 1.0, b: 1.1}
     assert shortlist(pick, sites, 3) == (pick, a, b)
     assert shortlist(pick, sites, 1) == (pick,)
     assert shortlist(pick, sites, 0) == ()
     assert shortlist(pick, [{pick: 1.0, a: 1.5}], 3) == (pick,)  # nothing helps: the list stays short
+
+
+def test_a_covered_region_fills_its_list_with_the_configs_closest_behind() -> None:
+    pick, a, b, c = (make_key({"s": s}) for s in (1, 2, 4, 8))
+    sites = [{pick: 1.0, a: 1.06, b: 1.02, c: 1.3}, {pick: 1.05, a: 1.04, b: 1.03, c: 1.0}]
+    assert shortlist(pick, sites, 4) == (pick, c, b, a)  # c covers a site; then b (2.5 % behind), a (5 %)
+    assert shortlist(pick, sites, 3) == (pick, c, b)
+    assert shortlist(pick, sites[:1], 4) == (pick, b, a)  # c, 30 % behind there, never fills
 
 
 def test_corners_follow_the_policy_side() -> None:

@@ -80,6 +80,7 @@ from tunectl.api.runs import (
 )
 from tunectl.core.plan import CONFIRM_ABOVE_ITEMS
 from tunectl.core.spec import DEFAULT_MARGIN, Spec, load_spec
+from tunectl.decide.candidates import DEFAULT_CANDIDATES
 from tunectl.decide.probes import DEFAULT_PER_CELL, DEFAULT_SHORTLIST
 from tunectl.decide.stacked import DEFAULT_LAYERS, DEFAULT_ROUNDS
 from tunectl.runtime import Bundle
@@ -87,6 +88,7 @@ from tunectl.store.runs import DEFAULT_RESULTS
 
 __all__ = [
     "CONFIRM_ABOVE_ITEMS",
+    "DEFAULT_CANDIDATES",
     "DEFAULT_LAYERS",
     "DEFAULT_MARGIN",
     "DEFAULT_PER_CELL",

@@ -96,7 +96,7 @@ def export_bundle_cmd(
             "0 writes none.",
             metavar="K",
         ),
-    ] = 3,
+    ] = api.DEFAULT_CANDIDATES,
 ) -> None:
     """Pick the winners from RESULTS and publish them as an immutable, checksummed bundle. Every region
     inside the declared ranges that lookup would answer None in is listed, one line each. Exits 1,
