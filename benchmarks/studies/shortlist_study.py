@@ -161,7 +161,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def bundle_scores(bundle: Bundle, held_by_run: Mapping[str, list[list[Record]]]) -> None:
     """Print, per holdout run and pooled, the best of the bundle's candidates at each held-out shape
-    over the fastest config there, and the same for its pick alone."""
+    over the fastest config there, the same for its pick alone and for what confirming installs; then
+    the shapes whose list lacks a config within 3 % of the fastest."""
     print(
         "| holdout run | list | shapes | configs in the list (mean) | median | worst | geomean | within 3 % |"
     )
@@ -183,6 +184,20 @@ def bundle_scores(bundle: Bundle, held_by_run: Mapping[str, list[list[Record]]])
                 all_len.extend(lengths)
             if got:
                 print(f"| {run} | {which} | {len(got)} | {statistics.mean(lengths):.1f} | {summary(got)} |")
+    for run, held in held_by_run.items():
+        lacking(bundle, run, held)
+
+
+def lacking(bundle: Bundle, run: str, held: Sequence[Sequence[Record]]) -> None:
+    """Print each held-out shape of ``run`` whose list holds no config within 3 % of the fastest there."""
+    for arms in held:
+        listed = bundle.candidates(arms[0].task, **dict(arms[0].static), **dict(arms[0].shape))
+        got = score(arms, {make_key(c) for c in listed})
+        if got is not None and got > 1.03:
+            ok = [r for r in arms if r.ok]
+            fastest = max(ok, key=lambda r: 1.0 if r.is_default else r.speedup or 0.0)
+            shape, config = dict(arms[0].shape), dict(fastest.config)
+            print(f"{run} {shape}: the list's best {got:.3f}, the fastest {config}")
 
 
 def confirmed(arms: Sequence[Record], listed: Sequence[Mapping[str, Any]]) -> Mapping[str, Any]:
