@@ -15,6 +15,8 @@
 # times confirming at 32 batch sizes at kv 4096 (benchmarks/studies/confirm_holdout.py): $OUT/confirm-pP.json.
 # The held-out seeds (SEEDS, default 101 102 103; seeds 0-7 were used before) are drawn only by `check`,
 # after the bundle is built; SHAPES per seed (default 8). Results accumulate in $RES, outputs in $OUT.
+# PROBES (default 2): probes a cell in the tuning spec (benchmarks/studies/table_bound.py: denser probes
+# completed page 16's lists at the recorded seeds).
 # The tuning spec is configs/h200/flash_decode.toml at one page size, spans batch 1-256 x 1k-32k tokens,
 # a grid of 9 batches x 4 lengths, refine_budget 12, 2 probes a cell; flash-attn 2 is left out (it runs
 # on a re-paged cache: measured for reference only, it can never be chosen nor be the oracle).
@@ -27,22 +29,26 @@ RES=${RES:-/tmp/holdout-results}
 OUT=${OUT:-/tmp/holdout-out}
 SEEDS=${SEEDS:-"101 102 103"}
 SHAPES=${SHAPES:-8}
+PROBES=${PROBES:-2}  # probes a cell; another count names the run (and its bundles) h200-rules-pP-probesN
 mkdir -p "$RES" "$OUT"
 nvidia-smi --query-gpu=name,clocks.sm,power.draw,temperature.gpu --format=csv,noheader 2>&1 | head -n 1
+name_of() {  # the tuning run's name at page $1
+  if [ "$PROBES" = 2 ]; then echo "h200-rules-p$1"; else echo "h200-rules-p$1-probes$PROBES"; fi
+}
 spec_for() {  # the tuning spec of page $1, written to /tmp; its path
   local copy="/tmp/holdout_h200_p$1.toml"
-  python - "$1" "$copy" <<'PY'
+  python - "$1" "$copy" "$PROBES" "$(name_of "$1")" <<'PY'
 import re, sys
-page, out = sys.argv[1], sys.argv[2]
+page, out, probes, name = sys.argv[1:5]
 text = open("configs/h200/flash_decode.toml").read()
-text = re.sub(r"(?m)^name = .*$", f'name = "h200-rules-p{page}"', text)
+text = re.sub(r"(?m)^name = .*$", f'name = "{name}"', text)
 text = re.sub(r"(?m)^page_size = .*$", f"page_size = {page}", text)
 text = text.replace("[shapes.batch]\nvalues = [1, 4, 16, 64, 256]",
                     "[shapes.batch]\nrange = [1, 256]\nvalues = [1, 2, 4, 8, 16, 32, 64, 128, 256]")
 text = text.replace("[shapes.kv_len]\nvalues = [1024, 8192, 32768]",
                     f"[shapes.kv_len]\nrange = [1024, 32768]\nstep = {page}\nvalues = [1024, 4096, 16384, 32768]")
 text = re.sub(r"(?m)^\[\[configs\]\]\nbackend = \"fa2\"\n(?:[a-z_]+ = .*\n)*\n", "", text)
-text = text.replace('strategy = "halving"', 'strategy = "halving"\nrefine_budget = 12\nprobes = 2')
+text = text.replace('strategy = "halving"', f'strategy = "halving"\nrefine_budget = 12\nprobes = {probes}')
 open(out, "w").write(text)
 PY
   echo "$copy"
@@ -56,7 +62,7 @@ runs = [r for r in (json.loads(text) if text.strip() else []) if r['name'] == '$
 print(sorted(runs, key=lambda r: r['created_at'])[-1]['run_id'] if runs else '')"
 }
 page=${2:-}
-name="h200-rules-p$page"
+name=$(name_of "$page")
 case "${1:?step}" in
   build)
     spec=$(spec_for "${page:?page}")
