@@ -54,7 +54,8 @@ def _time_us(item: WorkItem, config: Key) -> float:
 def answer(item: WorkItem, run_id: str = "r") -> list[Record]:
     """The records a device returns for ``item``: the true time with 1 % noise; per arm for a comparison."""
     common = dict(run_id=run_id, task=item.task, static_key=key_text(item.static),
-                  shape_key=key_text(item.shape), status="ok", rel_noise=0.01, phase=item.phase)  # fmt: skip
+                  shape_key=key_text(item.shape), status="ok", rel_noise=0.01, phase=item.phase,
+                  rung=item.rung)  # fmt: skip
     if not item.arms:
         t = _time_us(item, item.config)
         return [Record(item_id=item.item_id, config_key=key_text(item.config), is_default=item.is_default,

@@ -70,6 +70,16 @@ def _error(text: str) -> str:
         ),
         ("max_seconds = 0.05", "max_seconds = nan", "measure.max_seconds: must be a number > 0, not nan"),
         ("rounds = 3", "rounds = 3\ntie = 2.0", "search.tie: must be a number >= 0 and <= 1, not 2.0"),
+        (
+            "rounds = 3",
+            "rounds = 3\nskip_dominated = 0.5",
+            "search.skip_dominated: a factor over the fastest: 0 (off) or more than 1",
+        ),
+        (
+            "rounds = 3",
+            "rounds = 3\nskip_dominated = -1",
+            "search.skip_dominated: must be a number >= 0, not -1",
+        ),
     ],
 )
 def test_a_bad_value_names_its_field_and_what_is_allowed(old: str, new: str, message: str) -> None:

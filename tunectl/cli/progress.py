@@ -48,7 +48,7 @@ class RunBar:
         self.task_id = self.bar.add_task("measuring", total=total, failed=0)
 
     def record(self, record: Any) -> None:
-        self.failed += record.status != "ok"
+        self.failed += record.failed
         task = self.bar.tasks[self.task_id]
         total = max(task.total or 0, task.completed + 1)  # a search may measure more than estimated
         self.bar.update(self.task_id, advance=1, failed=self.failed, total=total)

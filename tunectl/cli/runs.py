@@ -154,7 +154,7 @@ def winners_cmd(
     for name in sorted({w.task for w in winners}):
         console.print(winners_table([w for w in winners if w.task == name], f"winners: {name}", quality))
     if not winners:
-        failed = sum(not r.ok for r in dataset.records)
+        failed = sum(r.failed for r in dataset.records)
         console.print(
             f"no winners: none of {len(dataset.records)} measurement(s) finished with status ok"
             + (f"; `tunectl failures --results {results}` lists the {failed} that failed" if failed else "")
@@ -183,7 +183,7 @@ def failures_cmd(
     """
     with library_errors():
         records = api.records(results, api.Selection(run, task))
-    failed = sorted((r for r in records if not r.ok), key=lambda r: (r.run_id, r.finished_at))
+    failed = sorted((r for r in records if r.failed), key=lambda r: (r.run_id, r.finished_at))
     if as_json:
         row_of = (r.to_row() for r in failed)
         typer.echo(canonical_json([{k: row[k] for k in _FAILURE_FIELDS} for row in row_of], indent=2))

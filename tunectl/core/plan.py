@@ -59,6 +59,8 @@ class WorkItem:
     crashed_arms: tuple[Key, ...] = ()
     #: arms whose kernel failed to build, as (arm, status, message): recorded so, not run here
     unbuilt_arms: tuple[tuple[Key, str, str], ...] = ()
+    #: a look settled without a GPU: recorded ``dominated`` with this evidence (``tunectl.decide.dominated``)
+    skip: str = ""
     #: a batch: plain items of this point, phase, rung and budget sent to a worker as one call, each
     #: measured on its own and recorded under its own id (``batch``)
     members: tuple[WorkItem, ...] = ()

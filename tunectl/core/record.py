@@ -29,6 +29,8 @@ class Status(StrEnum):
     worker process died running it (after one retry). timeout: it ran past the per-item deadline.
     compile_error: building its kernel failed in a compile process (the compiler raised, or died
     twice). compile_timeout: the build ran past the compile timeout. Neither reached a GPU worker.
+    dominated: a first look not taken, the config being far behind at every point near this one
+    (``tunectl.decide.dominated``; the message gives the evidence). It never reached a GPU either.
     """
 
     OK = "ok"
@@ -39,6 +41,7 @@ class Status(StrEnum):
     TIMEOUT = "timeout"
     COMPILE_ERROR = "compile_error"
     COMPILE_TIMEOUT = "compile_timeout"
+    DOMINATED = "dominated"
 
 
 class Phase(StrEnum):
@@ -88,7 +91,7 @@ class Timing(StrEnum):
     DIFFERENCE = "difference"
 
 
-FAILED = tuple(s for s in Status if s is not Status.OK)
+FAILED = tuple(s for s in Status if s not in (Status.OK, Status.DOMINATED))
 #: Records that measured configs one call at a time (``validate`` records time whole stacks).
 SELECTED_PHASES = (Phase.MEASURE, Phase.SCREEN, Phase.FINAL, Phase.IMPORT)
 _ENUMS: dict[str, type[StrEnum]] = {
@@ -189,6 +192,11 @@ class Record:
     @property
     def ok(self) -> bool:
         return self.status is Status.OK
+
+    @property
+    def failed(self) -> bool:
+        """Neither ok nor a look settled without measuring it (``dominated``)."""
+        return self.status not in (Status.OK, Status.DOMINATED)
 
     @property
     def point(self) -> Point:

@@ -134,6 +134,9 @@ class SearchSpec(_Choices):
     probes: int = _bounded(0, Rule.integer(0))
     #: the configs a probe compares besides the default and the corners' winners
     probe_shortlist: int = _bounded(4, Rule.integer(1))
+    #: halving: no first look at a point for a config whose first looks at the points near it (within
+    #: twice the shape) read more than this many times their fastest (``tunectl.decide.dominated``); 0: off
+    skip_dominated: float = _bounded(2.0, Rule.number(0))
 
     def rung_budget(self, rung: int) -> float:
         """Halving: a look's share of a full measurement at ``rung``."""
@@ -257,6 +260,8 @@ class _SpecReader(GridReader):
         search = self.search(raw.get("search", {}))
         if search.refine_budget >= 1 and not float(search.refine_budget).is_integer():
             raise self.fail("search.refine_budget", "a number of points (>= 1) must be whole; a share is < 1")
+        if 0 < search.skip_dominated <= 1:
+            raise self.fail("search.skip_dominated", "a factor over the fastest: 0 (off) or more than 1")
         if search.probes and not any(d.range for d in shapes):
             raise self.fail(
                 "search.probes", "probes measure inside regions: declare range = [lo, hi] in [shapes]"

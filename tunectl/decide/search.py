@@ -44,6 +44,7 @@ from tunectl.core.keys import Key, key_text
 from tunectl.core.plan import Plan, Planned, WorkItem, comparison
 from tunectl.core.record import Phase, Record
 from tunectl.core.spec import SearchSpec
+from tunectl.decide.dominated import Dominance
 from tunectl.decide.points import Awaited, Looks, Measured, Point
 
 
@@ -128,6 +129,8 @@ class Search:
         self.settings = settings or plan.spec.search
         self.strategy = strategy_of(self.settings)
         self.looks = Looks(plan.spec.task, pool)
+        halving = isinstance(self.strategy, Halving)
+        self._dominance = Dominance(self.settings.skip_dominated if halving else 0.0)
         self._select = plan.facts.selectable  # written into the run when it was planned
         self._configs = {static: self._measured(static, configs) for static, configs in plan.configs}
         self._planned = [(self._configs[s], n) for s, n, _ in plan.count.per_static]
@@ -219,6 +222,7 @@ class Search:
             point = self.points[(static, shape)] = Point(static, shape, configs, key_texts=texts)
             self._by_text[texts] = point
             self._at.setdefault(static, []).append(point)
+            self._dominance.add(point)
             point.records.update(self._waiting.pop(texts, {}))
             self._num_records += len(point.records)
             self._count_open(static, 1)  # not finished until its needs are worked out
@@ -298,7 +302,7 @@ class Search:
         point.fresh = False
         items = [i for i in point.needs if i.item_id not in point.issued and point.awaited.is_open(i.item_id)]
         point.issued.update(i.item_id for i in items)
-        return items
+        return self._dominance.marked(point, items)
 
     def _needs(self, point: Point) -> list[WorkItem]:
         measured = self.strategy.measure(point, self.looks)

@@ -225,7 +225,7 @@ def _winner(choice: Choice, group: Sequence[Record]) -> Winner:
         default_median_us=default.median_us if default else None,
         run_id=best.run_id,
         num_configs=len(group),
-        num_failed=sum(not r.ok for r in group),
+        num_failed=sum(r.failed for r in group),
         **fields,
     )
 

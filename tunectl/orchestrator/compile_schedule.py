@@ -373,7 +373,7 @@ class BuildScheduler:
 
 def compile_keys(item: WorkItem, tasks: dict[str, Any] | None = None) -> dict[str, Key]:
     """The kernels an item needs, as compile key -> the config that builds it (one per arm of a
-    comparison, each once); empty: nothing to build."""
+    comparison, each once); empty: nothing to build (or a look settled without a GPU, ``skip``)."""
     from tunectl.tasks import compile as build_api
     from tunectl.tasks.registry import get_task
 
@@ -382,7 +382,7 @@ def compile_keys(item: WorkItem, tasks: dict[str, Any] | None = None) -> dict[st
     if task is None:
         task = tasks[item.task] = get_task(item.task)
     kernels: dict[str, Key] = {}
-    for config in item.arms or (item.config,):
+    for config in item.arms or (() if item.skip else (item.config,)):
         key = build_api.compile_key(task, dict(item.static), dict(item.shape), dict(config))
         if key is not None:
             kernels.setdefault(key, config)

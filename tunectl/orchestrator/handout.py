@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tunectl.core.plan import WorkItem, batch
-from tunectl.core.record import Record
+from tunectl.core.record import Record, Status
 from tunectl.core.spec import MeasureSpec
 from tunectl.orchestrator.blame import Blame, Verdict
 from tunectl.orchestrator.compile_schedule import BuildScheduler
@@ -181,7 +181,10 @@ class Handout:
         kernel failed to build is recorded from the build's answer and never sent to a GPU. A
         comparison whose baseline built goes on without the arms that failed (they carry the build's
         answer). An item sent is noted as taken (and as claimed by this worker where no compile
-        process is left to build its kernels)."""
+        process is left to build its kernels). A look marked ``skip`` is recorded ``dominated`` here."""
+        if item.skip:
+            self._emit(slot.lane, failure_records(self.run_id, item, Status.DOMINATED, item.skip))
+            return None
         if self.builds is None:
             return item
         scope, book = self.builds.scope_of(slot.node_id), self.builds.book

@@ -1,0 +1,117 @@
+"""Looks not taken: a config far behind at every measured point near this one is not looked at here.
+
+Successive halving gives every config a first look at every point, and most of a dense grid's first
+looks are of configs far behind the point's fastest (a kernel built for other shapes, a backend slow
+at this static key): each still costs loading its kernel (a FlexAttention package, an SDPA backend's
+first call, a compile on a cold cache) and a look. Performance moves smoothly between neighbouring
+shapes, so a config's first look at a point is *dominated*, and not taken, where at every point of
+the same static key already looked at within ``NEAR`` times the shape in every dimension (at least
+one), the config's first look read more than ``factor`` (``[search] skip_dominated``, 2 by default)
+times the fastest first look there. The default is always looked at (the finals measure against it),
+and a config with no first look near (new, or failed there) is looked at.
+
+Decided when a point's first looks are issued, from the records then: the item goes out marked, and
+the dispatcher records it ``dominated`` with the evidence instead of sending it to a GPU, so the row
+says why, the search moves on as for any failed look, and a resumed run finds the row. Replayed on
+five recorded H200 runs of dense grids (the accurate page-128 bundle, three times; the page-16 and
+page-128 bundles of holdout.md: 17,700 first looks), a factor of 2 within twice the shape left out
+16-21 % of the first looks, none of a config within 1 % of its point's winner in the finals, the
+nearest 1.24 times its own point's fastest (``benchmarks/studies/dominated_replay.py``,
+``benchmarks/results/throughput.md``). On the shipped decode spec's sparse grid nothing is near.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Iterable, Mapping
+
+from tunectl.core.keys import Key
+from tunectl.core.plan import WorkItem
+from tunectl.core.record import Phase, Record
+from tunectl.decide.points import Point
+
+#: how far (a factor in every shape dimension) a point may be and still say how a config does here
+NEAR = 2.0
+
+
+class Dominance:
+    """The points of a lane by static key and size, and which first looks they make unnecessary."""
+
+    def __init__(self, factor: float) -> None:
+        self.factor = factor
+        self._points: dict[Key, dict[tuple[int, ...], Point]] = {}  # static -> sizes -> point
+        self._values: dict[Key, list[set[int]]] = {}  # static -> per dimension, the sizes seen
+
+    def add(self, point: Point) -> None:
+        """Know ``point`` (a lane's point, drawn or added)."""
+        sizes = _sizes(point.shape)
+        if sizes is None or self.factor <= 0:
+            return
+        self._points.setdefault(point.static, {})[sizes] = point
+        values = self._values.setdefault(point.static, [set() for _ in sizes])
+        for seen, size in zip(values, sizes, strict=True):
+            seen.add(size)
+
+    def marked(self, point: Point, items: list[WorkItem]) -> list[WorkItem]:
+        """``items`` (being issued at ``point``), each dominated first look marked ``skip`` with why."""
+        first = [i.config for i in items if i.phase == Phase.SCREEN and i.rung == 0 and not i.arms]
+        skip = self.why(point, first) if first else {}
+        return [dataclasses.replace(i, skip=skip[i.config]) if i.config in skip else i for i in items]
+
+    def why(self, point: Point, configs: Iterable[Key]) -> dict[Key, str]:
+        """Of ``configs`` (first looks at ``point``), those dominated there (module doc), each with the
+        evidence as its row will say it."""
+        if self.factor <= 0:
+            return {}
+        near = [(p, looks, min(looks.values())) for p in self._near(point) if (looks := _first_looks(p))]
+        out: dict[Key, str] = {}
+        for config in configs:
+            if config == point.default:
+                continue
+            read = [(looks[config] / fastest, p) for p, looks, fastest in near if config in looks]
+            if read and min(r for r, _ in read) > self.factor:
+                ratio, where = min(read, key=lambda rp: rp[0])
+                others = f" and {len(read) - 1} other point(s) near" if len(read) > 1 else ""
+                out[config] = (
+                    f"not looked at: at {_label(where.shape)}{others} its first look read {ratio:.2f}x "
+                    f"the fastest (skip_dominated = {self.factor:g})"
+                )
+        return out
+
+    def _near(self, point: Point) -> list[Point]:
+        """The known points of ``point``'s static key within ``NEAR`` of it in every dimension."""
+        sizes = _sizes(point.shape)
+        if sizes is None or point.static not in self._points:
+            return []
+        ranges = [
+            sorted(v for v in seen if size / NEAR <= v <= size * NEAR)
+            for seen, size in zip(self._values[point.static], sizes, strict=True)
+        ]
+        known = self._points[point.static]
+        found = (known.get(tuple(at)) for at in itertools.product(*ranges) if tuple(at) != sizes)
+        return [p for p in found if p is not None]
+
+
+def _label(shape: Key) -> str:
+    return ", ".join(f"{name}={value}" for name, value in shape)
+
+
+def _sizes(shape: Key) -> tuple[int, ...] | None:
+    """The shape's dimensions as positive integers (None where one is not: no distance to measure)."""
+    sizes = tuple(v for _, v in shape if isinstance(v, int) and not isinstance(v, bool) and v > 0)
+    return sizes if len(sizes) == len(shape) else None
+
+
+def _first_looks(point: Point) -> Mapping[Key, float]:
+    """Each config's first look at ``point`` (µs), of those that ran ok and were not flagged by the
+    drift guard."""
+    return {
+        r.config: r.median_us
+        for r in point.records.values()
+        if _first_look(r) and r.median_us is not None and r.median_us > 0
+    }
+
+
+def _first_look(record: Record) -> bool:
+    return record.phase == Phase.SCREEN and record.rung == 0 and record.ok and not record.drift
