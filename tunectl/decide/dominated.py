@@ -42,6 +42,7 @@ class Dominance:
         self.factor = factor
         self._points: dict[Key, dict[tuple[int, ...], Point]] = {}  # static -> sizes -> point
         self._values: dict[Key, list[set[int]]] = {}  # static -> per dimension, the sizes seen
+        self._looks: dict[tuple[Key, Key], dict[Key, float]] = {}  # point -> config -> first look (µs)
 
     def add(self, point: Point) -> None:
         """Know ``point`` (a lane's point, drawn or added)."""
@@ -52,6 +53,14 @@ class Dominance:
         values = self._values.setdefault(point.static, [set() for _ in sizes])
         for seen, size in zip(values, sizes, strict=True):
             seen.add(size)
+        for record in point.records.values():
+            self.took(point, record)
+
+    def took(self, point: Point, record: Record) -> None:
+        """Note ``record`` of ``point``: a first look that ran ok, unflagged by the drift guard, says
+        how its config does there."""
+        if self.factor > 0 and _first_look(record) and record.median_us:
+            self._looks.setdefault((point.static, point.shape), {})[record.config] = record.median_us
 
     def marked(self, point: Point, items: list[WorkItem]) -> list[WorkItem]:
         """``items`` (being issued at ``point``), each dominated first look marked ``skip`` with why."""
@@ -64,7 +73,7 @@ class Dominance:
         evidence as its row will say it."""
         if self.factor <= 0:
             return {}
-        near = [(p, looks, min(looks.values())) for p in self._near(point) if (looks := _first_looks(p))]
+        near = [(p, looks, min(looks.values())) for p in self._near(point) if (looks := self._looks_at(p))]
         out: dict[Key, str] = {}
         for config in configs:
             if config == point.default:
@@ -78,6 +87,9 @@ class Dominance:
                     f"the fastest (skip_dominated = {self.factor:g})"
                 )
         return out
+
+    def _looks_at(self, point: Point) -> Mapping[Key, float]:
+        return self._looks.get((point.static, point.shape), {})
 
     def _near(self, point: Point) -> list[Point]:
         """The known points of ``point``'s static key within ``NEAR`` of it in every dimension."""
@@ -101,16 +113,6 @@ def _sizes(shape: Key) -> tuple[int, ...] | None:
     """The shape's dimensions as positive integers (None where one is not: no distance to measure)."""
     sizes = tuple(v for _, v in shape if isinstance(v, int) and not isinstance(v, bool) and v > 0)
     return sizes if len(sizes) == len(shape) else None
-
-
-def _first_looks(point: Point) -> Mapping[Key, float]:
-    """Each config's first look at ``point`` (µs), of those that ran ok and were not flagged by the
-    drift guard."""
-    return {
-        r.config: r.median_us
-        for r in point.records.values()
-        if _first_look(r) and r.median_us is not None and r.median_us > 0
-    }
 
 
 def _first_look(record: Record) -> bool:

@@ -222,8 +222,8 @@ class Search:
             point = self.points[(static, shape)] = Point(static, shape, configs, key_texts=texts)
             self._by_text[texts] = point
             self._at.setdefault(static, []).append(point)
-            self._dominance.add(point)
             point.records.update(self._waiting.pop(texts, {}))
+            self._dominance.add(point)  # with the records a resumed run has of it
             self._num_records += len(point.records)
             self._count_open(static, 1)  # not finished until its needs are worked out
             self._refresh(point)
@@ -262,6 +262,7 @@ class Search:
             return None
         self._num_records += record.item_id not in point.records
         point.records[record.item_id] = record
+        self._dominance.took(point, record)
         awaited = point.awaited
         before = awaited.open
         came = awaited.arrived(record.item_id)
