@@ -164,6 +164,11 @@ def _print_summary(console: Console, out: Any, results: Path) -> None:
         f"run [bold]{out.run_id}[/] finished in {out.seconds:.1f} s: {counts or 'nothing to do'}"
         + (f" ({out.num_skipped_done} already measured)" if out.num_skipped_done else "")
     )
+    if out.statuses.get("dominated"):
+        console.print(
+            "dominated: first looks not taken, each config far behind at every point near "
+            "(\\[search] skip_dominated); each row names the point and the ratio"
+        )
     assert out.plan is not None  # a spec's run has its plan
     _print_skipped(console, out.plan.skipped_points)
     with library_errors():
