@@ -7,7 +7,8 @@
 #   bash benchmarks/gpu/accurate_h200.sh build warm   # again, into a fresh results folder, the cache kept
 # A build stopped at its limit (LIMIT, default 540 s) resumes when called again with the same caches
 # word; each call's wall is appended to $W/walls-CACHES.txt, and the results are packed into $OUT.
-# ARGS adds options to the submit (e.g. ARGS="--compile-workers 7").
+# ARGS adds options to the submit (e.g. ARGS="--compile-workers 7"). SKIP_DOMINATED sets the spec's
+# [search] skip_dominated (0: every first look taken, as before looks not taken; use another W for it).
 # Then, on any machine (no GPU), the bundles of both runs and of the recorded three-step runs, scored at
 # the recorded held-out seeds 1-7 (holdout_h200.md), from the archives:
 #   ARCHIVE=benchmarks/results/accurate_h200_2026-12-04.tar.gz bash benchmarks/gpu/accurate_h200.sh score
@@ -18,6 +19,10 @@ W=${W:-/tmp/accurate}
 OUT=${OUT:-/tmp/accurate-out}
 SPEC=benchmarks/gpu/accurate_p128.toml
 mkdir -p "$W" "$OUT"
+if [ -n "${SKIP_DOMINATED:-}" ]; then
+  sed "s/^strategy = \"halving\"$/&\nskip_dominated = $SKIP_DOMINATED/" "$SPEC" > "$W/accurate_p128.toml"
+  SPEC="$W/accurate_p128.toml"
+fi
 [ "${1:-}" = score ] || nvidia-smi --query-gpu=name,clocks.sm,power.draw,temperature.gpu --format=csv,noheader 2>&1 | head -n 1
 unfinished() {  # the run of $1 that has not finished, if any
   tunectl runs --results "$1" --json 2>/dev/null | python -c "
