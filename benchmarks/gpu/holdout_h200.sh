@@ -15,8 +15,8 @@
 # times confirming at 32 batch sizes at kv 4096 (benchmarks/studies/confirm_holdout.py): $OUT/confirm-pP.json.
 # The held-out seeds (SEEDS, default 101 102 103; seeds 0-7 were used before) are drawn only by `check`,
 # after the bundle is built; SHAPES per seed (default 8). Results accumulate in $RES, outputs in $OUT.
-# PROBES (default 2): probes a cell in the tuning spec (benchmarks/studies/table_bound.py: denser probes
-# completed page 16's lists at the recorded seeds).
+# PROBES (default 2): probes a cell in the tuning spec (benchmarks/studies/table_bound.py plays denser
+# probes from the records).
 # The tuning spec is configs/h200/flash_decode.toml at one page size, spans batch 1-256 x 1k-32k tokens,
 # a grid of 9 batches x 4 lengths, refine_budget 12, 2 probes a cell; flash-attn 2 is left out (it runs
 # on a re-paged cache: measured for reference only, it can never be chosen nor be the oracle).

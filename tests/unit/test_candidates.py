@@ -9,8 +9,11 @@ from typing import Any
 
 import pytest
 
-from tunectl.core.keys import make_key
-from tunectl.decide.candidates import corners, shortlist
+from tunectl.core.buckets import make_bucketer
+from tunectl.core.keys import key_text, make_key
+from tunectl.core.record import Phase, Record
+from tunectl.decide.candidates import beside, candidate_lists, corners, shortlist
+from tunectl.decide.select import Winner
 from tunectl.measure.confirm import confirm
 from tunectl.runtime import Entry, load_bundle
 from tunectl.store.bundle import TaskTable, build_files, publish_local
@@ -52,6 +55,53 @@ def test_a_covered_region_fills_its_list_with_the_configs_closest_behind() -> No
     assert shortlist(pick, sites, 4) == (pick, c, b, a)  # c covers a site; then b (2.5 % behind), a (5 %)
     assert shortlist(pick, sites, 3) == (pick, c, b)
     assert shortlist(pick, sites[:1], 4) == (pick, b, a)  # c, 30 % behind there, never fills
+
+
+def test_the_cells_beside_a_cell_are_the_nearest_along_each_dimension() -> None:
+    cells = [make_key({"batch": b, "kv_len": k}) for b, k in ((4, 1024), (8, 1024), (32, 1024), (8, 16384))]
+    got = beside(make_key({"batch": 8, "kv_len": 1024}), [*cells, make_key({"batch": 64, "kv_len": 4096})])
+    assert got == [cells[0], cells[2], cells[3]]  # batch 4 and 32 (not 64), kv 16384; nothing below 1024
+
+
+def _probe(shape: dict[str, int], speedups: dict[Any, float], default: Any) -> list[Record]:
+    """A probe's arms at ``shape``: each config's paired speedup over ``default``."""
+    where = {"static_key": key_text(make_key(STATIC)), "shape_key": key_text(make_key(shape))}
+    return [
+        Record(
+            run_id="p",
+            item_id=f"{shape}-{key_text(c)}",
+            task="decode_attention",
+            config_key=key_text(c),
+            status="ok",
+            median_us=100.0 / s,
+            phase=Phase.PROBE,
+            is_default=c == default,
+            speedup=None if c == default else s,
+            group_id=str(shape),
+            **where,
+        )
+        for c, s in speedups.items()
+    ]
+
+
+def test_a_list_takes_in_what_the_probes_of_the_cells_beside_it_found() -> None:
+    pick, near, other = (make_key(c) for c in (PICK, *OTHERS))
+    static = make_key(STATIC)
+    cells = [make_key({"batch": b, "kv_len": 2048}) for b in (4, 16)]
+    winners = [
+        Winner("decode_attention", "", static, c, pick, True, 1.0, 1.0, 1.0, 0.0, 1, 1.0, "r", 3, 0)
+        for c in cells
+    ]
+    timings = {("decode_attention", static, c): {pick: 100.0, near: 120.0, other: 130.0} for c in cells}
+    # a probe inside batch 16's region finds ``near`` fastest; batch 4's own sites never do
+    probes = _probe({"batch": 12, "kv_len": 2048}, {pick: 1.0, near: 1.25, other: 0.8}, pick)
+    bucketers = {
+        "decode_attention": {"batch": make_bucketer("pow2", [4, 16]), "kv_len": make_bucketer("ceil", [2048])}
+    }
+    policies = {"decode_attention": {"batch": "pow2", "kv_len": "ceil"}}
+    lists = candidate_lists(winners, timings, probes, bucketers, policies, k=2)
+    assert lists[("decode_attention", static, cells[1])] == (pick, near)  # its own probe
+    assert lists[("decode_attention", static, cells[0])] == (pick, near)  # its neighbour's
 
 
 def test_corners_follow_the_policy_side() -> None:

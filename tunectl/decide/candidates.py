@@ -9,8 +9,10 @@ bracketing a held-out shape held one within 3 % of the best at every held-out sh
 The sites of a cell are the places its region was measured: its tuned point (for a filled cell,
 the point that serves it), the tuned points at the corners of the box around its region (per
 dimension, its value and the tuned value beyond it on each side the region reaches: below for
-``ceil`` and ``pow2``, above for ``floor``, both for ``nearest``), and each probe whose shape buckets
-to it. At each site a config's loss is its time over the fastest config's there (a config not
+``ceil`` and ``pow2``, above for ``floor``, both for ``nearest``), each probe whose shape buckets
+to it, and the probes of the cells beside it (the next probed cell below and above along each
+dimension): near a region's edges the config that takes over is often the one its neighbour's probes
+found. At each site a config's loss is its time over the fastest config's there (a config not
 measured at a site counts the site's worst loss). The list starts with the entry's config and adds,
 one at a time, the config that most lowers the geometric mean over the sites of the best member's
 loss. Once no config lowers it (every site's fastest is in), the list fills up to ``k`` with the
@@ -19,7 +21,8 @@ is within ``FILL_WITHIN``: between the sites the fastest config changes, and a c
 every site is the one most likely to take over there. At the held-out shapes of the H200's decode
 runs (seeds 101-112, 89 shapes a page), filling and ``k`` = 4 (from 3, unfilled) raised the shapes whose
 list held a config within 3 % of the fastest from 82 to 85 (page 16) and from 86 to 87 (page 128), for
-3.8-3.9 configs a list instead of 2.6-2.7 (``benchmarks/results/holdout.md``).
+3.8-3.9 configs a list instead of 2.6-2.7; the neighbours' probes then raised them to 87 and 89
+(``benchmarks/results/holdout.md``).
 """
 
 from __future__ import annotations
@@ -113,6 +116,9 @@ def candidate_lists(
     tuned: dict[tuple[str, Key], list[Key]] = {}
     for task, static, shape in timings:
         tuned.setdefault((task, static), []).append(shape)
+    probed: dict[tuple[str, Key], list[Key]] = {}
+    for task, static, cell in at_probes:
+        probed.setdefault((task, static), []).append(cell)
     out = {}
     for w in winners:
         shapes = tuned.get((w.task, w.static), [])
@@ -120,8 +126,21 @@ def candidate_lists(
         if w.served_by is not None:
             points = [w.served_by, *points]
         sites: list[Losses] = [_losses(timings.get((w.task, w.static, p), {})) for p in dict.fromkeys(points)]
-        sites += at_probes.get((w.task, w.static, w.shape), [])
+        for cell in [w.shape, *beside(w.shape, probed.get((w.task, w.static), []))]:
+            sites += at_probes.get((w.task, w.static, cell), [])
         out[(w.task, w.static, w.shape)] = shortlist(w.config, [s for s in sites if s], k)
+    return out
+
+
+def beside(cell: Key, cells: Sequence[Key]) -> list[Key]:
+    """The cells of ``cells`` next to ``cell``: along each dimension, the nearest one below and above
+    it whose other dimensions are the cell's."""
+    here = sizes(cell)
+    out = []
+    for name, value in here.items():
+        line = sorted({sizes(c)[name] for c in cells if {**sizes(c), name: value} == here})
+        nearest = [v for v in line if v < value][-1:] + [v for v in line if v > value][:1]
+        out += [make_key({**here, name: v}) for v in nearest]
     return out
 
 
