@@ -1,31 +1,41 @@
 """Looks not taken (``[search] skip_dominated``), replayed on recorded runs: what would have been left
 out, what those looks cost, and whether any could have won.
 
-    python benchmarks/studies/dominated_replay.py RUN_DIR [RUN_DIR ...] [--factor 2.0] [--json OUT]
+    python benchmarks/studies/dominated_replay.py RUN_DIR [RUN_DIR ...] [--factor 2.0] [--json OUT] [--export]
 
 Each ``RUN_DIR`` is a run's results directory (``.../task=TASK/run_id=RUN``, its Parquet parts). The
 points are taken in the order their first looks started, and at each the rule of
-``tunectl.decide.dominated`` (the same class the search uses) is asked about the point's first looks,
-knowing only the first looks near it that had finished by then. Per run: the first looks, those the
+``tunectl.decide.dominated`` (the same class the search uses, with the run's split parameters) is
+asked about the point's first looks, knowing only the first looks near it that had finished by then
+and that the rule had not left out itself. Per run: the first looks, those the
 rule leaves out, the seconds their rows took (loading, set-up and measuring: what the worker would not
 have spent), the nearest any of them came to its own point's fastest first look, and how many were
-within 1 % of their point's winner in the finals (0: no decision would have changed).
+within 1 % of their point's winner in the finals (0: no decision would have changed). ``--export``
+also exports a bundle from the run as recorded and one from a copy without the rows of the looks left
+out (in a temporary folder), and counts the entries whose config or candidate list differ.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
+import shutil
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from tunectl import api
 from tunectl.core.keys import Key
 from tunectl.core.record import Phase, Record
 from tunectl.decide.dominated import Dominance
 from tunectl.decide.points import Point
 from tunectl.store.results import read_results
+from tunectl.store.runs import load_run, run_facts
 
 
 def rows_of(run_dir: Path) -> list[Record]:
@@ -33,39 +43,94 @@ def rows_of(run_dir: Path) -> list[Record]:
     return list(read_results(run_dir.parent.parent, [run_dir.name.removeprefix("run_id=")]))
 
 
-def replay(records: Sequence[Record], factor: float) -> dict[str, Any]:
-    """The rule asked at each point as its first looks began (module doc)."""
+def split_params_of(run_dir: Path) -> tuple[str, ...]:
+    """The split-count parameters of the run's task (its plan-time facts)."""
+    facts = run_facts(load_run(run_dir.parent.parent, run_dir.name.removeprefix("run_id=")))
+    return facts.split_params if facts else ()
+
+
+def replay(
+    records: Sequence[Record], factor: float, split_params: tuple[str, ...] = ()
+) -> tuple[dict[str, Any], set[str]]:
+    """The rule asked at each point as its first looks began (module doc), a look it left out at a
+    point unknown at the points after it; the figures, and the item ids of the looks left out."""
     first = [r for r in records if r.phase == Phase.SCREEN and r.rung == 0]
     by_point: dict[tuple[Key, Key], list[Record]] = {}
     for r in first:
         by_point.setdefault((r.static, r.shape), []).append(r)
     began = {at: min(r.started_at for r in rows) for at, rows in by_point.items()}
-    finals = _finals(records)
-    left_out, seconds, nearest, winners = 0, 0.0, math.inf, 0
+    gone: dict[tuple[tuple[Key, Key], Key], Record] = {}  # (point, config) -> the row of a look left out
     for at in sorted(by_point, key=began.__getitem__):
-        rule = Dominance(factor)
+        rule = Dominance(factor, split_params)
         for other, rows in by_point.items():
             if other != at and other[0] == at[0]:
-                rule.add(_point(other, [r for r in rows if r.finished_at < began[at]]))
-        rows = {r.config: r for r in by_point[at]}
-        default = next((r.config for r in rows.values() if r.is_default), None)
-        here = Point(at[0], at[1], (default, *(c for c in rows if c != default)) if default else tuple(rows))
+                rule.add(
+                    _point(
+                        other,
+                        [r for r in rows if r.finished_at < began[at] and (other, r.config) not in gone],
+                    )
+                )
+        looks = {r.config: r for r in by_point[at]}
+        default = [c for c, r in looks.items() if r.is_default]
+        here = Point(at[0], at[1], (*default, *(c for c in looks if c not in default)))
         rule.add(here)
-        fastest = min((r.median_us for r in rows.values() if r.ok and r.median_us), default=None)
-        for config in rule.why(here, list(rows)):
-            row = rows[config]
-            left_out += 1
-            seconds += sum((v or 0.0) for v in (row.compile_ms, row.setup_ms, row.measure_ms)) / 1e3
-            if fastest and row.ok and row.median_us:
-                nearest = min(nearest, row.median_us / fastest)
-            winners += config in finals.get(at, ())
+        gone.update({(at, c): looks[c] for c in rule.why(here, list(looks))})
+    return _figures(first, gone, _finals(records), by_point), {r.item_id for r in gone.values()}
+
+
+def _figures(
+    first: Sequence[Record],
+    gone: dict[tuple[tuple[Key, Key], Key], Record],
+    finals: dict[tuple[Key, Key], set[Key]],
+    by_point: dict[tuple[Key, Key], list[Record]],
+) -> dict[str, Any]:
+    fastest = {
+        at: min((r.median_us for r in rows if r.ok and r.median_us), default=0.0)
+        for at, rows in by_point.items()
+    }
+    behind = [
+        r.median_us / fastest[at] for (at, _), r in gone.items() if r.ok and r.median_us and fastest[at]
+    ]
     return {
         "first looks": len(first),
-        "left out": left_out,
-        "share": round(left_out / len(first), 3) if first else 0.0,
-        "their rows' seconds": round(seconds, 1),
-        "nearest to its point's fastest": None if math.isinf(nearest) else round(nearest, 3),
-        "within 1 % of the point's winner in the finals": winners,
+        "left out": len(gone),
+        "share": round(len(gone) / len(first), 3) if first else 0.0,
+        "their rows' seconds": round(
+            sum((v or 0.0) for r in gone.values() for v in (r.compile_ms, r.setup_ms, r.measure_ms)) / 1e3, 1
+        ),
+        "nearest to its point's fastest": round(min(behind), 3) if behind else None,
+        "within 1 % of the point's winner in the finals": sum(c in finals.get(at, ()) for at, c in gone),
+    }
+
+
+def bundles_apart(run_dir: Path, dropped: set[str]) -> dict[str, int]:
+    """Entries whose config, and whose candidate list, differ between a bundle of the run as recorded
+    and one of the run without the rows ``dropped``."""
+    results, run = run_dir.parent.parent, run_dir.name.removeprefix("run_id=")
+    task = run_dir.parent.name.removeprefix("task=")
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = Path(tmp) / "res"
+        (copy / "_runs").mkdir(parents=True)
+        shutil.copy(results / "_runs" / f"{run}.json", copy / "_runs")
+        (copy / run_dir.parent.name / run_dir.name).mkdir(parents=True)
+        for part in run_dir.glob("*.parquet"):
+            table = pq.read_table(part)
+            kept = pc.invert(
+                pc.is_in(table.column("item_id"), value_set=pa.array(sorted(dropped), type=pa.string()))
+            )
+            pq.write_table(table.filter(kept), copy / run_dir.parent.name / run_dir.name / part.name)
+        made = []
+        for where, name in ((results, "recorded"), (copy, "less")):
+            options = api.ExportOptions(scope=api.Scope(run_ids=[run]))
+            done = api.export_bundle(where, name, "1", str(Path(tmp) / "bundles"), options)
+            entries = api.read_bundle(done.result.location).entries(task)
+            made.append({(e.static, e.shape): e for e in entries})
+    recorded, less = made
+    apart = [(e, less.get(k)) for k, e in recorded.items()]
+    return {
+        "entries": len(recorded),
+        "configs apart": sum(b is None or b.config != a.config for a, b in apart),
+        "lists apart": sum(b is None or b.candidates != a.candidates for a, b in apart),
     }
 
 
@@ -89,8 +154,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("runs", type=Path, nargs="+")
     parser.add_argument("--factor", type=float, default=2.0)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--export", action="store_true")
     args = parser.parse_args(argv)
-    doc = {str(run): replay(rows_of(run), args.factor) for run in args.runs}
+    doc = {}
+    for run in args.runs:
+        figures, dropped = replay(rows_of(run), args.factor, split_params_of(run))
+        doc[str(run)] = {**figures, **({"bundles": bundles_apart(run, dropped)} if args.export else {})}
     text = json.dumps(doc, indent=1)
     if args.json:
         args.json.write_text(text + "\n")

@@ -5,14 +5,17 @@ search then goes on as for a failed look, and finds the winners it finds when ev
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
-from tests.unit.test_search import _spec, answer, true_time
+from tests.unit.test_refine import _time_us, answer
 from tunectl.core.keys import Key, key_text, make_key
 from tunectl.core.plan import WorkItem, plan
 from tunectl.core.record import Phase, Record, Status
+from tunectl.core.spec import parse_spec
 from tunectl.decide.dominated import Dominance
 from tunectl.decide.points import Point
 from tunectl.decide.search import Search
+from tunectl.tasks.cost_model import CostModel
 
 STATIC = make_key({"dtype": "float32"})
 FAST, SLOW, DEFAULT = (make_key({"split": s}) for s in (8, 1, 2))
@@ -54,9 +57,31 @@ def test_only_points_near_enough_and_looks_the_guard_did_not_flag_say_anything()
     assert set(rule.why(here, [SLOW])) == {SLOW}
 
 
+# A cost-model grid (no split counts: every config may be left out): batch 1-12, constant-cost configs
+# from 4x faster than the default to 3x slower, and one whose cost grows with the batch (the fastest
+# at small batches, behind the fastest constant one from batch 13).
+GRID = """
+name = "d"
+task = "cost_model"
+[static]
+capacity = 1000000
+[shapes.batch]
+values = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
+[shapes.kv_len]
+values = [1024]
+[[configs]]
+fixed_ms = [0.25, 0.4, 3.0]
+[[configs]]
+fixed_ms = 0.0
+per_batch_ms = 0.02
+[search]
+strategy = "halving"
+"""
+
+
 def _drive(search: Search) -> tuple[list[WorkItem], list[Record]]:
-    """``test_search.drive``, answering a look marked ``skip`` as the dispatcher does (a ``dominated``
-    row, no measurement); every item issued and every row."""
+    """The dispatcher played (``test_search.drive``), a look marked ``skip`` answered as it answers it:
+    a ``dominated`` row, no measurement. Every item issued and every row."""
     queue: list[WorkItem] = []
     issued: list[WorkItem] = []
     rows: list[Record] = []
@@ -67,40 +92,56 @@ def _drive(search: Search) -> tuple[list[WorkItem], list[Record]]:
         if not queue:
             return issued, rows
         item = queue.pop(0)
-        records = [replace(r, rung=item.rung) for r in answer(item)]
+        records = answer(item)
         if item.skip:
-            records = [
-                replace(r, status=Status.DOMINATED, median_us=None, message=item.skip) for r in records
-            ]
+            gone = {"status": Status.DOMINATED, "median_us": None, "message": item.skip}
+            records = [replace(r, **gone) for r in records]
         rows += records
         more = search.follow_up(records)
         issued += more
         queue += more
 
 
+def _work(extra: str = "") -> Search:
+    spec = parse_spec(GRID + extra, "d.toml")
+    return Search(plan(spec, CostModel()), spec.search)
+
+
 def test_halving_leaves_out_far_behind_looks_and_still_finds_every_winner() -> None:
-    spec = "[search]\nstrategy = 'halving'\n"
-    full, _ = _drive(Search(plan(_spec(spec + "skip_dominated = 0\n"))))
-    issued, rows = _drive(Search(plan(_spec(spec))))
+    full, _ = _drive(_work("skip_dominated = 0\n"))
+    issued, rows = _drive(_work())
     skipped = [i for i in issued if i.skip]
     assert skipped and all(i.phase == "screen" and i.rung == 0 and not i.is_default for i in skipped)
     assert not [i for i in skipped if dict(i.shape)["batch"] == 1]  # the first point has nothing near
-    first = [i for i in full if i.rung == 0]
-    for item in skipped:  # each was far behind at its own point too
-        best = min(true_time(i) for i in first if i.point == item.point)
-        assert true_time(item) > 1.5 * best
+    for item in skipped:  # each far behind at its own point too
+        fastest = min(_time_us(i, i.config) for i in full if i.point == item.point and i.rung == 0)
+        assert _time_us(item, item.config) > 1.2 * fastest
+    assert {dict(i.config)["fixed_ms"] for i in skipped} >= {3.0, 0.25}
     assert sum(r.status == Status.DOMINATED for r in rows) == len(skipped)
-    assert {i.point: i.arms for i in issued if i.phase == "final"} == {
-        i.point: i.arms for i in full if i.phase == "final"
-    }  # the same finals, so the same winners
-    assert len(issued) == len(full)  # a dominated look is still a planned item, with its row
+    assert _winners(issued) == _winners(full)  # the fastest arm of every point's finals
+    first = {i.item_id for i in full if i.rung == 0}
+    assert {
+        i.item_id for i in issued if i.rung == 0
+    } == first  # a look left out is still an item, with its row
+    assert len(issued) < len(full)  # and the later rungs are shorter for it
+
+
+def _winners(issued: list[WorkItem]) -> dict[Any, Any]:
+    return {i.point: min(i.arms, key=lambda a: _time_us(i, a)) for i in issued if i.phase == "final"}
+
+
+def test_a_member_of_a_split_family_is_always_looked_at() -> None:
+    rule = Dominance(2.0, split_params=("split",))
+    rule.add(_point(8, {FAST: 10.0, SLOW: 25.0}))
+    here = _point(16, {})
+    rule.add(here)
+    assert rule.why(here, [SLOW]) == {}  # SLOW sets a split count: its far-off times teach the wave model
+    assert set(Dominance(2.0, split_params=("other",)).why(here, [SLOW])) == set()  # no points known
 
 
 def test_a_resumed_search_takes_the_dominated_rows_as_done() -> None:
-    spec = _spec("[search]\nstrategy = 'halving'\n")
-    _, rows = _drive(Search(plan(spec)))
-    dominated = {r.item_id for r in rows if r.status == Status.DOMINATED}
-    assert dominated
-    resumed = Search(plan(spec))
+    _, rows = _drive(_work())
+    assert any(r.status == Status.DOMINATED for r in rows)
+    resumed = _work()
     resumed.start(rows)
     assert resumed.draw(100) == [] and resumed.missing() == 0

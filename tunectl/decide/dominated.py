@@ -8,15 +8,19 @@ shapes, so a config's first look at a point is *dominated*, and not taken, where
 the same static key already looked at within ``NEAR`` times the shape in every dimension (at least
 one), the config's first look read more than ``factor`` (``[search] skip_dominated``, 2 by default)
 times the fastest first look there. The default is always looked at (the finals measure against it),
-and a config with no first look near (new, or failed there) is looked at.
+and so is a config with no first look near (new, or failed there), and a member of a split family (a
+config with a split count, ``split_params``): export fits each family's wave model to its counts at
+every tuned point (``tunectl.decide.rules``), and the counts far from the best teach it as much as
+those near it. Replayed without that exemption, the page-16 bundle lost two of its rule entries.
 
 Decided when a point's first looks are issued, from the records then: the item goes out marked, and
 the dispatcher records it ``dominated`` with the evidence instead of sending it to a GPU, so the row
 says why, the search moves on as for any failed look, and a resumed run finds the row. Replayed on
 five recorded H200 runs of dense grids (the accurate page-128 bundle, three times; the page-16 and
 page-128 bundles of holdout.md: 17,700 first looks), a factor of 2 within twice the shape left out
-16-21 % of the first looks, none of a config within 1 % of its point's winner in the finals, the
-nearest 1.24 times its own point's fastest (``benchmarks/studies/dominated_replay.py``,
+9-12 % of the first looks, none of a config within 1 % of its point's winner in the finals (the
+nearest read 1.26 times its own point's fastest), and each run's bundle came out the same, entry for
+entry and list for list (``benchmarks/studies/dominated_replay.py``,
 ``benchmarks/results/throughput.md``). On the shipped decode spec's sparse grid nothing is near.
 """
 
@@ -38,8 +42,9 @@ NEAR = 2.0
 class Dominance:
     """The points of a lane by static key and size, and which first looks they make unnecessary."""
 
-    def __init__(self, factor: float) -> None:
+    def __init__(self, factor: float, split_params: tuple[str, ...] = ()) -> None:
         self.factor = factor
+        self.split_params = split_params
         self._points: dict[Key, dict[tuple[int, ...], Point]] = {}  # static -> sizes -> point
         self._values: dict[Key, list[set[int]]] = {}  # static -> per dimension, the sizes seen
         self._looks: dict[tuple[Key, Key], dict[Key, float]] = {}  # point -> config -> first look (µs)
@@ -76,7 +81,7 @@ class Dominance:
         near = [(p, looks, min(looks.values())) for p in self._near(point) if (looks := self._looks_at(p))]
         out: dict[Key, str] = {}
         for config in configs:
-            if config == point.default:
+            if config == point.default or self._split(config):
                 continue
             read = [(looks[config] / fastest, p) for p, looks, fastest in near if config in looks]
             if read and min(r for r, _ in read) > self.factor:
@@ -87,6 +92,10 @@ class Dominance:
                     f"the fastest (skip_dominated = {self.factor:g})"
                 )
         return out
+
+    def _split(self, config: Key) -> bool:
+        """Whether ``config`` is a member of a split family: it sets a split count."""
+        return any(k in self.split_params and type(v) is int and v > 0 for k, v in config)
 
     def _looks_at(self, point: Point) -> Mapping[Key, float]:
         return self._looks.get((point.static, point.shape), {})

@@ -130,7 +130,7 @@ class Search:
         self.strategy = strategy_of(self.settings)
         self.looks = Looks(plan.spec.task, pool)
         halving = isinstance(self.strategy, Halving)
-        self._dominance = Dominance(self.settings.skip_dominated if halving else 0.0)
+        self._dominance = Dominance(self.settings.skip_dominated if halving else 0.0, plan.facts.split_params)
         self._select = plan.facts.selectable  # written into the run when it was planned
         self._configs = {static: self._measured(static, configs) for static, configs in plan.configs}
         self._planned = [(self._configs[s], n) for s, n, _ in plan.count.per_static]
