@@ -91,7 +91,6 @@ class Timing(StrEnum):
     DIFFERENCE = "difference"
 
 
-FAILED = tuple(s for s in Status if s not in (Status.OK, Status.DOMINATED))
 #: Records that measured configs one call at a time (``validate`` records time whole stacks).
 SELECTED_PHASES = (Phase.MEASURE, Phase.SCREEN, Phase.FINAL, Phase.IMPORT)
 _ENUMS: dict[str, type[StrEnum]] = {
