@@ -10,7 +10,10 @@ asked about the point's first looks, knowing only the first looks near it that h
 and that the rule had not left out itself. Per run: the first looks, those the
 rule leaves out, the seconds their rows took (loading, set-up and measuring: what the worker would not
 have spent), the nearest any of them came to its own point's fastest first look, and how many were
-within 1 % of their point's winner in the finals (0: no decision would have changed). ``--export``
+within 1 % of their point's winner in the finals (0: no decision would have changed). ``--across``
+also plays a rule the search does not use, evidence across static keys: a config more than
+``factor`` times the fastest at the same shape under another static key of the run (both ways, an
+upper bound), with the same figures. ``--export``
 also exports a bundle from the run as recorded and one from a copy without the rows of the looks left
 out (in a temporary folder), and counts the entries whose config or candidate list differ.
 """
@@ -103,6 +106,28 @@ def _figures(
     }
 
 
+def across(records: Sequence[Record], factor: float, split_params: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The figures of a rule taking its evidence from the same shape under another static key."""
+    first = [r for r in records if r.phase == Phase.SCREEN and r.rung == 0]
+    looks: dict[tuple[Key, Key], dict[Key, Record]] = {}
+    for r in first:
+        if r.ok and not r.drift and r.median_us:
+            looks.setdefault((r.static, r.shape), {})[r.config] = r
+    gone: dict[tuple[tuple[Key, Key], Key], Record] = {}
+    for (static, shape), here in looks.items():
+        split = Dominance(factor, split_params)._split
+        for (other, where), there in looks.items():
+            if where != shape or other == static:
+                continue
+            fastest = min(r.median_us or 0.0 for r in there.values())
+            far = [c for c in here if c in there and (there[c].median_us or 0.0) > factor * fastest]
+            gone.update(
+                {((static, shape), c): here[c] for c in far if not split(c) and not here[c].is_default}
+            )
+    by_point = {at: list(rows.values()) for at, rows in looks.items()}
+    return _figures(first, gone, _finals(records), by_point)
+
+
 def bundles_apart(run_dir: Path, dropped: set[str]) -> dict[str, int]:
     """Entries whose config, and whose candidate list, differ between a bundle of the run as recorded
     and one of the run without the rows ``dropped``."""
@@ -155,11 +180,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--factor", type=float, default=2.0)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--export", action="store_true")
+    parser.add_argument("--across", action="store_true")
     args = parser.parse_args(argv)
     doc = {}
     for run in args.runs:
         figures, dropped = replay(rows_of(run), args.factor, split_params_of(run))
         doc[str(run)] = {**figures, **({"bundles": bundles_apart(run, dropped)} if args.export else {})}
+        if args.across:
+            doc[str(run)]["across static keys"] = across(rows_of(run), args.factor, split_params_of(run))
     text = json.dumps(doc, indent=1)
     if args.json:
         args.json.write_text(text + "\n")
