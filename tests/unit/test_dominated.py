@@ -33,17 +33,25 @@ def _point(batch: int, looks: dict[Key, float], drift: bool = False) -> Point:
     return point
 
 
-def test_a_config_far_behind_at_every_point_near_is_not_looked_at() -> None:
-    rule = Dominance(2.0)
+def _rule(factor: float, split_params: tuple[str, ...] = ()) -> tuple[Dominance, Point]:
+    """A rule knowing batch 8 and 32 (SLOW 2.5x and 2.1x their fastest, the default 4x), and batch 16."""
+    rule = Dominance(factor, split_params)
     for near in (_point(8, {FAST: 10.0, SLOW: 25.0, DEFAULT: 40.0}), _point(32, {FAST: 10.0, SLOW: 21.0})):
         rule.add(near)
     here = _point(16, {})
     rule.add(here)
+    return rule, here
+
+
+def test_a_config_far_behind_at_every_point_near_is_not_looked_at() -> None:
+    rule, here = _rule(2.0)
     why = rule.why(here, [DEFAULT, FAST, SLOW])
     assert set(why) == {SLOW}  # the default is always looked at, whatever it read near
     assert "batch=32" in why[SLOW] and "2.10x" in why[SLOW] and "1 other point" in why[SLOW]
-    assert Dominance(2.5).why(here, [SLOW]) == {}  # within the factor at one of them: looked at
-    assert Dominance(0.0).why(here, [SLOW]) == {}  # off
+    rule, here = _rule(2.2)
+    assert rule.why(here, [SLOW]) == {}  # within the factor at one of them: looked at
+    rule, here = _rule(0.0)
+    assert rule.why(here, [SLOW]) == {}  # off
 
 
 def test_only_points_near_enough_and_looks_the_guard_did_not_flag_say_anything() -> None:
@@ -131,12 +139,10 @@ def _winners(issued: list[WorkItem]) -> dict[Any, Any]:
 
 
 def test_a_member_of_a_split_family_is_always_looked_at() -> None:
-    rule = Dominance(2.0, split_params=("split",))
-    rule.add(_point(8, {FAST: 10.0, SLOW: 25.0}))
-    here = _point(16, {})
-    rule.add(here)
+    rule, here = _rule(2.0, split_params=("split",))
     assert rule.why(here, [SLOW]) == {}  # SLOW sets a split count: its far-off times teach the wave model
-    assert set(Dominance(2.0, split_params=("other",)).why(here, [SLOW])) == set()  # no points known
+    rule, here = _rule(2.0, split_params=("other",))
+    assert set(rule.why(here, [SLOW])) == {SLOW}
 
 
 def test_a_resumed_search_takes_the_dominated_rows_as_done() -> None:
