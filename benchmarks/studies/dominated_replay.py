@@ -37,6 +37,7 @@ from tunectl.core.keys import Key
 from tunectl.core.record import Phase, Record
 from tunectl.decide.dominated import Dominance
 from tunectl.decide.points import Point
+from tunectl.decide.rules import split_count
 from tunectl.store.results import read_results
 from tunectl.store.runs import load_run, run_facts
 
@@ -115,15 +116,15 @@ def across(records: Sequence[Record], factor: float, split_params: tuple[str, ..
             looks.setdefault((r.static, r.shape), {})[r.config] = r
     gone: dict[tuple[tuple[Key, Key], Key], Record] = {}
     for (static, shape), here in looks.items():
-        split = Dominance(factor, split_params)._split
         for (other, where), there in looks.items():
             if where != shape or other == static:
                 continue
             fastest = min(r.median_us or 0.0 for r in there.values())
             far = [c for c in here if c in there and (there[c].median_us or 0.0) > factor * fastest]
-            gone.update(
-                {((static, shape), c): here[c] for c in far if not split(c) and not here[c].is_default}
-            )
+            far = [
+                c for c in far if not here[c].is_default and not any(split_count(c, p) for p in split_params)
+            ]
+            gone.update({((static, shape), c): here[c] for c in far})
     by_point = {at: list(rows.values()) for at, rows in looks.items()}
     return _figures(first, gone, _finals(records), by_point)
 

@@ -33,7 +33,7 @@ import shutil
 import statistics
 import sys
 import tempfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,9 +49,9 @@ from tunectl.core.plan import full_config
 from tunectl.core.registry import get_task
 from tunectl.core.spec import DEFAULT_MARGIN
 from tunectl.decide.holdout import HeldOut
+from tunectl.decide.rules import split_count
 from tunectl.store.runs import load_run
 
-SPLITS = ("num_kv_splits", "num_splits")  # the split-count parameters a family leaves open
 Run = tuple[str, int, str, str]  # page, seed, bundle directory, holdout run
 
 
@@ -63,9 +63,9 @@ def figures(ratios: Sequence[float]) -> dict[str, Any]:
     }
 
 
-def family(config: Key) -> Key:
-    """``config`` with its split count left open (itself where it has none)."""
-    return make_key({k: v for k, v in config if not (k in SPLITS and isinstance(v, int) and v > 0)})
+def family(config: Key, split_params: Sequence[str]) -> Key:
+    """``config`` with its split count left open (itself where it sets none)."""
+    return make_key({k: v for k, v in config if not (k in split_params and split_count(config, k))})
 
 
 def best_per_cell(cells: Iterable[list[HeldOut]], group: Callable[[Key], Key]) -> list[float]:
@@ -106,7 +106,9 @@ def standings(bundle: api.Bundle, held: Sequence[HeldOut], task_name: str) -> di
     return {
         "the bundle's picks": figures(picks),
         "one config a cell, knowing the times": figures(best_per_cell(cells.values(), lambda c: c)),
-        "one family a cell, its best count at each shape": figures(best_per_cell(cells.values(), family)),
+        "one family a cell, its best count at each shape": figures(
+            best_per_cell(cells.values(), lambda c: family(c, task.split_params))
+        ),
         "the list's best": figures(lists),
         "cells": len(cells),
     }
@@ -160,7 +162,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 def probed(
-    args: argparse.Namespace, bundle: api.Bundle, runs: Sequence[Run], held: dict[Run, Sequence[HeldOut]]
+    args: argparse.Namespace, bundle: api.Bundle, runs: Sequence[Run], held: Mapping[Run, Sequence[HeldOut]]
 ) -> dict[str, Any]:
     """Each half of ``runs`` (by seed) as probes, scored at the other half's shapes (module doc)."""
     tuning = [r for r in bundle.manifest["source_runs"] if load_run(args.results, r).kind == "tune"]

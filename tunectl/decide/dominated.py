@@ -34,6 +34,7 @@ from tunectl.core.keys import Key
 from tunectl.core.plan import WorkItem
 from tunectl.core.record import Phase, Record
 from tunectl.decide.points import Point
+from tunectl.decide.rules import split_count
 
 #: how far (a factor in every shape dimension) a point may be and still say how a config does here
 NEAR = 2.0
@@ -94,8 +95,7 @@ class Dominance:
         return out
 
     def _split(self, config: Key) -> bool:
-        """Whether ``config`` is a member of a split family: it sets a split count."""
-        return any(k in self.split_params and type(v) is int and v > 0 for k, v in config)
+        return any(split_count(config, param) is not None for param in self.split_params)
 
     def _looks_at(self, point: Point) -> Mapping[Key, float]:
         return self._looks.get((point.static, point.shape), {})

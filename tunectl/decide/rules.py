@@ -110,8 +110,8 @@ def _samples(timings: Timings, facts: RunFacts) -> dict[tuple[str, Key, Key, str
         for config, median in sorted(times.items(), key=lambda kv: key_text(kv[0])):
             values = dict(config)
             for param in facts.split_params:
-                count = values.get(param)
-                if isinstance(count, int) and not isinstance(count, bool) and count > 0 and median > 0:
+                count = split_count(config, param)
+                if count is not None and median > 0:
                     base = make_key({k: v for k, v in values.items() if k != param})
                     sample = (size[across], size[along], count, float(median))
                     out.setdefault((task, static, base, param), []).append(sample)
@@ -209,6 +209,13 @@ def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
                 factor = m[r][col] / m[col][col]
                 m[r] = [x - factor * y for x, y in zip(m[r], m[col], strict=True)]
     return [m[i][n] / m[i][i] for i in range(n)]
+
+
+def split_count(config: Key, param: str) -> int | None:
+    """The split count ``config`` sets for ``param``: a positive integer, else None (not set, or 0: the
+    kernel's own choice). A config that sets one is a member of a split family."""
+    count = dict(config).get(param)
+    return count if type(count) is int and count > 0 else None
 
 
 def probe_losses(arms: Sequence[Record]) -> dict[Key, float] | None:
