@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
+import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,7 +30,9 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from table_bound import copy_run
 
 from tunectl import api
 from tunectl.core.keys import Key
@@ -134,17 +136,12 @@ def bundles_apart(run_dir: Path, dropped: set[str]) -> dict[str, int]:
     and one of the run without the rows ``dropped``."""
     results, run = run_dir.parent.parent, run_dir.name.removeprefix("run_id=")
     task = run_dir.parent.name.removeprefix("task=")
+    gone = pa.array(sorted(dropped), type=pa.string())
     with tempfile.TemporaryDirectory() as tmp:
         copy = Path(tmp) / "res"
-        (copy / "_runs").mkdir(parents=True)
-        shutil.copy(results / "_runs" / f"{run}.json", copy / "_runs")
-        (copy / run_dir.parent.name / run_dir.name).mkdir(parents=True)
-        for part in run_dir.glob("*.parquet"):
-            table = pq.read_table(part)
-            kept = pc.invert(
-                pc.is_in(table.column("item_id"), value_set=pa.array(sorted(dropped), type=pa.string()))
-            )
-            pq.write_table(table.filter(kept), copy / run_dir.parent.name / run_dir.name / part.name)
+        copy_run(
+            results, run, copy, lambda t: t.filter(pc.invert(pc.is_in(t.column("item_id"), value_set=gone)))
+        )
         made = []
         for where, name in ((results, "recorded"), (copy, "less")):
             options = api.ExportOptions(scope=api.Scope(run_ids=[run]))

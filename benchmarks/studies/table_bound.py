@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
@@ -114,22 +115,32 @@ def standings(bundle: api.Bundle, held: Sequence[HeldOut], task_name: str) -> di
     }
 
 
+def copy_run(
+    results: Path, run: str, out: Path, change: Callable[[pa.Table], pa.Table] = lambda table: table
+) -> None:
+    """Run ``run`` of ``results`` copied into the results directory ``out``, each Parquet part through
+    ``change``."""
+    (out / "_runs").mkdir(parents=True, exist_ok=True)
+    shutil.copy(results / "_runs" / f"{run}.json", out / "_runs")
+    task = load_run(results, run).task
+    src, dst = (d / f"task={task}" / f"run_id={run}" for d in (results, out))
+    dst.mkdir(parents=True)
+    for part in src.glob("*.parquet"):
+        pq.write_table(change(pq.read_table(part)), dst / part.name)
+
+
+def _as_probe(table: pa.Table) -> pa.Table:
+    phase = table.column("phase")
+    renamed = pc.if_else(pc.equal(phase, "holdout"), "probe", phase)
+    return table.set_column(table.schema.get_field_index("phase"), "phase", renamed)
+
+
 def as_probes(results: Path, tuning: str, probes: Sequence[str], out: Path) -> api.Bundle:
     """A bundle exported from ``tuning`` with the held-out comparisons of ``probes`` as its probes (the
     records copied into ``out``, their phase renamed)."""
-    for run in [tuning, *probes]:
-        (out / "_runs").mkdir(parents=True, exist_ok=True)
-        shutil.copy(results / "_runs" / f"{run}.json", out / "_runs")
-        task = load_run(results, run).task
-        src, dst = (d / f"task={task}" / f"run_id={run}" for d in (results, out))
-        dst.mkdir(parents=True)
-        for part in src.glob("*.parquet"):
-            table = pq.read_table(part)
-            if run != tuning:
-                phase = table.column("phase")
-                renamed = pc.if_else(pc.equal(phase, "holdout"), "probe", phase)
-                table = table.set_column(table.schema.get_field_index("phase"), "phase", renamed)
-            pq.write_table(table, dst / part.name)
+    copy_run(results, tuning, out)
+    for run in probes:
+        copy_run(results, run, out, _as_probe)
     scope = api.Scope(run_ids=[tuning, *probes])
     done = api.export_bundle(out, "probed", "1", str(out / "bundles"), api.ExportOptions(scope=scope))
     return api.read_bundle(done.result.location)
