@@ -5,6 +5,7 @@ reports a fixed cost), so which arm is behind is known exactly."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import pytest
@@ -14,7 +15,7 @@ from tunectl.core.plan import comparison
 from tunectl.core.record import Phase, Record, Status
 from tunectl.core.spec import MeasureSpec
 from tunectl.measure.harness import interleave
-from tunectl.measure.rounds import RACE_AFTER, RACE_MARGIN, racing
+from tunectl.measure.rounds import RACE_AFTER, RACE_MARGIN, arm_stats, racing
 from tunectl.measure.runner import ItemRunner
 from tunectl.tasks.cost_model import SIMULATED_ENV
 
@@ -71,3 +72,17 @@ def test_finals_and_probes_race_but_held_out_shapes_time_every_arm_in_every_roun
         assert slow.speedup == pytest.approx(0.5, rel=0.02) and slow.speedup_hi < 1.0
         assert records[1].speedup == pytest.approx(2.0, rel=0.02)
     assert [r.rounds for r in _compare(monkeypatch, Phase.HOLDOUT)] == [8, 8, 8, 8]
+
+
+def test_an_arms_mean_weighs_each_round_by_its_samples() -> None:
+    """A round slowed by a neighbour stops early on its time cap: its few samples must not weigh as
+    much as a quiet round's in the mean (num_samples x mean is the kernel time the samples took),
+    while the median and noise stay the rounds' own."""
+    rounds = [[10.0] * 9, [100.0], [10.0] * 9]
+    arm = arm_stats([20.0, 20.0, 20.0], [10.0, 100.0, 10.0], rounds)
+    assert arm.stats.num_samples == 19
+    assert math.isclose(arm.stats.mean_us * arm.stats.num_samples, 9 * 10.0 + 100.0 + 9 * 10.0)
+    assert arm.stats.median_us == 10.0 and arm.stats.max_us == 100.0
+    retired = arm_stats([20.0, 20.0, 20.0], [10.0, 100.0], rounds[:2])  # timed in two rounds only
+    assert (retired.stats.num_samples, retired.speedup.rounds) == (10, 2)
+    assert math.isclose(retired.stats.mean_us, (9 * 10.0 + 100.0) / 10)

@@ -17,6 +17,7 @@ within 0.001 (``benchmarks/results/throughput.md``).
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -72,8 +73,15 @@ class ArmStats:
 
 def arm_stats(baseline: list[float], times: list[float], rounds: list[list[float]]) -> ArmStats:
     """One arm's statistics over the rounds (``times``: its per-round times), and the paired speedup
-    over the rounds it was timed in (all of the baseline's, or the first ones where it was retired)."""
-    stats = dataclasses.replace(summarise(times), num_samples=sum(map(len, rounds)))
+    over the rounds it was timed in (all of the baseline's, or the first ones where it was retired).
+
+    The median, quantiles, extremes and noise are the rounds' (each round counts once); the mean is
+    per call over all the arm's samples, each round's at its time: ``num_samples`` times it is the
+    kernel time the arm's samples took (a round slowed by a neighbour stops early on its time cap,
+    and counting it once per round would make its few samples weigh as much as a quiet round's)."""
+    counts = [len(r) for r in rounds[: len(times)]]
+    mean = math.fsum(n * t for n, t in zip(counts, times, strict=True)) / max(1, sum(counts))
+    stats = dataclasses.replace(summarise(times), mean_us=mean, num_samples=sum(counts))
     return ArmStats(stats, paired_speedup(baseline[: len(times)], times))
 
 
