@@ -16,6 +16,7 @@ alike, which is what lets the runtime remember results by value. A bucketer neve
 from __future__ import annotations
 
 import bisect
+import math
 import operator
 from collections.abc import Callable, Sequence
 
@@ -50,6 +51,23 @@ def make_bucketer(policy: str, points: Sequence[int]) -> Bucketer:
     if not pts:
         return lambda v: None
     return _MAKERS[policy](pts)
+
+
+def cell_middle(policy: str, points: Sequence[int], point: int) -> int:
+    """A value inside ``point``'s cell under ``policy`` (the values that bucket to it), at the cell's
+    geometric middle where tuned points bound it on both sides (shapes spread on a log scale), else
+    the point itself: the place to time a cell by one value, as confirming at start-up does."""
+    pts = sorted(set(points))
+    i = pts.index(point)
+    if policy == "ceil" and i > 0:
+        edge, low, high = pts[i - 1], pts[i - 1] + 1, point
+    elif policy == "floor" and i + 1 < len(pts):
+        edge, low, high = pts[i + 1], point, pts[i + 1] - 1
+    elif policy == "pow2" and point > 1:
+        edge, low, high = point // 2, point // 2 + 1, point
+    else:  # exact, nearest (its cell is around the point), an open-ended end cell
+        return point
+    return min(high, max(low, round(math.sqrt(edge * point))))
 
 
 # One maker per policy, over the sorted distinct points (never empty). Every closure starts with the

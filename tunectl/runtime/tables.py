@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import copy
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from operator import itemgetter
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from tunectl.core.buckets import make_bucketer
-from tunectl.core.keys import InvalidKeyError, from_json, normalise_value, normaliser_for
+from tunectl.core.keys import from_json
 from tunectl.runtime.entries import Entry, json_key, stat_columns, table_layout
+from tunectl.runtime.finders import confirmed_key, finders, static_finder
 from tunectl.runtime.format import SCHEMA_VERSION as SCHEMA
 from tunectl.runtime.format import BundleCorruptError, load_json
 from tunectl.runtime.rules import WaveRule
@@ -52,7 +52,9 @@ class _TaskIndex:
         self._stats = stats  # raw bytes until first asked for (serving never asks), then columns
         self._stats_lock = threading.Lock()
         self.dims = [(p, make_bucketer(shapes[p]["policy"], shapes[p]["points"])) for p in self.shape_params]
-        self.confirmed: dict[tuple[Any, ...], dict[str, Any]] = {}
+        # picks confirmed at start-up: by which dimensions are matched by cell (the rest exactly),
+        # then (static index, each dimension's exact value or bucket) -> config
+        self.confirmed: dict[tuple[bool, ...], dict[tuple[Any, ...], dict[str, Any]]] = {}
         self._parts = (
             self.static_params,
             self.dims,
@@ -60,20 +62,29 @@ class _TaskIndex:
             self.rows,
             (self.row_config, self.row_rule),
         )
-        self.find, self.lookup = _finders(*self._parts)
+        self.find, self.lookup = finders(*self._parts)
 
-    def with_confirmed(self, picks: Iterable[tuple[Mapping[str, Any], Mapping[str, Any]]]) -> _TaskIndex:
-        """A copy whose lookup answers each pick's config at its exact shape (``Bundle.with_confirmed``)."""
+    def with_confirmed(
+        self, picks: Iterable[tuple[Mapping[str, Any], Mapping[str, Any]]], by_cell: Iterable[str] = ()
+    ) -> _TaskIndex:
+        """A copy whose lookup answers each pick's config at its shape (``Bundle.with_confirmed``)."""
+        by_cell = set(by_cell)
+        if unknown := by_cell - set(self.shape_params):
+            raise ValueError(f"task {self.name}: no shape dimension {', '.join(sorted(unknown))}")
+        mask = tuple(name in by_cell for name in self.shape_params)
         index = copy.copy(self)
-        index.confirmed = dict(self.confirmed)
-        find_static = _static_finder(self.static_params, self.static_ids)
+        index.confirmed = {m: dict(table) for m, table in self.confirmed.items()}
+        table = index.confirmed.setdefault(mask, {})
+        find_static = static_finder(self.static_params, self.static_ids)
         for params, config in picks:
             static = find_static(params)
             if static is None:
                 raise ValueError(f"task {self.name}: no static key of this bundle matches {dict(params)}")
-            shape = tuple(_integral(params[name]) for name in self.shape_params)
-            index.confirmed[(static, *shape)] = dict(config)
-        index.find, index.lookup = _finders(*self._parts, index.confirmed)
+            shape = confirmed_key(self.dims, mask, [params[name] for name in self.shape_params])
+            if None in shape:
+                raise ValueError(f"task {self.name}: {dict(params)} is in no cell of this bundle")
+            table[(static, *shape)] = dict(config)
+        index.find, index.lookup = finders(*self._parts, index.confirmed)
         return index
 
     def __len__(self) -> int:
@@ -124,165 +135,6 @@ def _rows(
     row_rule = [rules[r] if r >= 0 else None for r in rule_ids] or [None] * len(config_ids)
     row_shape = [rows[i::width] for i in range(1, len(shape_params) + 1)]
     return row_static, row_shape, [configs[c] for c in config_ids], row_rule
-
-
-_MISSING = object()
-_Finder = Callable[[Mapping[str, Any]], Any]  # parameters -> what they find (None: a miss)
-_MEMO_LIMIT = 1 << 14  # entries a memo holds before it starts afresh (keys drift: kv_len grows each step)
-_WINDOW = normaliser_for("window")
-
-
-def _getter(names: tuple[str, ...]) -> Callable[[Mapping[str, Any]], tuple[Any, ...]]:
-    if len(names) > 1:
-        return itemgetter(*names)
-    if names:
-        only = names[0]
-        return lambda params: (params[only],)
-    return lambda params: ()
-
-
-def _remember(memo: dict[Any, Any], key: Any, value: Any) -> None:
-    if len(memo) >= _MEMO_LIMIT:
-        memo.clear()
-    memo[key] = value
-
-
-def _integral(value: Any) -> Any:
-    """The int an integral bool or float equals; anything else unchanged."""
-    if isinstance(value, bool) or (isinstance(value, float) and value.is_integer()):
-        return int(value)
-    return value
-
-
-def _lenient_window(value: Any) -> Any:
-    """A window as tuning normalises it, but with 5.0 or True taken for the ints they equal."""
-    return tuple(map(_integral, value)) if isinstance(value, (tuple, list)) else _integral(value)
-
-
-def _finders(
-    static_params: tuple[str, ...],
-    dims: list[tuple[str, Any]],
-    static_ids: dict[Any, int],
-    rows: dict[tuple[Any, ...], int],
-    answers: tuple[list[Any], list[WaveRule | None]],
-    confirmed: Mapping[tuple[Any, ...], dict[str, Any]] | None = None,
-) -> tuple[_Finder, _Finder]:
-    """``find(params) -> row | None`` and ``lookup(params) -> config copy | None``, as closures.
-
-    The hot path is one tuple of the raw parameter values and one hit in a memo of results by those
-    values (a serving step looks the same shape up once per layer). A new key resolves through
-    smaller memos (static values as given, then normalised, to the static key's index; each
-    dimension's value to its bucket) to one hit in the rows by (static index, buckets...); a row
-    whose entry is a rule then computes its config from the shape itself (``WaveRule.config``).
-    Remembering by value is sound because equal values always resolve alike: the table holds
-    normalised values and normalising is idempotent, the window's normaliser is given the int a 5.0
-    or a True equals (tuning's own refuses them), buckets take equal values alike
-    (``tunectl.core.buckets``), and a rule takes the int a value equals. Every memo is a dict,
-    bounded, and safe to share between threads. ``confirmed`` (static index, exact shape values...)
-    -> config is consulted before the buckets: picks a serving process confirmed at its own shapes.
-    """
-    get_all = _getter((*static_params, *(name for name, _ in dims)))
-    resolve = _resolver(static_id := _static_finder(static_params, static_ids), dims, rows)
-    exact = _exact(static_id, dims, confirmed) if confirmed else None
-    configs, rules = answers
-    memo: dict[Any, Any] = {}
-
-    def find(params: Mapping[str, Any]) -> Any:
-        try:
-            get_all(params)
-        except KeyError:  # a parameter is missing
-            return None
-        return resolve(params)
-
-    def answer(params: Mapping[str, Any]) -> Any:
-        if exact is not None and (hit := exact(params)) is not None:
-            return hit
-        row = resolve(params)
-        if row is None:
-            return None
-        rule = rules[row]
-        if rule is None:
-            return configs[row]
-        return {**configs[row], rule.param: rule.count(int(params[rule.across]), int(params[rule.along]))}
-
-    def lookup(params: Mapping[str, Any]) -> Any:  # the hot path
-        try:
-            key = get_all(params)
-        except KeyError:
-            return None
-        try:
-            found = memo.get(key, _MISSING)
-        except TypeError:  # an unhashable value: resolve it, remember nothing
-            found = answer(params)
-        else:
-            if found is _MISSING:
-                found = answer(params)
-                _remember(memo, key, found)
-        return None if found is None else found.copy()
-
-    return find, lookup
-
-
-def _exact(static_id: _Finder, dims: list[tuple[str, Any]], confirmed: Mapping[Any, Any]) -> _Finder:
-    """``exact(params)``: the config confirmed at exactly ``params``' static key and shape, or None."""
-    get_shape = _getter(tuple(name for name, _ in dims))
-    return lambda params: confirmed.get((static_id(params), *map(_integral, get_shape(params))))
-
-
-def _static_finder(static_params: tuple[str, ...], static_ids: dict[Any, int]) -> _Finder:
-    """``static_id(params)``: the index of the static key ``params`` hold, or None. Values as given
-    are remembered with the index they normalise to: a new value is normalised once."""
-    get_static = _getter(static_params)
-    lenient = [(n, _lenient_window if normaliser_for(n) is _WINDOW else None) for n in static_params]
-    normalised: dict[Any, Any] = {}
-
-    def static_id(params: Mapping[str, Any]) -> Any:
-        raw: Any = get_static(params)
-        try:
-            found = static_ids.get(raw)
-            if found is None:
-                found = normalised.get(raw, _MISSING)
-            if found is not _MISSING:
-                return found
-        except TypeError:  # an unhashable value (a list): normalise it, remember nothing
-            raw = None
-        try:
-            key = tuple(normalise_value(n, ease(params[n]) if ease else params[n]) for n, ease in lenient)
-            found = static_ids.get(key)
-        except (TypeError, InvalidKeyError):
-            found = None
-        if raw is not None:
-            _remember(normalised, raw, found)
-        return found
-
-    return static_id
-
-
-def _resolver(static_id: _Finder, dims: list[tuple[str, Any]], rows: dict[tuple[Any, ...], int]) -> _Finder:
-    """``resolve(params)``: the row of (static index, each dimension's bucket), or None; each
-    dimension's buckets remembered by value."""
-    steps: list[tuple[str, dict[Any, Any], Any]] = [(name, {}, bucket) for name, bucket in dims]
-
-    def resolve(params: Mapping[str, Any]) -> Any:
-        found = static_id(params)
-        if found is None:
-            return None
-        key = [found]
-        for name, points, bucket in steps:
-            value = params[name]
-            try:
-                point = points.get(value, _MISSING)
-                if point is _MISSING:
-                    point = bucket(value)
-                    _remember(points, value, point)
-            except TypeError:  # unhashable: not an integer, a miss
-                return None
-            if point is None:
-                return None
-            key.append(point)
-        return rows.get(tuple(key))
-
-    return resolve
 
 
 class Bundle:
@@ -336,14 +188,20 @@ class Bundle:
         return [first, *[dict(c) for c in stored if c not in (index.row_config[row], first)]]
 
     def with_confirmed(
-        self, task: str, picks: Iterable[tuple[Mapping[str, Any], Mapping[str, Any]]]
+        self,
+        task: str,
+        picks: Iterable[tuple[Mapping[str, Any], Mapping[str, Any]]],
+        by_cell: Iterable[str] = (),
     ) -> Bundle:
-        """A bundle whose ``lookup`` of ``task`` answers each pick's config at its exact shape (each
-        pick: the parameters, static and shape, and the config confirmed there), and this bundle's
-        answer everywhere else. This bundle is left as it was; ``entry`` still gives the cell's entry."""
+        """A bundle whose ``lookup`` of ``task`` answers each pick's config at its shape (each pick:
+        the parameters, static and shape, and the config confirmed there), and this bundle's answer
+        everywhere else. A shape matches exactly in every dimension but those of ``by_cell``, where
+        it matches the pick's cell (a serving process knows its batch sizes, not the lengths to
+        come: a pick confirmed at batch 8 and one length serves batch 8 over that length's cell).
+        This bundle is left as it was; ``entry`` still gives the cell's entry."""
         if task not in self._tasks:
             raise KeyError(f"the bundle has no task {task!r}")
-        tasks = {**self._tasks, task: self._tasks[task].with_confirmed(picks)}
+        tasks = {**self._tasks, task: self._tasks[task].with_confirmed(picks, by_cell)}
         return Bundle(
             self.location,
             self.manifest,
