@@ -27,13 +27,15 @@ OTHERS = [
 SHAPES = {"batch": {"policy": "pow2", "points": [4, 16]}, "kv_len": {"policy": "ceil", "points": [2048]}}
 
 
-def _bundle(tmp_path: Path, candidates: bool = True) -> Path:
+def _bundle(tmp_path: Path, candidates: bool = True, kv: tuple[int, ...] = (2048,)) -> Path:
     listed = tuple(make_key(c) for c in [PICK, *OTHERS]) if candidates else ()
     entries = tuple(
-        Entry(make_key(STATIC), make_key({"batch": b, "kv_len": 2048}), make_key(PICK), candidates=listed)
+        Entry(make_key(STATIC), make_key({"batch": b, "kv_len": k}), make_key(PICK), candidates=listed)
         for b in (4, 16)
+        for k in kv
     )
-    table = TaskTable("decode_attention", tuple(sorted(STATIC)), SHAPES, entries)
+    shapes = {**SHAPES, "kv_len": {"policy": "ceil", "points": list(kv)}}
+    table = TaskTable("decode_attention", tuple(sorted(STATIC)), shapes, entries)
     files = build_files("cands", "1" if candidates else "0", [table], ["r1"], {})
     return publish_local(tmp_path, "cands", "1" if candidates else "0", files)
 
@@ -144,6 +146,50 @@ def test_confirmed_picks_answer_at_their_exact_shapes_only(tmp_path: Path) -> No
         )
 
 
+def test_a_pick_confirmed_by_cell_serves_its_cell_at_the_exact_batch(tmp_path: Path) -> None:
+    bundle = load_bundle(_bundle(tmp_path, kv=(1024, 2048)), env_policy="off")
+    at = {**STATIC, "batch": 3, "kv_len": 1448}
+    confirmed = bundle.with_confirmed("decode_attention", [(at, OTHERS[0])], by_cell=["kv_len"])
+    for kv_len, served in ((1025, OTHERS[0]), (2048, OTHERS[0]), (1024, PICK), (4096, None)):
+        assert confirmed.lookup("decode_attention", **STATIC, batch=3, kv_len=kv_len) == served, kv_len
+    assert confirmed.lookup("decode_attention", **STATIC, batch=4, kv_len=1448) == PICK  # batch: exact
+    both = confirmed.with_confirmed("decode_attention", [({**at, "kv_len": 1500}, OTHERS[1])])
+    assert both.lookup("decode_attention", **STATIC, batch=3, kv_len=1500) == OTHERS[1]  # exact first
+    assert both.lookup("decode_attention", **STATIC, batch=3, kv_len=1501) == OTHERS[0]
+    assert both.lookup("decode_attention", **STATIC, batch=[3], kv_len=1501) is None  # unhashable: a miss
+    with pytest.raises(ValueError, match="no cell"):
+        bundle.with_confirmed("decode_attention", [({**at, "kv_len": 4096}, PICK)], by_cell=["kv_len"])
+    with pytest.raises(ValueError, match="no shape dimension seq"):
+        bundle.with_confirmed("decode_attention", [(at, PICK)], by_cell=["seq"])
+
+
+def test_confirming_at_batch_sizes_alone_times_each_length_cell_and_installs_per_cell(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lengths left out are confirmed at each cell's middle; a pick serves its cell, and where the
+    entry's own config holds its place nothing is installed. The times are fixed (a fake clock for
+    the kernels): the cell up to 2048 has a candidate 2x faster, the one up to 1024 a near-tie."""
+    import tunectl.measure.confirm as confirming
+
+    bundle = load_bundle(_bundle(tmp_path, kv=(1024, 2048)), env_policy="off")
+    times = {1024: [10.0, 9.9, 20.0], 1448: [10.0, 5.0, 20.0]}
+    timed_at: list[dict[str, Any]] = []
+
+    def fixed(task: Any, static: Any, shape: dict[str, Any], configs: Any, **how: Any) -> list[float]:
+        timed_at.append(shape)
+        return times[shape["kv_len"]]
+
+    monkeypatch.setattr(confirming, "time_configs", fixed)
+    confirmed, reports = confirm(bundle, "decode_attention", STATIC, [{"batch": 3}], budget_s=60)
+    assert timed_at == [{"batch": 3, "kv_len": 1024}, {"batch": 3, "kv_len": 1448}]
+    assert [r.chosen for r in reports] == [PICK, OTHERS[0]]
+    assert all(r.by_cell == ("kv_len",) for r in reports)
+    assert "batch=3, kv_len=1448 (for its kv_len cell): chose" in reports[1].line()
+    for kv_len, served in ((1000, PICK), (1025, OTHERS[0]), (2048, OTHERS[0])):
+        assert confirmed.lookup("decode_attention", **STATIC, batch=3, kv_len=kv_len) == served, kv_len
+    assert confirmed.lookup("decode_attention", **STATIC, batch=4, kv_len=2048) == PICK  # batch 3 only
+
+
 def test_confirm_times_each_candidate_with_the_cpu_task(tmp_path: Path) -> None:
     bundle = load_bundle(_bundle(tmp_path), env_policy="off")
     shapes = [{"batch": 3, "kv_len": 1500}, {"batch": 64, "kv_len": 1500}]
@@ -201,8 +247,8 @@ def test_the_command_times_the_candidates_and_counts_what_it_did(tmp_path: Path)
         (["--task", "nope", "--shape", "batch=4"], "--task: must be a task of the bundle (decode_attention)"),
         (["--task", "decode_attention", "--shape", "batch"], "--shape: must be NAME=VALUE,VALUE..."),
         (
-            ["--task", "decode_attention", "--shape", "batch=4"],
-            "--shape: must give every shape dimension of decode_attention: batch, kv_len",
+            ["--task", "decode_attention", "--shape", "batch=4", "--shape", "q_len=1"],
+            "--shape: must name shape dimensions of decode_attention: batch, kv_len",
         ),
         (
             [

@@ -256,6 +256,32 @@ def test_each_bucket_policy(policy: str, cases: dict[int, int | None]) -> None:
     assert bucket(4.5) is None and bucket("4") is None and bucket(None) is None and bucket([4]) is None
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    policy=st.sampled_from(["exact", "floor", "ceil", "nearest", "pow2"]),
+    points=st.sets(st.integers(1, 1 << 16), min_size=1, max_size=8),
+)
+def test_a_cells_middle_buckets_to_its_own_point(policy: str, points: set[int]) -> None:
+    """Confirming times a cell at its middle (``cell_middle``): a value of that cell, whatever the
+    policy and points."""
+    from tunectl.core.buckets import cell_middle, make_bucketer
+
+    if policy == "pow2":
+        points = {1 << (p.bit_length() - 1) for p in points}
+    bucket = make_bucketer(policy, sorted(points))
+    assert all(bucket(cell_middle(policy, sorted(points), p)) == p for p in points)
+
+
+def test_a_cells_middle_is_geometric_between_tuned_points() -> None:
+    from tunectl.core.buckets import cell_middle
+
+    kv = [1024, 2048, 4096, 32768]
+    assert [cell_middle("ceil", kv, p) for p in kv] == [1024, 1448, 2896, 11585]  # first: open below
+    assert [cell_middle("floor", kv, p) for p in kv] == [1448, 2896, 11585, 32768]  # last: open above
+    assert [cell_middle("pow2", [1, 8], p) for p in (1, 8)] == [1, 6]
+    assert cell_middle("nearest", kv, 2048) == 2048 and cell_middle("exact", kv, 4096) == 4096
+
+
 def test_lookups_from_many_threads_agree_and_need_no_files(bundle_dir: Path) -> None:
     b = load_bundle(bundle_dir, environment=HERE)
     shutil.rmtree(bundle_dir)  # no I/O after load: nothing on disk is needed any more

@@ -32,7 +32,7 @@ class ConfirmOptions:
 
 @dataclass(frozen=True)
 class Confirmed:
-    bundle: Bundle  # answers the confirmed configs at the confirmed shapes
+    bundle: Bundle  # answers the confirmed configs at the confirmed shapes (and cells)
     static: dict[str, Any]
     device: str
     reports: list[ShapeReport]
@@ -52,15 +52,19 @@ def shape_grid(values: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
 def confirm_candidates(
     bundle: Bundle, task: str, shapes: Sequence[Mapping[str, Any]], options: ConfirmOptions | None = None
 ) -> Confirmed:
-    """Time each shape's candidates through the task, fastest installed (``tunectl.measure.confirm``)."""
+    """Time each shape's candidates through the task, fastest installed (``tunectl.measure.confirm``).
+    A dimension the shapes leave out (the lengths a serving process cannot know) is confirmed cell by
+    cell along it, and a pick there serves its cell."""
     from tunectl.measure.confirm import confirm
 
     options = options or ConfirmOptions()
     if task not in bundle.tasks:
         raise OptionError("task", task, f"must be a task of the bundle ({', '.join(bundle.tasks) or 'none'})")
     dims = list(bundle.task_info(task)["shape_params"])
-    if missing := [d for d in dims if any(d not in shape for shape in shapes)]:
-        raise OptionError("shape", missing, f"must give every shape dimension of {task}: {', '.join(dims)}")
+    if unknown := sorted({d for shape in shapes for d in shape} - set(dims)):
+        raise OptionError("shape", unknown, f"must name shape dimensions of {task}: {', '.join(dims)}")
+    if len({frozenset(shape) for shape in shapes}) > 1:
+        raise OptionError("shape", "", "every shape must give the same dimensions")
     static = _static_of(bundle, task, options.static)
     device = _device(options.device)
     mode, settings = timed_as(bundle, task, device)

@@ -14,7 +14,11 @@ from tunectl.cli._common import library_errors
 
 ShapeOption = Annotated[
     list[str],
-    typer.Option("--shape", help="A shape dimension and its values, NAME=V1,V2,... (repeat per dimension)."),
+    typer.Option(
+        "--shape",
+        help="A shape dimension and its values, NAME=V1,V2,... (repeat per dimension); a dimension "
+        "left out is confirmed cell by cell, a pick there serving its cell.",
+    ),
 ]
 StaticOption = Annotated[
     list[str] | None,
@@ -34,8 +38,12 @@ def confirm_cmd(
 ) -> None:
     """Time each shape's candidates (export's short list per entry) and say which is fastest where.
 
-    Example:
+    Give the batch sizes a serving process runs, and leave out the lengths it cannot know: each is
+    then confirmed at the middle of each of the bundle's cells along it, as start-up confirming does.
+
+    Examples:
     \b
+        tunectl bundle confirm bundles/quickstart/1 --task decode_attention --shape batch=1,2,3,4
         tunectl bundle confirm bundles/quickstart/1 --task decode_attention \
           --shape batch=4,16 --shape kv_len=2048
     """

@@ -6,29 +6,40 @@ around its cell (``Bundle.candidates``, ``tunectl.decide.candidates``). ``confir
 candidate at each shape the caller will run, through the task's own path (inputs, reference,
 ``prepare``, output check) and the project's samplers (``tunectl.measure.timing``), in ``ROUNDS``
 interleaved rounds (``tunectl.measure.harness.interleave``: a slowdown meanwhile falls on every
-candidate alike), and returns a bundle whose ``lookup`` (``Bundle.with_confirmed``) answers, at those
-exact shapes, the fastest where it beats the entry's own config by more than ``margin`` (the margin a
-winner must clear at export, 2 %: a new process times near-tied configs apart by about that much, so a
-near-tie keeps the config the tuning runs chose), with a report. ``settings`` say how a candidate is
-timed: the L2's state and the timing method should be those the bundle's entries were measured with (the
-manifest's ``measured``; ``api.confirm_candidates`` reads them), or a warm-L2 ranking can disagree
-with the cold-L2 one the bundle chose by. Within ``budget_s`` seconds: a shape not
-reached keeps the bundle's pick. A candidate that fails to prepare or run, or whose output is wrong,
-is left out; a shape where none ran keeps the pick.
+candidate alike), and returns a bundle whose ``lookup`` (``Bundle.with_confirmed``) answers there the
+fastest where it beats the entry's own config by more than ``margin`` (the margin a winner must clear
+at export, 2 %: a new process times near-tied configs apart by about that much, so a near-tie keeps
+the config the tuning runs chose), with a report.
+
+A shape gives the dimensions the caller knows. A serving process knows its batch sizes (the sizes
+it captures graphs at) but not the lengths its requests will reach: a dimension the shapes leave
+out is confirmed cell by cell, at the middle of each of the bundle's cells along it that has an
+entry there (``tunectl.core.buckets.cell_middle``), and a pick made there serves its whole cell along
+that dimension (``with_confirmed(..., by_cell=...)``), at the given values of the others. Where the
+cell's own entry keeps its place nothing is installed, so a rule entry goes on computing its split
+count from each shape. ``settings`` say how a candidate is timed: the L2's state and the timing method
+should be those the bundle's entries were measured with (the manifest's ``measured``;
+``api.confirm_candidates`` reads them), or a warm-L2 ranking can disagree with the cold-L2 one the
+bundle chose by. Within ``budget_s`` seconds: a shape not reached keeps the bundle's pick. A candidate
+that fails to prepare or run, or whose output is wrong, is left out; a shape where none ran keeps the
+pick.
 
     from tunectl.measure.confirm import confirm
-    bundle, report = confirm(bundle, "flash_decode", static, [{"batch": b, "kv_len": 4096} for b in sizes],
-                             budget_s=30, device="cuda")
+    bundle, report = confirm(bundle, "flash_decode", static, [{"batch": b, "q_len": 1} for b in sizes],
+                             budget_s=60, device="cuda")
 """
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import statistics
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from tunectl.core.buckets import cell_middle
 from tunectl.core.spec import DEFAULT_MARGIN, MeasureSpec
 from tunectl.measure.harness import Sampler, interleave
 from tunectl.measure.rounds import round_times
@@ -55,9 +66,12 @@ class ShapeReport:
     chosen: Mapping[str, Any] | None
     seconds: float
     skipped: bool = False
+    by_cell: tuple[str, ...] = ()  # the dimensions the shape stands for its cell along (module doc)
 
     def line(self) -> str:
         shape = ", ".join(f"{k}={v}" for k, v in self.shape.items())
+        if self.by_cell:
+            shape += f" (for its {', '.join(self.by_cell)} cell)"
         if self.chosen is None:
             return f"{shape}: no entry of the bundle serves it"
         if self.skipped:
@@ -88,24 +102,41 @@ def confirm(
     settings: MeasureSpec = DEFAULT_SETTINGS,
     margin: float = DEFAULT_MARGIN,
 ) -> tuple[Bundle, list[ShapeReport]]:
-    """``bundle`` with the fastest candidate installed at each of ``shapes`` (module doc), and the report."""
+    """``bundle`` with the fastest candidate installed at each of ``shapes``, or over the cells of the
+    dimensions they leave out (module doc), and the report."""
     task = get_task(task_name)
+    given = set().union(*shapes) if shapes else set()
+    free = tuple(d for d in bundle.task_info(task_name)["shape_params"] if d not in given)
     start = time.perf_counter()
     reports: list[ShapeReport] = []
     picks: list[tuple[dict[str, Any], Mapping[str, Any]]] = []
-    for shape in shapes:
+    for shape in (cell for one in shapes for cell in cells(bundle, task_name, static, one, free)):
         params = {**static, **shape}
         listed = bundle.candidates(task_name, **params)
         if time.perf_counter() - start >= budget_s:
-            reports.append(ShapeReport(dict(shape), (), listed[0] if listed else None, 0.0, skipped=True))
+            chosen = listed[0] if listed else None
+            reports.append(ShapeReport(shape, (), chosen, 0.0, skipped=True, by_cell=free))
             continue
         report = _confirm_shape(
-            bundle, task, task_name, params, dict(shape), listed, (device, mode, settings), margin
+            bundle, task, task_name, params, shape, listed, (device, mode, settings), margin
         )
-        reports.append(report)
-        if report.chosen is not None and len(report.timed) > 1:
+        reports.append(dataclasses.replace(report, by_cell=free))
+        if report.timed and report.chosen is not None and report.chosen != listed[0]:
             picks.append((params, report.chosen))
-    return (bundle.with_confirmed(task_name, picks) if picks else bundle), reports
+    return (bundle.with_confirmed(task_name, picks, by_cell=free) if picks else bundle), reports
+
+
+def cells(
+    bundle: Bundle, task_name: str, static: Mapping[str, Any], given: Mapping[str, Any], free: Sequence[str]
+) -> list[dict[str, Any]]:
+    """``given`` completed along each dimension of ``free`` with the middle of each of its cells
+    where the bundle has an entry (``given`` alone where ``free`` is empty)."""
+    dims = bundle.task_info(task_name)["shape_params"]
+    middles = [
+        [cell_middle(dims[d]["policy"], dims[d]["points"], p) for p in dims[d]["points"]] for d in free
+    ]
+    shapes = [{**given, **dict(zip(free, values, strict=True))} for values in itertools.product(*middles)]
+    return [s for s in shapes if not free or bundle.entry(task_name, **static, **s) is not None]
 
 
 def _confirm_shape(
