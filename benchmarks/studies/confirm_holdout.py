@@ -8,11 +8,16 @@ the oracle of a held-out run of the same session. Needs the task's device (the H
 
 Each ``--holdout PAGE:SEED=BUNDLE_DIR:RUN`` names a bundle exported with candidates and the run
 ``tunectl validate BUNDLE --holdout N --seed SEED`` recorded for it (every selectable config timed at
-each held-out shape). Per run, the candidates are confirmed at that run's shapes (timed again here,
-independently of the run), and the confirmed picks are scored with the run's records exactly as
-``holdout_json.py`` scores the bundle's own picks; pooled per page, beside the bundle's picks. The
-seconds confirming took are recorded per run. ``--time-batches N``: also time confirming at N batch
-sizes spread over the bundle's batch span at ``--kv-len`` (a serving process's captured sizes).
+each held-out shape). Per run, the candidates are confirmed as a serving process would at start-up:
+at that run's batch sizes, but not at its KV lengths, which a serving process cannot know in advance
+(``--by-cell kv_len``, the default: each KV cell of the bundle is confirmed at its middle, and the
+pick serves the cell); ``--by-cell ''`` confirms at the held-out shapes themselves, an upper bound
+no serving process reaches. Timed again here, independently of the run; what the confirmed bundle
+answers at each held-out shape is scored with the run's records exactly as ``holdout_json.py`` scores
+the bundle's own picks; pooled per page, beside the bundle's picks. The seconds confirming took are
+recorded per run. ``--time-batches N``: also time confirming at N batch sizes spread over the
+bundle's batch span (a serving process's captured sizes), over every KV cell (at ``--kv-len`` where
+``--by-cell ''``).
 """
 
 from __future__ import annotations
@@ -35,24 +40,27 @@ from tunectl.decide.holdout import HeldOut, Holdout
 
 
 def confirmed_holdout(
-    held: Holdout, bundle: api.Bundle, task: str, budget_s: float
+    held: Holdout, bundle: api.Bundle, task: str, budget_s: float, by_cell: Sequence[str] = ()
 ) -> tuple[Holdout, float, list[str]]:
-    """``held`` with each shape's pick replaced by what confirming the candidates there chose; the
-    seconds it took, and a line per shape (what was timed, what was chosen)."""
+    """``held`` with each shape's pick replaced by what the bundle answers there once its candidates
+    are confirmed; the seconds it took, and a line per shape confirmed. ``by_cell``: the dimensions
+    a serving process cannot know (the KV length), left out of the shapes confirmed at, so they are
+    confirmed cell by cell and never at the held-out values; none: at the held-out shapes themselves."""
     picks: dict[tuple[Any, Any], Any] = {}
     lines: list[str] = []
     seconds = 0.0
-    statics = {h.static for h in held.shapes}
-    for static in statics:
-        shapes = [dict(h.shape) for h in held.shapes if h.static == static]
+    for static in {h.static for h in held.shapes}:
+        mine = [dict(h.shape) for h in held.shapes if h.static == static]
+        known = [{k: v for k, v in shape.items() if k not in by_cell} for shape in mine]
+        asked = [dict(s) for s in sorted({tuple(sorted(s.items())) for s in known})]
         options = api.ConfirmOptions(static=dict(static), budget_s=budget_s)
-        done = api.confirm_candidates(bundle, task, shapes, options)
+        done = api.confirm_candidates(bundle, task, asked, options)
         seconds += done.seconds
         lines += [f"timed as {done.how}", *(report.line() for report in done.reports)]
-        for report in done.reports:
-            kept = not report.timed or report.chosen == report.timed[0][0]  # the entry's own config
-            if report.chosen is not None and not kept:
-                picks[(static, make_key(report.shape))] = make_key(report.chosen)
+        for shape in mine:
+            served = done.bundle.lookup(task, **dict(static), **shape)
+            if served is not None and served != bundle.lookup(task, **dict(static), **shape):
+                picks[(static, make_key(shape))] = make_key(served)
     swapped = tuple(_picking(h, picks.get((h.static, h.shape), h.pick)) for h in held.shapes)
     return Holdout(swapped, held.margin, held.baselines), seconds, lines
 
@@ -86,6 +94,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--budget-s", type=float, default=120.0)
     parser.add_argument("--time-batches", type=int, default=0)
     parser.add_argument("--kv-len", type=int, default=4096)
+    parser.add_argument(
+        "--by-cell",
+        default="kv_len",
+        help="dimensions confirmed cell by cell, not at the held-out values (comma-separated; '' for none)",
+    )
     args = parser.parse_args(argv)
     pages: dict[str, dict[str, Any]] = {}
     for spec in args.holdout:
@@ -94,7 +107,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         bundle_dir, _, run_id = rest.rpartition(":")
         bundle = api.read_bundle(bundle_dir)
         held = holdout_of(args.results, bundle_dir, run_id, DEFAULT_MARGIN)
-        confirmed, seconds, lines = confirmed_holdout(held, bundle, args.task, args.budget_s)
+        by_cell = [d for d in args.by_cell.split(",") if d]
+        confirmed, seconds, lines = confirmed_holdout(held, bundle, args.task, args.budget_s, by_cell)
         one = pages.setdefault(
             page, {"picks": [], "confirmed": [], "seeds": [], "confirm_s": [], "lines": []}
         )
@@ -112,19 +126,22 @@ def main(argv: Sequence[str] | None = None) -> None:
             "confirmed picks the held-out runs did not time": unscored(one["confirmed"]),
             "seeds": one["seeds"],
             "confirm_s per run": one["confirm_s"],
+            "confirmed by cell along": args.by_cell or "nothing (at the held-out shapes)",
             "shapes": one["lines"],
         }
         if args.time_batches:
             bundle = api.read_bundle(one["bundle"])
             static = dict(next(iter(bundle.entries(args.task))).static)
             sizes = batch_sizes(bundle, args.task, args.time_batches)
-            shapes = [{"batch": b, "kv_len": args.kv_len, "q_len": 1} for b in sizes]
+            every_cell = "kv_len" in args.by_cell.split(",")
+            length = {} if every_cell else {"kv_len": args.kv_len}
+            shapes = [{"batch": b, "q_len": 1, **length} for b in sizes]
             done = api.confirm_candidates(
                 bundle, args.task, shapes, api.ConfirmOptions(static=static, budget_s=1e9)
             )
             doc["page"][page]["confirm at batch sizes"] = {
                 "batches": sizes,
-                "kv_len": args.kv_len,
+                "kv_len": "every cell" if every_cell else args.kv_len,
                 "seconds": round(done.seconds, 2),
                 "timed": sum(1 for r in done.reports if r.timed),
             }

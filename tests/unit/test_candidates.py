@@ -147,32 +147,36 @@ def test_confirmed_picks_answer_at_their_exact_shapes_only(tmp_path: Path) -> No
 
 
 def test_a_pick_confirmed_by_cell_serves_its_cell_at_the_exact_batch(tmp_path: Path) -> None:
-    bundle = load_bundle(_bundle(tmp_path, kv=(1024, 2048)), env_policy="off")
-    at = {**STATIC, "batch": 3, "kv_len": 1448}
-    confirmed = bundle.with_confirmed("decode_attention", [(at, OTHERS[0])], by_cell=["kv_len"])
-    for kv_len, served in ((1025, OTHERS[0]), (2048, OTHERS[0]), (1024, PICK), (4096, None)):
+    bundle = load_bundle(_bundle(tmp_path, kv=(1024, 4096)), env_policy="off")
+    at, cells = {**STATIC, "batch": 3, "kv_len": 1448}, {"kv_len": [1024, 2048, 4096]}
+    confirmed = bundle.with_confirmed("decode_attention", [(at, OTHERS[0])], by_cell=cells)
+    for kv_len, served in ((1025, OTHERS[0]), (2048, OTHERS[0]), (2049, PICK), (1024, PICK), (8192, None)):
         assert confirmed.lookup("decode_attention", **STATIC, batch=3, kv_len=kv_len) == served, kv_len
     assert confirmed.lookup("decode_attention", **STATIC, batch=4, kv_len=1448) == PICK  # batch: exact
     both = confirmed.with_confirmed("decode_attention", [({**at, "kv_len": 1500}, OTHERS[1])])
     assert both.lookup("decode_attention", **STATIC, batch=3, kv_len=1500) == OTHERS[1]  # exact first
     assert both.lookup("decode_attention", **STATIC, batch=3, kv_len=1501) == OTHERS[0]
     assert both.lookup("decode_attention", **STATIC, batch=[3], kv_len=1501) is None  # unhashable: a miss
-    with pytest.raises(ValueError, match="no cell"):
-        bundle.with_confirmed("decode_attention", [({**at, "kv_len": 4096}, PICK)], by_cell=["kv_len"])
+    coarse = confirmed.with_confirmed("decode_attention", [(at, OTHERS[1])], by_cell={"kv_len": [4096]})
+    assert coarse.lookup("decode_attention", **STATIC, batch=3, kv_len=1500) == OTHERS[0]  # finest first
+    assert coarse.lookup("decode_attention", **STATIC, batch=3, kv_len=3000) == OTHERS[1]
+    with pytest.raises(ValueError, match="none of the cells"):
+        bundle.with_confirmed("decode_attention", [({**at, "kv_len": 8192}, PICK)], by_cell=cells)
     with pytest.raises(ValueError, match="no shape dimension seq"):
-        bundle.with_confirmed("decode_attention", [(at, PICK)], by_cell=["seq"])
+        bundle.with_confirmed("decode_attention", [(at, PICK)], by_cell={"seq": [1]})
 
 
 def test_confirming_at_batch_sizes_alone_times_each_length_cell_and_installs_per_cell(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The lengths left out are confirmed at each cell's middle; a pick serves its cell, and where the
-    entry's own config holds its place nothing is installed. The times are fixed (a fake clock for
-    the kernels): the cell up to 2048 has a candidate 2x faster, the one up to 1024 a near-tie."""
+    """The lengths left out are confirmed at each cell's middle, the bundle's 1024-4096 cell cut in
+    two; a pick serves its cell, and where the entry's own config holds its place nothing is
+    installed. The times are fixed (a fake clock for the kernels): the cell up to 1024 is a near-tie,
+    the next two each have a candidate 2x faster."""
     import tunectl.measure.confirm as confirming
 
-    bundle = load_bundle(_bundle(tmp_path, kv=(1024, 2048)), env_policy="off")
-    times = {1024: [10.0, 9.9, 20.0], 1448: [10.0, 5.0, 20.0]}
+    bundle = load_bundle(_bundle(tmp_path, kv=(1024, 4096)), env_policy="off")
+    times = {1024: [10.0, 9.9, 20.0], 1448: [10.0, 5.0, 20.0], 2896: [10.0, 20.0, 5.0]}
     timed_at: list[dict[str, Any]] = []
 
     def fixed(task: Any, static: Any, shape: dict[str, Any], configs: Any, **how: Any) -> list[float]:
@@ -180,12 +184,14 @@ def test_confirming_at_batch_sizes_alone_times_each_length_cell_and_installs_per
         return times[shape["kv_len"]]
 
     monkeypatch.setattr(confirming, "time_configs", fixed)
-    confirmed, reports = confirm(bundle, "decode_attention", STATIC, [{"batch": 3}], budget_s=60)
-    assert timed_at == [{"batch": 3, "kv_len": 1024}, {"batch": 3, "kv_len": 1448}]
-    assert [r.chosen for r in reports] == [PICK, OTHERS[0]]
+    shapes = [{"batch": 3}, {"batch": 64}]
+    confirmed, reports = confirm(bundle, "decode_attention", STATIC, shapes, budget_s=60)
+    assert timed_at == [{"batch": 3, "kv_len": kv} for kv in (1024, 1448, 2896)]
+    assert [r.chosen for r in reports] == [PICK, *OTHERS, None]
     assert all(r.by_cell == ("kv_len",) for r in reports)
     assert "batch=3, kv_len=1448 (for its kv_len cell): chose" in reports[1].line()
-    for kv_len, served in ((1000, PICK), (1025, OTHERS[0]), (2048, OTHERS[0])):
+    assert reports[3].line() == "batch=64: no entry of the bundle serves it"
+    for kv_len, served in ((1000, PICK), (1025, OTHERS[0]), (2048, OTHERS[0]), (2049, OTHERS[1])):
         assert confirmed.lookup("decode_attention", **STATIC, batch=3, kv_len=kv_len) == served, kv_len
     assert confirmed.lookup("decode_attention", **STATIC, batch=4, kv_len=2048) == PICK  # batch 3 only
 

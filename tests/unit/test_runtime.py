@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import json
 import logging
 import shutil
@@ -273,7 +274,12 @@ def test_a_cells_middle_buckets_to_its_own_point(policy: str, points: set[int]) 
 
 
 def test_a_cells_middle_is_geometric_between_tuned_points() -> None:
-    from tunectl.core.buckets import cell_middle
+    from tunectl.core.buckets import cell_middle, refined
+
+    assert refined("ceil", [1024, 4096, 16384, 32768]) == [1024, 2048, 4096, 8192, 16384, 32768]
+    cut = refined("floor", [4, 5, 6, 100])
+    assert {4, 5, 6, 100} <= set(cut) and all(b <= 2 * a for a, b in itertools.pairwise(cut))
+    assert refined("pow2", [1, 8]) == [1, 8] and refined("nearest", [1, 8]) == [1, 8]
 
     kv = [1024, 2048, 4096, 32768]
     assert [cell_middle("ceil", kv, p) for p in kv] == [1024, 1448, 2896, 11585]  # first: open below

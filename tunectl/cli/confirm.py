@@ -41,7 +41,7 @@ def confirm_cmd(
     Give the batch sizes a serving process runs, and leave out the lengths it cannot know: each is
     then confirmed at the middle of each of the bundle's cells along it, as start-up confirming does.
 
-    Examples:
+    Example:
     \b
         tunectl bundle confirm bundles/quickstart/1 --task decode_attention --shape batch=1,2,3,4
         tunectl bundle confirm bundles/quickstart/1 --task decode_attention \

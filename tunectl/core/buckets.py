@@ -16,6 +16,7 @@ alike, which is what lets the runtime remember results by value. A bucketer neve
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 import operator
 from collections.abc import Callable, Sequence
@@ -68,6 +69,20 @@ def cell_middle(policy: str, points: Sequence[int], point: int) -> int:
     else:  # exact, nearest (its cell is around the point), an open-ended end cell
         return point
     return min(high, max(low, round(math.sqrt(edge * point))))
+
+
+def refined(policy: str, points: Sequence[int], factor: float = 2.0) -> list[int]:
+    """``points`` with points put between any two more than ``factor`` apart (evenly on a log scale),
+    under a ``floor`` or ``ceil`` policy, so that no cell between tuned points spans more than
+    ``factor``; other policies' cells are the points' own, returned as they are."""
+    pts = sorted(set(points))
+    if policy not in ("floor", "ceil"):
+        return pts
+    out = pts[:1]
+    for low, high in itertools.pairwise(pts):
+        steps = math.ceil(math.log(high / low) / math.log(factor) - 1e-9)
+        out += [round(low * (high / low) ** (i / steps)) for i in range(1, steps)] + [high]
+    return sorted(set(out))
 
 
 # One maker per policy, over the sorted distinct points (never empty). Every closure starts with the

@@ -13,9 +13,10 @@ the config the tuning runs chose), with a report.
 
 A shape gives the dimensions the caller knows. A serving process knows its batch sizes (the sizes
 it captures graphs at) but not the lengths its requests will reach: a dimension the shapes leave
-out is confirmed cell by cell, at the middle of each of the bundle's cells along it that has an
-entry there (``tunectl.core.buckets.cell_middle``), and a pick made there serves its whole cell along
-that dimension (``with_confirmed(..., by_cell=...)``), at the given values of the others. Where the
+out is confirmed cell by cell: the bundle's cells along it, cut to span at most ``CELL_SPAN`` each
+(``tunectl.core.buckets.refined``), each timed at its middle (``cell_middle``) where the bundle has an
+entry, and a pick made there serves its whole cell along that dimension (``with_confirmed(...,
+by_cell=...)``), at the given values of the others. Where the
 cell's own entry keeps its place nothing is installed, so a rule entry goes on computing its split
 count from each shape. ``settings`` say how a candidate is timed: the L2's state and the timing method
 should be those the bundle's entries were measured with (the manifest's ``measured``;
@@ -39,7 +40,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from tunectl.core.buckets import cell_middle
+from tunectl.core.buckets import cell_middle, refined
 from tunectl.core.spec import DEFAULT_MARGIN, MeasureSpec
 from tunectl.measure.harness import Sampler, interleave
 from tunectl.measure.rounds import round_times
@@ -51,6 +52,9 @@ from tunectl.tasks.registry import get_task
 T = TypeVar("T")
 #: rounds a shape's candidates are timed in, each round in a fresh random order
 ROUNDS = 4
+#: the widest a cell confirmed along a dimension the shapes leave out spans (the bundle's cells are
+#: cut where wider: a 1024-4096 cell is confirmed as 1024-2048 and 2048-4096)
+CELL_SPAN = 2.0
 #: each candidate's timing: short, since a list is a handful of configs per shape at start-up
 DEFAULT_SETTINGS = MeasureSpec(warmup=2, min_samples=10, max_samples=200, noise_target=0.02, max_seconds=0.2)
 
@@ -70,10 +74,10 @@ class ShapeReport:
 
     def line(self) -> str:
         shape = ", ".join(f"{k}={v}" for k, v in self.shape.items())
-        if self.by_cell:
-            shape += f" (for its {', '.join(self.by_cell)} cell)"
         if self.chosen is None:
             return f"{shape}: no entry of the bundle serves it"
+        if self.by_cell:
+            shape += f" (for its {', '.join(self.by_cell)} cell)"
         if self.skipped:
             return f"{shape}: skipped (budget spent), the bundle's pick {dict(self.chosen)}"
         if not self.timed:
@@ -106,11 +110,13 @@ def confirm(
     dimensions they leave out (module doc), and the report."""
     task = get_task(task_name)
     given = set().union(*shapes) if shapes else set()
-    free = tuple(d for d in bundle.task_info(task_name)["shape_params"] if d not in given)
+    dims = bundle.task_info(task_name)["shape_params"]
+    grid = {d: refined(dims[d]["policy"], dims[d]["points"], CELL_SPAN) for d in dims if d not in given}
+    free = tuple(grid)
     start = time.perf_counter()
     reports: list[ShapeReport] = []
     picks: list[tuple[dict[str, Any], Mapping[str, Any]]] = []
-    for shape in (cell for one in shapes for cell in cells(bundle, task_name, static, one, free)):
+    for shape in (cell for one in shapes for cell in cells(bundle, task_name, static, one, grid)):
         params = {**static, **shape}
         listed = bundle.candidates(task_name, **params)
         if time.perf_counter() - start >= budget_s:
@@ -123,20 +129,24 @@ def confirm(
         reports.append(dataclasses.replace(report, by_cell=free))
         if report.timed and report.chosen is not None and report.chosen != listed[0]:
             picks.append((params, report.chosen))
-    return (bundle.with_confirmed(task_name, picks, by_cell=free) if picks else bundle), reports
+    return (bundle.with_confirmed(task_name, picks, by_cell=grid) if picks else bundle), reports
 
 
 def cells(
-    bundle: Bundle, task_name: str, static: Mapping[str, Any], given: Mapping[str, Any], free: Sequence[str]
+    bundle: Bundle,
+    task_name: str,
+    static: Mapping[str, Any],
+    given: Mapping[str, Any],
+    grid: Mapping[str, Sequence[int]],
 ) -> list[dict[str, Any]]:
-    """``given`` completed along each dimension of ``free`` with the middle of each of its cells
-    where the bundle has an entry (``given`` alone where ``free`` is empty)."""
+    """``given`` completed along each dimension of ``grid`` with the middle of each of its cells
+    among the grid's points (under the dimension's policy) where the bundle has an entry; ``given``
+    alone where the grid is empty or no cell has one (a shape no entry serves, which the report says)."""
     dims = bundle.task_info(task_name)["shape_params"]
-    middles = [
-        [cell_middle(dims[d]["policy"], dims[d]["points"], p) for p in dims[d]["points"]] for d in free
-    ]
-    shapes = [{**given, **dict(zip(free, values, strict=True))} for values in itertools.product(*middles)]
-    return [s for s in shapes if not free or bundle.entry(task_name, **static, **s) is not None]
+    middles = [[cell_middle(dims[d]["policy"], points, p) for p in points] for d, points in grid.items()]
+    shapes = [{**given, **dict(zip(grid, values, strict=True))} for values in itertools.product(*middles)]
+    served = [s for s in shapes if bundle.entry(task_name, **static, **s) is not None]
+    return served if grid and served else [dict(given)]
 
 
 def _confirm_shape(

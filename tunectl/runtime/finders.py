@@ -3,10 +3,11 @@ serving process confirmed at start-up. Standard library only."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from operator import itemgetter
 from typing import Any
 
+from tunectl.core.buckets import make_bucketer
 from tunectl.core.keys import InvalidKeyError, normalise_value, normaliser_for
 from tunectl.runtime.rules import WaveRule
 
@@ -49,7 +50,7 @@ def finders(
     static_ids: dict[Any, int],
     rows: dict[tuple[Any, ...], int],
     answers: tuple[list[Any], list[WaveRule | None]],
-    confirmed: Mapping[tuple[bool, ...], Mapping[tuple[Any, ...], dict[str, Any]]] | None = None,
+    confirmed: Sequence[tuple[_Keyer, Mapping[Any, dict[str, Any]]]] = (),
 ) -> tuple[_Finder, _Finder]:
     """``find(params) -> row | None`` and ``lookup(params) -> config copy | None``, as closures.
 
@@ -67,7 +68,8 @@ def finders(
     """
     get_all = getter((*static_params, *(name for name, _ in dims)))
     resolve = _resolver(static_id := static_finder(static_params, static_ids), dims, rows)
-    exact = _confirmed_finder(static_id, dims, confirmed) if confirmed else None
+    names = tuple(name for name, _ in dims)
+    exact = _confirmed_finder(static_id, names, confirmed) if confirmed else None
     configs, rules = answers
     memo: dict[Any, Any] = {}
 
@@ -107,32 +109,39 @@ def finders(
     return find, lookup
 
 
-def confirmed_key(
-    dims: list[tuple[str, Any]], mask: tuple[bool, ...], values: Iterable[Any]
-) -> tuple[Any, ...]:
-    """Shape values as a confirmed pick is keyed: a dimension matched by cell as its bucket (None
-    outside every cell), any other as the int it equals."""
-    return tuple(
-        bucket(value) if cell else _integral(value)
-        for (_, bucket), cell, value in zip(dims, mask, values, strict=True)
-    )
+#: how a layer of confirmed picks matches a dimension: by exact value (None), or by the cell it falls
+#: in among these points, under the dimension's own policy
+Layer = tuple[tuple[int, ...] | None, ...]
+_Keyer = Callable[[Sequence[Any]], tuple[Any, ...]]
+
+
+def layer_keyer(policies: Sequence[str], layer: Layer) -> _Keyer:
+    """Shape values (in the table's dimension order) as a layer of confirmed picks keys them: a
+    dimension matched by cell as its bucket among the layer's points (None outside every cell), any
+    other as the int it equals."""
+    buckets = [
+        None if points is None else make_bucketer(policy, points)
+        for policy, points in zip(policies, layer, strict=True)
+    ]
+
+    def key(values: Sequence[Any]) -> tuple[Any, ...]:
+        return tuple(_integral(v) if b is None else b(v) for b, v in zip(buckets, values, strict=True))
+
+    return key
 
 
 def _confirmed_finder(
-    static_id: _Finder,
-    dims: list[tuple[str, Any]],
-    confirmed: Mapping[tuple[bool, ...], Mapping[tuple[Any, ...], dict[str, Any]]],
+    static_id: _Finder, names: tuple[str, ...], layers: Sequence[tuple[_Keyer, Mapping[Any, dict[str, Any]]]]
 ) -> _Finder:
     """``confirmed_at(params)``: the config confirmed at ``params``' static key and shape, or None;
-    picks confirmed at exact shapes before those confirmed for a whole cell along some dimension."""
-    get_shape = getter(tuple(name for name, _ in dims))
-    tables = sorted(confirmed.items(), key=lambda kept: sum(kept[0]))
+    ``layers`` (each: how it keys a shape, its picks by static index and key) asked in order."""
+    get_shape = getter(names)
 
     def confirmed_at(params: Mapping[str, Any]) -> Any:
         static, values = static_id(params), get_shape(params)
         try:
-            for mask, table in tables:
-                if (hit := table.get((static, *confirmed_key(dims, mask, values)))) is not None:
+            for key, table in layers:
+                if (hit := table.get((static, *key(values)))) is not None:
                     return hit
         except TypeError:  # an unhashable value: confirmed nowhere
             pass

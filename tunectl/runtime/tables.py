@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import copy
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from tunectl.core.buckets import make_bucketer
 from tunectl.core.keys import from_json
 from tunectl.runtime.entries import Entry, json_key, stat_columns, table_layout
-from tunectl.runtime.finders import confirmed_key, finders, static_finder
+from tunectl.runtime.finders import Layer, finders, layer_keyer, static_finder
 from tunectl.runtime.format import SCHEMA_VERSION as SCHEMA
 from tunectl.runtime.format import BundleCorruptError, load_json
 from tunectl.runtime.rules import WaveRule
@@ -52,9 +52,9 @@ class _TaskIndex:
         self._stats = stats  # raw bytes until first asked for (serving never asks), then columns
         self._stats_lock = threading.Lock()
         self.dims = [(p, make_bucketer(shapes[p]["policy"], shapes[p]["points"])) for p in self.shape_params]
-        # picks confirmed at start-up: by which dimensions are matched by cell (the rest exactly),
-        # then (static index, each dimension's exact value or bucket) -> config
-        self.confirmed: dict[tuple[bool, ...], dict[tuple[Any, ...], dict[str, Any]]] = {}
+        # picks confirmed at start-up, by layer (``finders.Layer``: how each dimension is matched),
+        # then (static index, each dimension's exact value or cell) -> config
+        self.confirmed: dict[Layer, dict[tuple[Any, ...], dict[str, Any]]] = {}
         self._parts = (
             self.static_params,
             self.dims,
@@ -65,27 +65,41 @@ class _TaskIndex:
         self.find, self.lookup = finders(*self._parts)
 
     def with_confirmed(
-        self, picks: Iterable[tuple[Mapping[str, Any], Mapping[str, Any]]], by_cell: Iterable[str] = ()
+        self,
+        picks: Iterable[tuple[Mapping[str, Any], Mapping[str, Any]]],
+        by_cell: Mapping[str, Sequence[int]] | None = None,
     ) -> _TaskIndex:
         """A copy whose lookup answers each pick's config at its shape (``Bundle.with_confirmed``)."""
-        by_cell = set(by_cell)
-        if unknown := by_cell - set(self.shape_params):
+        by_cell = dict(by_cell or {})
+        if unknown := set(by_cell) - set(self.shape_params):
             raise ValueError(f"task {self.name}: no shape dimension {', '.join(sorted(unknown))}")
-        mask = tuple(name in by_cell for name in self.shape_params)
+        layer = tuple(tuple(sorted(set(by_cell[n]))) if n in by_cell else None for n in self.shape_params)
         index = copy.copy(self)
-        index.confirmed = {m: dict(table) for m, table in self.confirmed.items()}
-        table = index.confirmed.setdefault(mask, {})
+        index.confirmed = {kept: dict(table) for kept, table in self.confirmed.items()}
+        table = index.confirmed.setdefault(layer, {})
+        key = layer_keyer([self.policies[n]["policy"] for n in self.shape_params], layer)
         find_static = static_finder(self.static_params, self.static_ids)
         for params, config in picks:
             static = find_static(params)
             if static is None:
                 raise ValueError(f"task {self.name}: no static key of this bundle matches {dict(params)}")
-            shape = confirmed_key(self.dims, mask, [params[name] for name in self.shape_params])
+            shape = key([params[name] for name in self.shape_params])
             if None in shape:
-                raise ValueError(f"task {self.name}: {dict(params)} is in no cell of this bundle")
+                raise ValueError(f"task {self.name}: {dict(params)} is in none of the cells confirmed")
             table[(static, *shape)] = dict(config)
-        index.find, index.lookup = finders(*self._parts, index.confirmed)
+        index.find, index.lookup = finders(*self._parts, index.layers())
         return index
+
+    def layers(self) -> list[tuple[Callable[[Sequence[Any]], tuple[Any, ...]], dict[Any, dict[str, Any]]]]:
+        """The confirmed picks' layers as the lookup asks them: exact shapes first, then by how many
+        dimensions match by cell, the finest cells first."""
+        policies = [self.policies[n]["policy"] for n in self.shape_params]
+
+        def coarseness(layer: Layer) -> tuple[int, int]:
+            return sum(p is not None for p in layer), -sum(len(p or ()) for p in layer)
+
+        order = sorted(self.confirmed, key=coarseness)
+        return [(layer_keyer(policies, layer), self.confirmed[layer]) for layer in order]
 
     def __len__(self) -> int:
         return len(self.row_config)
@@ -191,13 +205,15 @@ class Bundle:
         self,
         task: str,
         picks: Iterable[tuple[Mapping[str, Any], Mapping[str, Any]]],
-        by_cell: Iterable[str] = (),
+        by_cell: Mapping[str, Sequence[int]] | None = None,
     ) -> Bundle:
         """A bundle whose ``lookup`` of ``task`` answers each pick's config at its shape (each pick:
         the parameters, static and shape, and the config confirmed there), and this bundle's answer
         everywhere else. A shape matches exactly in every dimension but those of ``by_cell``, where
-        it matches the pick's cell (a serving process knows its batch sizes, not the lengths to
-        come: a pick confirmed at batch 8 and one length serves batch 8 over that length's cell).
+        it matches the pick's cell among ``by_cell``'s points for it, under the dimension's own
+        policy (a serving process knows its batch sizes, not the lengths to come: a pick confirmed at
+        batch 8 and one length serves batch 8 over that length's cell). Exact picks are asked first,
+        then the finest cells.
         This bundle is left as it was; ``entry`` still gives the cell's entry."""
         if task not in self._tasks:
             raise KeyError(f"the bundle has no task {task!r}")
