@@ -44,6 +44,15 @@ def _lenient_window(value: Any) -> Any:
     return tuple(map(_integral, value)) if isinstance(value, (tuple, list)) else _integral(value)
 
 
+def _lacks(get_all: Callable[[Mapping[str, Any]], Any], params: Mapping[str, Any]) -> bool:
+    """Whether ``params`` lack a parameter ``get_all`` takes."""
+    try:
+        get_all(params)
+    except KeyError:
+        return True
+    return False
+
+
 def finders(
     static_params: tuple[str, ...],
     dims: list[tuple[str, Any]],
@@ -66,19 +75,15 @@ def finders(
     bounded, and safe to share between threads. ``confirmed`` (``_confirmed_finder``) is consulted
     before the buckets: picks a serving process confirmed at its own shapes.
     """
-    get_all = getter((*static_params, *(name for name, _ in dims)))
-    resolve = _resolver(static_id := static_finder(static_params, static_ids), dims, rows)
     names = tuple(name for name, _ in dims)
+    get_all = getter((*static_params, *names))
+    resolve = _resolver(static_id := static_finder(static_params, static_ids), dims, rows)
     exact = _confirmed_finder(static_id, names, confirmed) if confirmed else None
     configs, rules = answers
     memo: dict[Any, Any] = {}
 
     def find(params: Mapping[str, Any]) -> Any:
-        try:
-            get_all(params)
-        except KeyError:  # a parameter is missing
-            return None
-        return resolve(params)
+        return None if _lacks(get_all, params) else resolve(params)
 
     def answer(params: Mapping[str, Any]) -> Any:
         if exact is not None and (hit := exact(params)) is not None:
