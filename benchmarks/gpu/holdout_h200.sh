@@ -11,8 +11,12 @@
 #   bash benchmarks/gpu/holdout_h200.sh confirm 128 # export with candidates, new seeds, confirmed picks scored
 # `confirm` exports the built run again with candidates (version VERSION, default 2), draws CONFIRM_SEEDS (default
 # 104 105 106, never used before), times every config there (`tunectl validate --holdout`), then confirms
-# the candidates at those shapes on this GPU and scores the confirmed picks against that run's oracle, and
-# times confirming at 32 batch sizes at kv 4096 (benchmarks/studies/confirm_holdout.py): $OUT/confirm-pP.json.
+# the candidates on this GPU as a serving process would at start-up (at those shapes' batch sizes, every
+# KV cell of the bundle at its middle, cut to 2x at most) and scores what the confirmed bundle answers at
+# the held-out shapes against that run's oracle, and times confirming at CONFIRM_BATCHES (default 32)
+# batch sizes over every KV cell: $OUT/confirm-pP.json; then confirms at the held-out shapes themselves,
+# KV lengths included, which no serving process can (an upper bound): $OUT/confirm-exact-pP.json
+# (benchmarks/studies/confirm_holdout.py).
 # The held-out seeds (SEEDS, default 101 102 103; seeds 0-7 were used before) are drawn only by `check`,
 # after the bundle is built; SHAPES per seed (default 8). Results accumulate in $RES, outputs in $OUT.
 # PROBES (default 2): probes a cell in the tuning spec (benchmarks/studies/table_bound.py plays denser
@@ -119,8 +123,12 @@ case "${1:?step}" in
       fi
       args+=(--holdout "$page:$seed=$bundle:$held")
     done
+    # as a serving process can: at the held-out batch sizes, every KV cell at its middle (the lengths
+    # to come are unknown at start-up); then at the held-out shapes themselves, the upper bound
     python benchmarks/studies/confirm_holdout.py --results "$RES" "${args[@]}" --json "$OUT/confirm-p$page.json" \
-      --time-batches 32 --kv-len 4096
+      --time-batches "${CONFIRM_BATCHES:-32}"
+    python benchmarks/studies/confirm_holdout.py --results "$RES" "${args[@]}" --by-cell '' \
+      --json "$OUT/confirm-exact-p$page.json"
     ;;
   write)
     args=()

@@ -134,8 +134,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             static = dict(next(iter(bundle.entries(args.task))).static)
             sizes = batch_sizes(bundle, args.task, args.time_batches)
             every_cell = "kv_len" in args.by_cell.split(",")
-            length = {} if every_cell else {"kv_len": args.kv_len}
-            shapes = [{"batch": b, "q_len": 1, **length} for b in sizes]
+            known = {"q_len": 1, **({} if every_cell else {"kv_len": args.kv_len})}
+            dims = bundle.task_info(args.task)["shape_params"]
+            shapes = [{"batch": b, **{k: v for k, v in known.items() if k in dims}} for b in sizes]
             done = api.confirm_candidates(
                 bundle, args.task, shapes, api.ConfirmOptions(static=static, budget_s=1e9)
             )

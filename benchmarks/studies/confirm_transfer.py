@@ -2,8 +2,8 @@
 
 `bash benchmarks/gpu/holdout_h200.sh confirm P` times every selectable config at held-out shapes in a
 tunectl run (its workers load the kernels compile processes built), then confirms each entry's
-candidates at the same shapes in one fresh process, as a serving process would at start-up
-(`benchmarks/studies/confirm_holdout.py`; its JSON lists, per shape, each candidate's time). This
+candidates at the same shapes in one fresh process (`benchmarks/studies/confirm_holdout.py
+--by-cell ''`, the JSON `confirm-exact-pP.json`; it lists, per shape, each candidate's time). This
 sets each candidate's confirming time beside the held-out run's median of the same config at the
 same shape, on the same GPU, and summarises the ratio per backend and batch range::
 
