@@ -162,6 +162,8 @@ def test_a_pick_confirmed_by_cell_serves_its_cell_at_the_exact_batch(tmp_path: P
     assert coarse.lookup("decode_attention", **STATIC, batch=3, kv_len=3000) == OTHERS[1]
     with pytest.raises(ValueError, match="none of the cells"):
         bundle.with_confirmed("decode_attention", [({**at, "kv_len": 8192}, PICK)], by_cell=cells)
+    with pytest.raises(ValueError, match="lacks kv_len"):
+        bundle.with_confirmed("decode_attention", [({**STATIC, "batch": 3}, PICK)])
     with pytest.raises(ValueError, match="no shape dimension seq"):
         bundle.with_confirmed("decode_attention", [(at, PICK)], by_cell={"seq": [1]})
 

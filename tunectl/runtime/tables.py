@@ -83,6 +83,8 @@ class _TaskIndex:
             static = find_static(params)
             if static is None:
                 raise ValueError(f"task {self.name}: no static key of this bundle matches {dict(params)}")
+            if lacking := [name for name in self.shape_params if name not in params]:
+                raise ValueError(f"task {self.name}: {dict(params)} lacks {', '.join(lacking)}")
             shape = key([params[name] for name in self.shape_params])
             if None in shape:
                 raise ValueError(f"task {self.name}: {dict(params)} is in none of the cells confirmed")
