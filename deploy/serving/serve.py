@@ -11,6 +11,11 @@ server logs why and decodes with the kernel's defaults: a bad bundle never takes
 Each step serves one batch of decode requests with the CPU split-KV paged decode kernel
 (``tunectl.tasks.decode_attention``): it looks the shape up (no I/O: the tables are in memory), turns the
 entry into the kernel's arguments with ``tunectl.runtime.adapters``, and runs the kernel.
+
+``--confirm-s S`` confirms the bundle's candidates at start-up before serving, within S seconds
+(``tunectl.measure.confirm``, which needs torch and the task): at the batch sizes this server runs,
+every KV cell of the bundle at its middle (the lengths its requests will reach are not known yet),
+and serves each cell at each batch size with the candidate that was fastest here.
 """
 
 from __future__ import annotations
@@ -60,10 +65,37 @@ def load(policy: str) -> Bundle:
     return bundle
 
 
+#: the batch sizes this server runs, in the order its steps meet them
+BATCHES = (1, 3, 4, 9, 16, 2)
+
+
 def requests(num_steps: int, start_kv_len: int) -> list[tuple[int, int]]:
     """(batch, kv_len) per step: batches come and go, contexts grow by one token per step."""
-    batches = (1, 3, 4, 9, 16, 2)
-    return [(batches[i % len(batches)], start_kv_len + i) for i in range(num_steps)]
+    return [(BATCHES[i % len(BATCHES)], start_kv_len + i) for i in range(num_steps)]
+
+
+def confirmed(bundle: Bundle, seconds: float) -> Bundle:
+    """``bundle`` with its candidates confirmed at this server's batch sizes, every KV cell at its
+    middle, within ``seconds`` (module doc); the bundle as it was where there is nothing to confirm."""
+    if seconds <= 0 or TASK not in bundle.tasks:
+        return bundle
+    from tunectl.measure.confirm import confirm
+
+    shapes = [{"batch": b} for b in sorted(set(BATCHES))]
+    confirmed, reports = confirm(bundle, TASK, MODEL, shapes, budget_s=seconds, device="cpu")
+    for report in reports:
+        log.debug("confirm %s", report.line())
+    timed = [r for r in reports if r.timed]
+    moved = sum(r.chosen != bundle.lookup(TASK, **MODEL, **r.shape) for r in timed)
+    log.info(
+        "confirmed the candidates at %d of %d shape(s) in %.1f s: %d cell(s) run another config than the "
+        "bundle's pick",
+        len(timed),
+        len(reports),
+        sum(r.seconds for r in reports),
+        moved,
+    )
+    return confirmed
 
 
 def serve(bundle: Bundle, num_steps: int, start_kv_len: int) -> dict[str, int]:
@@ -97,10 +129,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--steps", type=int, default=12, help="decode steps to serve")
     parser.add_argument("--kv-len", type=int, default=1000, help="context length at the first step")
+    parser.add_argument(
+        "--confirm-s", type=float, default=0.0, help="seconds to confirm the candidates at start-up (0: none)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     policy = os.environ.get(ENV_POLICY_VAR) or "warn"
-    bundle = load(policy)
+    bundle = confirmed(load(policy), args.confirm_s)
     counts = serve(bundle, args.steps, args.kv_len)
     log.info("served %d steps: %d tuned, %d on defaults", args.steps, counts["tuned"], counts["default"])
     return 0

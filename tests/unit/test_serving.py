@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tunectl.core.keys import make_key
 from tunectl.runtime import Entry
 from tunectl.store.bundle import LocalStore, TaskTable, build_files, promote, publish_local
 
@@ -46,9 +47,9 @@ def store(tmp_path: Path) -> Path:
     return root
 
 
-def serve(bundle: str, policy: str = "warn", **env: str) -> subprocess.CompletedProcess[str]:
+def serve(bundle: str, policy: str = "warn", *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     environ = {**os.environ, "TUNECTL_BUNDLE": bundle, "TUNECTL_ENV_POLICY": policy, **env}
-    cmd = [sys.executable, str(SERVING / "serve.py"), "--steps", "6"]
+    cmd = [sys.executable, str(SERVING / "serve.py"), "--steps", "6", *args]
     return subprocess.run(cmd, capture_output=True, text=True, env=environ, cwd=ROOT, timeout=120)
 
 
@@ -59,6 +60,30 @@ def test_the_server_loads_the_channel_logs_it_and_decodes_with_it(store: Path) -
     assert "loaded bundle serve/1 (channel stable)" in log and "task decode_attention: 3 entries" in log
     assert "step 1 batch=3 kv_len=1001 tuned {'num_splits': 4, 'gather': 'index', 'gqa': 'grouped'}" in log
     assert "served 6 steps: 5 tuned, 1 on defaults" in log  # batch 2 has no pow2 bucket: default
+
+
+def test_the_server_confirms_the_candidates_at_its_batch_sizes_before_serving(tmp_path: Path) -> None:
+    """Each entry lists a second config; confirming times both at each batch size the server runs
+    (the KV length left to its cell) on this CPU, and the server then serves what it installed."""
+    listed = tuple(make_key({"num_splits": s, "gqa": "grouped"}) for s in (1, 8))
+    entries = tuple(
+        Entry(make_key(MODEL), make_key({"batch": b, "kv_len": 2048}), listed[0], candidates=listed)
+        for b in (1, 4, 16)
+    )
+    shapes = {
+        "batch": {"policy": "pow2", "points": [1, 4, 16]},
+        "kv_len": {"policy": "ceil", "points": [2048]},
+    }
+    table = TaskTable("decode_attention", tuple(MODEL), shapes, entries)
+    path = publish_local(tmp_path, "lists", "1", build_files("lists", "1", [table], ["r1"], {}))
+    done = serve(str(path), "off", "--confirm-s", "30")
+    assert done.returncode == 0, done.stderr
+    said = r"confirmed the candidates at (\d) of (\d) shape\(s\) in [0-9.]+ s: (\d) cell"
+    line = re.search(said, done.stderr)
+    assert line is not None and line.groups()[:2] == ("5", "6"), done.stderr  # batch 2: no entry
+    served = re.findall(r"batch=\d+ kv_len=\d+ tuned \{'num_splits': (\d)", done.stderr)
+    assert len(served) == 5 and set(served) <= {"1", "8"}
+    assert (line.group(3) == "0") == (set(served) == {"1"})  # what it installed is what it serves
 
 
 def test_a_corrupt_bundle_never_stops_the_server(store: Path) -> None:
