@@ -11,19 +11,18 @@ fastest where it beats the entry's own config by more than ``margin`` (the margi
 at export, 2 %: a new process times near-tied configs apart by about that much, so a near-tie keeps
 the config the tuning runs chose), with a report.
 
-A shape gives the dimensions the caller knows. A serving process knows its batch sizes (the sizes
-it captures graphs at) but not the lengths its requests will reach: a dimension the shapes leave
-out is confirmed cell by cell: the bundle's cells along it, cut to span at most ``CELL_SPAN`` each
-(``tunectl.core.buckets.refined``), each timed at its middle (``cell_middle``) where the bundle has an
-entry, and a pick made there serves its whole cell along that dimension (``with_confirmed(...,
-by_cell=...)``), at the given values of the others. Where the
-cell's own entry keeps its place nothing is installed, so a rule entry goes on computing its split
-count from each shape. ``settings`` say how a candidate is timed: the L2's state and the timing method
-should be those the bundle's entries were measured with (the manifest's ``measured``;
-``api.confirm_candidates`` reads them), or a warm-L2 ranking can disagree with the cold-L2 one the
-bundle chose by. Within ``budget_s`` seconds: a shape not reached keeps the bundle's pick. A candidate
-that fails to prepare or run, or whose output is wrong, is left out; a shape where none ran keeps the
-pick.
+A shape gives the dimensions the caller knows. A serving process knows its batch sizes (the sizes it
+captures graphs at) but not the lengths its requests will reach: a dimension the shapes leave out is
+confirmed cell by cell: the bundle's cells along it, cut to span at most ``CELL_SPAN`` each
+(``tunectl.core.buckets.refined``), each timed at its middle (``cell_middle``) where the bundle has
+an entry, and a pick made there serves its whole cell along that dimension (``with_confirmed(...,
+by_cell=...)``), at the given values of the others. Where the cell's own entry keeps its place
+nothing is installed, so a rule entry goes on computing its split count from each shape.
+``settings`` say how a candidate is timed: the L2's state and the timing method should be those the
+bundle's entries were measured with (the manifest's ``measured``; ``api.confirm_candidates`` reads
+them), or a warm-L2 ranking can disagree with the cold-L2 one the bundle chose by. Within
+``budget_s`` seconds: a shape not reached keeps the bundle's pick. A candidate that fails to prepare
+or run, or whose output is wrong, is left out; a shape where none ran keeps the pick.
 
     from tunectl.measure.confirm import confirm
     bundle, report = confirm(bundle, "flash_decode", static, [{"batch": b, "q_len": 1} for b in sizes],

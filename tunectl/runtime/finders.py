@@ -59,7 +59,7 @@ def finders(
     static_ids: dict[Any, int],
     rows: dict[tuple[Any, ...], int],
     answers: tuple[list[Any], list[WaveRule | None]],
-    confirmed: Sequence[tuple[_Keyer, Mapping[Any, dict[str, Any]]]] = (),
+    confirmed: Sequence[tuple[Keyer, Mapping[Any, dict[str, Any]]]] = (),
 ) -> tuple[_Finder, _Finder]:
     """``find(params) -> row | None`` and ``lookup(params) -> config copy | None``, as closures.
 
@@ -117,10 +117,10 @@ def finders(
 #: how a layer of confirmed picks matches a dimension: by exact value (None), or by the cell it falls
 #: in among these points, under the dimension's own policy
 Layer = tuple[tuple[int, ...] | None, ...]
-_Keyer = Callable[[Sequence[Any]], tuple[Any, ...]]
+Keyer = Callable[[Sequence[Any]], tuple[Any, ...]]
 
 
-def layer_keyer(policies: Sequence[str], layer: Layer) -> _Keyer:
+def layer_keyer(policies: Sequence[str], layer: Layer) -> Keyer:
     """Shape values (in the table's dimension order) as a layer of confirmed picks keys them: a
     dimension matched by cell as its bucket among the layer's points (None outside every cell), any
     other as the int it equals."""
@@ -136,7 +136,7 @@ def layer_keyer(policies: Sequence[str], layer: Layer) -> _Keyer:
 
 
 def _confirmed_finder(
-    static_id: _Finder, names: tuple[str, ...], layers: Sequence[tuple[_Keyer, Mapping[Any, dict[str, Any]]]]
+    static_id: _Finder, names: tuple[str, ...], layers: Sequence[tuple[Keyer, Mapping[Any, dict[str, Any]]]]
 ) -> _Finder:
     """``confirmed_at(params)``: the config confirmed at ``params``' static key and shape, or None;
     ``layers`` (each: how it keys a shape, its picks by static index and key) asked in order."""

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import copy
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from tunectl.core.buckets import make_bucketer
 from tunectl.core.keys import from_json
 from tunectl.runtime.entries import Entry, json_key, stat_columns, table_layout
-from tunectl.runtime.finders import Layer, finders, layer_keyer, static_finder
+from tunectl.runtime.finders import Keyer, Layer, finders, layer_keyer, static_finder
 from tunectl.runtime.format import SCHEMA_VERSION as SCHEMA
 from tunectl.runtime.format import BundleCorruptError, load_json
 from tunectl.runtime.rules import WaveRule
@@ -92,7 +92,7 @@ class _TaskIndex:
         index.find, index.lookup = finders(*self._parts, index.layers())
         return index
 
-    def layers(self) -> list[tuple[Callable[[Sequence[Any]], tuple[Any, ...]], dict[Any, dict[str, Any]]]]:
+    def layers(self) -> list[tuple[Keyer, dict[Any, dict[str, Any]]]]:
         """The confirmed picks' layers as the lookup asks them: exact shapes first, then by how many
         dimensions match by cell, the finest cells first."""
         policies = [self.policies[n]["policy"] for n in self.shape_params]
