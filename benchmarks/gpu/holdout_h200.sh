@@ -12,11 +12,11 @@
 # `confirm` exports the built run again with candidates (version VERSION, default 2), draws CONFIRM_SEEDS (default
 # 104 105 106, never used before), times every config there (`tunectl validate --holdout`), then confirms
 # the candidates on this GPU as a serving process would at start-up (at those shapes' batch sizes, every
-# KV cell of the bundle at its middle, cut to 2x at most) and scores what the confirmed bundle answers at
-# the held-out shapes against that run's oracle, and times confirming at CONFIRM_BATCHES (default 32)
-# batch sizes over every KV cell: $OUT/confirm-pP.json; then confirms at the held-out shapes themselves,
-# KV lengths included, which no serving process can (an upper bound): $OUT/confirm-exact-pP.json
-# (benchmarks/studies/confirm_holdout.py).
+# KV cell of the bundle at its middle, cells cut to CELL_SPAN at most, default 2) and scores what the
+# confirmed bundle answers at the held-out shapes against that run's oracle, and times confirming at
+# CONFIRM_BATCHES (default 32) batch sizes over every KV cell: $OUT/confirm-pP.json; then confirms at the
+# held-out shapes themselves, KV lengths included, which no serving process can (an upper bound):
+# $OUT/confirm-exact-pP.json (benchmarks/studies/confirm_holdout.py).
 # The held-out seeds (SEEDS, default 101 102 103; seeds 0-7 were used before) are drawn only by `check`,
 # after the bundle is built; SHAPES per seed (default 8). Results accumulate in $RES, outputs in $OUT.
 # PROBES (default 2): probes a cell in the tuning spec (benchmarks/studies/table_bound.py plays denser
@@ -126,7 +126,7 @@ case "${1:?step}" in
     # as a serving process can: at the held-out batch sizes, every KV cell at its middle (the lengths
     # to come are unknown at start-up); then at the held-out shapes themselves, the upper bound
     python benchmarks/studies/confirm_holdout.py --results "$RES" "${args[@]}" --json "$OUT/confirm-p$page.json" \
-      --time-batches "${CONFIRM_BATCHES:-32}"
+      --time-batches "${CONFIRM_BATCHES:-32}" --cell-span "${CELL_SPAN:-2}"
     python benchmarks/studies/confirm_holdout.py --results "$RES" "${args[@]}" --by-cell '' \
       --json "$OUT/confirm-exact-p$page.json"
     ;;

@@ -40,7 +40,7 @@ from tunectl.decide.holdout import HeldOut, Holdout
 
 
 def confirmed_holdout(
-    held: Holdout, bundle: api.Bundle, task: str, budget_s: float, by_cell: Sequence[str] = ()
+    held: Holdout, bundle: api.Bundle, task: str, options: api.ConfirmOptions, by_cell: Sequence[str] = ()
 ) -> tuple[Holdout, float, list[str]]:
     """``held`` with each shape's pick replaced by what the bundle answers there once its candidates
     are confirmed; the seconds it took, and a line per shape confirmed. ``by_cell``: the dimensions
@@ -53,8 +53,8 @@ def confirmed_holdout(
         mine = [dict(h.shape) for h in held.shapes if h.static == static]
         known = [{k: v for k, v in shape.items() if k not in by_cell} for shape in mine]
         asked = [dict(s) for s in sorted({tuple(sorted(s.items())) for s in known})]
-        options = api.ConfirmOptions(static=dict(static), budget_s=budget_s)
-        done = api.confirm_candidates(bundle, task, asked, options)
+        mine_options = dataclasses.replace(options, static=dict(static))
+        done = api.confirm_candidates(bundle, task, asked, mine_options)
         seconds += done.seconds
         lines += [f"timed as {done.how}", *(report.line() for report in done.reports)]
         for shape in mine:
@@ -94,6 +94,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--budget-s", type=float, default=120.0)
     parser.add_argument("--time-batches", type=int, default=0)
     parser.add_argument("--kv-len", type=int, default=4096)
+    parser.add_argument("--cell-span", type=float, default=api.CELL_SPAN)
     parser.add_argument(
         "--by-cell",
         default="kv_len",
@@ -108,7 +109,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         bundle = api.read_bundle(bundle_dir)
         held = holdout_of(args.results, bundle_dir, run_id, DEFAULT_MARGIN)
         by_cell = [d for d in args.by_cell.split(",") if d]
-        confirmed, seconds, lines = confirmed_holdout(held, bundle, args.task, args.budget_s, by_cell)
+        options = api.ConfirmOptions(budget_s=args.budget_s, cell_span=args.cell_span)
+        confirmed, seconds, lines = confirmed_holdout(held, bundle, args.task, options, by_cell)
         one = pages.setdefault(
             page, {"picks": [], "confirmed": [], "seeds": [], "confirm_s": [], "lines": []}
         )
@@ -127,6 +129,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "seeds": one["seeds"],
             "confirm_s per run": one["confirm_s"],
             "confirmed by cell along": args.by_cell or "nothing (at the held-out shapes)",
+            "cell span": args.cell_span if args.by_cell else None,
             "shapes": one["lines"],
         }
         if args.time_batches:
@@ -137,9 +140,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             known = {"q_len": 1, **({} if every_cell else {"kv_len": args.kv_len})}
             dims = bundle.task_info(args.task)["shape_params"]
             shapes = [{"batch": b, **{k: v for k, v in known.items() if k in dims}} for b in sizes]
-            done = api.confirm_candidates(
-                bundle, args.task, shapes, api.ConfirmOptions(static=static, budget_s=1e9)
-            )
+            options = api.ConfirmOptions(static=static, budget_s=1e9, cell_span=args.cell_span)
+            done = api.confirm_candidates(bundle, args.task, shapes, options)
             doc["page"][page]["confirm at batch sizes"] = {
                 "batches": sizes,
                 "kv_len": "every cell" if every_cell else args.kv_len,

@@ -3,6 +3,7 @@ at start-up with the CPU quickstart task (decode_attention) timed for real."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -198,6 +199,32 @@ def test_confirming_at_batch_sizes_alone_times_each_length_cell_and_installs_per
     assert confirmed.lookup("decode_attention", **STATIC, batch=4, kv_len=2048) == PICK  # batch 3 only
 
 
+def test_the_api_passes_its_margin_and_cell_span_to_confirming(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ConfirmOptions``: a margin of 150 % keeps the entry's own config against one 2x faster, and
+    cells of up to 4x along the KV length confirm the bundle's 1024-4096 cell once, at 2048."""
+    import tunectl.measure.confirm as confirming
+    from tunectl import api
+
+    bundle = load_bundle(_bundle(tmp_path, kv=(1024, 4096)), env_policy="off")
+    timed_at: list[int] = []
+
+    def fixed(task: Any, static: Any, shape: dict[str, Any], configs: Any, **how: Any) -> list[float]:
+        timed_at.append(shape["kv_len"])
+        return [10.0, 5.0, 20.0]
+
+    monkeypatch.setattr(confirming, "time_configs", fixed)
+    options = api.ConfirmOptions(static=STATIC, device="cpu", cell_span=4.0)
+    done = api.confirm_candidates(bundle, "decode_attention", [{"batch": 3}], options)
+    assert timed_at == [1024, 2048] and [r.chosen for r in done.reports] == [OTHERS[0], OTHERS[0]]
+    kept = api.confirm_candidates(
+        bundle, "decode_attention", [{"batch": 3}], dataclasses.replace(options, margin=1.5)
+    )
+    assert [r.chosen for r in kept.reports] == [PICK, PICK]
+    assert kept.bundle.lookup("decode_attention", **STATIC, batch=3, kv_len=3000) == PICK
+
+
 def test_confirm_times_each_candidate_with_the_cpu_task(tmp_path: Path) -> None:
     bundle = load_bundle(_bundle(tmp_path), env_policy="off")
     shapes = [{"batch": 3, "kv_len": 1500}, {"batch": 64, "kv_len": 1500}]
@@ -257,6 +284,10 @@ def test_the_command_times_the_candidates_and_counts_what_it_did(tmp_path: Path)
         (
             ["--task", "decode_attention", "--shape", "batch=4", "--shape", "q_len=1"],
             "--shape: must name shape dimensions of decode_attention: batch, kv_len",
+        ),
+        (
+            ["--task", "decode_attention", "--shape", "batch=4", "--cell-span", "1"],
+            "--cell-span: must be more than 1 (a factor)",
         ),
         (
             [

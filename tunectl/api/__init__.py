@@ -79,7 +79,7 @@ from tunectl.api.runs import (
     submit_job,
 )
 from tunectl.core.plan import CONFIRM_ABOVE_ITEMS
-from tunectl.core.spec import DEFAULT_MARGIN, Spec, load_spec
+from tunectl.core.spec import CELL_SPAN, DEFAULT_MARGIN, Spec, load_spec
 from tunectl.decide.candidates import DEFAULT_CANDIDATES
 from tunectl.decide.probes import DEFAULT_PER_CELL, DEFAULT_SHORTLIST
 from tunectl.decide.stacked import DEFAULT_LAYERS, DEFAULT_ROUNDS
@@ -87,6 +87,7 @@ from tunectl.runtime import Bundle
 from tunectl.store.runs import DEFAULT_RESULTS
 
 __all__ = [
+    "CELL_SPAN",
     "CONFIRM_ABOVE_ITEMS",
     "DEFAULT_CANDIDATES",
     "DEFAULT_LAYERS",

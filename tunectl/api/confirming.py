@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tunectl.core.errors import OptionError
-from tunectl.core.spec import DEFAULT_MARGIN, MeasureSpec
+from tunectl.core.spec import CELL_SPAN, DEFAULT_MARGIN, MeasureSpec
 from tunectl.runtime import Bundle
 
 if TYPE_CHECKING:
@@ -22,12 +22,14 @@ class ConfirmOptions:
     """``static``: the entries' static values to confirm for (needed only where the bundle holds more
     than one static key of the task); ``device``: ``auto`` (the first GPU, else the CPU) or a device;
     ``budget_s``: seconds for every shape together (a shape not reached keeps the bundle's pick);
-    ``margin``: how much faster than the entry's own config a candidate must be to replace it."""
+    ``margin``: how much faster than the entry's own config a candidate must be to replace it;
+    ``cell_span``: the widest a cell confirmed along a dimension the shapes leave out may span."""
 
     static: Mapping[str, Any] = field(default_factory=dict)
     device: str = "auto"
     budget_s: float = 60.0
     margin: float = DEFAULT_MARGIN
+    cell_span: float = CELL_SPAN
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,8 @@ def confirm_candidates(
     from tunectl.measure.confirm import confirm
 
     options = options or ConfirmOptions()
+    if not options.cell_span > 1:
+        raise OptionError("cell_span", options.cell_span, "must be more than 1 (a factor)")
     if task not in bundle.tasks:
         raise OptionError("task", task, f"must be a task of the bundle ({', '.join(bundle.tasks) or 'none'})")
     dims = list(bundle.task_info(task)["shape_params"])
@@ -77,6 +81,8 @@ def confirm_candidates(
         device=device,
         mode=mode,
         settings=settings,
+        margin=options.margin,
+        cell_span=options.cell_span,
     )
     from tunectl.measure.timing import timing_of
 

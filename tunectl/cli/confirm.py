@@ -35,6 +35,10 @@ def confirm_cmd(
         str, typer.Option(help="auto (the first GPU, else the CPU), cpu, cuda:0, ...")
     ] = "auto",
     budget_s: Annotated[float, typer.Option("--budget-s", help="Seconds for every shape together.")] = 60.0,
+    cell_span: Annotated[
+        float,
+        typer.Option("--cell-span", help="The widest a cell confirmed along a dimension left out may span."),
+    ] = api.CELL_SPAN,
 ) -> None:
     """Time each shape's candidates (export's short list per entry) and say which is fastest where.
 
@@ -52,9 +56,8 @@ def confirm_cmd(
         bundle = api.read_bundle(source)
         shapes = api.shape_grid({k: v for k, v in (_assignment(s, "shape") for s in shape)})
         given = dict(_assignment(s, "static", many=False) for s in static or [])
-        options = api.ConfirmOptions(
-            static={k: v[0] for k, v in given.items()}, device=device, budget_s=budget_s
-        )
+        static_values = {k: v[0] for k, v in given.items()}
+        options = api.ConfirmOptions(static_values, device, budget_s, cell_span=cell_span)
         done = api.confirm_candidates(bundle, task, shapes, options)
     for report in done.reports:
         console.print(report.line(), highlight=False, soft_wrap=True)

@@ -13,7 +13,7 @@ the config the tuning runs chose), with a report.
 
 A shape gives the dimensions the caller knows. A serving process knows its batch sizes (the sizes it
 captures graphs at) but not the lengths its requests will reach: a dimension the shapes leave out is
-confirmed cell by cell: the bundle's cells along it, cut to span at most ``CELL_SPAN`` each
+confirmed cell by cell: the bundle's cells along it, cut to span at most ``cell_span`` each
 (``tunectl.core.buckets.refined``), each timed at its middle (``cell_middle``) where the bundle has
 an entry, and a pick made there serves its whole cell along that dimension (``with_confirmed(...,
 by_cell=...)``), at the given values of the others. Where the cell's own entry keeps its place
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from tunectl.core.buckets import cell_middle, refined
-from tunectl.core.spec import DEFAULT_MARGIN, MeasureSpec
+from tunectl.core.spec import CELL_SPAN, DEFAULT_MARGIN, MeasureSpec
 from tunectl.measure.harness import Sampler, interleave
 from tunectl.measure.rounds import round_times
 from tunectl.measure.timing import make_sampler
@@ -51,9 +51,6 @@ from tunectl.tasks.registry import get_task
 T = TypeVar("T")
 #: rounds a shape's candidates are timed in, each round in a fresh random order
 ROUNDS = 4
-#: the widest a cell confirmed along a dimension the shapes leave out spans (the bundle's cells are
-#: cut where wider: a 1024-4096 cell is confirmed as 1024-2048 and 2048-4096)
-CELL_SPAN = 2.0
 #: each candidate's timing: short, since a list is a handful of configs per shape at start-up
 DEFAULT_SETTINGS = MeasureSpec(warmup=2, min_samples=10, max_samples=200, noise_target=0.02, max_seconds=0.2)
 
@@ -104,13 +101,14 @@ def confirm(
     mode: str = "eager",
     settings: MeasureSpec = DEFAULT_SETTINGS,
     margin: float = DEFAULT_MARGIN,
+    cell_span: float = CELL_SPAN,
 ) -> tuple[Bundle, list[ShapeReport]]:
     """``bundle`` with the fastest candidate installed at each of ``shapes``, or over the cells of the
-    dimensions they leave out (module doc), and the report."""
+    dimensions they leave out, none spanning more than ``cell_span`` (module doc), and the report."""
     task = get_task(task_name)
     given = set().union(*shapes) if shapes else set()
     dims = bundle.task_info(task_name)["shape_params"]
-    grid = {d: refined(dims[d]["policy"], dims[d]["points"], CELL_SPAN) for d in dims if d not in given}
+    grid = {d: refined(dims[d]["policy"], dims[d]["points"], cell_span) for d in dims if d not in given}
     free = tuple(grid)
     start = time.perf_counter()
     reports: list[ShapeReport] = []
