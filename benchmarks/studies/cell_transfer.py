@@ -6,11 +6,14 @@ length from any shape it serves (span 2: a factor 1.41). How much that costs is 
 run's own comparisons (finals and probes: a shape's configs timed in interleaved rounds), at every pair
 of shapes of one static key and one batch size whose KV lengths are at most ``--within`` apart: the
 config fastest at one, among the configs both compared, timed at the other over the fastest of them
-there. Each pair is counted both ways. No GPU::
+there. Each pair is counted both ways. ``--ends F``: at every shape with a compared shape of the same
+batch on either side along the KV length, at most F apart from each other, the config chosen on those
+two ends (the least geometric mean of its two times: how confirming judges a cell) and the one chosen
+at the nearer end, each timed at the shape between over the fastest there. No GPU::
 
     bash benchmarks/gpu/holdout_h200.sh restore   # the holdout archives into /tmp/holdout-results
     PYTHONPATH=. python benchmarks/studies/cell_transfer.py --results /tmp/holdout-results \\
-        --run 16=r20261204-031233-40eb19 --run 128=r20261204-030703-b25d80
+        --run 16=r20261204-031233-40eb19 --run 128=r20261204-030703-b25d80 --ends 4
 """
 
 from __future__ import annotations
@@ -56,11 +59,35 @@ def losses(at: dict[Place, dict[str, float]], within: float) -> list[float]:
     return out
 
 
-def figures(ratios: Sequence[float]) -> dict[str, Any]:
+def between(at: dict[Place, dict[str, float]], ends_within: float) -> dict[str, list[float]]:
+    """At each shape with compared shapes of its static key and batch on either side (the nearest,
+    at most ``ends_within`` apart), among the configs all three compared (two at least): the time of
+    the config chosen on both ends (least geometric mean) and of the one chosen at the nearer end,
+    over the fastest at the shape."""
+    lengths: dict[tuple[str, int], list[int]] = defaultdict(list)
+    for static, batch, kv in at:
+        lengths[(static, batch)].append(kv)
+    out: dict[str, list[float]] = {"both ends": [], "the nearer end": []}
+    for (static, batch), kvs in lengths.items():
+        kvs.sort()
+        for low, kv, high in zip(kvs, kvs[1:], kvs[2:], strict=False):
+            ends, here = (at[(static, batch, k)] for k in (low, high)), at[(static, batch, kv)]
+            lo, hi = ends
+            common = set(lo) & set(hi) & set(here)
+            if high > ends_within * low or len(common) < 2:
+                continue
+            fastest = min(here[c] for c in common)
+            nearer = lo if kv * kv <= low * high else hi
+            out["both ends"].append(here[min(common, key=lambda c: lo[c] * hi[c])] / fastest)
+            out["the nearer end"].append(here[min(common, key=nearer.__getitem__)] / fastest)
+    return out
+
+
+def figures(ratios: Sequence[float], counted: str = "pairs") -> dict[str, Any]:
     if not ratios:
-        return {"pairs": 0}
+        return {counted: 0}
     return {
-        "pairs": len(ratios),
+        counted: len(ratios),
         "geomean": round(math.exp(math.fsum(map(math.log, ratios)) / len(ratios)), 4),
         "within_3pct": round(sum(r <= 1.03 for r in ratios) / len(ratios), 3),
         "worst": round(max(ratios), 3),
@@ -72,12 +99,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--results", type=Path, required=True)
     parser.add_argument("--run", action="append", required=True, help="PAGE=RUN_ID: a tuning run")
     parser.add_argument("--within", type=float, nargs="+", default=[math.sqrt(2), 2.0])
+    parser.add_argument("--ends", type=float, default=0.0, help="ends at most this factor apart (0: none)")
     args = parser.parse_args(argv)
     doc: dict[str, Any] = {}
     for spec in args.run:
         page, _, run_id = spec.partition("=")
         at = comparisons(read_results(args.results, [run_id]))
         doc[page] = {"run": run_id, **{f"within {w:.2f}x": figures(losses(at, w)) for w in args.within}}
+        if args.ends:
+            chosen_on = {k: figures(v, "shapes") for k, v in between(at, args.ends).items()}
+            doc[page][f"ends at most {args.ends:g}x apart"] = chosen_on
     print(json.dumps(doc, indent=1))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -169,41 +170,86 @@ def test_a_pick_confirmed_by_cell_serves_its_cell_at_the_exact_batch(tmp_path: P
         bundle.with_confirmed("decode_attention", [(at, PICK)], by_cell={"seq": [1]})
 
 
-def test_confirming_at_batch_sizes_alone_times_each_length_cell_and_installs_per_cell(
+def test_confirming_at_batch_sizes_alone_times_each_length_cell_at_its_edges(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The lengths left out are confirmed at each cell's middle, the bundle's 1024-4096 cell cut in
-    two; a pick serves its cell, and where the entry's own config holds its place nothing is
-    installed. The times are fixed (a fake clock for the kernels): the cell up to 1024 is a near-tie,
-    the next two each have a candidate 2x faster."""
+    """The lengths left out are confirmed cell by cell, the bundle's 1024-4096 cell cut in two: each
+    point timed once (two cells share 2048), each cell judged on the geometric mean of its edges,
+    its pick serving the cell; where the entry's own config holds its place nothing is installed.
+    The times are fixed (a fake clock for the kernels), per point: the entry's config, then the two
+    others."""
     import tunectl.measure.confirm as confirming
 
     bundle = load_bundle(_bundle(tmp_path, kv=(1024, 4096)), env_policy="off")
-    times = {1024: [10.0, 9.9, 20.0], 1448: [10.0, 5.0, 20.0], 2896: [10.0, 20.0, 5.0]}
+    times = {1024: [10.0, 9.9, 20.0], 2048: [10.0, 5.0, 20.0], 4096: [10.0, 5.0, 1.0]}
     timed_at: list[dict[str, Any]] = []
 
     def fixed(task: Any, static: Any, shape: dict[str, Any], configs: Any, **how: Any) -> list[float]:
+        assert [dict(c) for c in configs] == [PICK, *OTHERS]
         timed_at.append(shape)
         return times[shape["kv_len"]]
 
     monkeypatch.setattr(confirming, "time_configs", fixed)
     shapes = [{"batch": 3}, {"batch": 64}]
     confirmed, reports = confirm(bundle, "decode_attention", STATIC, shapes, budget_s=60)
-    assert timed_at == [{"batch": 3, "kv_len": kv} for kv in (1024, 1448, 2896)]
+    assert timed_at == [{"batch": 3, "kv_len": kv} for kv in (1024, 2048, 4096)]
+    # up to 1024: 9.9 against 10 is within the margin; 1024-2048: sqrt(9.9 x 5) = 7.0 against 10;
+    # 2048-4096: sqrt(20 x 1) = 4.5 against 5 and 10
     assert [r.chosen for r in reports] == [PICK, *OTHERS, None]
-    assert all(r.by_cell == ("kv_len",) for r in reports)
-    assert "batch=3, kv_len=1448 (for its kv_len cell): chose" in reports[1].line()
+    assert all(r.by_cell == ("kv_len",) for r in reports[:3])
+    assert [c for c, _ in reports[1].timed] == [PICK, *OTHERS]
+    assert math.isclose(reports[1].timed[1][1] or 0, math.sqrt(9.9 * 5))
+    assert (
+        "kv_len=1448 (for its kv_len cell, timed at kv_len=1024 and kv_len=2048): chose" in reports[1].line()
+    )
     assert reports[3].line() == "batch=64: no entry of the bundle serves it"
-    for kv_len, served in ((1000, PICK), (1025, OTHERS[0]), (2048, OTHERS[0]), (2049, OTHERS[1])):
-        assert confirmed.lookup("decode_attention", **STATIC, batch=3, kv_len=kv_len) == served, kv_len
+    served = {1000: PICK, 1025: OTHERS[0], 2048: OTHERS[0], 2049: OTHERS[1], 4096: OTHERS[1]}
+    for kv_len, config in served.items():
+        assert confirmed.lookup("decode_attention", **STATIC, batch=3, kv_len=kv_len) == config, kv_len
     assert confirmed.lookup("decode_attention", **STATIC, batch=4, kv_len=2048) == PICK  # batch 3 only
+
+
+def test_a_rule_entry_is_timed_with_its_own_count_at_each_edge_and_keeps_computing_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import tunectl.measure.confirm as confirming
+    from tunectl.runtime.rules import WaveRule
+
+    rule = WaveRule("num_splits", "batch", "kv_len", 8.0, 256, 1, 64, (2.0, 0.01, 0.5, 0.02))
+    listed = tuple(make_key(c) for c in [PICK, OTHERS[1]])
+    entries = tuple(
+        Entry(make_key(STATIC), make_key({"batch": 4, "kv_len": k}), make_key(PICK), rule, candidates=listed)
+        for k in (1024, 4096)
+    )
+    shapes = {**SHAPES, "kv_len": {"policy": "ceil", "points": [1024, 4096]}}
+    table = TaskTable("decode_attention", tuple(sorted(STATIC)), shapes, entries)
+    bundle = load_bundle(
+        publish_local(tmp_path, "r", "1", build_files("r", "1", [table], ["r1"], {})), env_policy="off"
+    )
+    seen: dict[int, list[dict[str, Any]]] = {}
+
+    def fixed(task: Any, static: Any, shape: dict[str, Any], configs: Any, **how: Any) -> list[float]:
+        seen[shape["kv_len"]] = [dict(c) for c in configs]
+        return [10.0, 10.1] + [10.0] * (len(configs) - 2)
+
+    monkeypatch.setattr(confirming, "time_configs", fixed)
+    confirmed, reports = confirm(bundle, "decode_attention", STATIC, [{"batch": 3}], budget_s=60)
+    assert [rule.count(3, k) for k in (1024, 2048, 4096)] == [2, 8, 8]  # the rule's count follows the length
+    for kv_len, configs in seen.items():
+        assert {**PICK, "num_splits": rule.count(3, kv_len)} in configs, kv_len  # the rule's own count there
+    assert all(r.chosen == r.timed[0][0] for r in reports)  # the rule held its place: nothing installed
+    for kv_len in (1000, 1500, 3000):
+        assert confirmed.lookup("decode_attention", **STATIC, batch=3, kv_len=kv_len) == {
+            **PICK,
+            "num_splits": rule.count(3, kv_len),
+        }
 
 
 def test_the_api_passes_its_margin_and_cell_span_to_confirming(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``ConfirmOptions``: a margin of 150 % keeps the entry's own config against one 2x faster, and
-    cells of up to 4x along the KV length confirm the bundle's 1024-4096 cell once, at 2048."""
+    cells of up to 4x along the KV length confirm the bundle's 1024-4096 cell as one, at its edges."""
     import tunectl.measure.confirm as confirming
     from tunectl import api
 
@@ -217,7 +263,7 @@ def test_the_api_passes_its_margin_and_cell_span_to_confirming(
     monkeypatch.setattr(confirming, "time_configs", fixed)
     options = api.ConfirmOptions(static=STATIC, device="cpu", cell_span=4.0)
     done = api.confirm_candidates(bundle, "decode_attention", [{"batch": 3}], options)
-    assert timed_at == [1024, 2048] and [r.chosen for r in done.reports] == [OTHERS[0], OTHERS[0]]
+    assert timed_at == [1024, 4096] and [r.chosen for r in done.reports] == [OTHERS[0], OTHERS[0]]
     kept = api.confirm_candidates(
         bundle, "decode_attention", [{"batch": 3}], dataclasses.replace(options, margin=1.5)
     )

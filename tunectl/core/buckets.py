@@ -71,6 +71,21 @@ def cell_middle(policy: str, points: Sequence[int], point: int) -> int:
     return min(high, max(low, round(math.sqrt(edge * point))))
 
 
+def cell_edges(policy: str, points: Sequence[int], point: int) -> tuple[int, ...]:
+    """The values bounding ``point``'s cell under ``policy``: the tuned points on either side of it
+    (the one beyond a ``ceil`` cell's lower end, or a ``floor`` cell's upper end, is just outside it),
+    or the point alone where the cell is open-ended or is the point (``exact``, ``nearest``)."""
+    pts = sorted(set(points))
+    i = pts.index(point)
+    if policy == "ceil" and i > 0:
+        return pts[i - 1], point
+    if policy == "floor" and i + 1 < len(pts):
+        return point, pts[i + 1]
+    if policy == "pow2" and point > 1:
+        return point // 2, point
+    return (point,)
+
+
 def refined(policy: str, points: Sequence[int], factor: float = 2.0) -> list[int]:
     """``points`` with points put between any two more than ``factor`` apart (evenly on a log scale),
     under a ``floor`` or ``ceil`` policy, so that no cell between tuned points spans more than

@@ -147,10 +147,10 @@ class SearchSpec(_Choices):
 DEFAULT_MARGIN = 0.02
 #: confirming at start-up (``tunectl.measure.confirm``): the widest a cell confirmed along a dimension
 #: the shapes leave out spans, by default (the bundle's cells are cut where wider: a 1024-4096 cell is
-#: confirmed as 1024-2048 and 2048-4096). A pick at a 2x cell's middle serves shapes up to 1.41x away;
-#: in the H200 tuning runs' comparisons a choice carried that far lost ~0.5 % more than two processes'
-#: readings of one shape differ (``benchmarks/studies/cell_transfer.py``); 1.41 halves the distance
-#: for twice the shapes to time.
+#: confirmed as 1024-2048 and 2048-4096), each judged at its two edges. In the H200 tuning runs'
+#: comparisons a choice made on two ends at most 2x apart lost 0.3-0.6 % at the shapes between them
+#: (``benchmarks/studies/cell_transfer.py --ends``); two processes' readings of one shape differ by
+#: about 0.3 %.
 CELL_SPAN = 2.0
 
 

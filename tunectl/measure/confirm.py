@@ -14,15 +14,20 @@ the config the tuning runs chose), with a report.
 A shape gives the dimensions the caller knows. A serving process knows its batch sizes (the sizes it
 captures graphs at) but not the lengths its requests will reach: a dimension the shapes leave out is
 confirmed cell by cell: the bundle's cells along it, cut to span at most ``cell_span`` each
-(``tunectl.core.buckets.refined``), each timed at its middle (``cell_middle``) where the bundle has
-an entry, and a pick made there serves its whole cell along that dimension (``with_confirmed(...,
-by_cell=...)``), at the given values of the others. Where the cell's own entry keeps its place
-nothing is installed, so a rule entry goes on computing its split count from each shape.
-``settings`` say how a candidate is timed: the L2's state and the timing method should be those the
-bundle's entries were measured with (the manifest's ``measured``; ``api.confirm_candidates`` reads
-them), or a warm-L2 ranking can disagree with the cold-L2 one the bundle chose by. Within
-``budget_s`` seconds: a shape not reached keeps the bundle's pick. A candidate that fails to prepare
-or run, or whose output is wrong, is left out; a shape where none ran keeps the pick.
+(``tunectl.core.buckets.refined``), where the bundle has an entry. A cell is timed at its edges
+(``cell_edges``: the points bounding it; one where it is open-ended), each point once with every
+config the cells beside it need, and judged on each candidate's geometric mean over them; the pick
+serves the whole cell along that dimension (``with_confirmed(..., by_cell=...)``), at the given
+values of the others. In the H200 tuning runs' comparisons, a choice made on a segment's two ends
+lost 0.7-0.8 % at shapes between them 2-4x apart, one made at the nearer end 1.3 %
+(``benchmarks/studies/cell_transfer.py --ends``). Where the cell's own entry keeps its place nothing
+is installed, so a rule entry goes on computing its split count from each shape (and is timed with
+its own count at each edge). ``settings`` say how a candidate is timed: the L2's state and the
+timing method should be those the bundle's entries were measured with (the manifest's ``measured``;
+``api.confirm_candidates`` reads them), or a warm-L2 ranking can disagree with the cold-L2 one the
+bundle chose by. Within ``budget_s`` seconds: a shape not reached keeps the bundle's pick. A
+candidate that fails to prepare or run, or whose output is wrong, is left out; a shape where none
+ran keeps the pick.
 
     from tunectl.measure.confirm import confirm
     bundle, report = confirm(bundle, "flash_decode", static, [{"batch": b, "q_len": 1} for b in sizes],
@@ -31,20 +36,21 @@ or run, or whose output is wrong, is left out; a shape where none ran keeps the 
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
+import math
 import statistics
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from tunectl.core.buckets import cell_middle, refined
+from tunectl.core.buckets import cell_edges, cell_middle, refined
+from tunectl.core.files import canonical_json
 from tunectl.core.spec import CELL_SPAN, DEFAULT_MARGIN, MeasureSpec
 from tunectl.measure.harness import Sampler, interleave
 from tunectl.measure.rounds import round_times
 from tunectl.measure.timing import make_sampler
-from tunectl.runtime import Bundle
+from tunectl.runtime import Bundle, Entry
 from tunectl.tasks.base import TuningTask, compare_outputs
 from tunectl.tasks.registry import get_task
 
@@ -57,7 +63,8 @@ DEFAULT_SETTINGS = MeasureSpec(warmup=2, min_samples=10, max_samples=200, noise_
 
 @dataclass(frozen=True)
 class ShapeReport:
-    """One shape: the configs timed and their medians (µs; None: failed or wrong), the config
+    """One shape, or one cell standing for its shapes: the configs timed and their medians (µs; over
+    a cell, the geometric mean of their medians at its edges; None: failed or wrong), the config
     installed (the bundle's pick where nothing was timed), the seconds spent, and whether the budget
     ran out before it."""
 
@@ -67,13 +74,14 @@ class ShapeReport:
     seconds: float
     skipped: bool = False
     by_cell: tuple[str, ...] = ()  # the dimensions the shape stands for its cell along (module doc)
+    at: tuple[str, ...] = ()  # where a cell was timed: its edges' values along ``by_cell``
 
     def line(self) -> str:
         shape = ", ".join(f"{k}={v}" for k, v in self.shape.items())
         if self.chosen is None:
             return f"{shape}: no entry of the bundle serves it"
         if self.by_cell:
-            shape += f" (for its {', '.join(self.by_cell)} cell)"
+            shape += f" (for its {', '.join(self.by_cell)} cell, timed at {' and '.join(self.at)})"
         if self.skipped:
             return f"{shape}: skipped (budget spent), the bundle's pick {dict(self.chosen)}"
         if not self.timed:
@@ -88,6 +96,19 @@ class ShapeReport:
             kept = f"kept the bundle's pick {dict(self.chosen)}, no candidate faster beyond the margin"
             return f"{shape}: {kept}, in {self.seconds:.2f} s ({times})"
         return f"{shape}: chose {dict(self.chosen)} in {self.seconds:.2f} s ({times})"
+
+
+@dataclass(frozen=True)
+class _Cell:
+    """One cell to confirm (one shape where nothing was left out): the shape standing for it (its
+    middle), the entry's static key, where it is timed (its edges along the dimensions left out), the
+    bundle's own config at each of those (a rule entry's count follows the shape), and the list."""
+
+    shape: dict[str, Any]
+    static: dict[str, Any]
+    samples: tuple[dict[str, Any], ...]
+    own: tuple[dict[str, Any], ...]
+    listed: tuple[dict[str, Any], ...]  # lookup's answer at ``shape`` first, then the other candidates
 
 
 def confirm(
@@ -105,27 +126,32 @@ def confirm(
 ) -> tuple[Bundle, list[ShapeReport]]:
     """``bundle`` with the fastest candidate installed at each of ``shapes``, or over the cells of the
     dimensions they leave out, none spanning more than ``cell_span`` (module doc), and the report."""
-    task = get_task(task_name)
     given = set().union(*shapes) if shapes else set()
     dims = bundle.task_info(task_name)["shape_params"]
     grid = {d: refined(dims[d]["policy"], dims[d]["points"], cell_span) for d in dims if d not in given}
-    free = tuple(grid)
-    start = time.perf_counter()
+    found = [cell for one in shapes for cell in cells(bundle, task_name, static, one, grid)]
+    todo = [c for c in found if isinstance(c, _Cell) and len(c.listed) > 1]
+    times, spent = _time_points(get_task(task_name), todo, budget_s, (device, mode, settings))
     reports: list[ShapeReport] = []
     picks: list[tuple[dict[str, Any], Mapping[str, Any]]] = []
-    for shape in (cell for one in shapes for cell in cells(bundle, task_name, static, one, grid)):
-        params = {**static, **shape}
-        listed = bundle.candidates(task_name, **params)
-        if time.perf_counter() - start >= budget_s:
-            chosen = listed[0] if listed else None
-            reports.append(ShapeReport(shape, (), chosen, 0.0, skipped=True, by_cell=free))
+    charged: set[str] = set()
+    for cell in found:
+        if not isinstance(cell, _Cell):
+            reports.append(ShapeReport(cell, (), None, 0.0))
             continue
-        report = _confirm_shape(
-            bundle, task, task_name, params, shape, listed, (device, mode, settings), margin
-        )
-        reports.append(dataclasses.replace(report, by_cell=free))
-        if report.timed and report.chosen is not None and report.chosen != listed[0]:
-            picks.append((params, report.chosen))
+        at = tuple(", ".join(f"{d}={s[d]}" for d in grid) for s in cell.samples)
+        keys = [_key(cell.static, s) for s in cell.samples]
+        if len(cell.listed) < 2 or any(k not in spent for k in keys):
+            skipped = len(cell.listed) > 1
+            reports.append(ShapeReport(cell.shape, (), cell.listed[0], 0.0, skipped, tuple(grid), at))
+            continue
+        timed = tuple(_over_cell(cell, keys, times))
+        seconds = sum(spent[k] for k in set(keys) - charged)  # a point two cells share, counted once
+        charged.update(keys)
+        chosen = installed(timed, margin)
+        reports.append(ShapeReport(cell.shape, timed, chosen, seconds, False, tuple(grid), at))
+        if chosen != cell.listed[0]:
+            picks.append(({**static, **cell.shape}, chosen))
     return (bundle.with_confirmed(task_name, picks, by_cell=grid) if picks else bundle), reports
 
 
@@ -135,37 +161,85 @@ def cells(
     static: Mapping[str, Any],
     given: Mapping[str, Any],
     grid: Mapping[str, Sequence[int]],
-) -> list[dict[str, Any]]:
-    """``given`` completed along each dimension of ``grid`` with the middle of each of its cells
-    among the grid's points (under the dimension's policy) where the bundle has an entry; ``given``
-    alone where the grid is empty or no cell has one (a shape no entry serves, which the report says)."""
+) -> list[_Cell | dict[str, Any]]:
+    """The cells ``given`` reaches along each dimension of ``grid`` (its cells among the grid's points,
+    under the dimension's policy) where the bundle has an entry; ``given`` alone as one cell where the
+    grid is empty; ``given`` itself (a shape no entry serves, which the report says) where none has."""
     dims = bundle.task_info(task_name)["shape_params"]
-    middles = [[cell_middle(dims[d]["policy"], points, p) for p in points] for d, points in grid.items()]
-    shapes = [{**given, **dict(zip(grid, values, strict=True))} for values in itertools.product(*middles)]
-    served = [s for s in shapes if bundle.entry(task_name, **static, **s) is not None]
-    return served if grid and served else [dict(given)]
+    along = [
+        [
+            (cell_middle(dims[d]["policy"], points, p), cell_edges(dims[d]["policy"], points, p))
+            for p in points
+        ]
+        for d, points in grid.items()
+    ]
+    out: list[_Cell | dict[str, Any]] = []
+    for combo in itertools.product(*along):
+        shape = {**given, **{d: middle for d, (middle, _) in zip(grid, combo, strict=True)}}
+        entry = bundle.entry(task_name, **static, **shape)
+        if entry is None:
+            continue
+        listed = bundle.candidates(task_name, **static, **shape)
+        edges = itertools.product(*(edge for _, edge in combo))
+        samples = tuple({**given, **dict(zip(grid, values, strict=True))} for values in edges)
+        own = tuple(_own_at(entry, listed[0], {**static, **s}) for s in samples)
+        out.append(_Cell(shape, dict(entry.static), samples, own, tuple(listed)))
+    return out or [dict(given)]
 
 
-def _confirm_shape(
-    bundle: Bundle,
-    task: TuningTask,
-    task_name: str,
-    params: Mapping[str, Any],
-    shape: dict[str, Any],
-    listed: list[dict[str, Any]],
-    how: tuple[str, str, MeasureSpec],
-    margin: float,
-) -> ShapeReport:
-    """Time each of ``listed`` at one shape; the fastest that ran and matched the reference, unless the
-    entry's own config (listed first) ran and none beat it by more than ``margin``."""
-    t0 = time.perf_counter()
-    entry = bundle.entry(task_name, **params)
-    if entry is None or len(listed) < 2:
-        return ShapeReport(shape, (), listed[0] if listed else None, 0.0)
+def _own_at(entry: Entry, answer: dict[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
+    """What the entry serves at ``params``: its config, or a rule entry's with the count for them."""
+    rule = entry.rule
+    return (
+        answer
+        if rule is None
+        else {**answer, rule.param: rule.count(params[rule.across], params[rule.along])}
+    )
+
+
+def _key(static: Mapping[str, Any], shape: Mapping[str, Any]) -> str:
+    """A text naming a point (static key and shape), or a config (``_key({}, config)``)."""
+    return canonical_json({"static": dict(static), "shape": dict(shape)}, default=str)
+
+
+def _time_points(
+    task: TuningTask, todo: Sequence[_Cell], budget_s: float, how: tuple[str, str, MeasureSpec]
+) -> tuple[dict[tuple[str, str], float | None], dict[str, float]]:
+    """Every config the cells need at each of their points, each point's timed together in one
+    interleaved session (a point two cells share, once); the times by (point, config), and the
+    seconds each point took. Points not reached within ``budget_s`` are left out."""
+    needs: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Mapping[str, Any]]]] = {}
+    for cell in todo:
+        for sample, own in zip(cell.samples, cell.own, strict=True):
+            _, _, configs = needs.setdefault(_key(cell.static, sample), (cell.static, sample, {}))
+            configs.update({_key({}, c): c for c in (own, *cell.listed[1:])})
     device, mode, settings = how
-    times = time_configs(task, dict(entry.static), shape, listed, device=device, mode=mode, settings=settings)
-    timed = tuple(zip(listed, times, strict=True))
-    return ShapeReport(shape, timed, installed(timed, margin), time.perf_counter() - t0)
+    start = time.perf_counter()
+    times: dict[tuple[str, str], float | None] = {}
+    spent: dict[str, float] = {}
+    for point, (static, sample, configs) in needs.items():
+        if time.perf_counter() - start >= budget_s:
+            break
+        t0 = time.perf_counter()
+        got = time_configs(
+            task, static, sample, list(configs.values()), device=device, mode=mode, settings=settings
+        )
+        times.update({(point, key): t for key, t in zip(configs, got, strict=True)})
+        spent[point] = time.perf_counter() - t0
+    return times, spent
+
+
+def _over_cell(
+    cell: _Cell, keys: Sequence[str], times: Mapping[tuple[str, str], float | None]
+) -> list[tuple[Mapping[str, Any], float | None]]:
+    """Each listed config's reading over the cell: the geometric mean of its times at the cell's points
+    (the entry's own config at each point as it serves there); None where one of them failed."""
+    out: list[tuple[Mapping[str, Any], float | None]] = []
+    for i, config in enumerate(cell.listed):
+        at = [times[(k, _key({}, own if i == 0 else config))] for k, own in zip(keys, cell.own, strict=True)]
+        ok = [t for t in at if t is not None and t > 0]
+        out.append((config, math.exp(math.fsum(map(math.log, ok)) / len(ok)) if len(ok) == len(at) else None))
+    return out
 
 
 def installed(timed: Sequence[tuple[T, float | None]], margin: float) -> T:
