@@ -12,7 +12,7 @@
 # `confirm` exports the built run again with candidates (version VERSION, default 2), draws CONFIRM_SEEDS (default
 # 104 105 106, never used before), times every config there (`tunectl validate --holdout`), then confirms
 # the candidates on this GPU as a serving process would at start-up (at those shapes' batch sizes, every
-# KV cell of the bundle at its middle, cells cut to CELL_SPAN at most, default 2) and scores what the
+# KV cell of the bundle at its edges, cells cut to CELL_SPAN at most, default 2) and scores what the
 # confirmed bundle answers at the held-out shapes against that run's oracle, and times confirming at
 # CONFIRM_BATCHES (default 32) batch sizes over every KV cell: $OUT/confirm-pP.json; then confirms at the
 # held-out shapes themselves, KV lengths included, which no serving process can (an upper bound):
@@ -123,7 +123,7 @@ case "${1:?step}" in
       fi
       args+=(--holdout "$page:$seed=$bundle:$held")
     done
-    # as a serving process can: at the held-out batch sizes, every KV cell at its middle (the lengths
+    # as a serving process can: at the held-out batch sizes, every KV cell at its edges (the lengths
     # to come are unknown at start-up); then at the held-out shapes themselves, the upper bound
     python benchmarks/studies/confirm_holdout.py --results "$RES" "${args[@]}" --json "$OUT/confirm-p$page.json" \
       --time-batches "${CONFIRM_BATCHES:-32}" --cell-span "${CELL_SPAN:-2}"

@@ -10,7 +10,7 @@ Each ``--holdout PAGE:SEED=BUNDLE_DIR:RUN`` names a bundle exported with candida
 ``tunectl validate BUNDLE --holdout N --seed SEED`` recorded for it (every selectable config timed at
 each held-out shape). Per run, the candidates are confirmed as a serving process would at start-up:
 at that run's batch sizes, but not at its KV lengths, which a serving process cannot know in advance
-(``--by-cell kv_len``, the default: each KV cell of the bundle is confirmed at its middle, and the
+(``--by-cell kv_len``, the default: each KV cell of the bundle is confirmed at its edges, and the
 pick serves the cell); ``--by-cell ''`` confirms at the held-out shapes themselves, an upper bound
 no serving process reaches. Timed again here, independently of the run; what the confirmed bundle
 answers at each held-out shape is scored with the run's records exactly as ``holdout_json.py`` scores

@@ -14,7 +14,7 @@ entry into the kernel's arguments with ``tunectl.runtime.adapters``, and runs th
 
 ``--confirm-s S`` confirms the bundle's candidates at start-up before serving, within S seconds
 (``tunectl.measure.confirm``, which needs torch and the task): at the batch sizes this server runs,
-every KV cell of the bundle at its middle (the lengths its requests will reach are not known yet),
+every KV cell of the bundle at its edges (the lengths its requests will reach are not known yet),
 and serves each cell at each batch size with the candidate that was fastest here.
 """
 
@@ -76,7 +76,7 @@ def requests(num_steps: int, start_kv_len: int) -> list[tuple[int, int]]:
 
 def confirmed(bundle: Bundle, seconds: float) -> Bundle:
     """``bundle`` with its candidates confirmed at this server's batch sizes, every KV cell at its
-    middle, within ``seconds`` (module doc); the bundle as it was where there is nothing to confirm."""
+    edges, within ``seconds`` (module doc); the bundle as it was where there is nothing to confirm."""
     if seconds <= 0 or TASK not in bundle.tasks:
         return bundle
     from tunectl.measure.confirm import confirm

@@ -274,7 +274,7 @@ def test_a_cells_middle_buckets_to_its_own_point(policy: str, points: set[int]) 
 
 
 def test_a_cells_middle_is_geometric_between_tuned_points() -> None:
-    from tunectl.core.buckets import cell_middle, refined
+    from tunectl.core.buckets import cell_edges, cell_middle, refined
 
     assert refined("ceil", [1024, 4096, 16384, 32768]) == [1024, 2048, 4096, 8192, 16384, 32768]
     cut = refined("floor", [4, 5, 6, 100])
@@ -286,6 +286,9 @@ def test_a_cells_middle_is_geometric_between_tuned_points() -> None:
     assert [cell_middle("floor", kv, p) for p in kv] == [1448, 2896, 11585, 32768]  # last: open above
     assert [cell_middle("pow2", [1, 8], p) for p in (1, 8)] == [1, 6]
     assert cell_middle("nearest", kv, 2048) == 2048 and cell_middle("exact", kv, 4096) == 4096
+    assert [cell_edges("ceil", kv, p) for p in kv] == [(1024,), (1024, 2048), (2048, 4096), (4096, 32768)]
+    assert [cell_edges("floor", kv, p) for p in kv] == [(1024, 2048), (2048, 4096), (4096, 32768), (32768,)]
+    assert cell_edges("pow2", [1, 8], 8) == (4, 8) and cell_edges("nearest", kv, 2048) == (2048,)
 
 
 def test_lookups_from_many_threads_agree_and_need_no_files(bundle_dir: Path) -> None:

@@ -43,7 +43,7 @@ def confirm_cmd(
     """Time each shape's candidates (export's short list per entry) and say which is fastest where.
 
     Give the batch sizes a serving process runs, and leave out the lengths it cannot know: each is
-    then confirmed at the middle of each of the bundle's cells along it, as start-up confirming does.
+    then confirmed at the edges of each of the bundle's cells along it, as start-up confirming does.
 
     Example:
     \b
