@@ -314,12 +314,17 @@ def test_the_command_times_the_candidates_and_counts_what_it_did(tmp_path: Path)
         "--device",
         "cpu",
     ]
-    done = CliRunner().invoke(app, [*args, "--shape", "kv_len=2048,999999"])
+    done = CliRunner().invoke(app, [*args, "--shape", "kv_len=2048,999999", "--all"])
     assert done.exit_code == 0, done.output
     text = " ".join(done.output.split())
-    assert text.count("batch=16, kv_len=2048: chose ") == 1 and "µs" in text  # three configs timed there
+    assert text.count("batch=16, kv_len=2048: ") == 1 and "µs" in text  # three configs timed there
     assert "batch=3, kv_len=999999: no entry of the bundle serves it" in text
     assert "timed the candidates at 2 of 4 shape(s) on cpu" in text and "2 without an entry" in text
+    brief = CliRunner().invoke(app, [*args, "--shape", "kv_len=2048,999999"]).output
+    said = " ".join(brief.split())
+    assert "no entry of the bundle serves it" not in said and "--all: a line for every shape" in said
+    changed = int(said.split(" would run another config")[0].rsplit(" ", 1)[1])
+    assert said.count(" µs)") == changed  # a line for each shape whose config would change, no other
 
 
 @pytest.mark.parametrize(

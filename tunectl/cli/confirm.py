@@ -39,6 +39,9 @@ def confirm_cmd(
         float,
         typer.Option("--cell-span", help="The widest a cell confirmed along a dimension left out may span."),
     ] = api.CELL_SPAN,
+    every: Annotated[
+        bool, typer.Option("--all", help="A line for every shape, not only those whose config would change.")
+    ] = False,
 ) -> None:
     """Time each shape's candidates (export's short list per entry) and say which is fastest where.
 
@@ -59,15 +62,20 @@ def confirm_cmd(
         static_values = {k: v[0] for k, v in given.items()}
         options = api.ConfirmOptions(static_values, device, budget_s, cell_span=cell_span)
         done = api.confirm_candidates(bundle, task, shapes, options)
-    for report in done.reports:
+    changed = [r for r in done.reports if r.timed and _changes(r, bundle, task, done.static)]
+    for report in done.reports if every else changed:
         console.print(report.line(), highlight=False, soft_wrap=True)
-    console.print(_summary(done, bundle, task, budget_s))
+    console.print(_summary(done, len(changed), budget_s, every))
 
 
-def _summary(done: api.Confirmed, bundle: api.Bundle, task: str, budget_s: float) -> str:
+def _changes(report: Any, bundle: api.Bundle, task: str, static: dict[str, Any]) -> bool:
+    """Whether confirming would run another config than the bundle's pick at ``report``'s shape."""
+    return dict(report.chosen or {}) != bundle.lookup(task, **{**static, **report.shape})
+
+
+def _summary(done: api.Confirmed, changed: int, budget_s: float, every: bool) -> str:
     reports = done.reports
     timed = [r for r in reports if r.timed]
-    changed = sum(dict(r.chosen or {}) != bundle.lookup(task, **{**done.static, **r.shape}) for r in timed)
     others = {
         "with one candidate": sum(
             1 for r in reports if r.chosen is not None and not r.timed and not r.skipped
@@ -79,6 +87,7 @@ def _summary(done: api.Confirmed, bundle: api.Bundle, task: str, budget_s: float
     return (
         f"timed the candidates at {len(timed)} of {len(reports)} shape(s) on {done.device} ({done.how}) in "
         f"{done.seconds:.1f} s: {changed} would run another config than the bundle's pick{rest}"
+        + ("" if every or changed == len(reports) else " (--all: a line for every shape)")
     )
 
 

@@ -140,7 +140,7 @@ def confirm(
             reports.append(ShapeReport(cell, (), None, 0.0))
             continue
         at = tuple(", ".join(f"{d}={s[d]}" for d in grid) for s in cell.samples)
-        keys = [_key(cell.static, s) for s in cell.samples]
+        keys = [_text(cell.static, s) for s in cell.samples]
         if len(cell.listed) < 2 or any(k not in spent for k in keys):
             skipped = len(cell.listed) > 1
             reports.append(ShapeReport(cell.shape, (), cell.listed[0], 0.0, skipped, tuple(grid), at))
@@ -197,9 +197,9 @@ def _own_at(entry: Entry, answer: dict[str, Any], params: Mapping[str, Any]) -> 
     )
 
 
-def _key(static: Mapping[str, Any], shape: Mapping[str, Any]) -> str:
-    """A text naming a point (static key and shape), or a config (``_key({}, config)``)."""
-    return canonical_json({"static": dict(static), "shape": dict(shape)}, default=str)
+def _text(*parts: Mapping[str, Any]) -> str:
+    """A canonical text of ``parts``: a point's (its static key and shape), or a config's."""
+    return canonical_json([dict(part) for part in parts], default=str)
 
 
 def _time_points(
@@ -211,8 +211,8 @@ def _time_points(
     needs: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Mapping[str, Any]]]] = {}
     for cell in todo:
         for sample, own in zip(cell.samples, cell.own, strict=True):
-            _, _, configs = needs.setdefault(_key(cell.static, sample), (cell.static, sample, {}))
-            configs.update({_key({}, c): c for c in (own, *cell.listed[1:])})
+            _, _, configs = needs.setdefault(_text(cell.static, sample), (cell.static, sample, {}))
+            configs.update({_text(c): c for c in (own, *cell.listed[1:])})
     device, mode, settings = how
     start = time.perf_counter()
     times: dict[tuple[str, str], float | None] = {}
@@ -236,7 +236,7 @@ def _over_cell(
     (the entry's own config at each point as it serves there); None where one of them failed."""
     out: list[tuple[Mapping[str, Any], float | None]] = []
     for i, config in enumerate(cell.listed):
-        at = [times[(k, _key({}, own if i == 0 else config))] for k, own in zip(keys, cell.own, strict=True)]
+        at = [times[(k, _text(own if i == 0 else config))] for k, own in zip(keys, cell.own, strict=True)]
         ok = [t for t in at if t is not None and t > 0]
         out.append((config, math.exp(math.fsum(map(math.log, ok)) / len(ok)) if len(ok) == len(at) else None))
     return out
