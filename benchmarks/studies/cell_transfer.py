@@ -1,19 +1,29 @@
 """Does a choice made at one KV length carry to another at the same batch size? Read from records.
 
-Confirming at start-up by cell (``tunectl.measure.confirm``) times a cell's candidates at its middle and
-serves the fastest over the whole cell at that batch size: at most ``sqrt(span)`` away along the KV
-length from any shape it serves (span 2: a factor 1.41). How much that costs is read here from a tuning
-run's own comparisons (finals and probes: a shape's configs timed in interleaved rounds), at every pair
-of shapes of one static key and one batch size whose KV lengths are at most ``--within`` apart: the
-config fastest at one, among the configs both compared, timed at the other over the fastest of them
-there. Each pair is counted both ways. ``--ends F``: at every shape with a compared shape of the same
-batch on either side along the KV length, at most F apart from each other, the config chosen on those
-two ends (the least geometric mean of its two times: how confirming judges a cell) and the one chosen
-at the nearer end, each timed at the shape between over the fastest there. No GPU::
+Confirming at start-up by cell (``tunectl.measure.confirm``) times a cell's candidates at its edges
+and serves the one with the least geometric mean there over the whole cell at that batch size. What
+that is worth is read here from a tuning run's own comparisons (finals and probes: a shape's configs
+timed in interleaved rounds):
+
+- at every pair of shapes of one static key and one batch size whose KV lengths are at most
+  ``--within`` apart: the config fastest at one, among the configs both compared, timed at the other
+  over the fastest of them there (each pair counted both ways);
+- ``--ends F``: at every shape with a compared shape of the same batch on either side along the KV
+  length, at most F apart, the config chosen on those two ends (the least geometric mean of its two
+  times) and the one chosen at the nearer end (what a cell's middle is), each timed at the shape
+  between over the fastest there;
+- ``--holdout PAGE:SEED=BUNDLE_DIR:RUN`` (as ``holdout_json.py`` takes them): at each held-out shape
+  whose batch size the tuning run compared on either side of its KV length, what confirming on those
+  two ends would install among the bundle's candidates (with the 2 % margin), scored with the
+  held-out run's times beside the bundle's pick and the list's best at the shape itself.
+
+No GPU::
 
     bash benchmarks/gpu/holdout_h200.sh restore   # the holdout archives into /tmp/holdout-results
-    PYTHONPATH=. python benchmarks/studies/cell_transfer.py --results /tmp/holdout-results \\
-        --run 16=r20261204-031233-40eb19 --run 128=r20261204-030703-b25d80 --ends 4
+    PYTHONPATH=. python benchmarks/studies/cell_transfer.py --results /tmp/holdout-results \
+        --run 16=r20261204-031233-40eb19 --run 128=r20261204-030703-b25d80 --ends 4 \
+        $(while read p s b r; do echo --holdout $p:$s=/tmp/holdout-results/bundles/h200-rules-p$p/2:$r; \
+          done < <(cat /tmp/holdout-results/holdout-runs.txt /tmp/holdout-results/confirm-runs.txt))
 """
 
 from __future__ import annotations
@@ -21,12 +31,21 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from holdout_json import holdout_of
+
+from tunectl import api
+from tunectl.core.keys import key_text, make_key
 from tunectl.core.record import Phase, Record, Status
+from tunectl.core.spec import DEFAULT_MARGIN
+from tunectl.decide.holdout import HeldOut
+from tunectl.measure.confirm import served_at
 from tunectl.store.results import read_results
 
 Place = tuple[str, int, int]  # static key, batch, KV length
@@ -83,6 +102,54 @@ def between(at: dict[Place, dict[str, float]], ends_within: float) -> dict[str, 
     return out
 
 
+def at_held_out(
+    at: dict[Place, dict[str, float]],
+    held: Iterable[HeldOut],
+    bundle: api.Bundle,
+    task: str,
+    ends_within: float,
+) -> dict[str, list[float]]:
+    """At each held-out shape whose batch the tuning run compared at KV lengths on either side (the
+    nearest, at most ``ends_within`` apart), where the entry's own config was compared at both ends:
+    the held-out time over the fastest of the bundle's pick, of what confirming on those two ends
+    installs (the candidate with the least geometric mean there, where it beats the entry's own by
+    the margin) and of the list's best at the shape itself (confirming at the exact shape, an upper
+    bound)."""
+    out: dict[str, list[float]] = {
+        "the bundle's pick": [],
+        "confirmed on the ends": [],
+        "the list's best": [],
+    }
+    for h in held:
+        static, shape = dict(h.static), dict(h.shape)
+        listed = bundle.candidates(task, **static, **shape)
+        entry = bundle.entry(task, **static, **shape)
+        kvs = sorted(k for s, b, k in at if s == key_text(h.static) and b == shape["batch"])
+        low = max((k for k in kvs if k <= shape["kv_len"]), default=None)
+        high = min((k for k in kvs if k >= shape["kv_len"]), default=None)
+        if entry is None or len(listed) < 2 or low is None or high is None or high > ends_within * low:
+            continue
+        ends = [at[(key_text(h.static), shape["batch"], k)] for k in (low, high)]
+        own = [
+            end.get(key_text(make_key(served_at(entry, listed[0], {**shape, "kv_len": k}))))
+            for end, k in zip(ends, (low, high), strict=True)
+        ]
+        scores = {key_text(make_key(c)): [end.get(key_text(make_key(c))) for end in ends] for c in listed[1:]}
+        known = {c: math.prod(t) for c, t in scores.items() if None not in t}
+        ratio = {key_text(k): v for k, v in h.losses.items()}
+        if None in own or key_text(h.pick) not in ratio:
+            continue
+        best = min(known, key=known.__getitem__, default=None)
+        beats = best is not None and known[best] * (1 + DEFAULT_MARGIN) ** 2 < math.prod(own)
+        chosen = best if beats else key_text(h.pick)
+        listed_ratios = [ratio[t] for t in (key_text(make_key(c)) for c in listed) if t in ratio]
+        if chosen in ratio and listed_ratios:
+            out["the bundle's pick"].append(ratio[key_text(h.pick)])
+            out["confirmed on the ends"].append(ratio[chosen])
+            out["the list's best"].append(min(listed_ratios))
+    return out
+
+
 def figures(ratios: Sequence[float], counted: str = "pairs") -> dict[str, Any]:
     if not ratios:
         return {counted: 0}
@@ -100,6 +167,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--run", action="append", required=True, help="PAGE=RUN_ID: a tuning run")
     parser.add_argument("--within", type=float, nargs="+", default=[math.sqrt(2), 2.0])
     parser.add_argument("--ends", type=float, default=0.0, help="ends at most this factor apart (0: none)")
+    parser.add_argument(
+        "--holdout",
+        action="append",
+        default=[],
+        help="PAGE:SEED=BUNDLE_DIR:RUN, scored with --ends (4 if unset)",
+    )
     args = parser.parse_args(argv)
     doc: dict[str, Any] = {}
     for spec in args.run:
@@ -109,6 +182,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.ends:
             chosen_on = {k: figures(v, "shapes") for k, v in between(at, args.ends).items()}
             doc[page][f"ends at most {args.ends:g}x apart"] = chosen_on
+        mine = [h.split("=", 1)[1].rsplit(":", 1) for h in args.holdout if h.split(":", 1)[0] == page]
+        if mine:
+            ratios: dict[str, list[float]] = {}
+            for bundle_dir, held_run in mine:
+                held = holdout_of(args.results, bundle_dir, held_run, DEFAULT_MARGIN).shapes
+                found = at_held_out(at, held, api.read_bundle(bundle_dir), "flash_decode", args.ends or 4.0)
+                for way, got in found.items():
+                    ratios.setdefault(way, []).extend(got)
+            doc[page]["held-out shapes"] = {k: figures(v, "shapes") for k, v in ratios.items()}
     print(json.dumps(doc, indent=1))
 
 

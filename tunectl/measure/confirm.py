@@ -182,13 +182,14 @@ def cells(
         listed = bundle.candidates(task_name, **static, **shape)
         edges = itertools.product(*(edge for _, edge in combo))
         samples = tuple({**given, **dict(zip(grid, values, strict=True))} for values in edges)
-        own = tuple(_own_at(entry, listed[0], {**static, **s}) for s in samples)
+        own = tuple(served_at(entry, listed[0], {**static, **s}) for s in samples)
         out.append(_Cell(shape, dict(entry.static), samples, own, tuple(listed)))
     return out or [dict(given)]
 
 
-def _own_at(entry: Entry, answer: dict[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
-    """What the entry serves at ``params``: its config, or a rule entry's with the count for them."""
+def served_at(entry: Entry, answer: dict[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
+    """What ``entry`` serves at ``params`` (``answer``: lookup's answer somewhere in its cell): its
+    config, or a rule entry's with the count for them."""
     rule = entry.rule
     return (
         answer
