@@ -245,6 +245,22 @@ def test_a_rule_entry_is_timed_with_its_own_count_at_each_edge_and_keeps_computi
         }
 
 
+def test_the_plan_counts_what_confirming_would_time_and_times_nothing(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from tunectl.cli import app
+
+    bundle = str(_bundle(tmp_path, kv=(1024, 4096)))
+    args = ["bundle", "confirm", bundle, "--task", "decode_attention", "--shape", "batch=3,64", "--plan"]
+    done = CliRunner().invoke(app, args)
+    assert done.exit_code == 0, done.output
+    # cells up to 1024, 1024-2048, 2048-4096 at batch 3 (their edges: 1024, 2048, 4096, three configs
+    # each); batch 64 has no entry
+    assert done.output.strip() == "would time 9 config(s) at 3 point(s) for 3 cell(s); 1 without an entry"
+    exact = CliRunner().invoke(app, [*args, "--shape", "kv_len=1500,3000"])
+    assert exact.output.strip() == "would time 6 config(s) at 2 point(s) for 2 cell(s); 2 without an entry"
+
+
 def test_the_api_passes_its_margin_and_cell_span_to_confirming(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -40,7 +40,7 @@ from tunectl.api.checks import (
     probe,
     validate,
 )
-from tunectl.api.confirming import Confirmed, ConfirmOptions, confirm_candidates, shape_grid
+from tunectl.api.confirming import Confirmed, ConfirmOptions, confirm_candidates, plan_confirm, shape_grid
 from tunectl.api.options import (
     Choices,
     Cluster,
@@ -138,6 +138,7 @@ __all__ = [
     "load_spec",
     "pack",
     "plan",
+    "plan_confirm",
     "probe",
     "promote",
     "read_bundle",

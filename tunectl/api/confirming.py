@@ -14,7 +14,7 @@ from tunectl.core.spec import CELL_SPAN, DEFAULT_MARGIN, MeasureSpec
 from tunectl.runtime import Bundle
 
 if TYPE_CHECKING:
-    from tunectl.measure.confirm import ShapeReport
+    from tunectl.measure.confirm import Plan, ShapeReport
 
 
 @dataclass(frozen=True)
@@ -60,16 +60,7 @@ def confirm_candidates(
     from tunectl.measure.confirm import confirm
 
     options = options or ConfirmOptions()
-    if not options.cell_span > 1:
-        raise OptionError("cell_span", options.cell_span, "must be more than 1 (a factor)")
-    if task not in bundle.tasks:
-        raise OptionError("task", task, f"must be a task of the bundle ({', '.join(bundle.tasks) or 'none'})")
-    dims = list(bundle.task_info(task)["shape_params"])
-    if unknown := sorted({d for shape in shapes for d in shape} - set(dims)):
-        raise OptionError("shape", unknown, f"must name shape dimensions of {task}: {', '.join(dims)}")
-    if len({frozenset(shape) for shape in shapes}) > 1:
-        raise OptionError("shape", "", "every shape must give the same dimensions")
-    static = _static_of(bundle, task, options.static)
+    static = _checked(bundle, task, shapes, options)
     device = _device(options.device)
     mode, settings = timed_as(bundle, task, device)
     confirmed, reports = confirm(
@@ -88,6 +79,33 @@ def confirm_candidates(
 
     how = f"{mode}, {settings.l2} L2, {timing_of(device, str(settings.l2), str(settings.timing))} timing"
     return Confirmed(confirmed, static, device, reports, how)
+
+
+def plan_confirm(
+    bundle: Bundle, task: str, shapes: Sequence[Mapping[str, Any]], options: ConfirmOptions | None = None
+) -> Plan:
+    """What ``confirm_candidates`` would time for ``shapes`` (cells, points, configs), timing nothing."""
+    from tunectl.measure.confirm import plan
+
+    options = options or ConfirmOptions()
+    static = _checked(bundle, task, shapes, options)
+    return plan(bundle, task, static, list(shapes), options.cell_span)
+
+
+def _checked(
+    bundle: Bundle, task: str, shapes: Sequence[Mapping[str, Any]], options: ConfirmOptions
+) -> dict[str, Any]:
+    """The static key ``options`` select for ``task``, once the options and shapes are checked."""
+    if not options.cell_span > 1:
+        raise OptionError("cell_span", options.cell_span, "must be more than 1 (a factor)")
+    if task not in bundle.tasks:
+        raise OptionError("task", task, f"must be a task of the bundle ({', '.join(bundle.tasks) or 'none'})")
+    dims = list(bundle.task_info(task)["shape_params"])
+    if unknown := sorted({d for shape in shapes for d in shape} - set(dims)):
+        raise OptionError("shape", unknown, f"must name shape dimensions of {task}: {', '.join(dims)}")
+    if len({frozenset(shape) for shape in shapes}) > 1:
+        raise OptionError("shape", "", "every shape must give the same dimensions")
+    return _static_of(bundle, task, options.static)
 
 
 def timed_as(bundle: Bundle, task: str, device: str) -> tuple[str, MeasureSpec]:

@@ -42,6 +42,9 @@ def confirm_cmd(
     every: Annotated[
         bool, typer.Option("--all", help="A line for every shape, not only those whose config would change.")
     ] = False,
+    plan_only: Annotated[
+        bool, typer.Option("--plan", help="Say what would be timed (cells, points, configs); time nothing.")
+    ] = False,
 ) -> None:
     """Time each shape's candidates (export's short list per entry) and say which is fastest where.
 
@@ -61,6 +64,9 @@ def confirm_cmd(
         given = dict(_assignment(s, "static", many=False) for s in static or [])
         static_values = {k: v[0] for k, v in given.items()}
         options = api.ConfirmOptions(static_values, device, budget_s, cell_span=cell_span)
+        if plan_only:
+            console.print(api.plan_confirm(bundle, task, shapes, options).line(), highlight=False)
+            return
         done = api.confirm_candidates(bundle, task, shapes, options)
     changed = [r for r in done.reports if r.timed and _changes(r, bundle, task, done.static)]
     for report in done.reports if every else changed:

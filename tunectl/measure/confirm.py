@@ -126,12 +126,9 @@ def confirm(
 ) -> tuple[Bundle, list[ShapeReport]]:
     """``bundle`` with the fastest candidate installed at each of ``shapes``, or over the cells of the
     dimensions they leave out, none spanning more than ``cell_span`` (module doc), and the report."""
-    given = set().union(*shapes) if shapes else set()
-    dims = bundle.task_info(task_name)["shape_params"]
-    grid = {d: refined(dims[d]["policy"], dims[d]["points"], cell_span) for d in dims if d not in given}
-    found = [cell for one in shapes for cell in cells(bundle, task_name, static, one, grid)]
-    todo = [c for c in found if isinstance(c, _Cell) and len(c.listed) > 1]
-    times, spent = _time_points(get_task(task_name), todo, budget_s, (device, mode, settings))
+    grid, found = _found(bundle, task_name, static, shapes, cell_span)
+    needs = _needs([c for c in found if isinstance(c, _Cell) and len(c.listed) > 1])
+    times, spent = _time_points(get_task(task_name), needs, budget_s, (device, mode, settings))
     reports: list[ShapeReport] = []
     picks: list[tuple[dict[str, Any], Mapping[str, Any]]] = []
     charged: set[str] = set()
@@ -153,6 +150,54 @@ def confirm(
         if chosen != cell.listed[0]:
             picks.append(({**static, **cell.shape}, chosen))
     return (bundle.with_confirmed(task_name, picks, by_cell=grid) if picks else bundle), reports
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What confirming ``shapes`` would time (``plan``): the cells (or shapes) with a list of more than
+    one config, the points they are timed at (two cells share an edge), the configs timed over all
+    points, and the shapes or cells with one candidate or no entry (nothing to time)."""
+
+    cells: int
+    points: int
+    timings: int
+    single: int
+    unserved: int
+
+    def line(self) -> str:
+        rest = f"; {self.single} with one candidate" if self.single else ""
+        rest += f"; {self.unserved} without an entry" if self.unserved else ""
+        return f"would time {self.timings} config(s) at {self.points} point(s) for {self.cells} cell(s){rest}"
+
+
+def plan(
+    bundle: Bundle,
+    task_name: str,
+    static: Mapping[str, Any],
+    shapes: Sequence[Mapping[str, Any]],
+    cell_span: float = CELL_SPAN,
+) -> Plan:
+    """What ``confirm`` would time for ``shapes``, timing nothing: to size its budget beforehand."""
+    _, found = _found(bundle, task_name, static, shapes, cell_span)
+    todo = [c for c in found if isinstance(c, _Cell) and len(c.listed) > 1]
+    needs = _needs(todo)
+    timings = sum(len(configs) for _, _, configs in needs.values())
+    single = sum(1 for c in found if isinstance(c, _Cell) and len(c.listed) < 2)
+    return Plan(len(todo), len(needs), timings, single, len(found) - len(todo) - single)
+
+
+def _found(
+    bundle: Bundle,
+    task_name: str,
+    static: Mapping[str, Any],
+    shapes: Sequence[Mapping[str, Any]],
+    span: float,
+) -> tuple[dict[str, list[int]], list[_Cell | dict[str, Any]]]:
+    """The grid along the dimensions ``shapes`` leave out, and the cells they reach (``cells``)."""
+    given = set().union(*shapes) if shapes else set()
+    dims = bundle.task_info(task_name)["shape_params"]
+    grid = {d: refined(dims[d]["policy"], dims[d]["points"], span) for d in dims if d not in given}
+    return grid, [cell for one in shapes for cell in cells(bundle, task_name, static, one, grid)]
 
 
 def cells(
@@ -203,17 +248,25 @@ def _text(*parts: Mapping[str, Any]) -> str:
     return canonical_json([dict(part) for part in parts], default=str)
 
 
-def _time_points(
-    task: TuningTask, todo: Sequence[_Cell], budget_s: float, how: tuple[str, str, MeasureSpec]
-) -> tuple[dict[tuple[str, str], float | None], dict[str, float]]:
-    """Every config the cells need at each of their points, each point's timed together in one
-    interleaved session (a point two cells share, once); the times by (point, config), and the
-    seconds each point took. Points not reached within ``budget_s`` are left out."""
-    needs: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Mapping[str, Any]]]] = {}
+_Needs = dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Mapping[str, Any]]]]
+
+
+def _needs(todo: Sequence[_Cell]) -> _Needs:
+    """Every config the cells need at each of their points, by point: its static key, its shape, the
+    configs by their text (a point two cells share, once)."""
+    needs: _Needs = {}
     for cell in todo:
         for sample, own in zip(cell.samples, cell.own, strict=True):
             _, _, configs = needs.setdefault(_text(cell.static, sample), (cell.static, sample, {}))
             configs.update({_text(c): c for c in (own, *cell.listed[1:])})
+    return needs
+
+
+def _time_points(
+    task: TuningTask, needs: _Needs, budget_s: float, how: tuple[str, str, MeasureSpec]
+) -> tuple[dict[tuple[str, str], float | None], dict[str, float]]:
+    """Each point's configs timed together in one interleaved session; the times by (point, config),
+    and the seconds each point took. Points not reached within ``budget_s`` are left out."""
     device, mode, settings = how
     start = time.perf_counter()
     times: dict[tuple[str, str], float | None] = {}
