@@ -76,13 +76,20 @@ def requests(num_steps: int, start_kv_len: int) -> list[tuple[int, int]]:
 
 def confirmed(bundle: Bundle, seconds: float) -> Bundle:
     """``bundle`` with its candidates confirmed at this server's batch sizes, every KV cell at its
-    edges, within ``seconds`` (module doc); the bundle as it was where there is nothing to confirm."""
+    edges, within ``seconds`` (module doc); the bundle as it was where there is nothing to confirm
+    or confirming failed."""
     if seconds <= 0 or TASK not in bundle.tasks:
         return bundle
     from tunectl.measure.confirm import confirm
 
     shapes = [{"batch": b} for b in sorted(set(BATCHES))]
-    confirmed, reports = confirm(bundle, TASK, MODEL, shapes, budget_s=seconds, device="cpu")
+    try:
+        confirmed, reports = confirm(bundle, TASK, MODEL, shapes, budget_s=seconds, device="cpu")
+    except Exception as exc:  # confirming only refines the bundle's picks: it never stops the server
+        log.error(
+            "could not confirm the candidates (%s: %s); serving the bundle's picks", type(exc).__name__, exc
+        )
+        return bundle
     for report in reports:
         log.debug("confirm %s", report.line())
     timed = [r for r in reports if r.timed]

@@ -86,6 +86,30 @@ def test_the_server_confirms_the_candidates_at_its_batch_sizes_before_serving(tm
     assert (line.group(3) == "0") == (set(served) == {"1"})  # what it installed is what it serves
 
 
+def test_a_failure_while_confirming_never_stops_the_server(
+    store: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import importlib.util
+
+    import tunectl.measure.confirm as confirming
+    from tunectl.runtime import load_bundle
+
+    spec = importlib.util.spec_from_file_location("serve_example", SERVING / "serve.py")
+    assert spec is not None and spec.loader is not None
+    server = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(server)
+
+    def broken(*args: object, **kwargs: object) -> None:  # a kernel library failing mid-way
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(confirming, "confirm", broken)
+    bundle = load_bundle(store / "serve" / "1", env_policy="off")
+    with caplog.at_level("ERROR"):
+        assert server.confirmed(bundle, 30.0) is bundle
+    assert "could not confirm the candidates (RuntimeError: CUDA error" in caplog.text
+    assert "serving the bundle's picks" in caplog.text
+
+
 def test_a_corrupt_bundle_never_stops_the_server(store: Path) -> None:
     (store / "serve/1/tables/decode_attention.json").write_text("[]")
     done = serve(f"{store}/serve@stable")
