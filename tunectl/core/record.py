@@ -91,6 +91,8 @@ class Timing(StrEnum):
     DIFFERENCE = "difference"
 
 
+#: statuses that are no failure: a measurement, or a look settled without one (``dominated``)
+NOT_FAILED = (Status.OK, Status.DOMINATED)
 #: Records that measured configs one call at a time (``validate`` records time whole stacks).
 SELECTED_PHASES = (Phase.MEASURE, Phase.SCREEN, Phase.FINAL, Phase.IMPORT)
 _ENUMS: dict[str, type[StrEnum]] = {
@@ -194,8 +196,8 @@ class Record:
 
     @property
     def failed(self) -> bool:
-        """Neither ok nor a look settled without measuring it (``dominated``)."""
-        return self.status not in (Status.OK, Status.DOMINATED)
+        """Neither ok nor a look settled without measuring it (``NOT_FAILED``)."""
+        return self.status not in NOT_FAILED
 
     @property
     def point(self) -> Point:

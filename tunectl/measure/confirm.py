@@ -235,12 +235,7 @@ def cells(
 def served_at(entry: Entry, answer: dict[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
     """What ``entry`` serves at ``params`` (``answer``: lookup's answer somewhere in its cell): its
     config, or a rule entry's with the count for them."""
-    rule = entry.rule
-    return (
-        answer
-        if rule is None
-        else {**answer, rule.param: rule.count(params[rule.across], params[rule.along])}
-    )
+    return answer if entry.rule is None else entry.rule.config(answer, params)
 
 
 def _text(*parts: Mapping[str, Any]) -> str:

@@ -21,6 +21,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from tunectl.core.record import NOT_FAILED
 from tunectl.report.drift import draw_drift
 from tunectl.report.gather import ImportedPanel, ReportData, ValidationPanel
 from tunectl.report.grids import PAGE_WIDTH_IN, Grid, label
@@ -28,7 +29,6 @@ from tunectl.report.grids import PAGE_WIDTH_IN, Grid, label
 PLOT_FILE = re.compile(r"(speedup|noise|validation|bundle|imported|drift)-\d+\.png")
 _DPI = 100
 _FAILED: dict[str, Any] = {"facecolor": "#d0d0d0", "edgecolor": "#666666", "hatch": "//", "lw": 0}
-_NOT_FAILED = ("ok", "dominated")  # grey without hatching: a look not taken is no failure
 _VERDICT_COLOURS = {"faster": "#2166ac", "slower": "#b2182b", "tie": "#878787"}
 
 
@@ -109,8 +109,9 @@ def _annotate(grid: Grid, ax: Any, cmap: Any, norm: Any, col_in: float) -> bool:
     size = 7.5 if col_in >= 0.55 else 5.5
     for (i, j), cell in grid.cells.items():
         if cell.value is None or (grid.kind == "noise" and cell.value <= 0):
-            failed |= cell.status not in _NOT_FAILED
-            style = _FAILED if cell.status not in _NOT_FAILED else {**_FAILED, "hatch": ""}
+            not_failed = cell.status in NOT_FAILED  # grey without hatching: a look not taken is no failure
+            failed |= not not_failed
+            style = {**_FAILED, "hatch": ""} if not_failed else _FAILED
             ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, **style))
         if col_in < 0.3:
             continue
