@@ -7,7 +7,7 @@
 #   bash benchmarks/gpu/holdout_h200.sh check 128   # export, then draw and time held-out shapes per seed
 #   bash benchmarks/gpu/holdout_h200.sh check 16
 #   bash benchmarks/gpu/holdout_h200.sh write       # holdout.json and holdout.md from the records (no GPU)
-#   bash benchmarks/gpu/holdout_h200.sh restore     # the 2026-12-04 records (seeds 101-109) into $RES instead of building
+#   bash benchmarks/gpu/holdout_h200.sh restore     # the records (seeds 101-115) into $RES instead of building
 #   bash benchmarks/gpu/holdout_h200.sh confirm 128 # export with candidates, new seeds, confirmed picks scored
 # `confirm` exports the built run again with candidates (version VERSION, default 2), draws CONFIRM_SEEDS (default
 # 104 105 106, never used before), times every config there (`tunectl validate --holdout`), then confirms
@@ -16,7 +16,9 @@
 # confirmed bundle answers at the held-out shapes against that run's oracle, and times confirming at
 # CONFIRM_BATCHES (default 32) batch sizes over every KV cell: $OUT/confirm-pP.json; then confirms at the
 # held-out shapes themselves, KV lengths included, which no serving process can (an upper bound):
-# $OUT/confirm-exact-pP.json (benchmarks/studies/confirm_holdout.py).
+# $OUT/confirm-exact-pP.json (benchmarks/studies/confirm_holdout.py). BUDGET: the seconds confirming may
+# take per held-out run (default 120), BATCH_BUDGET at the CONFIRM_BATCHES sizes (default none);
+# DRAW_ONLY=1 stops once the seeds are drawn and timed; EXACT=0 leaves out the upper bound.
 # The held-out seeds (SEEDS, default 101 102 103; seeds 0-7 were used before) are drawn only by `check`,
 # after the bundle is built; SHAPES per seed (default 8). Results accumulate in $RES, outputs in $OUT.
 # PROBES (default 2): probes a cell in the tuning spec (benchmarks/studies/table_bound.py plays denser
@@ -100,7 +102,8 @@ case "${1:?step}" in
     cat "$RES/holdout-runs.txt"
     ;;
   restore)
-    for a in holdout_h200_2026-12-04.tar.gz holdout_h200_2026-12-04b.tar.gz holdout_h200_2026-12-04c.tar.gz; do tar xzf "benchmarks/results/$a" -C "$(dirname "$RES")"; done
+    for a in holdout_h200_2026-12-04.tar.gz holdout_h200_2026-12-04b.tar.gz holdout_h200_2026-12-04c.tar.gz \
+        holdout_h200_2026-12-05.tar.gz; do tar xzf "benchmarks/results/$a" -C "$(dirname "$RES")"; done
     ls "$RES/_runs" | wc -l
     ;;
   confirm)
@@ -123,10 +126,13 @@ case "${1:?step}" in
       fi
       args+=(--holdout "$page:$seed=$bundle:$held")
     done
+    [ "${DRAW_ONLY:-0}" = 1 ] && exit 0
     # as a serving process can: at the held-out batch sizes, every KV cell at its edges (the lengths
     # to come are unknown at start-up); then at the held-out shapes themselves, the upper bound
     python benchmarks/studies/confirm_holdout.py --results "$RES" "${args[@]}" --json "$OUT/confirm-p$page.json" \
-      --time-batches "${CONFIRM_BATCHES:-32}" --cell-span "${CELL_SPAN:-2}"
+      --time-batches "${CONFIRM_BATCHES:-32}" --cell-span "${CELL_SPAN:-2}" --budget-s "${BUDGET:-120}" \
+      --batch-budget-s "${BATCH_BUDGET:-1e9}"
+    [ "${EXACT:-1}" = 1 ] || exit 0
     python benchmarks/studies/confirm_holdout.py --results "$RES" "${args[@]}" --by-cell '' \
       --json "$OUT/confirm-exact-p$page.json"
     ;;

@@ -93,6 +93,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--task", default="flash_decode")
     parser.add_argument("--budget-s", type=float, default=120.0)
     parser.add_argument("--time-batches", type=int, default=0)
+    parser.add_argument("--batch-budget-s", type=float, default=1e9, help="the budget of --time-batches")
     parser.add_argument("--kv-len", type=int, default=4096)
     parser.add_argument("--cell-span", type=float, default=api.CELL_SPAN)
     parser.add_argument(
@@ -120,6 +121,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         one["seeds"].append(int(seed))
         one["confirm_s"].append(round(seconds, 2))
         one["bundle"] = bundle_dir
+        print(f"page {page} seed {seed}: confirmed in {seconds:.1f} s", flush=True)
+        _write(args.json, _document(pages, args))  # after each run: a stop later keeps what was done
+    doc = _document(pages, args)
+    for page, one in pages.items():
+        if args.time_batches:
+            doc["page"][page]["confirm at batch sizes"] = _at_batch_sizes(one["bundle"], args)
+            _write(args.json, doc)
+    print(json.dumps(doc, sort_keys=True))
+
+
+def _document(pages: dict[str, dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    """The figures of the runs confirmed so far, per page."""
     doc: dict[str, Any] = {"page": {}}
     for page, one in pages.items():
         doc["page"][page] = {
@@ -130,26 +143,37 @@ def main(argv: Sequence[str] | None = None) -> None:
             "confirm_s per run": one["confirm_s"],
             "confirmed by cell along": args.by_cell or "nothing (at the held-out shapes)",
             "cell span": args.cell_span if args.by_cell else None,
+            "budget_s per run": args.budget_s,
             "shapes": one["lines"],
         }
-        if args.time_batches:
-            bundle = api.read_bundle(one["bundle"])
-            static = dict(next(iter(bundle.entries(args.task))).static)
-            sizes = batch_sizes(bundle, args.task, args.time_batches)
-            every_cell = "kv_len" in args.by_cell.split(",")
-            known = {"q_len": 1, **({} if every_cell else {"kv_len": args.kv_len})}
-            dims = bundle.task_info(args.task)["shape_params"]
-            shapes = [{"batch": b, **{k: v for k, v in known.items() if k in dims}} for b in sizes]
-            options = api.ConfirmOptions(static=static, budget_s=1e9, cell_span=args.cell_span)
-            done = api.confirm_candidates(bundle, args.task, shapes, options)
-            doc["page"][page]["confirm at batch sizes"] = {
-                "batches": sizes,
-                "kv_len": "every cell" if every_cell else args.kv_len,
-                "seconds": round(done.seconds, 2),
-                "timed": sum(1 for r in done.reports if r.timed),
-            }
-    args.json.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-    print(json.dumps(doc, sort_keys=True))
+    return doc
+
+
+def _at_batch_sizes(bundle_dir: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Confirming timed at ``--time-batches`` batch sizes over the bundle's batch span, within
+    ``--batch-budget-s``: what a serving process that captures graphs at them would spend."""
+    bundle = api.read_bundle(bundle_dir)
+    static = dict(next(iter(bundle.entries(args.task))).static)
+    sizes = batch_sizes(bundle, args.task, args.time_batches)
+    every_cell = "kv_len" in args.by_cell.split(",")
+    known = {"q_len": 1, **({} if every_cell else {"kv_len": args.kv_len})}
+    dims = bundle.task_info(args.task)["shape_params"]
+    shapes = [{"batch": b, **{k: v for k, v in known.items() if k in dims}} for b in sizes]
+    options = api.ConfirmOptions(static=static, budget_s=args.batch_budget_s, cell_span=args.cell_span)
+    done = api.confirm_candidates(bundle, args.task, shapes, options)
+    return {
+        "batches": sizes,
+        "kv_len": "every cell" if every_cell else args.kv_len,
+        "budget_s": args.batch_budget_s,
+        "seconds": round(done.seconds, 2),
+        "timed": sum(1 for r in done.reports if r.timed),
+        "skipped (budget spent)": sum(1 for r in done.reports if r.skipped),
+        "lines": [r.line() for r in done.reports],
+    }
+
+
+def _write(path: Path, doc: dict[str, Any]) -> None:
+    path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
 
 
 if __name__ == "__main__":
