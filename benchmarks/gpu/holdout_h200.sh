@@ -102,8 +102,12 @@ case "${1:?step}" in
     cat "$RES/holdout-runs.txt"
     ;;
   restore)
-    for a in holdout_h200_2026-12-04.tar.gz holdout_h200_2026-12-04b.tar.gz holdout_h200_2026-12-04c.tar.gz \
-        holdout_h200_2026-12-05.tar.gz; do tar xzf "benchmarks/results/$a" -C "$(dirname "$RES")"; done
+    archives=(holdout_h200_2026-12-04.tar.gz holdout_h200_2026-12-04b.tar.gz holdout_h200_2026-12-04c.tar.gz
+      holdout_h200_2026-12-04d.tar.gz holdout_h200_2026-12-04e.tar.gz holdout_h200_2026-12-05.tar.gz)
+    for a in "${archives[@]}"; do tar xzf "benchmarks/results/$a" -C "$(dirname "$RES")"; done
+    for a in "${archives[@]}"; do  # each archive holds the list as it stood: their lines together
+      tar xzOf "benchmarks/results/$a" holdout-results/confirm-runs.txt 2>/dev/null
+    done | sort -u -k1,1n -k2,2n > "$RES/confirm-runs.txt"
     ls "$RES/_runs" | wc -l
     ;;
   confirm)
