@@ -1,19 +1,22 @@
-"""Wave tails between tuned points: a kernel that never splits, read from held-out records.
+"""Wave tails between tuned points: kernels that never split, read from held-out records.
 
-A decode kernel that does not split the KV length launches one unit of work per (sequence, KV head)
-(flash-attn-4's default with its query heads packed per KV head: ``batch x num_kv_heads`` units); the
-device runs ``SMS`` of them at once, and a launch of more waits for a second, part-filled wave. Its
-fill is ``units / (waves x SMS)``. A tuning grid at powers of two puts every tuned batch of 16 and
-over near a whole number of waves (8 KV heads on the H200's 132 SMs: 0.97 at 16, 32, 64 and 128),
-so a table of points sees such a kernel at its best and serves it over batches where its last wave
-is part empty. Read here, at every held-out shape of two waves or more where the held-out run timed
-both, that kernel's time over the fastest config that splits (FlexAttention, FlashInfer, Triton
-with a rule), by its fill; then the bundle's picks replayed with a guard: where the pick is that
-kernel, at two waves or more, and its fill is below ``--fill``, the list's first config that splits
-instead. No GPU; the records from ``bash benchmarks/gpu/holdout_h200.sh restore``::
+A decode kernel that does not split the KV length launches one unit of work per (sequence, KV
+head): flash-attn-4's default (its query heads packed per KV head) and FlashInfer's with its
+split-KV planning off, ``batch x num_kv_heads`` units if their grids are so laid out. The device
+runs ``SMS`` units at once, and a launch of more waits for a part-filled last wave: its fill is
+``units / (waves x SMS)``. A grid at powers of two puts every tuned batch of 16 and over near a
+whole number of waves (8 KV heads on the H200's 132 SMs: 0.97 at 16, 32, 64 and 128), so a table of
+points sees such a kernel at its best and serves it over batches where its last wave is part empty.
+
+Read here, per such kernel, at every held-out shape of two waves or more where the held-out run
+timed it: its time over the fastest config that splits (FlexAttention, FlashInfer with its
+planning, Triton with a rule or its heuristic), by fill. Then the bundle's picks replayed with a
+guard: where the pick is flash-attn-4's default (the kernel whose reading falls with its fill), at
+two waves or more and a fill below ``--fill``, the list's first config that splits instead. No GPU;
+the records from ``bash benchmarks/gpu/holdout_h200.sh restore``::
 
     PYTHONPATH=. python benchmarks/studies/wave_tails.py --results /tmp/holdout-results --page 128 \
-        --bundle /tmp/holdout-results/bundles/h200-rules-p128/3 --seeds 104-115
+        --bundle /tmp/holdout-results/bundles/h200-rules-p128/3 --seeds 101-115
 """
 
 from __future__ import annotations
@@ -31,12 +34,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from holdout_json import figures, holdout_of
 
 from tunectl import api
-from tunectl.core.keys import Key, make_key
+from tunectl.core.keys import Key, key_text, make_key
 from tunectl.core.spec import DEFAULT_MARGIN
 from tunectl.decide.holdout import HeldOut, Standing
 
 SMS = 132  # the H200's SMs
-UNSPLIT = make_key({"backend": "fa4"})  # flash-attn-4's default: one split, GQA packed per KV head
+#: kernels that never split: flash-attn-4's default (GQA packed per KV head) and FlashInfer's with
+#: its split-KV planning off
+UNSPLIT = (
+    make_key({"backend": "fa4"}),
+    make_key({"backend": "flashinfer", "disable_split_kv": True, "use_tensor_cores": True}),
+)
 SPLITS = ("flex", "flashinfer", "triton")
 
 
@@ -57,14 +65,16 @@ def splits(config: Key) -> bool:
     return c.get("backend") in SPLITS
 
 
-def tails(held: Sequence[HeldOut], heads: int) -> list[tuple[float, float]]:
-    """(fill, the unsplit kernel's time over the fastest splitting config's) at two waves or more."""
+def tails(held: Sequence[HeldOut], heads: int) -> list[tuple[Key, float, float]]:
+    """(kernel, fill, its time over the fastest splitting config's) for each kernel that never splits,
+    at two waves or more."""
     out = []
     for h in held:
         waves, f = fill(int(dict(h.shape)["batch"]), heads)
         split = [v for c, v in h.losses.items() if splits(c)]
-        if waves >= 2 and UNSPLIT in h.losses and split:
-            out.append((f, h.losses[UNSPLIT] / min(split)))
+        for unsplit in UNSPLIT:
+            if waves >= 2 and unsplit in h.losses and split:
+                out.append((unsplit, f, h.losses[unsplit] / min(split)))
     return out
 
 
@@ -76,7 +86,7 @@ def guarded(held: Sequence[HeldOut], bundle: api.Bundle, task: str, heads: int, 
             continue
         pick = h.pick
         waves, f = fill(int(dict(h.shape)["batch"]), heads)
-        if pick == UNSPLIT and waves >= 2 and f < below:
+        if pick == UNSPLIT[0] and waves >= 2 and f < below:
             listed = [make_key(c) for c in bundle.candidates(task, **dict(h.static), **dict(h.shape))]
             pick = next((c for c in listed if splits(c) and c in h.losses), pick)
         ratios.append(h.losses.get(pick, h.ratio))
@@ -105,13 +115,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         h for run in runs.values() for h in holdout_of(args.results, args.bundle, run, DEFAULT_MARGIN).shapes
     ]
     read = tails(held, heads)
-    bins: dict[str, list[float]] = {}
-    for f, r in read:
-        bins.setdefault(f"{math.floor(f * 10) / 10:.1f}-{math.floor(f * 10) / 10 + 0.1:.1f}", []).append(r)
+    bins: dict[str, dict[str, list[float]]] = {}
+    for kernel, f, r in read:
+        low = math.floor(f * 10) / 10
+        bins.setdefault(key_text(kernel), {}).setdefault(f"{low:.1f}-{low + 0.1:.1f}", []).append(r)
     doc: dict[str, Any] = {
         "seeds": sorted(runs),
-        "unsplit over the fastest split, by fill (median, shapes)": {
-            k: [round(statistics.median(v), 3), len(v)] for k, v in sorted(bins.items())
+        "over the fastest split, by fill (median, shapes)": {
+            kernel: {k: [round(statistics.median(v), 3), len(v)] for k, v in sorted(by.items())}
+            for kernel, by in bins.items()
         },
         "bundle's picks": figures(Standing("pick", tuple(h.ratio for h in held if h.ratio is not None))),
         "guarded": {
