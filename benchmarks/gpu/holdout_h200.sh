@@ -27,7 +27,8 @@
 # a grid of 9 batches x 4 lengths, refine_budget 12, 2 probes a cell; flash-attn 2 is left out (it runs
 # on a re-paged cache: measured for reference only, it can never be chosen nor be the oracle).
 # Device time measured 2026-12-04: build ~3 min a page, check ~2.5 min a page, write ~10 s: ~12 min in all;
-# confirm (three new seeds, then confirming) ~4 min at page 128 and ~3 min at page 16, restore seconds.
+# confirm's three new seeds ~3.5 min at page 128 (2026-12-05); confirming by cell after them did not
+# finish in 13 min at page 128 with BUDGET 120 and no BATCH_BUDGET: set both to fit a command; restore seconds.
 set -uo pipefail
 [ -f /tmp/tunectl-site/env.sh ] && source /tmp/tunectl-site/env.sh
 python -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "editable install failed"
