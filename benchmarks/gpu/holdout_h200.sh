@@ -104,7 +104,8 @@ case "${1:?step}" in
     ;;
   restore)
     archives=(holdout_h200_2026-12-04.tar.gz holdout_h200_2026-12-04b.tar.gz holdout_h200_2026-12-04c.tar.gz
-      holdout_h200_2026-12-04d.tar.gz holdout_h200_2026-12-04e.tar.gz holdout_h200_2026-12-05.tar.gz)
+      holdout_h200_2026-12-04d.tar.gz holdout_h200_2026-12-04e.tar.gz holdout_h200_2026-12-05.tar.gz
+      holdout_h200_2026-12-05b.tar.gz)
     for a in "${archives[@]}"; do tar xzf "benchmarks/results/$a" -C "$(dirname "$RES")"; done
     for a in "${archives[@]}"; do  # each archive holds the list as it stood: their lines together
       tar xzOf "benchmarks/results/$a" holdout-results/confirm-runs.txt 2>/dev/null
