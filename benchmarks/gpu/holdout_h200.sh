@@ -28,7 +28,7 @@
 # on a re-paged cache: measured for reference only, it can never be chosen nor be the oracle).
 # Device time measured 2026-12-04: build ~3 min a page, check ~2.5 min a page, write ~10 s: ~12 min in all;
 # confirm's three new seeds ~3.5 min at page 128 (2026-12-05); confirming by cell after them did not
-# finish in 13 min at page 128 with BUDGET 120 and no BATCH_BUDGET: set both to fit a command; restore seconds.
+# finish in a 540 s command at page 128 with BUDGET 120 and no BATCH_BUDGET: set both to fit one; restore seconds.
 set -uo pipefail
 [ -f /tmp/tunectl-site/env.sh ] && source /tmp/tunectl-site/env.sh
 python -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "editable install failed"
