@@ -15,7 +15,10 @@ entry into the kernel's arguments with ``tunectl.runtime.adapters``, and runs th
 ``--confirm-s S`` confirms the bundle's candidates at start-up before serving, within S seconds
 (``tunectl.measure.confirm``, which needs torch and the task): at the batch sizes this server runs,
 every KV cell of the bundle at its edges (the lengths its requests will reach are not known yet),
-and serves each cell at each batch size with the candidate that was fastest here.
+and serves each cell at each batch size with the candidate that was fastest here. With
+``--confirmed FILE`` too, what it chose is saved to FILE; a server started later with that FILE
+applies it (``tunectl.runtime.apply_confirmed``: checked against the bundle and this machine, no
+timing) and confirms again only where FILE cannot be applied.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ import sys
 import time
 from typing import Any
 
-from tunectl.runtime import ENV_VAR, Bundle, BundleError, adapters, empty_bundle, load_bundle
+from tunectl.runtime import ENV_VAR, Bundle, BundleError, adapters, apply_confirmed, empty_bundle, load_bundle
+from tunectl.runtime.confirmed import save_confirmed
 from tunectl.runtime.environment import ENV_POLICY_VAR
 from tunectl.runtime.sources import uri_scheme
 
@@ -74,13 +78,21 @@ def requests(num_steps: int, start_kv_len: int) -> list[tuple[int, int]]:
     return [(BATCHES[i % len(BATCHES)], start_kv_len + i) for i in range(num_steps)]
 
 
-def confirmed(bundle: Bundle, seconds: float) -> Bundle:
+def confirmed(bundle: Bundle, seconds: float, saved: str = "") -> Bundle:
     """``bundle`` with its candidates confirmed at this server's batch sizes, every KV cell at its
-    edges, within ``seconds`` (module doc); the bundle as it was where there is nothing to confirm
-    or confirming failed."""
+    edges, within ``seconds`` (module doc), or as ``saved`` holds them; the bundle as it was where
+    there is nothing to confirm or confirming failed."""
+    if saved and os.path.exists(saved):
+        try:
+            applied = apply_confirmed(bundle, saved)
+        except BundleError as exc:
+            log.error("cannot apply the confirmed picks (%s); confirming again", exc)
+        else:
+            log.info("applied the confirmed picks in %s", saved)
+            return applied
     if seconds <= 0 or TASK not in bundle.tasks:
         return bundle
-    from tunectl.measure.confirm import confirm
+    from tunectl.measure.confirm import cell_grid, confirm, picks_of
 
     shapes = [{"batch": b} for b in sorted(set(BATCHES))]
     try:
@@ -93,15 +105,17 @@ def confirmed(bundle: Bundle, seconds: float) -> Bundle:
     for report in reports:
         log.debug("confirm %s", report.line())
     timed = [r for r in reports if r.timed]
-    moved = sum(r.chosen != bundle.lookup(TASK, **MODEL, **r.shape) for r in timed)
     log.info(
         "confirmed the candidates at %d of %d shape(s) in %.1f s: %d cell(s) run another config than the "
         "bundle's pick",
         len(timed),
         len(reports),
         sum(r.seconds for r in reports),
-        moved,
+        len(picks_of(MODEL, reports)),
     )
+    if saved and not any(r.skipped for r in reports):  # a partial confirmation is not kept
+        save_confirmed(saved, bundle, TASK, picks_of(MODEL, reports), cell_grid(bundle, TASK, shapes))
+        log.info("saved the confirmed picks to %s", saved)
     return confirmed
 
 
@@ -139,10 +153,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--confirm-s", type=float, default=0.0, help="seconds to confirm the candidates at start-up (0: none)"
     )
+    parser.add_argument(
+        "--confirmed", default="", help="confirmed picks: applied if the file is there, else saved to it"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     policy = os.environ.get(ENV_POLICY_VAR) or "warn"
-    bundle = confirmed(load(policy), args.confirm_s)
+    bundle = confirmed(load(policy), args.confirm_s, args.confirmed)
     counts = serve(bundle, args.steps, args.kv_len)
     log.info("served %d steps: %d tuned, %d on defaults", args.steps, counts["tuned"], counts["default"])
     return 0

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -86,18 +87,61 @@ def test_the_server_confirms_the_candidates_at_its_batch_sizes_before_serving(tm
     assert (line.group(3) == "0") == (set(served) == {"1"})  # what it installed is what it serves
 
 
-def test_a_failure_while_confirming_never_stops_the_server(
-    store: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
+def _server() -> Any:
+    """The example server as a module, to call its start-up steps in this process."""
     import importlib.util
-
-    import tunectl.measure.confirm as confirming
-    from tunectl.runtime import load_bundle
 
     spec = importlib.util.spec_from_file_location("serve_example", SERVING / "serve.py")
     assert spec is not None and spec.loader is not None
     server = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(server)
+    return server
+
+
+def test_a_server_keeps_what_it_confirmed_and_the_next_one_applies_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first start confirms (on this CPU) and saves the picks; the next applies them, timing
+    nothing; one whose budget ran out before every cell was timed saves nothing (a later start would
+    apply a part and never confirm the rest)."""
+    import tunectl.measure.confirm as confirming
+    from tunectl.runtime import load_bundle
+
+    listed = tuple(make_key({"num_splits": s, "gqa": "grouped"}) for s in (1, 8))
+    entries = tuple(
+        Entry(make_key(MODEL), make_key({"batch": b, "kv_len": 2048}), listed[0], candidates=listed)
+        for b in (1, 4, 16)
+    )
+    shapes = {
+        "batch": {"policy": "pow2", "points": [1, 4, 16]},
+        "kv_len": {"policy": "ceil", "points": [2048]},
+    }
+    table = TaskTable("decode_attention", tuple(MODEL), shapes, entries)
+    path = publish_local(tmp_path, "lists", "1", build_files("lists", "1", [table], ["r1"], {}))
+    server, bundle = _server(), load_bundle(path, env_policy="off")
+    partial = tmp_path / "partial.json"
+    assert server.confirmed(bundle, 1e-9, str(partial)) is bundle and not partial.exists()
+    saved = tmp_path / "confirmed.json"
+    first = server.confirmed(bundle, 30.0, str(saved))
+    assert saved.exists()
+
+    def timing(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a server with confirmed picks to apply timed candidates")
+
+    monkeypatch.setattr(confirming, "confirm", timing)
+    again = server.confirmed(load_bundle(path, env_policy="off"), 30.0, str(saved))
+    steps = [(b, kv) for b in (1, 3, 4, 9, 16) for kv in (1000, 2048, 3000)]
+    answers = [(first.lookup("decode_attention", **MODEL, batch=b, kv_len=kv)) for b, kv in steps]
+    assert [again.lookup("decode_attention", **MODEL, batch=b, kv_len=kv) for b, kv in steps] == answers
+
+
+def test_a_failure_while_confirming_never_stops_the_server(
+    store: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import tunectl.measure.confirm as confirming
+    from tunectl.runtime import load_bundle
+
+    server = _server()
 
     def broken(*args: object, **kwargs: object) -> None:  # a kernel library failing mid-way
         raise RuntimeError("CUDA error: an illegal memory access was encountered")

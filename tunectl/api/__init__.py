@@ -40,7 +40,14 @@ from tunectl.api.checks import (
     probe,
     validate,
 )
-from tunectl.api.confirming import Confirmed, ConfirmOptions, confirm_candidates, plan_confirm, shape_grid
+from tunectl.api.confirming import (
+    Confirmed,
+    ConfirmOptions,
+    confirm_candidates,
+    plan_confirm,
+    save_confirmed,
+    shape_grid,
+)
 from tunectl.api.options import (
     Choices,
     Cluster,
@@ -147,6 +154,7 @@ __all__ = [
     "resume",
     "run_log",
     "run_quality",
+    "save_confirmed",
     "shape_grid",
     "submit",
     "submit_job",

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tunectl.core.errors import OptionError
@@ -39,10 +41,25 @@ class Confirmed:
     device: str
     reports: list[ShapeReport]
     how: str = ""  # how a candidate was timed: mode, L2 state, timing method
+    task: str = ""
+    #: what confirming installed: (parameters, config), and the cells of the dimensions left out
+    picks: list[tuple[dict[str, Any], Mapping[str, Any]]] = field(default_factory=list)
+    by_cell: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def seconds(self) -> float:
         return sum(r.seconds for r in self.reports)
+
+
+def save_confirmed(done: Confirmed, bundle: Bundle, path: str | os.PathLike[str]) -> Path:
+    """Write what ``done`` confirmed for ``bundle`` to ``path``, for ``tunectl.runtime.apply_confirmed``
+    to apply in serving processes without timing anything (``tunectl.runtime.confirmed``)."""
+    from tunectl.runtime.confirmed import save_confirmed as save
+
+    try:
+        return save(path, bundle, done.task, done.picks, done.by_cell, done.how)
+    except OSError as exc:
+        raise OptionError("save", os.fspath(path), f"cannot be written: {exc.strerror or exc}") from exc
 
 
 def shape_grid(values: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
@@ -75,10 +92,12 @@ def confirm_candidates(
         margin=options.margin,
         cell_span=options.cell_span,
     )
+    from tunectl.measure.confirm import cell_grid, picks_of
     from tunectl.measure.timing import timing_of
 
     how = f"{mode}, {settings.l2} L2, {timing_of(device, str(settings.l2), str(settings.timing))} timing"
-    return Confirmed(confirmed, static, device, reports, how)
+    grid = cell_grid(bundle, task, list(shapes), options.cell_span)
+    return Confirmed(confirmed, static, device, reports, how, task, picks_of(static, reports), grid)
 
 
 def plan_confirm(

@@ -45,6 +45,14 @@ def confirm_cmd(
     plan_only: Annotated[
         bool, typer.Option("--plan", help="Say what would be timed (cells, points, configs); time nothing.")
     ] = False,
+    save: Annotated[
+        str | None,
+        typer.Option(
+            "--save",
+            help="Write what was chosen to this file, for serving processes on machines like this one to "
+            "apply at start-up without timing (tunectl.runtime.apply_confirmed).",
+        ),
+    ] = None,
 ) -> None:
     """Time each shape's candidates (export's short list per entry) and say which is fastest where.
 
@@ -56,6 +64,8 @@ def confirm_cmd(
         tunectl bundle confirm bundles/quickstart/1 --task decode_attention --shape batch=1,2,3,4
         tunectl bundle confirm bundles/quickstart/1 --task decode_attention \
           --shape batch=4,16 --shape kv_len=2048
+        tunectl bundle confirm bundles/quickstart/1 --task decode_attention --shape batch=1,2,3,4 \
+          --save confirmed.json
     """
     console = Console()
     with library_errors():
@@ -68,10 +78,14 @@ def confirm_cmd(
             console.print(api.plan_confirm(bundle, task, shapes, options).line(), highlight=False)
             return
         done = api.confirm_candidates(bundle, task, shapes, options)
+        saved = api.save_confirmed(done, bundle, save) if save else None
     changed = [r for r in done.reports if r.timed and _changes(r, bundle, task, done.static)]
     for report in done.reports if every else changed:
         console.print(report.line(), highlight=False, soft_wrap=True)
     console.print(_summary(done, len(changed), budget_s, every))
+    if saved is not None:
+        line = f"saved {len(done.picks)} confirmed pick(s) to {saved}"
+        console.print(line, highlight=False, soft_wrap=True)
 
 
 def _changes(report: Any, bundle: api.Bundle, task: str, static: dict[str, Any]) -> bool:

@@ -130,7 +130,6 @@ def confirm(
     needs = _needs([c for c in found if isinstance(c, _Cell) and len(c.listed) > 1])
     times, spent = _time_points(get_task(task_name), needs, budget_s, (device, mode, settings))
     reports: list[ShapeReport] = []
-    picks: list[tuple[dict[str, Any], Mapping[str, Any]]] = []
     charged: set[str] = set()
     for cell in found:
         if not isinstance(cell, _Cell):
@@ -147,9 +146,20 @@ def confirm(
         charged.update(keys)
         chosen = installed(timed, margin)
         reports.append(ShapeReport(cell.shape, timed, chosen, seconds, False, tuple(grid), at))
-        if chosen != cell.listed[0]:
-            picks.append(({**static, **cell.shape}, chosen))
+    picks = picks_of(static, reports)
     return (bundle.with_confirmed(task_name, picks, by_cell=grid) if picks else bundle), reports
+
+
+def picks_of(
+    static: Mapping[str, Any], reports: Sequence[ShapeReport]
+) -> list[tuple[dict[str, Any], Mapping[str, Any]]]:
+    """What confirming installs: (parameters, config) where a shape's or cell's pick is not the
+    entry's own config (the first timed)."""
+    return [
+        ({**static, **r.shape}, r.chosen)
+        for r in reports
+        if r.timed and r.chosen is not None and r.chosen != r.timed[0][0]
+    ]
 
 
 @dataclass(frozen=True)
@@ -194,10 +204,17 @@ def _found(
     span: float,
 ) -> tuple[dict[str, list[int]], list[_Cell | dict[str, Any]]]:
     """The grid along the dimensions ``shapes`` leave out, and the cells they reach (``cells``)."""
+    grid = cell_grid(bundle, task_name, shapes, span)
+    return grid, [cell for one in shapes for cell in cells(bundle, task_name, static, one, grid)]
+
+
+def cell_grid(
+    bundle: Bundle, task_name: str, shapes: Sequence[Mapping[str, Any]], span: float = CELL_SPAN
+) -> dict[str, list[int]]:
+    """The points of the cells confirmed along each dimension ``shapes`` leave out (module doc)."""
     given = set().union(*shapes) if shapes else set()
     dims = bundle.task_info(task_name)["shape_params"]
-    grid = {d: refined(dims[d]["policy"], dims[d]["points"], span) for d in dims if d not in given}
-    return grid, [cell for one in shapes for cell in cells(bundle, task_name, static, one, grid)]
+    return {d: refined(dims[d]["policy"], dims[d]["points"], span) for d in dims if d not in given}
 
 
 def cells(

@@ -37,6 +37,11 @@ with that count filled in. ``bundle.entry(task, **params)`` finds the same way a
 ``median_us``, ``speedup``, ``served_by``, ...). Lookup does no I/O and takes no lock: the tables are
 immutable after load, and results are remembered by value in bounded dicts, so any number of threads
 may call it (see ``tunectl.runtime.tables``).
+
+**Confirmed picks** (``apply_confirmed(bundle, path)``): what ``tunectl bundle confirm ... --save
+FILE`` chose on a machine like this one, applied without timing anything; refused where FILE was
+confirmed for another bundle, and checked against this process's environment as a bundle is
+(``tunectl.runtime.confirmed``).
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tunectl.core.errors import BundleError
+from tunectl.runtime.confirmed import apply_confirmed
 from tunectl.runtime.entries import Entry
 from tunectl.runtime.environment import ENV_POLICIES, check_environment
 from tunectl.runtime.format import (
@@ -77,6 +83,7 @@ __all__ = [
     "BundleSchemaError",
     "Entry",
     "WaveRule",
+    "apply_confirmed",
     "empty_bundle",
     "load_bundle",
     "load_bundle_or_none",

@@ -116,7 +116,8 @@ def current_environment() -> dict[str, Any]:
     return {"device_kind": "cpu", **({"device_name": cpu} if cpu else {})}
 
 
-def _installed(package: str) -> str | None:
+def installed(package: str) -> str | None:
+    """The installed version of ``package``; None where it is not installed."""
     try:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
@@ -142,7 +143,7 @@ def environment_problems(wanted: Mapping[str, Any], current: Mapping[str, Any]) 
             problems.append(f"{fld}: bundle tuned with {want!r}, this process has {have!r}")
     stated = current.get("packages")  # a caller's mapping is the whole truth; else ask the installation
     for package, want in sorted((wanted.get("packages") or {}).items()):
-        have = stated.get(package) if stated is not None else _installed(package)
+        have = stated.get(package) if stated is not None else installed(package)
         if package != "tunectl" and have is not None and _versions_differ(str(want), str(have)):
             problems.append(f"{package}: bundle tuned with {want}, this process has {have}")
     return problems

@@ -95,6 +95,18 @@ class BundleReadError(Fielded, BundleError):
         return f"cannot read {self.where}: {self.reason}"
 
 
+@dataclass(eq=False)
+class ConfirmedPicksError(Fielded, BundleError, UserError):
+    """The confirmed picks at ``where`` cannot be applied to the bundle given (``reason``): not such
+    a file, a version this tunectl does not read, or confirmed for another bundle."""
+
+    where: str
+    reason: str
+
+    def problem(self) -> str:
+        return f"confirmed picks {self.where}: {self.reason}"
+
+
 def check_member(name: object) -> str:
     """``name`` if it is a relative POSIX path that stays inside the bundle; BundleCorruptError otherwise."""
     if not isinstance(name, str) or "\\" in name or ":" in name:
