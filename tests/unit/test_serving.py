@@ -101,11 +101,16 @@ def _server() -> Any:
 def test_a_server_keeps_what_it_confirmed_and_the_next_one_applies_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The first start confirms (on this CPU) and saves the picks; the next applies them, timing
-    nothing; one whose budget ran out before every cell was timed saves nothing (a later start would
-    apply a part and never confirm the rest)."""
+    """The first start confirms and saves the picks; the next applies them, timing nothing; one whose
+    budget ran out before every cell was timed saves nothing (a later start would apply a part and
+    never confirm the rest). The kernels' times are fixed (8 splits faster at batch 4 and over)."""
     import tunectl.measure.confirm as confirming
     from tunectl.runtime import load_bundle
+
+    def fixed(task: Any, static: Any, shape: dict[str, Any], configs: Any, **how: Any) -> list[float]:
+        return [10.0, 5.0 if shape["batch"] >= 4 else 20.0]
+
+    monkeypatch.setattr(confirming, "time_configs", fixed)
 
     listed = tuple(make_key({"num_splits": s, "gqa": "grouped"}) for s in (1, 8))
     entries = tuple(
@@ -123,7 +128,7 @@ def test_a_server_keeps_what_it_confirmed_and_the_next_one_applies_it(
     assert server.confirmed(bundle, 1e-9, str(partial)) is bundle and not partial.exists()
     saved = tmp_path / "confirmed.json"
     first = server.confirmed(bundle, 30.0, str(saved))
-    assert saved.exists()
+    assert len(json.loads(saved.read_text())["picks"]) == 3  # batch 4, 9 and 16
 
     def timing(*args: object, **kwargs: object) -> None:
         raise AssertionError("a server with confirmed picks to apply timed candidates")
