@@ -63,9 +63,8 @@ def test_the_server_loads_the_channel_logs_it_and_decodes_with_it(store: Path) -
     assert "served 6 steps: 5 tuned, 1 on defaults" in log  # batch 2 has no pow2 bucket: default
 
 
-def test_the_server_confirms_the_candidates_at_its_batch_sizes_before_serving(tmp_path: Path) -> None:
-    """Each entry lists a second config; confirming times both at each batch size the server runs
-    (the KV length left to its cell) on this CPU, and the server then serves what it installed."""
+def _with_lists(tmp_path: Path) -> Path:
+    """A bundle for the server's model whose entries (batch 1, 4, 16) each list a second config."""
     listed = tuple(make_key({"num_splits": s, "gqa": "grouped"}) for s in (1, 8))
     entries = tuple(
         Entry(make_key(MODEL), make_key({"batch": b, "kv_len": 2048}), listed[0], candidates=listed)
@@ -76,7 +75,13 @@ def test_the_server_confirms_the_candidates_at_its_batch_sizes_before_serving(tm
         "kv_len": {"policy": "ceil", "points": [2048]},
     }
     table = TaskTable("decode_attention", tuple(MODEL), shapes, entries)
-    path = publish_local(tmp_path, "lists", "1", build_files("lists", "1", [table], ["r1"], {}))
+    return publish_local(tmp_path, "lists", "1", build_files("lists", "1", [table], ["r1"], {}))
+
+
+def test_the_server_confirms_the_candidates_at_its_batch_sizes_before_serving(tmp_path: Path) -> None:
+    """Each entry lists a second config; confirming times both at each batch size the server runs
+    (the KV length left to its cell) on this CPU, and the server then serves what it installed."""
+    path = _with_lists(tmp_path)
     done = serve(str(path), "off", "--confirm-s", "30")
     assert done.returncode == 0, done.stderr
     said = r"confirmed the candidates at (\d) of (\d) shape\(s\) in [0-9.]+ s: (\d) cell"
@@ -111,18 +116,7 @@ def test_a_server_keeps_what_it_confirmed_and_the_next_one_applies_it(
         return [10.0, 5.0 if shape["batch"] >= 4 else 20.0]
 
     monkeypatch.setattr(confirming, "time_configs", fixed)
-
-    listed = tuple(make_key({"num_splits": s, "gqa": "grouped"}) for s in (1, 8))
-    entries = tuple(
-        Entry(make_key(MODEL), make_key({"batch": b, "kv_len": 2048}), listed[0], candidates=listed)
-        for b in (1, 4, 16)
-    )
-    shapes = {
-        "batch": {"policy": "pow2", "points": [1, 4, 16]},
-        "kv_len": {"policy": "ceil", "points": [2048]},
-    }
-    table = TaskTable("decode_attention", tuple(MODEL), shapes, entries)
-    path = publish_local(tmp_path, "lists", "1", build_files("lists", "1", [table], ["r1"], {}))
+    path = _with_lists(tmp_path)
     server, bundle = _server(), load_bundle(path, env_policy="off")
     partial = tmp_path / "partial.json"
     assert server.confirmed(bundle, 1e-9, str(partial)) is bundle and not partial.exists()
