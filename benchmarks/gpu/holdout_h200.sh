@@ -9,6 +9,7 @@
 #   bash benchmarks/gpu/holdout_h200.sh write       # holdout.json and holdout.md from the records (no GPU)
 #   bash benchmarks/gpu/holdout_h200.sh restore     # the records (seeds 101-115) into $RES instead of building
 #   bash benchmarks/gpu/holdout_h200.sh confirm 128 # export with candidates, new seeds, confirmed picks scored
+#   bash benchmarks/gpu/holdout_h200.sh keep 128    # confirm once at CONFIRM_BATCHES sizes, every KV cell; save
 # `confirm` exports the built run again with candidates (version VERSION, default 2), draws CONFIRM_SEEDS (default
 # 104 105 106, never used before), times every config there (`tunectl validate --holdout`), then confirms
 # the candidates on this GPU as a serving process would at start-up (at those shapes' batch sizes, every
@@ -19,6 +20,11 @@
 # $OUT/confirm-exact-pP.json (benchmarks/studies/confirm_holdout.py). BUDGET: the seconds confirming may
 # take per held-out run (default 120), BATCH_BUDGET at the CONFIRM_BATCHES sizes (default none);
 # DRAW_ONLY=1 stops once the seeds are drawn and timed; EXACT=0 leaves out the upper bound.
+# `keep` times what a serving image build (or a fleet's first process) pays once: `tunectl bundle confirm`
+# of bundle version VERSION at CONFIRM_BATCHES batch sizes spread over 1-256, every KV cell at its edges,
+# within BATCH_BUDGET seconds (default 540), saved with --save to $OUT/confirmed-pP.json (the picks a
+# serving process then applies, tunectl.runtime.apply_confirmed); its console, with the seconds and the
+# cells reached, in $OUT/keep-pP.txt.
 # The held-out seeds (SEEDS, default 101 102 103; seeds 0-7 were used before) are drawn only by `check`,
 # after the bundle is built; SHAPES per seed (default 8). Results accumulate in $RES, outputs in $OUT.
 # PROBES (default 2): probes a cell in the tuning spec (benchmarks/studies/table_bound.py plays denser
@@ -141,6 +147,16 @@ case "${1:?step}" in
     [ "${EXACT:-1}" = 1 ] || exit 0
     python benchmarks/studies/confirm_holdout.py --results "$RES" "${args[@]}" --by-cell '' \
       --json "$OUT/confirm-exact-p$page.json"
+    ;;
+  keep)
+    bundle="$RES/bundles/$name/${VERSION:-2}"
+    [ -d "$bundle" ] || { echo "no bundle $bundle: run the confirm (or restore) step"; exit 1; }
+    batches=$(python -c "n = int('${CONFIRM_BATCHES:-32}'); print(','.join(str(round(1 + 255 * i / max(1, n - 1))) for i in range(n)))")
+    started=$(date +%s)
+    tunectl bundle confirm "$bundle" --task flash_decode --shape "batch=$batches" --shape q_len=1 \
+      --budget-s "${BATCH_BUDGET:-540}" --save "$OUT/confirmed-p$page.json" --all > "$OUT/keep-p$page.txt" 2>&1
+    echo "rc $?, $(( $(date +%s) - started )) s in all" >> "$OUT/keep-p$page.txt"
+    tail -n 3 "$OUT/keep-p$page.txt"
     ;;
   write)
     args=()
