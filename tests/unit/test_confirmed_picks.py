@@ -93,6 +93,7 @@ def test_saved_picks_answer_in_another_process_as_confirming_did(
     doc = json.loads(saved.read_text())
     assert doc["bundle"] == {"name": "kept", "version": "1", "manifest_sha256": fresh.manifest_sha256}
     assert doc["by_cell"] == {"kv_len": [1024, 2048, 4096]} and doc["task"] == TASK
+    assert doc["not_reached"] == 0
 
 
 def test_picks_saved_for_another_bundle_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -160,6 +161,10 @@ def test_the_command_saves_what_it_chose(tmp_path: Path, monkeypatch: pytest.Mon
     applied = apply_confirmed(bundle, out, env_policy="strict", environment=HERE)
     for pick in doc["picks"]:  # each pick the file holds is what the bundle now answers there
         assert applied.lookup(TASK, **pick["params"]) == pick["config"]
+    cut = tmp_path / "cut.json"  # a budget spent before the first point: every cell keeps its pick
+    assert CliRunner().invoke(app, [*args, "--budget-s", "0", "--save", str(cut)]).exit_code == 0
+    kept = json.loads(cut.read_text())
+    assert kept["not_reached"] == 6 and kept["picks"] == []  # 2 batch sizes x 3 KV cells
     blocked = tmp_path / "file"
     blocked.write_text("")
     refused = CliRunner().invoke(app, [*args, "--save", str(blocked / "picks.json")])

@@ -57,7 +57,8 @@ def save_confirmed(done: Confirmed, bundle: Bundle, path: str | os.PathLike[str]
     from tunectl.runtime.confirmed import save_confirmed as save
 
     try:
-        return save(path, bundle, done.task, done.picks, done.by_cell, done.how)
+        not_reached = sum(r.skipped for r in done.reports)
+        return save(path, bundle, done.task, done.picks, done.by_cell, done.how, not_reached)
     except OSError as exc:
         raise OptionError("save", os.fspath(path), f"cannot be written: {exc.strerror or exc}") from exc
 

@@ -38,9 +38,11 @@ def save_confirmed(
     picks: Sequence[tuple[Mapping[str, Any], Mapping[str, Any]]],
     by_cell: Mapping[str, Sequence[int]],
     how: str = "",
+    not_reached: int = 0,
 ) -> Path:
     """Write the picks (parameters, config) confirmed for ``task`` of ``bundle`` to ``path``, with the
-    cells of ``by_cell``'s dimensions, how they were timed, and this process's environment: its
+    cells of ``by_cell``'s dimensions, how they were timed, how many shapes or cells confirming did
+    not reach within its budget (they keep the bundle's picks), and this process's environment: its
     device and its versions of the libraries the bundle records. Written whole or not at all."""
     recorded = (bundle.manifest.get("environment") or {}).get("packages") or {}
     versions = {package: installed(package) for package in sorted(recorded)}
@@ -53,6 +55,7 @@ def save_confirmed(
         "picks": [{"params": dict(params), "config": dict(config)} for params, config in picks],
         "environment": {**current_environment(), "packages": {k: v for k, v in versions.items() if v}},
         "how": how,
+        "not_reached": not_reached,
     }
     return atomic_write(path, json_bytes(doc, indent=1), make_parents=True)
 
