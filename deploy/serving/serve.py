@@ -104,18 +104,22 @@ def confirmed(bundle: Bundle, seconds: float, saved: str = "") -> Bundle:
         return bundle
     for report in reports:
         log.debug("confirm %s", report.line())
-    timed = [r for r in reports if r.timed]
+    timed, picks = [r for r in reports if r.timed], picks_of(MODEL, reports)
     log.info(
         "confirmed the candidates at %d of %d shape(s) in %.1f s: %d cell(s) run another config than the "
         "bundle's pick",
         len(timed),
         len(reports),
         sum(r.seconds for r in reports),
-        len(picks_of(MODEL, reports)),
+        len(picks),
     )
     if saved and not any(r.skipped for r in reports):  # a partial confirmation is not kept
-        save_confirmed(saved, bundle, TASK, picks_of(MODEL, reports), cell_grid(bundle, TASK, shapes))
-        log.info("saved the confirmed picks to %s", saved)
+        try:
+            save_confirmed(saved, bundle, TASK, picks, cell_grid(bundle, TASK, shapes))
+        except OSError as exc:  # the next start confirms again; this one serves what it confirmed
+            log.error("cannot save the confirmed picks to %s: %s", saved, exc)
+        else:
+            log.info("saved the confirmed picks to %s", saved)
     return confirmed
 
 

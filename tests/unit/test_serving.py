@@ -108,7 +108,8 @@ def test_a_server_keeps_what_it_confirmed_and_the_next_one_applies_it(
 ) -> None:
     """The first start confirms and saves the picks; the next applies them, timing nothing; one whose
     budget ran out before every cell was timed saves nothing (a later start would apply a part and
-    never confirm the rest). The kernels' times are fixed (8 splits faster at batch 4 and over)."""
+    never confirm the rest); one that cannot write the file serves what it confirmed. The kernels'
+    times are fixed (8 splits faster at batch 4 and over)."""
     import tunectl.measure.confirm as confirming
     from tunectl.runtime import load_bundle
 
@@ -120,6 +121,9 @@ def test_a_server_keeps_what_it_confirmed_and_the_next_one_applies_it(
     server, bundle = _server(), load_bundle(path, env_policy="off")
     partial = tmp_path / "partial.json"
     assert server.confirmed(bundle, 1e-9, str(partial)) is bundle and not partial.exists()
+    unwritable = tmp_path / "a-file"
+    unwritable.write_text("")
+    assert server.confirmed(bundle, 30.0, str(unwritable / "picks.json")) is not bundle  # served anyway
     saved = tmp_path / "confirmed.json"
     first = server.confirmed(bundle, 30.0, str(saved))
     assert len(json.loads(saved.read_text())["picks"]) == 3  # batch 4, 9 and 16
