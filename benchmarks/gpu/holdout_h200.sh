@@ -21,7 +21,7 @@
 # take per held-out run (default 120), BATCH_BUDGET at the CONFIRM_BATCHES sizes (default none);
 # DRAW_ONLY=1 stops once the seeds are drawn and timed; EXACT=0 leaves out the upper bound.
 # `keep` times what a serving image build (or a fleet's first process) pays once: `tunectl bundle confirm`
-# of bundle version VERSION at CONFIRM_BATCHES batch sizes spread over 1-256, every KV cell at its edges,
+# of bundle version VERSION at CONFIRM_BATCHES batch sizes spread over its batches, every KV cell at its edges,
 # within BATCH_BUDGET seconds (default 540), saved with --save to $OUT/confirmed-pP.json (the picks a
 # serving process then applies, tunectl.runtime.apply_confirmed); its console, with the seconds and the
 # cells reached, in $OUT/keep-pP.txt.
@@ -151,7 +151,9 @@ case "${1:?step}" in
   keep)
     bundle="$RES/bundles/$name/${VERSION:-2}"
     [ -d "$bundle" ] || { echo "no bundle $bundle: run the confirm (or restore) step"; exit 1; }
-    batches=$(python -c "n = int('${CONFIRM_BATCHES:-32}'); print(','.join(str(round(1 + 255 * i / max(1, n - 1))) for i in range(n)))")
+    batches=$(PYTHONPATH=benchmarks/studies python -c "import sys; from tunectl import api; from confirm_holdout \
+import batch_sizes; print(','.join(map(str, batch_sizes(api.read_bundle(sys.argv[1]), 'flash_decode', int(sys.argv[2])))))" \
+      "$bundle" "${CONFIRM_BATCHES:-32}")  # the sizes confirm_holdout.py --time-batches times
     started=$(date +%s)
     tunectl bundle confirm "$bundle" --task flash_decode --shape "batch=$batches" --shape q_len=1 \
       --budget-s "${BATCH_BUDGET:-540}" --save "$OUT/confirmed-p$page.json" --all > "$OUT/keep-p$page.txt" 2>&1

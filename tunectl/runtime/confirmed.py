@@ -79,9 +79,8 @@ def apply_confirmed(
     except ValueError as exc:
         raise ConfirmedPicksError(where, f"not JSON ({exc})") from exc
     _check(doc, bundle, where)
-    manifest = {"environment": doc["environment"], "name": f"confirmed picks {where} for {bundle.name}"}
-    manifest["version"] = bundle.version  # the environment check names it NAME/VERSION
-    check_environment(manifest, env_policy, environment)
+    named = {"name": f"confirmed picks {where} for {bundle.name}", "version": bundle.version}
+    check_environment({**named, "environment": doc["environment"]}, env_policy, environment)
     picks = [(_tuples(pick["params"]), pick["config"]) for pick in doc["picks"]]
     try:
         return bundle.with_confirmed(doc["task"], picks, by_cell=doc["by_cell"]) if picks else bundle
