@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import time
 from collections.abc import Sequence
@@ -45,8 +46,15 @@ def holdout_of(results: Path, bundle_dir: str, run_id: str, margin: float) -> Ho
     shapes = list(dict.fromkeys(r.shape for r in records))
     _, picks, _ = plan_holdout(spec, bundle, shapes, rounds=2, task=task)
     held = read_holdout(records, picks, margin, baselines_of(spec, task))
-    measured = measured_shapes(results, bundle, spec.task)
+    measured = _measured(results, bundle_dir, spec.task)
     return dataclasses.replace(held, shapes=tuple(h for h in held.shapes if h.shape not in measured))
+
+
+@functools.cache
+def _measured(results: Path, bundle_dir: str, task: str) -> frozenset[Any]:
+    """The shapes a bundle was measured at (``measured_shapes``), read once per bundle: every seed's
+    run of a page asks for the same bundle's, and its source runs are the largest records here."""
+    return frozenset(measured_shapes(results, read_bundle(bundle_dir), task))
 
 
 def figures(st: Standing) -> dict[str, Any]:
