@@ -2,7 +2,7 @@
 
     python benchmarks/gpu/reference_parts.py [--device cuda:0]      # seconds, on a GPU host
 
-The reference (``tunectl.measure.drift.reference_parts``) is a copy of twice the L2 and a bf16 matrix
+The reference (``tunectl.measure.reference.reference_parts``) is a copy of twice the L2 and a bf16 matrix
 product; the share of each in its time is how much a slowdown of that side moves it. Each part and the
 whole are timed as the guard times the reference (eager calls between events, a warm L2), 50 calls a
 window, median of 20 windows; prints a JSON object of µs per call and the copy's share.
@@ -36,15 +36,15 @@ def per_call_us(fn: Callable[[], object], calls: int = 50, windows: int = 20) ->
 def main() -> None:
     import torch
 
-    from tunectl.measure import drift
+    from tunectl.measure import reference
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda:0")
     args = p.parse_args()
     torch.cuda.set_device(args.device)
-    copy, product = drift.reference_parts(args.device)
+    copy, product = reference.reference_parts(args.device)
     copy_us, product_us = per_call_us(copy), per_call_us(product)
-    whole_us = per_call_us(drift.reference_kernel(args.device))
+    whole_us = per_call_us(reference.reference_kernel(args.device))
     print(
         json.dumps(
             {

@@ -13,7 +13,7 @@ import pytest
 from tunectl.core.spec import MeasureSpec
 from tunectl.measure import drift
 from tunectl.measure.drift import CHECK_REUSE_S, MAX_WAIT_S, DriftGuard, Guarded, moved
-from tunectl.measure.harness import summarise
+from tunectl.measure.harness import Sampler, summarise
 
 CHECK = drift.CHECK_SETTINGS.min_samples  # a check's samples where readings are steady
 
@@ -360,6 +360,51 @@ def test_a_slowdown_inside_a_batch_remeasures_what_lies_between_the_clean_checks
     assert results[4].remeasured == 1, "the one the slowdown touched is made again"
     assert [g.remeasured for g in results[:2]] == [0, 0], "those before the last clean look stand"
     assert sum(g.remeasured for g in results) < 10, "not the whole batch"
+
+
+def slowing_at(device: SlowingDevice, index: int, sample: int, duration_us: float) -> list[Sampler]:
+    """A batch's samplers: ``index``'s makes the device slow for ``duration_us`` once its ``sample``-th
+    sample is taken (device time; a steady call takes ``SETTINGS.min_samples`` samples)."""
+    call, taken = device.kernel(CALL_US), {"n": 0}
+
+    def slows() -> float:
+        us = call()
+        taken["n"] += 1
+        if taken["n"] == sample:
+            device.slow_for(duration_us)
+        return us
+
+    return [slows if i == index else call for i in range(8)]
+
+
+def test_a_slowdown_met_only_by_the_check_after_a_batch_remeasures_its_last_measurement_alone() -> None:
+    """The check after a batch reads slow, and the slowdown is over by the time the last measurement is
+    made again: that one comes out as it first did, so the slowdown began after it, and every
+    measurement before it stands as made (the guard used to make all eight again)."""
+    device = SlowingDevice()
+    guard = device_guard(device)
+    point_measurements(guard, device, "p", 1)
+    samplers = slowing_at(device, 7, SETTINGS.min_samples, CHECK * REFERENCE_US * 1.2 + 1.0)
+    results = guard.measure_many("p", [(s, SETTINGS) for s in samplers])
+    assert [g.remeasured for g in results] == [0] * 7 + [1]
+    assert not any(g.drift for g in results)
+    assert [g.stats.median_us for g in results] == pytest.approx([CALL_US] * 8)
+    assert [g.reference_ratio for g in results] == pytest.approx([1.0] * 8)
+
+
+def test_a_slowdown_that_began_inside_a_batch_remeasures_back_to_the_last_measurement_it_missed() -> None:
+    """The device slows at the sixth of eight measurements and stays slow through the check after them:
+    made again from the last backwards, the eighth, seventh and sixth come out faster than they first
+    did, the fifth as it did; the fifth and those before it stand, and every median is the call's."""
+    device = SlowingDevice()
+    guard = device_guard(device)
+    point_measurements(guard, device, "p", 1)
+    slow_us = 1.2 * (3 * SETTINGS.min_samples * CALL_US + CHECK * REFERENCE_US) + 1.0
+    samplers = slowing_at(device, 5, 1, slow_us)
+    results = guard.measure_many("p", [(s, SETTINGS) for s in samplers])
+    assert [g.remeasured for g in results] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert not any(g.drift for g in results)
+    assert [g.stats.median_us for g in results] == pytest.approx([CALL_US] * 8)
 
 
 def test_a_device_faster_than_a_carried_level_times_the_level_again_without_waiting() -> None:

@@ -14,7 +14,8 @@ from tunectl.core.plan import WorkItem
 from tunectl.core.record import Record, Status, Timing
 from tunectl.core.spec import MeasureSpec, parse_spec
 from tunectl.decide.select import select_winners
-from tunectl.measure.drift import CHECK_SETTINGS, LEVEL_SETTINGS, MakeReference, Reference
+from tunectl.measure.drift import CHECK_SETTINGS, LEVEL_SETTINGS
+from tunectl.measure.reference import MakeReference, Reference
 from tunectl.measure.runner import ItemRunner
 from tunectl.store.results import ResultsWriter, read_results
 

@@ -48,8 +48,13 @@ chunk's wall time over its samples), the check before it by the previous measure
 The reference *moved* when a reading's median and the level's lie each outside the other's p20-p80
 band and differ by more than ``max(MIN_SHIFT, NOISE_FACTOR x the larger relative noise)``: 3 % or
 three times the noise. Then the measurement just made is made again, up to ``MAX_REMEASURES`` times,
-each followed by another check. A shift still there after that may be a neighbour's burst of work or
-a passing power cap: the guard waits for the device to come back, timing the reference after
+each followed by another check. In a batch, where the check after it is the one reading that moved,
+and slower, the measurements with no look after them are made again from the last backwards until
+one comes out as it first did: the slowdown began after that one, so it and those before it stand
+(making every one of them again was 57-73 % of the guard's time in three H200 runs of the decode
+spec: batches of looks at 2-60 ms kernels, whose check after read slow and whose remeasures read as
+before). A shift still there after the re-measurements may be a neighbour's burst of work or a
+passing power cap: the guard waits for the device to come back, timing the reference after
 ``WAIT_FIRST_S``, then after twice as long each time up to ``WAIT_STEP_S`` apart, for up to
 ``MAX_WAIT_S`` in all, and when it is back within noise of the level, measures once more (in the
 warm H200 runs recorded, every shift waited for was gone at the first look a second later: 3.5 of
@@ -70,20 +75,18 @@ still gets exactly one row.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from tunectl.core.spec import MeasureSpec
-from tunectl.measure.harness import Sampler, Stats, chunked, measure, take
+from tunectl.measure.harness import Sampler, Stats, measure, take
+from tunectl.measure.reference import Reference
 
-#: the reference's sampler for ``calls`` back-to-back reference calls timed as one window (µs per call)
-Reference = Callable[[int], Sampler]
-#: a device's reference samplers (``reference_sampler``)
-MakeReference = Callable[[str], Reference]
 T = TypeVar("T")
 
 MIN_SHIFT = 0.03
@@ -100,10 +103,6 @@ LEVEL_SETTINGS = MeasureSpec(warmup=1, min_samples=10, max_samples=200, noise_ta
 #: a check before, inside (a look) and after each measurement, against the level (module doc)
 CHECK_SETTINGS = MeasureSpec(warmup=0, min_samples=5, max_samples=20, noise_target=0.01, max_seconds=0.03)
 REFERENCE_SPAN_MAX_US = 20_000.0  # a reference sample spans a measured sample up to this long (module doc)
-_REFERENCE_COPY_L2S = 2  # the copied buffer, in L2 sizes: it streams from memory, not from the cache
-_REFERENCE_MATMUL_N = 4096  # bf16: ~140 µs of tensor-core work on an H200
-_CPU_REFERENCE_BYTES = 8 << 20
-_CPU_REFERENCE_MATMUL_N = 192
 
 
 def moved(level: Stats, now: Stats) -> bool:
@@ -192,12 +191,44 @@ class DriftGuard:
         self._readings.append(after)
         self._last_check = (self._clock(), after)
         judged = [(stats, self._furthest(self._readings[first - 1 : end + 1])) for stats, first, end in spans]
+        shared = self._spent / max(1, len(measurements))
+        out: dict[int, Guarded] = self._onset(measurements, spans, shared)
         retime = True
-        shared, out = self._spent / max(1, len(measurements)), []
-        for (sample, settings), (stats, reading) in zip(measurements, judged, strict=True):
+        for i, ((sample, settings), (stats, reading)) in enumerate(zip(measurements, judged, strict=True)):
+            if i in out:
+                continue
             self._spent = 0.0
-            out.append(self._settle(sample, settings, stats, reading, retime=retime, shared_s=shared))
+            out[i] = self._settle(sample, settings, stats, reading, retime=retime, shared_s=shared)
             retime = retime and self._level is level  # the level is timed again at most once
+        return [out[i] for i in range(len(measurements))]
+
+    def _onset(
+        self,
+        measurements: Sequence[tuple[Sampler, MeasureSpec]],
+        spans: Sequence[tuple[Stats, int, int]],
+        shared_s: float,
+    ) -> dict[int, Guarded]:
+        """Where the check after a batch is the one reading that moved, and slower: its last
+        measurements (those with no look after them) made again from the last backwards, until one
+        comes out as it first did; the slowdown began after that one, so it and those before it
+        stand (module doc). By index: those settled here."""
+        level, after = self._level, self._readings[-1]
+        assert level is not None
+        slower = moved(level, after) and after.median_us > level.median_us
+        if self.action == "flag" or self._lasting or not slower:
+            return {}
+        tail = [i for i, (_, _, end) in enumerate(spans) if end == len(self._readings) - 1]
+        clean = self._furthest(self._readings[spans[tail[0]][1] - 1 : -1]) if tail else after
+        if moved(level, clean):
+            return {}
+        out: dict[int, Guarded] = {}
+        for i in reversed(tail):
+            (sample, settings), first = measurements[i], spans[i][0]
+            self._spent = 0.0
+            out[i] = again = self._settle(sample, settings, first, after, retime=False, shared_s=shared_s)
+            if not again.drift and not moved(again.stats, first):
+                kept = Guarded(first, clean.median_us, clean.median_us / level.median_us, False, 0, shared_s)
+                return out | {j: dataclasses.replace(kept, stats=spans[j][0]) for j in tail if j < i}
         return out
 
     def _settle(
@@ -342,54 +373,3 @@ class DriftGuard:
             if not moved(level, self._time_level()):
                 return True
         return False
-
-
-def reference_parts(device: str) -> tuple[Callable[[], Any], Callable[[], Any]]:
-    """The reference's two kernels: a copy that streams from memory, and a matrix product (module doc)."""
-    import torch
-
-    if device.startswith("cuda"):
-        l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size
-        src = torch.ones(_REFERENCE_COPY_L2S * l2_bytes // 2, dtype=torch.bfloat16, device=device)
-        n = _REFERENCE_MATMUL_N
-    else:
-        src = torch.ones(_CPU_REFERENCE_BYTES // 4, dtype=torch.float32)
-        n = _CPU_REFERENCE_MATMUL_N
-    dst = torch.empty_like(src)
-    a = torch.full((n, n), 0.5, dtype=src.dtype, device=src.device)
-    out = torch.empty_like(a)
-    return (lambda: dst.copy_(src)), (lambda: torch.matmul(a, a, out=out))
-
-
-def reference_kernel(device: str) -> Callable[[], Any]:
-    """The reference: its copy, then its matrix product (``reference_parts``)."""
-    copy, product = reference_parts(device)
-
-    def reference() -> None:
-        copy()
-        product()
-
-    return reference
-
-
-def reference_sampler(device: str) -> Reference:
-    """The reference's samplers, one per number of calls in a timed window: eager calls between events
-    with a warm L2 on a GPU (the reference streams its copy from memory whatever the cache holds), the
-    clock on a CPU; the same method at every check of a worker's life. Not a CUDA graph: a graph of the
-    reference's matrix product, captured beside the measured kernels' graphs, left the next kernel of
-    the worker reading freed memory on an H200 (an illegal address), and a ~200 µs reference call pays
-    nothing measurable for its launch."""
-    from tunectl.measure.timing import make_sampler
-
-    kernel = reference_kernel(device)
-
-    def sized(calls: int) -> Sampler:
-        def window() -> None:
-            for _ in range(calls):
-                kernel()
-
-        timed = make_sampler(window, device, "eager", "warm")
-
-        return chunked(lambda n: [t / calls for t in take(timed, n)])
-
-    return sized

@@ -22,13 +22,14 @@ from tunectl.core.plan import WorkItem
 from tunectl.core.record import Record, Status
 from tunectl.core.spec import MeasureSpec
 from tunectl.measure.built import FREE_SHARE_MIN, Built, Point, RecentPoints, with_warmup
-from tunectl.measure.drift import MAX_WAIT_S, DriftGuard, MakeReference, reference_sampler
+from tunectl.measure.drift import MAX_WAIT_S, DriftGuard
 from tunectl.measure.failures import clip, failure_message
 from tunectl.measure.harness import Sampler, announced, calls_per_sample, interleave, measure, scaled
 from tunectl.measure.memory import short_of_memory, when_memory_frees
 from tunectl.measure.nvml import read_state, state_around
 from tunectl.measure.outcome import CRASHED_ARM, NO_BASELINE, Check, Measured, Outcome, Timed, Verdict
 from tunectl.measure.records import CallContext, measured, members_of
+from tunectl.measure.reference import MakeReference, reference_sampler
 from tunectl.measure.rounds import NotMeasurable, arm_stats, racing_for, round_times
 from tunectl.measure.stacks import layer_inputs, stack_of, thrash_only
 from tunectl.measure.timing import make_sampler, timing_of
