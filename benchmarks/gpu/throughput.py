@@ -51,7 +51,18 @@ def figures(results: Path, warmup: int) -> dict[str, Any]:
         "statuses": run["statuses"],
         "worker_startup": worker_startup(results),
         "between_calls_s": round(sum(w.waiting_s for w in worker_times(records)), 2),
+        "guard_of_remeasured_rows_s": guard_of_remeasured(rows),
         "calls_by_phase_s": calls_by_phase_s(rows),
+    }
+
+
+def guard_of_remeasured(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """The guard's seconds in the rows it made again, and in all rows, and how many it made again."""
+    again = [r for r in rows if (r["remeasured"] or 0) > 0]
+    return {
+        "rows": len(again),
+        "seconds": round(sum(r["guard_ms"] or 0.0 for r in again) / 1e3, 2),
+        "of_all_s": round(sum(r["guard_ms"] or 0.0 for r in rows) / 1e3, 2),
     }
 
 
