@@ -7,7 +7,7 @@
 #   bash benchmarks/gpu/holdout_h200.sh check 128   # export, then draw and time held-out shapes per seed
 #   bash benchmarks/gpu/holdout_h200.sh check 16
 #   bash benchmarks/gpu/holdout_h200.sh write       # holdout.json and holdout.md from the records (no GPU)
-#   bash benchmarks/gpu/holdout_h200.sh restore     # the records (seeds 101-115) into $RES instead of building
+#   bash benchmarks/gpu/holdout_h200.sh restore     # the records (seeds 101-118) into $RES instead of building
 #   bash benchmarks/gpu/holdout_h200.sh confirm 128 # export with candidates, new seeds, confirmed picks scored
 #   bash benchmarks/gpu/holdout_h200.sh keep 128    # confirm once at CONFIRM_BATCHES sizes, every KV cell; save
 # `confirm` exports the built run again with candidates (version VERSION, default 2), draws CONFIRM_SEEDS (default
@@ -111,7 +111,7 @@ case "${1:?step}" in
   restore)
     archives=(holdout_h200_2026-12-04.tar.gz holdout_h200_2026-12-04b.tar.gz holdout_h200_2026-12-04c.tar.gz
       holdout_h200_2026-12-04d.tar.gz holdout_h200_2026-12-04e.tar.gz holdout_h200_2026-12-05.tar.gz
-      holdout_h200_2026-12-05b.tar.gz)
+      holdout_h200_2026-12-05b.tar.gz holdout_h200_2026-12-05c.tar.gz)
     for a in "${archives[@]}"; do tar xzf "benchmarks/results/$a" -C "$(dirname "$RES")"; done
     for a in "${archives[@]}"; do  # each archive holds the list as it stood: their lines together
       tar xzOf "benchmarks/results/$a" holdout-results/confirm-runs.txt 2>/dev/null
