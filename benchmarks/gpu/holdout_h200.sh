@@ -33,8 +33,9 @@
 # a grid of 9 batches x 4 lengths, refine_budget 12, 2 probes a cell; flash-attn 2 is left out (it runs
 # on a re-paged cache: measured for reference only, it can never be chosen nor be the oracle).
 # Device time measured 2026-12-04: build ~3 min a page, check ~2.5 min a page, write ~10 s: ~12 min in all;
-# confirm's three new seeds ~3.5 min at page 128 (2026-12-05); confirming by cell after them did not
-# finish in a 540 s command at page 128 with BUDGET 120 and no BATCH_BUDGET: set both to fit one; restore seconds.
+# confirm's three new seeds ~3.5 min at page 128 with DRAW_ONLY=1 (5.4 min in a fresh machine's first call,
+# restore included); then confirming by cell at them with BUDGET=100 BATCH_BUDGET=110 EXACT=0 6.0 min (2026-12-05);
+# with no budgets it does not finish in one 540 s command; restore seconds.
 set -uo pipefail
 [ -f /tmp/tunectl-site/env.sh ] && source /tmp/tunectl-site/env.sh
 python -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "editable install failed"
