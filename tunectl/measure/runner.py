@@ -51,9 +51,8 @@ class ItemRunner:
     """Evaluates work items on one device. One per worker process."""
 
     def __init__(self, device: str = "cpu", *, reference: MakeReference = reference_sampler) -> None:
-        """``reference`` makes the drift guard's reference samplers for a device (``measure.drift``)."""
-        self.device = device
-        self._guard_reference = reference
+        """``reference`` makes the drift guard's reference samplers for a device (``measure.reference``)."""
+        self.device, self._guard_reference = device, reference
         self._guard: DriftGuard | None = None
         self._guard_failed = False
         self._tasks: dict[str, TuningTask] = {}
