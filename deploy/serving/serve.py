@@ -18,7 +18,8 @@ every KV cell of the bundle at its edges (the lengths its requests will reach ar
 and serves each cell at each batch size with the candidate that was fastest here. With
 ``--confirmed FILE`` too, what it chose is saved to FILE; a server started later with that FILE
 applies it (``tunectl.runtime.apply_confirmed``: checked against the bundle and this machine, no
-timing) and confirms again only where FILE cannot be applied.
+timing) and confirms again only where FILE cannot be applied. A confirmation the budget cut short
+is saved too, with the cells it reached: the next start applies it and confirms what is left.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import time
 from typing import Any
 
 from tunectl.runtime import ENV_VAR, Bundle, BundleError, adapters, apply_confirmed, empty_bundle, load_bundle
-from tunectl.runtime.confirmed import save_confirmed
+from tunectl.runtime.confirmed import read_confirmed, save_confirmed
 from tunectl.runtime.environment import ENV_POLICY_VAR
 from tunectl.runtime.sources import uri_scheme
 
@@ -80,23 +81,18 @@ def requests(num_steps: int, start_kv_len: int) -> list[tuple[int, int]]:
 
 def confirmed(bundle: Bundle, seconds: float, saved: str = "") -> Bundle:
     """``bundle`` with its candidates confirmed at this server's batch sizes, every KV cell at its
-    edges, within ``seconds`` (module doc), or as ``saved`` holds them; the bundle as it was where
-    there is nothing to confirm or confirming failed."""
-    if saved and os.path.exists(saved):
-        try:
-            applied = apply_confirmed(bundle, saved)
-        except BundleError as exc:
-            log.error("cannot apply the confirmed picks (%s); confirming again", exc)
-        else:
-            log.info("applied the confirmed picks in %s", saved)
-            return applied
+    edges, within ``seconds`` (module doc), going on from what ``saved`` holds; the bundle as it was
+    where there is nothing to confirm or confirming failed."""
+    before = _kept(bundle, saved)
+    if before is not None and (not before["not_reached"] or seconds <= 0 or TASK not in bundle.tasks):
+        return _applied(bundle, saved)
     if seconds <= 0 or TASK not in bundle.tasks:
         return bundle
-    from tunectl.measure.confirm import cell_grid, confirm, picks_of
+    from tunectl.measure.confirm import cell_grid, confirm, picks_of, reached_of
 
-    shapes = [{"batch": b} for b in sorted(set(BATCHES))]
+    shapes, kept = [{"batch": b} for b in sorted(set(BATCHES))], before or {"picks": [], "reached": []}
     try:
-        confirmed, reports = confirm(bundle, TASK, MODEL, shapes, budget_s=seconds, device="cpu")
+        _, reports = confirm(bundle, TASK, MODEL, shapes, budget_s=seconds, reached=kept["reached"])
     except Exception as exc:  # confirming only refines the bundle's picks: it never stops the server
         log.error(
             "could not confirm the candidates (%s: %s); serving the bundle's picks", type(exc).__name__, exc
@@ -104,23 +100,54 @@ def confirmed(bundle: Bundle, seconds: float, saved: str = "") -> Bundle:
         return bundle
     for report in reports:
         log.debug("confirm %s", report.line())
-    timed, picks = [r for r in reports if r.timed], picks_of(MODEL, reports)
+    grid, left = cell_grid(bundle, TASK, shapes), sum(r.skipped for r in reports)
+    picks = [*((p["params"], p["config"]) for p in kept["picks"]), *picks_of(MODEL, reports)]
     log.info(
         "confirmed the candidates at %d of %d shape(s) in %.1f s: %d cell(s) run another config than the "
-        "bundle's pick",
-        len(timed),
+        "bundle's pick (%d cell(s) confirmed before, %d left)",
+        sum(1 for r in reports if r.timed),
         len(reports),
         sum(r.seconds for r in reports),
         len(picks),
+        len(kept["reached"]),
+        left,
     )
-    if saved and not any(r.skipped for r in reports):  # a partial confirmation is not kept
+    if saved:  # a part is kept too: the next start goes on from it
+        reached = [*kept["reached"], *reached_of(reports)]
         try:
-            save_confirmed(saved, bundle, TASK, picks, cell_grid(bundle, TASK, shapes))
+            save_confirmed(saved, bundle, TASK, picks, grid, not_reached=left, reached=reached)
         except OSError as exc:  # the next start confirms again; this one serves what it confirmed
             log.error("cannot save the confirmed picks to %s: %s", saved, exc)
         else:
             log.info("saved the confirmed picks to %s", saved)
-    return confirmed
+    try:
+        return bundle.with_confirmed(TASK, picks, by_cell=grid) if picks else bundle
+    except (ValueError, TypeError) as exc:  # a kept pick this bundle has no place for
+        log.error("cannot serve the confirmed picks (%s); serving the bundle's picks", exc)
+        return bundle
+
+
+def _applied(bundle: Bundle, saved: str) -> Bundle:
+    """``bundle`` answering the confirmed picks at ``saved``; as it was where they cannot be applied."""
+    try:
+        applied = apply_confirmed(bundle, saved)
+    except BundleError as exc:
+        log.error("cannot apply the confirmed picks (%s); serving the bundle's picks", exc)
+        return bundle
+    log.info("applied the confirmed picks in %s", saved)
+    return applied
+
+
+def _kept(bundle: Bundle, saved: str) -> dict[str, Any] | None:
+    """What the confirmed picks at ``saved`` hold for this bundle and machine (``read_confirmed``); None
+    where there are none, or they cannot be used (said, and confirmed again)."""
+    if not saved or not os.path.exists(saved):
+        return None
+    try:
+        return read_confirmed(bundle, saved)
+    except BundleError as exc:
+        log.error("cannot apply the confirmed picks (%s); confirming again", exc)
+        return None
 
 
 def serve(bundle: Bundle, num_steps: int, start_kv_len: int) -> dict[str, int]:

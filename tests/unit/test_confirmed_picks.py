@@ -169,3 +169,47 @@ def test_the_command_saves_what_it_chose(tmp_path: Path, monkeypatch: pytest.Mon
     blocked.write_text("")
     refused = CliRunner().invoke(app, [*args, "--save", str(blocked / "picks.json")])
     assert refused.exit_code != 0 and "--save:" in refused.output and "cannot be written" in refused.output
+
+
+def test_a_confirmation_cut_short_by_its_budget_goes_on_where_it_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Three KV cells at batch 3, timed at three points: a budget that reaches two points confirms two
+    cells and saves them as reached; the same call again times only what the third needs, keeps the
+    first run's picks, and ends where confirming it whole in one run ends."""
+    import time
+
+    import tunectl.measure.confirm as confirming
+    from tunectl import api
+    from tunectl.core.errors import OptionError
+
+    timed: list[int] = []
+
+    def slow(task: Any, static: Any, shape: dict[str, Any], configs: Any, **how: Any) -> list[float]:
+        time.sleep(0.1)
+        timed.append(shape["kv_len"])
+        return TIMES[shape["kv_len"]]
+
+    monkeypatch.setattr(confirming, "time_configs", slow)
+    monkeypatch.setenv("TUNECTL_DEVICE_NAME", HERE["device_name"])
+    bundle = load_bundle(_published(tmp_path), env_policy="off")
+    shapes, saved = [{"batch": 3}], tmp_path / "confirmed.json"
+    short = api.ConfirmOptions(device="cpu", budget_s=0.15)
+    first = api.confirm_candidates(bundle, TASK, shapes, short, resume=saved)
+    api.save_confirmed(first, bundle, saved)
+    assert timed == [1024, 2048] and sum(r.skipped for r in first.reports) == 1
+    assert json.loads(saved.read_text())["not_reached"] == 1
+
+    timed.clear()
+    again = api.confirm_candidates(bundle, TASK, shapes, api.ConfirmOptions(device="cpu"), resume=saved)
+    assert timed == [2048, 4096], "only the points the cell left needs"
+    assert len(again.reports) == 1 and not again.reports[0].skipped and again.resumed == 2
+    whole = api.confirm_candidates(bundle, TASK, shapes, api.ConfirmOptions(device="cpu"))
+    key = lambda picks: sorted(json.dumps([p, c], sort_keys=True) for p, c in picks)  # noqa: E731
+    assert key(again.picks) == key(whole.picks) and len(again.reached) == len(whole.reached) == 3
+    for kv in (1024, 1500, 3000, 4096):
+        shape = {**STATIC, "batch": 3, "kv_len": kv}
+        assert again.bundle.lookup(TASK, **shape) == whole.bundle.lookup(TASK, **shape)
+
+    with pytest.raises(OptionError, match="other cells"):
+        api.confirm_candidates(bundle, TASK, shapes, api.ConfirmOptions(device="cpu", cell_span=4.0), saved)

@@ -107,8 +107,8 @@ def test_a_server_keeps_what_it_confirmed_and_the_next_one_applies_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The first start confirms and saves the picks; the next applies them, timing nothing; one whose
-    budget ran out before every cell was timed saves nothing (a later start would apply a part and
-    never confirm the rest); one that cannot write the file serves what it confirmed. The kernels'
+    budget ran out before every cell was timed saves what it reached, and the next start goes on from
+    there to the same picks; one that cannot write the file serves what it confirmed. The kernels'
     times are fixed (8 splits faster at batch 4 and over)."""
     import tunectl.measure.confirm as confirming
     from tunectl.runtime import load_bundle
@@ -120,7 +120,10 @@ def test_a_server_keeps_what_it_confirmed_and_the_next_one_applies_it(
     path = _with_lists(tmp_path)
     server, bundle = _server(), load_bundle(path, env_policy="off")
     partial = tmp_path / "partial.json"
-    assert server.confirmed(bundle, 1e-9, str(partial)) is bundle and not partial.exists()
+    assert server.confirmed(bundle, 1e-9, str(partial)) is bundle
+    assert json.loads(partial.read_text())["not_reached"] > 0, "a part is kept, with what is left"
+    resumed = server.confirmed(load_bundle(path, env_policy="off"), 30.0, str(partial))
+    assert json.loads(partial.read_text())["not_reached"] == 0
     unwritable = tmp_path / "a-file"
     unwritable.write_text("")
     assert server.confirmed(bundle, 30.0, str(unwritable / "picks.json")) is not bundle  # served anyway
@@ -136,6 +139,7 @@ def test_a_server_keeps_what_it_confirmed_and_the_next_one_applies_it(
     steps = [(b, kv) for b in (1, 3, 4, 9, 16) for kv in (1000, 2048, 3000)]
     answers = [(first.lookup("decode_attention", **MODEL, batch=b, kv_len=kv)) for b, kv in steps]
     assert [again.lookup("decode_attention", **MODEL, batch=b, kv_len=kv) for b, kv in steps] == answers
+    assert [resumed.lookup("decode_attention", **MODEL, batch=b, kv_len=kv) for b, kv in steps] == answers
 
 
 def test_a_failure_while_confirming_never_stops_the_server(

@@ -45,6 +45,9 @@ class Confirmed:
     #: what confirming installed: (parameters, config), and the cells of the dimensions left out
     picks: list[tuple[dict[str, Any], Mapping[str, Any]]] = field(default_factory=list)
     by_cell: dict[str, list[int]] = field(default_factory=dict)
+    #: the shapes and cells confirmed, by this run and the one it resumed (``confirm_candidates``)
+    reached: list[dict[str, Any]] = field(default_factory=list)
+    resumed: int = 0  # of them, those the run it resumed had confirmed
 
     @property
     def seconds(self) -> float:
@@ -58,7 +61,7 @@ def save_confirmed(done: Confirmed, bundle: Bundle, path: str | os.PathLike[str]
 
     try:
         not_reached = sum(r.skipped for r in done.reports)
-        return save(path, bundle, done.task, done.picks, done.by_cell, done.how, not_reached)
+        return save(path, bundle, done.task, done.picks, done.by_cell, done.how, not_reached, done.reached)
     except OSError as exc:
         raise OptionError("save", os.fspath(path), f"cannot be written: {exc.strerror or exc}") from exc
 
@@ -70,15 +73,25 @@ def shape_grid(values: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
 
 
 def confirm_candidates(
-    bundle: Bundle, task: str, shapes: Sequence[Mapping[str, Any]], options: ConfirmOptions | None = None
+    bundle: Bundle,
+    task: str,
+    shapes: Sequence[Mapping[str, Any]],
+    options: ConfirmOptions | None = None,
+    resume: str | os.PathLike[str] | None = None,
 ) -> Confirmed:
     """Time each shape's candidates through the task, fastest installed (``tunectl.measure.confirm``).
     A dimension the shapes leave out (the lengths a serving process cannot know) is confirmed cell by
-    cell along it, and a pick there serves its cell."""
-    from tunectl.measure.confirm import confirm
+    cell along it, and a pick there serves its cell. ``resume``: confirmed picks saved for this bundle
+    by an earlier run (``save_confirmed``), where it exists: what that run reached is not timed again,
+    and its picks are kept beside this run's (a confirmation cut short by its budget goes on where it
+    stopped)."""
+    from tunectl.measure.confirm import cell_grid, confirm, picks_of, reached_of
+    from tunectl.measure.timing import timing_of
 
     options = options or ConfirmOptions()
     static = _checked(bundle, task, shapes, options)
+    grid = cell_grid(bundle, task, list(shapes), options.cell_span)
+    before = _saved(bundle, task, grid, resume)
     device = _device(options.device)
     mode, settings = timed_as(bundle, task, device)
     confirmed, reports = confirm(
@@ -92,13 +105,35 @@ def confirm_candidates(
         settings=settings,
         margin=options.margin,
         cell_span=options.cell_span,
+        reached=before["reached"],
     )
-    from tunectl.measure.confirm import cell_grid, picks_of
-    from tunectl.measure.timing import timing_of
-
     how = f"{mode}, {settings.l2} L2, {timing_of(device, str(settings.l2), str(settings.timing))} timing"
-    grid = cell_grid(bundle, task, list(shapes), options.cell_span)
-    return Confirmed(confirmed, static, device, reports, how, task, picks_of(static, reports), grid)
+    picks = [*before["picks"], *picks_of(static, reports)]
+    if before["picks"]:
+        confirmed = bundle.with_confirmed(task, picks, by_cell=grid)
+    reached, resumed = [*before["reached"], *reached_of(reports)], len(before["reached"])
+    return Confirmed(confirmed, static, device, reports, how, task, picks, grid, reached, resumed)
+
+
+def _saved(
+    bundle: Bundle, task: str, grid: Mapping[str, list[int]], path: str | os.PathLike[str] | None
+) -> dict[str, Any]:
+    """What the confirmed picks at ``path`` hold for ``task`` ("picks" as (parameters, config), and
+    "reached"); nothing where there is no file there. Raises where the file is not for this bundle
+    (``tunectl.runtime.confirmed.read_confirmed``), or for other cells than ``grid``'s."""
+    from tunectl.runtime.confirmed import read_confirmed
+
+    if path is None or not Path(path).exists():
+        return {"picks": [], "reached": []}
+    doc = read_confirmed(bundle, path)
+    why = ""
+    if doc["task"] != task:
+        why = f"holds picks confirmed for task {doc['task']!r}, not {task!r}"
+    elif doc["by_cell"] != dict(grid):
+        why = "holds picks confirmed by other cells (another --cell-span, or other dimensions left out)"
+    if why:
+        raise OptionError("save", os.fspath(path), f"{why}: remove it to confirm from the start")
+    return {"picks": [(p["params"], p["config"]) for p in doc["picks"]], "reached": doc["reached"]}
 
 
 def plan_confirm(

@@ -50,7 +50,8 @@ def confirm_cmd(
         typer.Option(
             "--save",
             help="Write what was chosen to this file, for serving processes on machines like this one to "
-            "apply at start-up without timing (tunectl.runtime.apply_confirmed).",
+            "apply at start-up without timing (tunectl.runtime.apply_confirmed). Where the file holds picks "
+            "confirmed for this bundle, go on from them: what they reached is not timed again.",
         ),
     ] = None,
 ) -> None:
@@ -66,6 +67,9 @@ def confirm_cmd(
           --shape batch=4,16 --shape kv_len=2048
         tunectl bundle confirm bundles/quickstart/1 --task decode_attention --shape batch=1,2,3,4 \
           --save confirmed.json
+
+    With --save, a confirmation cut short by --budget-s goes on where it stopped when the same
+    command is run again (the summary says how many cells are left).
     """
     console = Console()
     with library_errors():
@@ -77,7 +81,7 @@ def confirm_cmd(
         if plan_only:
             console.print(api.plan_confirm(bundle, task, shapes, options).line(), highlight=False)
             return
-        done = api.confirm_candidates(bundle, task, shapes, options)
+        done = api.confirm_candidates(bundle, task, shapes, options, resume=save)
         saved = api.save_confirmed(done, bundle, save) if save else None
     changed = [r for r in done.reports if r.timed and _changes(r, bundle, task, done.static)]
     for report in done.reports if every else changed:
@@ -85,6 +89,8 @@ def confirm_cmd(
     console.print(_summary(done, len(changed), budget_s, every))
     if saved is not None:
         line = f"saved {len(done.picks)} confirmed pick(s) to {saved}"
+        if done.resumed:
+            line += f" ({done.resumed} shape(s) or cell(s) confirmed before, kept)"
         console.print(line, highlight=False, soft_wrap=True)
 
 

@@ -123,10 +123,15 @@ def confirm(
     settings: MeasureSpec = DEFAULT_SETTINGS,
     margin: float = DEFAULT_MARGIN,
     cell_span: float = CELL_SPAN,
+    reached: Sequence[Mapping[str, Any]] = (),
 ) -> tuple[Bundle, list[ShapeReport]]:
     """``bundle`` with the fastest candidate installed at each of ``shapes``, or over the cells of the
-    dimensions they leave out, none spanning more than ``cell_span`` (module doc), and the report."""
+    dimensions they leave out, none spanning more than ``cell_span`` (module doc), and the report.
+    Shapes and cells in ``reached`` (a run before this one confirmed them: ``reached_of``) are left
+    out: neither timed nor reported."""
     grid, found = _found(bundle, task_name, static, shapes, cell_span)
+    done = {_text(shape) for shape in reached}
+    found = [c for c in found if not (isinstance(c, _Cell) and _text(c.shape) in done)]
     needs = _needs([c for c in found if isinstance(c, _Cell) and len(c.listed) > 1])
     times, spent = _time_points(get_task(task_name), needs, budget_s, (device, mode, settings))
     reports: list[ShapeReport] = []
@@ -160,6 +165,12 @@ def picks_of(
         for r in reports
         if r.timed and r.chosen is not None and r.chosen != r.timed[0][0]
     ]
+
+
+def reached_of(reports: Sequence[ShapeReport]) -> list[dict[str, Any]]:
+    """The shapes and cells ``reports`` confirmed (timed, or with one candidate): those a later run
+    resuming this one leaves out. Not those the budget left, nor those no entry serves."""
+    return [dict(r.shape) for r in reports if r.chosen is not None and not r.skipped]
 
 
 @dataclass(frozen=True)

@@ -39,11 +39,13 @@ def save_confirmed(
     by_cell: Mapping[str, Sequence[int]],
     how: str = "",
     not_reached: int = 0,
+    reached: Sequence[Mapping[str, Any]] = (),
 ) -> Path:
     """Write the picks (parameters, config) confirmed for ``task`` of ``bundle`` to ``path``, with the
-    cells of ``by_cell``'s dimensions, how they were timed, how many shapes or cells confirming did
-    not reach within its budget (they keep the bundle's picks), and this process's environment: its
-    device and its versions of the libraries the bundle records. Written whole or not at all."""
+    cells of ``by_cell``'s dimensions, how they were timed, the shapes or cells confirming reached
+    (``reached``: where a later run resumes) and how many it did not within its budget (they keep the
+    bundle's picks), and this process's environment: its device and its versions of the libraries the
+    bundle records. Written whole or not at all."""
     recorded = (bundle.manifest.get("environment") or {}).get("packages") or {}
     versions = {package: installed(package) for package in sorted(recorded)}
     doc = {
@@ -55,6 +57,7 @@ def save_confirmed(
         "picks": [{"params": dict(params), "config": dict(config)} for params, config in picks],
         "environment": {**current_environment(), "packages": {k: v for k, v in versions.items() if v}},
         "how": how,
+        "reached": [dict(shape) for shape in reached],
         "not_reached": not_reached,
     }
     return atomic_write(path, json_bytes(doc, indent=1), make_parents=True)
@@ -71,6 +74,24 @@ def apply_confirmed(
     BundleError saying why where the file cannot be read, is not such a file, was confirmed for
     another bundle, or (under ``strict``) in another environment."""
     where = os.fspath(path)
+    doc = read_confirmed(bundle, where, env_policy=env_policy, environment=environment)
+    picks = [(pick["params"], pick["config"]) for pick in doc["picks"]]
+    try:
+        return bundle.with_confirmed(doc["task"], picks, by_cell=doc["by_cell"]) if picks else bundle
+    except (ValueError, TypeError) as exc:  # a pick or cell this bundle has no place for
+        raise ConfirmedPicksError(where, f"they do not fit the bundle: {exc}") from exc
+
+
+def read_confirmed(
+    bundle: Bundle,
+    path: str | os.PathLike[str],
+    *,
+    env_policy: str | None = None,
+    environment: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The file at ``path`` as written by ``save_confirmed``, checked as ``apply_confirmed`` checks it
+    (the same errors); ``"reached"`` is empty in a file written before it was kept."""
+    where = os.fspath(path)
     try:
         with open(where, encoding="utf-8") as f:
             doc = json.load(f)
@@ -81,11 +102,10 @@ def apply_confirmed(
     _check(doc, bundle, where)
     named = {"name": f"confirmed picks {where} for {bundle.name}", "version": bundle.version}
     check_environment({**named, "environment": doc["environment"]}, env_policy, environment)
-    picks = [(_tuples(pick["params"]), pick["config"]) for pick in doc["picks"]]
-    try:
-        return bundle.with_confirmed(doc["task"], picks, by_cell=doc["by_cell"]) if picks else bundle
-    except (ValueError, TypeError) as exc:  # a pick or cell this bundle has no place for
-        raise ConfirmedPicksError(where, f"they do not fit the bundle: {exc}") from exc
+    reached = doc.get("reached", [])
+    if not isinstance(reached, list) or not all(isinstance(shape, dict) for shape in reached):
+        raise ConfirmedPicksError(where, '"reached" must be a list of shapes')
+    return {**doc, "picks": [{**p, "params": _tuples(p["params"])} for p in doc["picks"]], "reached": reached}
 
 
 def _tuples(params: Mapping[str, Any]) -> dict[str, Any]:
