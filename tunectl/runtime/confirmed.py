@@ -5,7 +5,9 @@ Confirming a bundle's candidates at a serving process's batch sizes (``tunectl b
 candidates' first loads. Every process of a fleet that runs one bundle on one kind of device with
 the same libraries would time the same thing. ``tunectl bundle confirm ... --save FILE`` writes
 what confirming chose; a serving process applies FILE at start-up (``apply_confirmed``: no timing,
-standard library only) and its lookup answers as the confirming process's did.
+standard library only) and its lookup answers as the confirming process's did. The file also keeps
+the shapes and cells confirming reached and how many it did not within its budget: a later run
+given the same file times only what is left (``tunectl.api.confirm_candidates(..., resume=FILE)``).
 
 The file names the bundle it was confirmed for by its manifest's sha256 (a bundle version is
 immutable: another version, or this one changed, is refused), and the environment it was timed in
