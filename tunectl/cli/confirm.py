@@ -60,6 +60,9 @@ def confirm_cmd(
     Give the batch sizes a serving process runs, and leave out the lengths it cannot know: each is
     then confirmed at the edges of each of the bundle's cells along it, as start-up confirming does.
 
+    With --save, a confirmation cut short by --budget-s goes on where it stopped when the same
+    command is run again (the summary says how many cells are left).
+
     Example:
     \b
         tunectl bundle confirm bundles/quickstart/1 --task decode_attention --shape batch=1,2,3,4
@@ -67,9 +70,6 @@ def confirm_cmd(
           --shape batch=4,16 --shape kv_len=2048
         tunectl bundle confirm bundles/quickstart/1 --task decode_attention --shape batch=1,2,3,4 \
           --save confirmed.json
-
-    With --save, a confirmation cut short by --budget-s goes on where it stopped when the same
-    command is run again (the summary says how many cells are left).
     """
     console = Console()
     with library_errors():
