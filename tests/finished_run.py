@@ -69,13 +69,19 @@ def answer(
     return [tweak(_row(item, config, i, clock, oracle)) for i, config in enumerate(arms)]
 
 
-def finished_run(root: Path, spec_text: str, tweak: Tweak = lambda r: r, oracle: Oracle = true_time) -> Path:
-    """Run ``spec_text``'s search to its end into the results dataset ``root``, one part per item, and
-    record the run as finished; ``root``."""
+def finished_run(
+    root: Path,
+    spec_text: str,
+    tweak: Tweak = lambda r: r,
+    oracle: Oracle = true_time,
+    rows_per_part: int = 1,
+) -> Path:
+    """Run ``spec_text``'s search to its end into the results dataset ``root``, one part per item (up
+    to ``rows_per_part`` rows a part), and record the run as finished; ``root``."""
     spec = parse_spec(spec_text, "tiny.toml", "tiny")
     work, task = plan(spec), get_task(spec.task)
     lane = tuning_work(work, lambda s, sh: task.check_point(dict(s), dict(sh)), None)
-    writer, clock = ResultsWriter(root, max_rows=1), itertools.count(1)
+    writer, clock = ResultsWriter(root, max_rows=rows_per_part), itertools.count(1)
     queue = lane.draw(1_000_000)
     num_rows = 0
     while queue:

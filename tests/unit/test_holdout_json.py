@@ -7,6 +7,7 @@ import itertools
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 from tests.finished_run import answer, finished_run
 from tests.unit.test_rules import _spec, wave_time
@@ -28,14 +29,15 @@ SPEC = (
 )
 
 
-def _holdout_run(results: Path, bundle: str, seed: int) -> str:
-    """A holdout run of 6 shapes at ``seed``, answered by the simulated device; its id."""
+def _holdout_run(results: Path, bundle: str, seed: int, measured: set[Any]) -> str:
+    """A holdout run of 6 shapes at ``seed`` (none of ``measured``), answered by the simulated device;
+    its id."""
     spec = parse_spec(SPEC, "waves.toml", "waves")
     run_id = f"r20261210-00000{seed}-abcdef"
     loaded = read_bundle(bundle)
-    shapes = draw_shapes(spec, 6, seed, measured_shapes(results, loaded, spec.task))
+    shapes = draw_shapes(spec, 6, seed, measured)
     items, _, _ = plan_holdout(spec, loaded, shapes, rounds=2, task=get_task(spec.task))
-    writer, clock, rows = ResultsWriter(results, max_rows=1), itertools.count(1), 0
+    writer, clock, rows = ResultsWriter(results), itertools.count(1), 0
     for item in items:
         found = answer(item, clock, lambda r: dataclasses.replace(r, run_id=run_id), wave_time)
         writer.append_item(found)
@@ -47,7 +49,7 @@ def _holdout_run(results: Path, bundle: str, seed: int) -> str:
 
 
 def test_the_writer_pools_seeds_per_page_and_reports_the_baselines(tmp_path: Path) -> None:
-    results = finished_run(tmp_path / "results", SPEC, oracle=wave_time)
+    results = finished_run(tmp_path / "results", SPEC, oracle=wave_time, rows_per_part=256)
     bundle = export_bundle(results, "waves", "1", tmp_path / "bundles").location
     args = [
         "--results",
@@ -57,8 +59,9 @@ def test_the_writer_pools_seeds_per_page_and_reports_the_baselines(tmp_path: Pat
         "--markdown",
         str(tmp_path / "h.md"),
     ]
+    measured = measured_shapes(results, read_bundle(bundle), parse_spec(SPEC, "waves.toml", "waves").task)
     for seed in (11, 12, 13):
-        args += ["--holdout", f"8:{seed}={bundle}:{_holdout_run(results, bundle, seed)}"]
+        args += ["--holdout", f"8:{seed}={bundle}:{_holdout_run(results, bundle, seed, measured)}"]
     holdout_json.main(args)
     doc = json.loads((tmp_path / "h.json").read_text())
     page = doc["page"]["8"]
@@ -73,7 +76,7 @@ def test_the_writer_pools_seeds_per_page_and_reports_the_baselines(tmp_path: Pat
 def test_a_holdout_times_the_bundles_candidates_so_a_confirmed_pick_can_be_scored(tmp_path: Path) -> None:
     from tunectl.core.plan import full_config
 
-    results = finished_run(tmp_path / "results", SPEC, oracle=wave_time)
+    results = finished_run(tmp_path / "results", SPEC, oracle=wave_time, rows_per_part=256)
     bundle = read_bundle(export_bundle(results, "waves", "1", tmp_path / "bundles").location)
     spec = parse_spec(SPEC, "waves.toml", "waves")
     task = get_task(spec.task)

@@ -67,7 +67,7 @@ probes = {probes}
 def _bundle(tmp_path: Path, probes: int, *, rules: bool = True, version: str = "1") -> Path:
     results = tmp_path / "results"
     if not results.exists():
-        finished_run(results, _spec(probes), oracle=wave_time)
+        finished_run(results, _spec(probes), oracle=wave_time, rows_per_part=256)
     res = export_bundle(results, "waves", version, tmp_path / "bundles", choices=Choices(rules=rules))
     return Path(res.location)
 
