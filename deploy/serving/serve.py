@@ -84,7 +84,7 @@ def confirmed(bundle: Bundle, seconds: float, saved: str = "") -> Bundle:
     edges, within ``seconds`` (module doc), going on from what ``saved`` holds; the bundle as it was
     where there is nothing to confirm or confirming failed."""
     before = _kept(bundle, saved)
-    if before is not None and (not before["not_reached"] or seconds <= 0 or TASK not in bundle.tasks):
+    if before is not None and (not before.get("not_reached") or seconds <= 0 or TASK not in bundle.tasks):
         return _applied(bundle, saved)
     if seconds <= 0 or TASK not in bundle.tasks:
         return bundle
