@@ -13,7 +13,7 @@ Each step serves one batch of decode requests with the CPU split-KV paged decode
 entry into the kernel's arguments with ``tunectl.runtime.adapters``, and runs the kernel.
 
 ``--confirm-s S`` confirms the bundle's candidates at start-up before serving, within S seconds
-(``tunectl.measure.confirm``, which needs torch and the task): at the batch sizes this server runs,
+(``tunectl.api.confirm_candidates``, which needs torch and the task): at the batch sizes this server runs,
 every KV cell of the bundle at its edges (the lengths its requests will reach are not known yet),
 and serves each cell at each batch size with the candidate that was fastest here. With
 ``--confirmed FILE`` too, what it chose is saved to FILE; a server started later with that FILE
@@ -32,7 +32,7 @@ import time
 from typing import Any
 
 from tunectl.runtime import ENV_VAR, Bundle, BundleError, adapters, apply_confirmed, empty_bundle, load_bundle
-from tunectl.runtime.confirmed import read_confirmed, save_confirmed
+from tunectl.runtime.confirmed import read_confirmed
 from tunectl.runtime.environment import ENV_POLICY_VAR
 from tunectl.runtime.sources import uri_scheme
 
@@ -88,43 +88,39 @@ def confirmed(bundle: Bundle, seconds: float, saved: str = "") -> Bundle:
         return _applied(bundle, saved)
     if seconds <= 0 or TASK not in bundle.tasks:
         return bundle
-    from tunectl.measure.confirm import cell_grid, confirm, picks_of, reached_of
+    from tunectl import api
+    from tunectl.api.errors import OptionError
 
-    shapes, kept = [{"batch": b} for b in sorted(set(BATCHES))], before or {"picks": [], "reached": []}
+    shapes = [{"batch": b} for b in sorted(set(BATCHES))]
+    options = api.ConfirmOptions(static=MODEL, device="cpu", budget_s=seconds)
+    resume = saved if before is not None else None  # a file that could not be read: from the start
     try:
-        _, reports = confirm(bundle, TASK, MODEL, shapes, budget_s=seconds, reached=kept["reached"])
+        done = api.confirm_candidates(bundle, TASK, shapes, options, resume=resume)
     except Exception as exc:  # confirming only refines the bundle's picks: it never stops the server
         log.error(
             "could not confirm the candidates (%s: %s); serving the bundle's picks", type(exc).__name__, exc
         )
         return bundle
-    for report in reports:
+    for report in done.reports:
         log.debug("confirm %s", report.line())
-    grid, left = cell_grid(bundle, TASK, shapes), sum(r.skipped for r in reports)
-    picks = [*((p["params"], p["config"]) for p in kept["picks"]), *picks_of(MODEL, reports)]
     log.info(
         "confirmed the candidates at %d of %d shape(s) in %.1f s: %d cell(s) run another config than the "
         "bundle's pick (%d cell(s) confirmed before, %d left)",
-        sum(1 for r in reports if r.timed),
-        len(reports),
-        sum(r.seconds for r in reports),
-        len(picks),
-        len(kept["reached"]),
-        left,
+        sum(1 for r in done.reports if r.timed),
+        len(done.reports),
+        done.seconds,
+        len(done.picks),
+        done.resumed,
+        sum(r.skipped for r in done.reports),
     )
     if saved:  # a part is kept too: the next start goes on from it
-        reached = [*kept["reached"], *reached_of(reports)]
         try:
-            save_confirmed(saved, bundle, TASK, picks, grid, not_reached=left, reached=reached)
-        except OSError as exc:  # the next start confirms again; this one serves what it confirmed
-            log.error("cannot save the confirmed picks to %s: %s", saved, exc)
+            api.save_confirmed(done, bundle, saved)
+        except OptionError as exc:  # the next start confirms again; this one serves what it confirmed
+            log.error("cannot save the confirmed picks: %s", exc)
         else:
             log.info("saved the confirmed picks to %s", saved)
-    try:
-        return bundle.with_confirmed(TASK, picks, by_cell=grid) if picks else bundle
-    except (ValueError, TypeError) as exc:  # a kept pick this bundle has no place for
-        log.error("cannot serve the confirmed picks (%s); serving the bundle's picks", exc)
-        return bundle
+    return done.bundle
 
 
 def _applied(bundle: Bundle, saved: str) -> Bundle:

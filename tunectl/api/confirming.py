@@ -94,7 +94,7 @@ def confirm_candidates(
     before = _saved(bundle, task, grid, resume)
     device = _device(options.device)
     mode, settings = timed_as(bundle, task, device)
-    confirmed, reports = confirm(
+    _, reports = confirm(
         bundle,
         task,
         static,
@@ -109,8 +109,7 @@ def confirm_candidates(
     )
     how = f"{mode}, {settings.l2} L2, {timing_of(device, str(settings.l2), str(settings.timing))} timing"
     picks = [*before["picks"], *picks_of(static, reports)]
-    if before["picks"]:
-        confirmed = bundle.with_confirmed(task, picks, by_cell=grid)
+    confirmed = bundle.with_confirmed(task, picks, by_cell=grid) if picks else bundle
     reached, resumed = [*before["reached"], *reached_of(reports)], len(before["reached"])
     return Confirmed(confirmed, static, device, reports, how, task, picks, grid, reached, resumed)
 
