@@ -27,7 +27,9 @@ from tunectl.store.runs import list_runs, load_run, summarise_runs
 
 pytestmark = pytest.mark.slow
 
-SLOW = '[[configs]]\nfault = "none"\nrun_ms = 60\nvariant = [' + ", ".join(map(str, range(30))) + "]\n"
+#: 31 items of at least 150 ms each: the run outlasts the writer's first part (written after 2 s) by
+#: seconds, so a kill after the first rows lands mid-run however fast the guard lets items pass
+SLOW = '[[configs]]\nfault = "none"\nrun_ms = 150\nvariant = [' + ", ".join(map(str, range(30))) + "]\n"
 
 
 @contextlib.contextmanager
