@@ -1,21 +1,23 @@
 """Does a choice made at one KV length carry to another at the same batch size? Read from records.
 
 Confirming at start-up by cell (``tunectl.measure.confirm``) times a cell's candidates at its edges
-and serves the one with the least geometric mean there over the whole cell at that batch size. What
-that is worth is read here from a tuning run's own comparisons (finals and probes: a shape's configs
-timed in interleaved rounds):
+and serves, in each part of the cell at that batch size, the one fastest on the line between its two
+edges' times at the part's middle (``tunectl.measure.parts``; before, the one with the least
+geometric mean of the two over the whole cell). What either is worth is read here from a tuning
+run's own comparisons (finals and probes: a shape's configs timed in interleaved rounds):
 
 - at every pair of shapes of one static key and one batch size whose KV lengths are at most
   ``--within`` apart: the config fastest at one, among the configs both compared, timed at the other
   over the fastest of them there (each pair counted both ways);
 - ``--ends F``: at every shape with a compared shape of the same batch on either side along the KV
   length, at most F apart, the config chosen on those two ends (the least geometric mean of its two
-  times) and the one chosen at the nearer end (what a cell's middle is), each timed at the shape
+  times), the one least on the lines between its two ends (at the middle of the part holding the
+  shape), and the one chosen at the nearer end (what a cell's middle is), each timed at the shape
   between over the fastest there;
 - ``--holdout PAGE:SEED=BUNDLE_DIR:RUN`` (as ``holdout_json.py`` takes them): at each held-out shape
   whose batch size the tuning run compared on either side of its KV length, what confirming on those
-  two ends would install among the bundle's candidates (with the 2 % margin), scored with the
-  held-out run's times beside the bundle's pick and the list's best at the shape itself.
+  two ends would install among the bundle's candidates (with the 2 % margin) by either rule, scored
+  with the held-out run's times beside the bundle's pick and the list's best at the shape itself.
 
 No GPU::
 
@@ -33,7 +35,7 @@ import json
 import math
 import sys
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +43,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from holdout_json import holdout_of
 
 from tunectl import api
+from tunectl.core.buckets import make_bucketer, parts_of, split_cells
 from tunectl.core.keys import key_text, make_key
 from tunectl.core.record import Phase, Record, Status
 from tunectl.core.spec import DEFAULT_MARGIN
 from tunectl.decide.holdout import HeldOut
 from tunectl.measure.confirm import served_at
+from tunectl.measure.parts import PARTS
 from tunectl.store.results import read_results
 
 Place = tuple[str, int, int]  # static key, batch, KV length
@@ -81,12 +85,12 @@ def losses(at: dict[Place, dict[str, float]], within: float) -> list[float]:
 def between(at: dict[Place, dict[str, float]], ends_within: float) -> dict[str, list[float]]:
     """At each shape with compared shapes of its static key and batch on either side (the nearest,
     at most ``ends_within`` apart), among the configs all three compared (two at least): the time of
-    the config chosen on both ends (least geometric mean) and of the one chosen at the nearer end,
-    over the fastest at the shape."""
+    the config chosen on both ends (least geometric mean), of the one least on the lines between the
+    ends (``_where``), and of the one chosen at the nearer end, over the fastest at the shape."""
     lengths: dict[tuple[str, int], list[int]] = defaultdict(list)
     for static, batch, kv in at:
         lengths[(static, batch)].append(kv)
-    out: dict[str, list[float]] = {"both ends": [], "the nearer end": []}
+    out: dict[str, list[float]] = {"both ends": [], "on the lines": [], "the nearer end": []}
     for (static, batch), kvs in lengths.items():
         kvs.sort()
         for low, kv, high in zip(kvs, kvs[1:], kvs[2:], strict=False):
@@ -97,7 +101,9 @@ def between(at: dict[Place, dict[str, float]], ends_within: float) -> dict[str, 
                 continue
             fastest = min(here[c] for c in common)
             nearer = lo if kv * kv <= low * high else hi
+            f = _where(low, high, kv)
             out["both ends"].append(here[min(common, key=lambda c: lo[c] * hi[c])] / fastest)
+            out["on the lines"].append(here[min(common, key=lambda c: lo[c] + (hi[c] - lo[c]) * f)] / fastest)
             out["the nearer end"].append(here[min(common, key=nearer.__getitem__)] / fastest)
     return out
 
@@ -113,11 +119,14 @@ def at_held_out(
     nearest, at most ``ends_within`` apart), where the entry's own config was compared at both ends:
     the held-out time over the fastest of the bundle's pick, of what confirming on those two ends
     installs (the candidate with the least geometric mean there, where it beats the entry's own by
-    the margin) and of the list's best at the shape itself (confirming at the exact shape, an upper
-    bound)."""
+    the margin), of what it installs judging each candidate by its time on the line between its two
+    ends, at the middle of the part of the cell that holds the shape's length (as confirming does
+    now: ``tunectl.measure.parts``; the same margin), and of the list's best at the shape
+    itself (confirming at the exact shape, an upper bound)."""
     out: dict[str, list[float]] = {
         "the bundle's pick": [],
         "confirmed on the ends": [],
+        "on the lines between the ends": [],
         "the list's best": [],
     }
     for h in held:
@@ -135,19 +144,50 @@ def at_held_out(
             for end, k in zip(ends, (low, high), strict=True)
         ]
         scores = {key_text(make_key(c)): [end.get(key_text(make_key(c))) for end in ends] for c in listed[1:]}
-        known = {c: math.prod(t) for c, t in scores.items() if None not in t}
         ratio = {key_text(k): v for k, v in h.losses.items()}
         if None in own or key_text(h.pick) not in ratio:
             continue
-        best = min(known, key=known.__getitem__, default=None)
-        beats = best is not None and known[best] * (1 + DEFAULT_MARGIN) ** 2 < math.prod(own)
-        chosen = best if beats else key_text(h.pick)
+        f = _where(low, high, shape["kv_len"])
+        chosen = {
+            "confirmed on the ends": _installed(
+                scores, own, key_text(h.pick), lambda t: math.sqrt(t[0] * t[1])
+            ),
+            "on the lines between the ends": _installed(
+                scores, own, key_text(h.pick), lambda t, f=f: t[0] + (t[1] - t[0]) * f
+            ),
+        }
         listed_ratios = [ratio[t] for t in (key_text(make_key(c)) for c in listed) if t in ratio]
-        if chosen in ratio and listed_ratios:
+        if all(c in ratio for c in chosen.values()) and listed_ratios:
             out["the bundle's pick"].append(ratio[key_text(h.pick)])
-            out["confirmed on the ends"].append(ratio[chosen])
+            for way, c in chosen.items():
+                out[way].append(ratio[c])
             out["the list's best"].append(min(listed_ratios))
     return out
+
+
+def _where(low: int, high: int, kv_len: int) -> float:
+    """Where confirming reads the lines between ``low`` and ``high`` for ``kv_len``: at the middle of
+    the cell's part that holds it (``tunectl.measure.parts``), 0 at ``low``, 1 at ``high``."""
+    if high <= low:
+        return 0.0
+    finer = split_cells("ceil", [low, high], PARTS)
+    part = make_bucketer("ceil", finer)(kv_len)
+    return next(where for p, where in parts_of("ceil", [low, high], finer, high) if p == part)
+
+
+def _installed(
+    scores: dict[str, list[float | None]],
+    own: list[float | None],
+    pick: str,
+    judge: Callable[[list[float]], float],
+) -> str:
+    """The candidate confirming installs where ``judge`` reads each one's times at the two ends (the
+    entry's own there: ``own``): the least, where it beats the entry's own by the margin; else
+    ``pick``."""
+    known = {c: judge([float(x) for x in t]) for c, t in scores.items() if None not in t}
+    best = min(known, key=known.__getitem__, default=None)
+    mine = judge([float(x) for x in own])
+    return best if best is not None and known[best] * (1 + DEFAULT_MARGIN) < mine else pick
 
 
 def figures(ratios: Sequence[float], counted: str = "pairs") -> dict[str, Any]:

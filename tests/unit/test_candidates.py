@@ -174,10 +174,10 @@ def test_confirming_at_batch_sizes_alone_times_each_length_cell_at_its_edges(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The lengths left out are confirmed cell by cell, the bundle's 1024-4096 cell cut in two: each
-    point timed once (two cells share 2048), each cell judged on the geometric mean of its edges,
-    its pick serving the cell; where the entry's own config holds its place nothing is installed.
-    The times are fixed (a fake clock for the kernels), per point: the entry's config, then the two
-    others."""
+    point timed once (two cells share 2048). Each cell is cut in four parts, and each part gets the
+    candidate fastest at its middle on the line between each candidate's times at the cell's edges;
+    where the entry's own config holds its place nothing is installed. The times are fixed (a fake
+    clock for the kernels), per point: the entry's config, then the two others."""
     import tunectl.measure.confirm as confirming
 
     bundle = load_bundle(_bundle(tmp_path, kv=(1024, 4096)), env_policy="off")
@@ -193,18 +193,22 @@ def test_confirming_at_batch_sizes_alone_times_each_length_cell_at_its_edges(
     shapes = [{"batch": 3}, {"batch": 64}]
     confirmed, reports = confirm(bundle, "decode_attention", STATIC, shapes, budget_s=60)
     assert timed_at == [{"batch": 3, "kv_len": kv} for kv in (1024, 2048, 4096)]
-    # up to 1024: 9.9 against 10 is within the margin; 1024-2048: sqrt(9.9 x 5) = 7.0 against 10;
-    # 2048-4096: sqrt(20 x 1) = 4.5 against 5 and 10
-    assert [r.chosen for r in reports] == [PICK, *OTHERS, None]
+    # up to 1024: 9.9 against 10 is within the margin; 1024-2048: OTHERS[0] falls from 9.9 to 5, under
+    # 10 already at the first part's middle (1117: 9.45). 2048-4096: OTHERS[1] falls from 20 to 1 and
+    # crosses OTHERS[0]'s 5 at ~3700, so only the last part (3445-4096, middle 3755: 4.2) is its; the
+    # geometric mean of the two edges (4.5 against 5) would have given it the whole cell
+    assert [r.chosen for r in reports] == [PICK, OTHERS[0], OTHERS[0], None]
     assert all(r.by_cell == ("kv_len",) for r in reports[:3])
     assert [c for c, _ in reports[1].timed] == [PICK, *OTHERS]
-    assert math.isclose(reports[1].timed[1][1] or 0, math.sqrt(9.9 * 5))
+    assert math.isclose(reports[1].timed[1][1] or 0, math.sqrt(9.9 * 5))  # shown: the geometric mean
+    assert [c for _, c, _ in reports[2].parts] == [OTHERS[0]] * 3 + [OTHERS[1]]
     assert (
         "kv_len=1448 (for its kv_len cell, timed at kv_len=1024 and kv_len=2048): chose" in reports[1].line()
     )
+    assert f"chose {OTHERS[0]} at kv_len 2049-3444; {OTHERS[1]} at kv_len 3445-4096 in" in reports[2].line()
     assert reports[3].line() == "batch=64: no entry of the bundle serves it"
-    served = {1000: PICK, 1025: OTHERS[0], 2048: OTHERS[0], 2049: OTHERS[1], 4096: OTHERS[1]}
-    for kv_len, config in served.items():
+    served = {1000: PICK, 1025: OTHERS[0], 2048: OTHERS[0], 2049: OTHERS[0], 3444: OTHERS[0], 3445: OTHERS[1]}
+    for kv_len, config in {**served, 4096: OTHERS[1]}.items():
         assert confirmed.lookup("decode_attention", **STATIC, batch=3, kv_len=kv_len) == config, kv_len
     assert confirmed.lookup("decode_attention", **STATIC, batch=4, kv_len=2048) == PICK  # batch 3 only
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from tunectl.core.keys import make_key
-from tunectl.measure.confirm import cell_grid, confirm, picks_of
+from tunectl.measure.confirm import cell_grid, confirm, pick_grid, picks_of
 from tunectl.runtime import BundleEnvironmentError, Entry, apply_confirmed, load_bundle
 from tunectl.runtime.confirmed import save_confirmed
 from tunectl.runtime.format import ConfirmedPicksError
@@ -67,9 +67,8 @@ def _confirmed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, A
     confirmed, reports = confirm(bundle, TASK, STATIC, shapes, budget_s=60)
     picks = picks_of(STATIC, reports)
     assert picks, "the fixed times make confirming install another config somewhere"
-    saved = save_confirmed(
-        tmp_path / "picks" / "confirmed.json", bundle, TASK, picks, cell_grid(bundle, TASK, shapes)
-    )
+    parts = pick_grid(bundle, TASK, cell_grid(bundle, TASK, shapes))  # the cells' parts: what picks serve
+    saved = save_confirmed(tmp_path / "picks" / "confirmed.json", bundle, TASK, picks, parts)
     return path, confirmed, saved
 
 
@@ -92,7 +91,8 @@ def test_saved_picks_answer_in_another_process_as_confirming_did(
     assert any(want != plain for want, plain in answers.values())  # something was confirmed
     doc = json.loads(saved.read_text())
     assert doc["bundle"] == {"name": "kept", "version": "1", "manifest_sha256": fresh.manifest_sha256}
-    assert doc["by_cell"] == {"kv_len": [1024, 2048, 4096]} and doc["task"] == TASK
+    assert doc["by_cell"] == {"kv_len": [1024, 1218, 1448, 1722, 2048, 2435, 2896, 3444, 4096]}
+    assert doc["task"] == TASK
     assert doc["not_reached"] == 0
 
 
@@ -155,8 +155,9 @@ def test_the_command_saves_what_it_chose(tmp_path: Path, monkeypatch: pytest.Mon
     done = CliRunner().invoke(app, [*args, "--save", str(out)])
     assert done.exit_code == 0, done.output
     doc = json.loads(out.read_text())
-    assert len(doc["picks"]) == 4  # the cells above 1024 at both batch sizes: the fake clock's times
-    assert f"saved 4 confirmed pick(s) to {out}" in " ".join(done.output.split())
+    # the four parts of each of the two cells above 1024, at both batch sizes: the fake clock's times
+    assert len(doc["picks"]) == 16
+    assert f"saved 16 confirmed pick(s) to {out}" in " ".join(done.output.split())
     bundle = load_bundle(path, env_policy="off")
     applied = apply_confirmed(bundle, out, env_policy="strict", environment=HERE)
     for pick in doc["picks"]:  # each pick the file holds is what the bundle now answers there

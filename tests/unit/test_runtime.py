@@ -273,8 +273,36 @@ def test_a_cells_middle_buckets_to_its_own_point(policy: str, points: set[int]) 
     assert all(bucket(cell_middle(policy, sorted(points), p)) == p for p in points)
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    policy=st.sampled_from(["exact", "floor", "ceil", "nearest", "pow2"]),
+    points=st.sets(st.integers(1, 1 << 16), min_size=1, max_size=8),
+    parts=st.integers(1, 6),
+)
+def test_a_cells_parts_lie_in_it_in_order_and_cover_it(policy: str, points: set[int], parts: int) -> None:
+    """Confirming by cell installs a pick per part of a cell (``split_cells``, ``parts_of``): every part
+    lies in one cell, inside its range, the parts of a cell in order along it, their middles' places
+    between its edges rising from 0 to 1; the old points stay points."""
+    from tunectl.core.buckets import cell_range, parts_of, split_cells
+
+    if policy == "pow2":
+        points = {1 << (p.bit_length() - 1) for p in points}
+    coarse = sorted(points)
+    finer = split_cells(policy, coarse, parts)
+    assert set(coarse) <= set(finer) and finer == sorted(set(finer))
+    found = {point: parts_of(policy, coarse, finer, point) for point in coarse}
+    assert sorted(part for got in found.values() for part, _ in got) == finer  # each part in one cell
+    for point, got in found.items():
+        low, high = cell_range(policy, coarse, point)
+        wheres = [where for _, where in got]
+        assert wheres == sorted(wheres) and all(0.0 <= w <= 1.0 for w in wheres)
+        for part, _ in got:
+            part_low, part_high = cell_range(policy, finer, part)
+            assert low <= part_low <= part_high <= high or (low, high) == (point, point), (point, part)
+
+
 def test_a_cells_middle_is_geometric_between_tuned_points() -> None:
-    from tunectl.core.buckets import cell_edges, cell_middle, refined
+    from tunectl.core.buckets import cell_edges, cell_middle, cell_range, refined, split_cells
 
     assert refined("ceil", [1024, 4096, 16384, 32768]) == [1024, 2048, 4096, 8192, 16384, 32768]
     cut = refined("floor", [4, 5, 6, 100])
@@ -289,6 +317,15 @@ def test_a_cells_middle_is_geometric_between_tuned_points() -> None:
     assert [cell_edges("ceil", kv, p) for p in kv] == [(1024,), (1024, 2048), (2048, 4096), (4096, 32768)]
     assert [cell_edges("floor", kv, p) for p in kv] == [(1024, 2048), (2048, 4096), (4096, 32768), (32768,)]
     assert cell_edges("pow2", [1, 8], 8) == (4, 8) and cell_edges("nearest", kv, 2048) == (2048,)
+    assert split_cells("ceil", [1024, 4096], 4) == [1024, 1448, 2048, 2896, 4096]
+    assert split_cells("pow2", [1, 8], 4) == [1, 8] and split_cells("ceil", [2, 3], 4) == [2, 3]
+    assert [cell_range("ceil", kv, p) for p in kv] == [
+        (1024, 1024),
+        (1025, 2048),
+        (2049, 4096),
+        (4097, 32768),
+    ]
+    assert cell_range("floor", kv, 1024) == (1024, 2047) and cell_range("pow2", [1, 8], 8) == (5, 8)
 
 
 def test_lookups_from_many_threads_agree_and_need_no_files(bundle_dir: Path) -> None:

@@ -85,12 +85,12 @@ def confirm_candidates(
     by an earlier run (``save_confirmed``), where it exists: what that run reached is not timed again,
     and its picks are kept beside this run's (a confirmation cut short by its budget goes on where it
     stopped)."""
-    from tunectl.measure.confirm import cell_grid, confirm, picks_of, reached_of
+    from tunectl.measure.confirm import cell_grid, confirm, pick_grid, picks_of, reached_of
     from tunectl.measure.timing import timing_of
 
     options = options or ConfirmOptions()
     static = _checked(bundle, task, shapes, options)
-    grid = cell_grid(bundle, task, list(shapes), options.cell_span)
+    grid = pick_grid(bundle, task, cell_grid(bundle, task, list(shapes), options.cell_span))
     before = _saved(bundle, task, grid, resume)
     device = _device(options.device)
     mode, settings = timed_as(bundle, task, device)
@@ -129,7 +129,10 @@ def _saved(
     if doc["task"] != task:
         why = f"holds picks confirmed for task {doc['task']!r}, not {task!r}"
     elif doc["by_cell"] != dict(grid):
-        why = "holds picks confirmed by other cells (another --cell-span, or other dimensions left out)"
+        why = (
+            "holds picks confirmed by other cells (another --cell-span, other dimensions left out, or"
+            " whole cells by an earlier tunectl)"
+        )
     if why:
         raise OptionError("save", os.fspath(path), f"{why}: remove it to confirm from the start")
     return {"picks": [(p["params"], p["config"]) for p in doc["picks"]], "reached": doc["reached"]}

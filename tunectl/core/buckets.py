@@ -58,17 +58,20 @@ def cell_middle(policy: str, points: Sequence[int], point: int) -> int:
     """A value inside ``point``'s cell under ``policy`` (the values that bucket to it), at the cell's
     geometric middle where tuned points bound it on both sides (shapes spread on a log scale), else
     the point itself: the place to time a cell by one value, as confirming at start-up does."""
-    pts = sorted(set(points))
-    i = pts.index(point)
-    if policy == "ceil" and i > 0:
-        edge, low, high = pts[i - 1], pts[i - 1] + 1, point
-    elif policy == "floor" and i + 1 < len(pts):
-        edge, low, high = pts[i + 1], point, pts[i + 1] - 1
-    elif policy == "pow2" and point > 1:
-        edge, low, high = point // 2, point // 2 + 1, point
-    else:  # exact, nearest (its cell is around the point), an open-ended end cell
+    edges = cell_edges(policy, points, point)
+    if len(edges) < 2:  # exact, nearest (its cell is around the point), an open-ended end cell
         return point
-    return min(high, max(low, round(math.sqrt(edge * point))))
+    low, high = cell_range(policy, points, point)
+    return min(high, max(low, round(math.sqrt(edges[0] * edges[1]))))
+
+
+def cell_range(policy: str, points: Sequence[int], point: int) -> tuple[int, int]:
+    """The least and the greatest value of ``point``'s cell under ``policy`` where tuned points bound
+    it on both sides (``cell_edges``); ``(point, point)`` where the cell is the point or open-ended."""
+    edges = cell_edges(policy, points, point)
+    if len(edges) < 2:
+        return point, point
+    return (edges[0] + 1, edges[1]) if policy in ("ceil", "pow2") else (edges[0], edges[1] - 1)
 
 
 def cell_edges(policy: str, points: Sequence[int], point: int) -> tuple[int, ...]:
@@ -98,6 +101,34 @@ def refined(policy: str, points: Sequence[int], factor: float = 2.0) -> list[int
         steps = math.ceil(math.log(high / low) / math.log(factor) - 1e-9)
         out += [round(low * (high / low) ** (i / steps)) for i in range(1, steps)] + [high]
     return sorted(set(out))
+
+
+def split_cells(policy: str, points: Sequence[int], parts: int) -> list[int]:
+    """``points`` with each cell between two of them cut in ``parts`` (evenly on a log scale, as far
+    as integers allow) under a ``floor`` or ``ceil`` policy; other policies' cells are the points'
+    own, returned as they are. Every point of ``points`` stays one: each new cell lies in one old."""
+    pts = sorted(set(points))
+    if policy not in ("floor", "ceil"):
+        return pts
+    out = set(pts)
+    for low, high in itertools.pairwise(pts):
+        cuts = (round(low * (high / low) ** (i / parts)) for i in range(1, parts))
+        out.update(cut for cut in cuts if low < cut < high)
+    return sorted(out)
+
+
+def parts_of(policy: str, points: Sequence[int], finer: Sequence[int], point: int) -> list[tuple[int, float]]:
+    """The cells of ``finer`` (``points`` split: ``split_cells``) inside ``point``'s cell of ``points``
+    under ``policy``: each one's point, and where its middle (``cell_middle``) lies between the
+    ``points`` cell's edges (``cell_edges``), 0 at the first, 1 at the second (0 where it has one)."""
+    edges, bucket, fine = cell_edges(policy, points, point), make_bucketer(policy, points), sorted(set(finer))
+    out = []
+    for part in fine:
+        middle = cell_middle(policy, fine, part)
+        if bucket(middle) == point:
+            where = (middle - edges[0]) / (edges[1] - edges[0]) if len(edges) == 2 else 0.0
+            out.append((part, min(1.0, max(0.0, where))))
+    return out
 
 
 # One maker per policy, over the sorted distinct points (never empty). Every closure starts with the

@@ -16,12 +16,11 @@ captures graphs at) but not the lengths its requests will reach: a dimension the
 confirmed cell by cell: the bundle's cells along it, cut to span at most ``cell_span`` each
 (``tunectl.core.buckets.refined``), where the bundle has an entry. A cell is timed at its edges
 (``cell_edges``: the points bounding it; one where it is open-ended), each point once with every
-config the cells beside it need, and judged on each candidate's geometric mean over them; the pick
-serves the whole cell along that dimension (``with_confirmed(..., by_cell=...)``), at the given
-values of the others. In the H200 tuning runs' comparisons, a choice made on a segment's two ends
-lost 0.7-0.8 % at shapes between them 2-4x apart, one made at the nearer end 1.3 %
-(``benchmarks/studies/cell_transfer.py --ends``). Where the cell's own entry keeps its place nothing
-is installed, so a rule entry goes on computing its split count from each shape (and is timed with
+config the cells beside it need. The cell is then cut in parts, each with the candidate fastest at
+its middle on the line between each one's times at the edges (``tunectl.measure.parts``); a part's
+pick serves it along those dimensions (``with_confirmed(..., by_cell=...)``, the parts' points), at
+the given values of the others. Where the cell's own entry keeps its place nothing is installed, so
+a rule entry goes on computing its split count from each shape (and is timed with
 its own count at each edge). ``settings`` say how a candidate is timed: the L2's state and the
 timing method should be those the bundle's entries were measured with (the manifest's ``measured``;
 ``api.confirm_candidates`` reads them), or a warm-L2 ranking can disagree with the cold-L2 one the
@@ -44,10 +43,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from tunectl.core.buckets import cell_edges, cell_middle, refined
+from tunectl.core.buckets import refined, split_cells
 from tunectl.core.files import canonical_json
 from tunectl.core.spec import CELL_SPAN, DEFAULT_MARGIN, MeasureSpec
 from tunectl.measure.harness import Sampler, interleave
+from tunectl.measure.parts import PARTS, Along, Part, cell_parts, holds, on_lines, told_by_part
 from tunectl.measure.rounds import round_times
 from tunectl.measure.timing import make_sampler
 from tunectl.runtime import Bundle, Entry
@@ -65,8 +65,9 @@ DEFAULT_SETTINGS = MeasureSpec(warmup=2, min_samples=10, max_samples=200, noise_
 class ShapeReport:
     """One shape, or one cell standing for its shapes: the configs timed and their medians (µs; over
     a cell, the geometric mean of their medians at its edges; None: failed or wrong), the config
-    installed (the bundle's pick where nothing was timed), the seconds spent, and whether the budget
-    ran out before it."""
+    installed at the shape (the bundle's pick where nothing was timed), the seconds spent, whether
+    the budget ran out before it, and each part's pick (``parts``: a cell's parts, module doc; the
+    shape alone where nothing was left out)."""
 
     shape: Mapping[str, Any]
     timed: tuple[tuple[Mapping[str, Any], float | None], ...]
@@ -75,6 +76,7 @@ class ShapeReport:
     skipped: bool = False
     by_cell: tuple[str, ...] = ()  # the dimensions the shape stands for its cell along (module doc)
     at: tuple[str, ...] = ()  # where a cell was timed: its edges' values along ``by_cell``
+    parts: tuple[Part, ...] = ()  # (the part's shape, the config installed there, its ranges)
 
     def line(self) -> str:
         shape = ", ".join(f"{k}={v}" for k, v in self.shape.items())
@@ -88,6 +90,8 @@ class ShapeReport:
             return f"{shape}: one candidate, the bundle's pick {dict(self.chosen)}"
         times = "; ".join(f"{dict(c)} {'failed' if t is None else f'{t:.1f} µs'}" for c, t in self.timed)
         own = self.timed[0][1]
+        if len({_text(config) for _, config, _ in self.parts}) > 1:
+            return f"{shape}: chose {told_by_part(self.parts)} in {self.seconds:.2f} s ({times})"
         if (
             self.chosen == self.timed[0][0]
             and own is not None
@@ -102,13 +106,15 @@ class ShapeReport:
 class _Cell:
     """One cell to confirm (one shape where nothing was left out): the shape standing for it (its
     middle), the entry's static key, where it is timed (its edges along the dimensions left out), the
-    bundle's own config at each of those (a rule entry's count follows the shape), and the list."""
+    bundle's own config at each of those (a rule entry's count follows the shape), the list, and its
+    parts: each one's shape, the weight of each edge's reading at its middle, and its ranges."""
 
     shape: dict[str, Any]
     static: dict[str, Any]
     samples: tuple[dict[str, Any], ...]
     own: tuple[dict[str, Any], ...]
     listed: tuple[dict[str, Any], ...]  # lookup's answer at ``shape`` first, then the other candidates
+    parts: tuple[tuple[dict[str, Any], tuple[float, ...], tuple[tuple[str, int, int], ...]], ...]
 
 
 def confirm(
@@ -146,24 +152,31 @@ def confirm(
             skipped = len(cell.listed) > 1
             reports.append(ShapeReport(cell.shape, (), cell.listed[0], 0.0, skipped, tuple(grid), at))
             continue
-        timed = tuple(_over_cell(cell, keys, times))
+        read = _readings(cell, keys, times)
+        timed = tuple(
+            (c, None if t is None else math.exp(math.fsum(map(math.log, t)) / len(t))) for c, t in read
+        )
         seconds = sum(spent[k] for k in set(keys) - charged)  # a point two cells share, counted once
         charged.update(keys)
-        chosen = installed(timed, margin)
-        reports.append(ShapeReport(cell.shape, timed, chosen, seconds, False, tuple(grid), at))
+        parts = tuple((shape, installed(on_lines(read, w), margin), r) for shape, w, r in cell.parts)
+        chosen = next((c for _, c, r in parts if holds(r, cell.shape)), parts[0][1])
+        reports.append(ShapeReport(cell.shape, timed, chosen, seconds, False, tuple(grid), at, parts))
     picks = picks_of(static, reports)
-    return (bundle.with_confirmed(task_name, picks, by_cell=grid) if picks else bundle), reports
+    by_part = pick_grid(bundle, task_name, grid)
+    return (bundle.with_confirmed(task_name, picks, by_cell=by_part) if picks else bundle), reports
 
 
 def picks_of(
     static: Mapping[str, Any], reports: Sequence[ShapeReport]
 ) -> list[tuple[dict[str, Any], Mapping[str, Any]]]:
-    """What confirming installs: (parameters, config) where a shape's or cell's pick is not the
+    """What confirming installs: (parameters, config) where a shape's or a cell part's pick is not the
     entry's own config (the first timed)."""
     return [
-        ({**static, **r.shape}, r.chosen)
+        ({**static, **shape}, config)
         for r in reports
-        if r.timed and r.chosen is not None and r.chosen != r.timed[0][0]
+        if r.timed
+        for shape, config, _ in r.parts
+        if config != r.timed[0][0]
     ]
 
 
@@ -228,6 +241,13 @@ def cell_grid(
     return {d: refined(dims[d]["policy"], dims[d]["points"], span) for d in dims if d not in given}
 
 
+def pick_grid(bundle: Bundle, task_name: str, grid: Mapping[str, Sequence[int]]) -> dict[str, list[int]]:
+    """The points of the cells' parts (module doc) along each dimension of ``grid`` (``cell_grid``):
+    the cells confirmed picks serve."""
+    dims = bundle.task_info(task_name)["shape_params"]
+    return {d: split_cells(dims[d]["policy"], points, PARTS) for d, points in grid.items()}
+
+
 def cells(
     bundle: Bundle,
     task_name: str,
@@ -239,24 +259,19 @@ def cells(
     under the dimension's policy) where the bundle has an entry; ``given`` alone as one cell where the
     grid is empty; ``given`` itself (a shape no entry serves, which the report says) where none has."""
     dims = bundle.task_info(task_name)["shape_params"]
-    along = [
-        [
-            (cell_middle(dims[d]["policy"], points, p), cell_edges(dims[d]["policy"], points, p))
-            for p in points
-        ]
-        for d, points in grid.items()
-    ]
+    along = [[Along.of(dims[d]["policy"], points, p) for p in points] for d, points in grid.items()]
     out: list[_Cell | dict[str, Any]] = []
     for combo in itertools.product(*along):
-        shape = {**given, **{d: middle for d, (middle, _) in zip(grid, combo, strict=True)}}
+        shape = {**given, **{d: a.middle for d, a in zip(grid, combo, strict=True)}}
         entry = bundle.entry(task_name, **static, **shape)
         if entry is None:
             continue
         listed = bundle.candidates(task_name, **static, **shape)
-        edges = itertools.product(*(edge for _, edge in combo))
-        samples = tuple({**given, **dict(zip(grid, values, strict=True))} for values in edges)
+        corners = list(itertools.product(*(a.edges for a in combo)))
+        samples = tuple({**given, **dict(zip(grid, values, strict=True))} for values in corners)
         own = tuple(served_at(entry, listed[0], {**static, **s}) for s in samples)
-        out.append(_Cell(shape, dict(entry.static), samples, own, tuple(listed)))
+        parts = cell_parts(given, list(grid), combo, corners)
+        out.append(_Cell(shape, dict(entry.static), samples, own, tuple(listed), parts))
     return out or [dict(given)]
 
 
@@ -306,16 +321,16 @@ def _time_points(
     return times, spent
 
 
-def _over_cell(
+def _readings(
     cell: _Cell, keys: Sequence[str], times: Mapping[tuple[str, str], float | None]
-) -> list[tuple[Mapping[str, Any], float | None]]:
-    """Each listed config's reading over the cell: the geometric mean of its times at the cell's points
-    (the entry's own config at each point as it serves there); None where one of them failed."""
-    out: list[tuple[Mapping[str, Any], float | None]] = []
+) -> list[tuple[Mapping[str, Any], list[float] | None]]:
+    """Each listed config's times at the cell's points (the entry's own config at each point as it
+    serves there); None where one of them failed."""
+    out: list[tuple[Mapping[str, Any], list[float] | None]] = []
     for i, config in enumerate(cell.listed):
         at = [times[(k, _text(own if i == 0 else config))] for k, own in zip(keys, cell.own, strict=True)]
         ok = [t for t in at if t is not None and t > 0]
-        out.append((config, math.exp(math.fsum(map(math.log, ok)) / len(ok)) if len(ok) == len(at) else None))
+        out.append((config, ok if len(ok) == len(at) else None))
     return out
 
 
