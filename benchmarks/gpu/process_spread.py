@@ -7,7 +7,7 @@ finals, median 0.8 % apart at batch 1-8 (p90 4.8 %) against 95 % intervals about
 on flex and fa4 at batch 1-7 (``holdout.md``). This tells the kinds of variation apart: each child
 process times every config at every shape ``--inputs`` times, each on inputs of its own (the ones
 before kept alive, so the new ones take other memory), in interleaved rounds as start-up confirming
-does (``tunectl.measure.confirm.time_configs``), timed as the spec measures (L2, timing method, mode).
+does (``tunectl.measure.side_by_side.time_configs``), timed as the spec measures (L2, timing method, mode).
 The parent sets, per shape and config, the spread across inputs inside a process against the spread
 across processes:
 
@@ -48,7 +48,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     from tunectl.core.plan import plan
     from tunectl.core.registry import get_task
     from tunectl.core.spec import load_spec
-    from tunectl.measure.confirm import DEFAULT_SETTINGS, time_configs
+    from tunectl.measure.side_by_side import DEFAULT_SETTINGS, time_configs
 
     spec = load_spec(args.spec)
     task = get_task(spec.task)

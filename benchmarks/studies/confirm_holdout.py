@@ -37,16 +37,18 @@ from tunectl import api
 from tunectl.core.keys import make_key
 from tunectl.core.spec import DEFAULT_MARGIN
 from tunectl.decide.holdout import HeldOut, Holdout
+from tunectl.measure.confirm import cell_grid, installed
 
 
 def confirmed_holdout(
     held: Holdout, bundle: api.Bundle, task: str, options: api.ConfirmOptions, by_cell: Sequence[str] = ()
-) -> tuple[Holdout, float, list[str]]:
+) -> tuple[dict[str, Holdout], float, list[str]]:
     """``held`` with each shape's pick replaced by what the bundle answers there once its candidates
-    are confirmed; the seconds it took, and a line per shape confirmed. ``by_cell``: the dimensions
-    a serving process cannot know (the KV length), left out of the shapes confirmed at, so they are
-    confirmed cell by cell and never at the held-out values; none: at the held-out shapes themselves."""
-    picks: dict[tuple[Any, Any], Any] = {}
+    are confirmed, under each rule for a cell (``RULES``: the same timings, judged two ways); the
+    seconds it took, and a line per shape confirmed. ``by_cell``: the dimensions a serving process
+    cannot know (the KV length), left out of the shapes confirmed at, so they are confirmed cell by
+    cell and never at the held-out values; none: at the held-out shapes themselves."""
+    picks: dict[str, dict[tuple[Any, Any], Any]] = {rule: {} for rule in RULES}
     lines: list[str] = []
     seconds = 0.0
     for static in {h.static for h in held.shapes}:
@@ -57,12 +59,48 @@ def confirmed_holdout(
         done = api.confirm_candidates(bundle, task, asked, mine_options)
         seconds += done.seconds
         lines += [f"timed as {done.how}", *(report.line() for report in done.reports)]
-        for shape in mine:
-            served = done.bundle.lookup(task, **dict(static), **shape)
-            if served is not None and served != bundle.lookup(task, **dict(static), **shape):
-                picks[(static, make_key(shape))] = make_key(served)
-    swapped = tuple(_picking(h, picks.get((h.static, h.shape), h.pick)) for h in held.shapes)
-    return Holdout(swapped, held.margin, held.baselines), seconds, lines
+        for rule, served_by in RULES.items():
+            answering = served_by(done, bundle, task, asked, options)
+            for shape in mine:
+                served = answering.lookup(task, **dict(static), **shape)
+                if served is not None and served != bundle.lookup(task, **dict(static), **shape):
+                    picks[rule][(static, make_key(shape))] = make_key(served)
+    swapped = {
+        rule: Holdout(
+            tuple(_picking(h, mine.get((h.static, h.shape), h.pick)) for h in held.shapes),
+            held.margin,
+            held.baselines,
+        )
+        for rule, mine in picks.items()
+    }
+    return swapped, seconds, lines
+
+
+def _whole_cells(
+    done: api.Confirmed,
+    bundle: api.Bundle,
+    task: str,
+    asked: Sequence[dict[str, Any]],
+    options: api.ConfirmOptions,
+) -> api.Bundle:
+    """What the rule before parts installs from the same timings: per cell, the candidate with the
+    least geometric mean of its medians at the cell's edges (the reports' ``timed``), serving the
+    whole cell."""
+    picks = [
+        ({**done.static, **r.shape}, installed(r.timed, options.margin))
+        for r in done.reports
+        if r.timed and installed(r.timed, options.margin) != r.timed[0][0]
+    ]
+    grid = cell_grid(bundle, task, asked, options.cell_span)
+    return bundle.with_confirmed(task, picks, by_cell=grid) if picks else bundle
+
+
+#: how a cell's timings are judged: by part on the lines between its edges (what confirming installs,
+#: ``tunectl.measure.parts``), and the rule before it, one pick per cell by the edges' geometric mean
+RULES = {
+    "confirmed picks": lambda done, *_: done.bundle,
+    "confirmed picks, one per cell (geometric mean of the edges)": _whole_cells,
+}
 
 
 def _picking(held: HeldOut, pick: Any) -> HeldOut:
@@ -113,11 +151,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         options = api.ConfirmOptions(budget_s=args.budget_s, cell_span=args.cell_span)
         confirmed, seconds, lines = confirmed_holdout(held, bundle, args.task, options, by_cell)
         one = pages.setdefault(
-            page, {"picks": [], "confirmed": [], "seeds": [], "confirm_s": [], "lines": []}
+            page, {"picks": [], **{rule: [] for rule in RULES}, "seeds": [], "confirm_s": [], "lines": []}
         )
         one["lines"] += [f"seed {seed}: {line}" for line in lines]
         one["picks"].append(held)
-        one["confirmed"].append(confirmed)
+        for rule, scored in confirmed.items():
+            one[rule].append(scored)
         one["seeds"].append(int(seed))
         one["confirm_s"].append(round(seconds, 2))
         one["bundle"] = bundle_dir
@@ -137,8 +176,8 @@ def _document(pages: dict[str, dict[str, Any]], args: argparse.Namespace) -> dic
     for page, one in pages.items():
         doc["page"][page] = {
             "bundle's picks": figures(pooled(one["picks"]).standings()[0]),
-            "confirmed picks": figures(pooled(one["confirmed"]).standings()[0]),
-            "confirmed picks the held-out runs did not time": unscored(one["confirmed"]),
+            **{rule: figures(pooled(one[rule]).standings()[0]) for rule in RULES},
+            "confirmed picks the held-out runs did not time": unscored(one["confirmed picks"]),
             "seeds": one["seeds"],
             "confirm_s per run": one["confirm_s"],
             "confirmed by cell along": args.by_cell or "nothing (at the held-out shapes)",

@@ -206,6 +206,7 @@ def test_confirming_at_batch_sizes_alone_times_each_length_cell_at_its_edges(
         "kv_len=1448 (for its kv_len cell, timed at kv_len=1024 and kv_len=2048): chose" in reports[1].line()
     )
     assert f"chose {OTHERS[0]} at kv_len 2049-3444; {OTHERS[1]} at kv_len 3445-4096 in" in reports[2].line()
+    assert f"{OTHERS[1]} 4.5 µs (20.0 / 1.0)" in reports[2].line()  # the mean, then each edge's median
     assert reports[3].line() == "batch=64: no entry of the bundle serves it"
     served = {1000: PICK, 1025: OTHERS[0], 2048: OTHERS[0], 2049: OTHERS[0], 3444: OTHERS[0], 3445: OTHERS[1]}
     for kv_len, config in {**served, 4096: OTHERS[1]}.items():
@@ -386,7 +387,7 @@ def test_the_command_refuses_bad_options_in_one_line(tmp_path: Path, extra: list
 
 def test_confirm_times_candidates_in_interleaved_rounds_so_a_slowdown_falls_on_all() -> None:
     from tunectl.core.spec import MeasureSpec
-    from tunectl.measure.confirm import ROUNDS, _interleaved
+    from tunectl.measure.side_by_side import ROUNDS, interleaved
 
     calls = {"n": 0}
     settings = MeasureSpec(warmup=0, min_samples=3, max_samples=3, noise_target=0.5, max_seconds=10.0)
@@ -396,7 +397,7 @@ def test_confirm_times_candidates_in_interleaved_rounds_so_a_slowdown_falls_on_a
         calls["n"] += 1
         return 10.0 if calls["n"] <= half else 20.0
 
-    first, second = _interleaved([candidate, candidate], settings)
+    first, second = interleaved([candidate, candidate], settings)
     assert first == second == 15.0  # one after the other, the second would read 20.0 and lose
 
 
@@ -462,18 +463,18 @@ def test_export_says_how_the_entries_were_measured_and_confirming_times_so(tmp_p
 def test_a_candidate_replaces_the_entrys_config_only_beyond_the_margin(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, medians: list[float | None], chosen: int
 ) -> None:
-    from tunectl.measure import confirm as confirming
+    from tunectl.measure import side_by_side
 
     bundle = load_bundle(_bundle(tmp_path), env_policy="off")
     ran = [m for m in medians if m is not None]
-    monkeypatch.setattr(confirming, "_interleaved", lambda samplers, settings: ran)  # the timing, faked
-    real_sampler = confirming._sampler
+    monkeypatch.setattr(side_by_side, "interleaved", lambda samplers, settings: ran)  # the timing, faked
+    real_sampler = side_by_side.sampler_of
     order = iter(medians)
 
     def sampler(*args: Any) -> Any:
         made = real_sampler(*args)
         return None if next(order) is None else made
 
-    monkeypatch.setattr(confirming, "_sampler", sampler)
+    monkeypatch.setattr(side_by_side, "sampler_of", sampler)
     _, [report] = confirm(bundle, "decode_attention", STATIC, [{"batch": 3, "kv_len": 1500}], budget_s=60)
     assert report.chosen == [PICK, *OTHERS][chosen]

@@ -169,7 +169,7 @@ def timed_as(bundle: Bundle, task: str, device: str) -> tuple[str, MeasureSpec]:
     """How confirming times a candidate: as the bundle's entries were measured (its manifest's
     ``measured``: L2 state, mode, timing method), else the task's serving mode with a warm L2; eager
     where ``device`` is not a GPU."""
-    from tunectl.measure.confirm import DEFAULT_SETTINGS
+    from tunectl.measure.side_by_side import DEFAULT_SETTINGS
 
     measured = (bundle.manifest.get("tasks", {}).get(task) or {}).get("measured") or {}
     mode = str(measured.get("mode") or _serving_mode(task)) if device.startswith("cuda") else "eager"

@@ -3,10 +3,9 @@
 A bundle entry serves a region with one config chosen at its tuned point; between tuned points
 another config can be faster. Export gives each entry a short ranked list of configs measured
 around its cell (``Bundle.candidates``, ``tunectl.decide.candidates``). ``confirm`` times each
-candidate at each shape the caller will run, through the task's own path (inputs, reference,
-``prepare``, output check) and the project's samplers (``tunectl.measure.timing``), in ``ROUNDS``
-interleaved rounds (``tunectl.measure.harness.interleave``: a slowdown meanwhile falls on every
-candidate alike), and returns a bundle whose ``lookup`` (``Bundle.with_confirmed``) answers there the
+candidate at each shape the caller will run, side by side in interleaved rounds through the task's
+own path (``tunectl.measure.side_by_side``: a slowdown meanwhile falls on every candidate alike),
+and returns a bundle whose ``lookup`` (``Bundle.with_confirmed``) answers there the
 fastest where it beats the entry's own config by more than ``margin`` (the margin a winner must clear
 at export, 2 %: a new process times near-tied configs apart by about that much, so a near-tie keeps
 the config the tuning runs chose), with a report.
@@ -37,7 +36,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import statistics
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -46,19 +44,13 @@ from typing import Any, TypeVar
 from tunectl.core.buckets import refined, split_cells
 from tunectl.core.files import canonical_json
 from tunectl.core.spec import CELL_SPAN, DEFAULT_MARGIN, MeasureSpec
-from tunectl.measure.harness import Sampler, interleave
 from tunectl.measure.parts import PARTS, Along, Part, cell_parts, holds, on_lines, told_by_part
-from tunectl.measure.rounds import round_times
-from tunectl.measure.timing import make_sampler
+from tunectl.measure.side_by_side import DEFAULT_SETTINGS, time_configs
 from tunectl.runtime import Bundle, Entry
-from tunectl.tasks.base import TuningTask, compare_outputs
+from tunectl.tasks.base import TuningTask
 from tunectl.tasks.registry import get_task
 
 T = TypeVar("T")
-#: rounds a shape's candidates are timed in, each round in a fresh random order
-ROUNDS = 4
-#: each candidate's timing: short, since a list is a handful of configs per shape at start-up
-DEFAULT_SETTINGS = MeasureSpec(warmup=2, min_samples=10, max_samples=200, noise_target=0.02, max_seconds=0.2)
 
 
 @dataclass(frozen=True)
@@ -66,8 +58,9 @@ class ShapeReport:
     """One shape, or one cell standing for its shapes: the configs timed and their medians (µs; over
     a cell, the geometric mean of their medians at its edges; None: failed or wrong), the config
     installed at the shape (the bundle's pick where nothing was timed), the seconds spent, whether
-    the budget ran out before it, and each part's pick (``parts``: a cell's parts, module doc; the
-    shape alone where nothing was left out)."""
+    the budget ran out before it, each part's pick (``parts``: a cell's parts, module doc; the
+    shape alone where nothing was left out), and each config's medians at the cell's points
+    (``read``, in the order of ``at``)."""
 
     shape: Mapping[str, Any]
     timed: tuple[tuple[Mapping[str, Any], float | None], ...]
@@ -77,6 +70,7 @@ class ShapeReport:
     by_cell: tuple[str, ...] = ()  # the dimensions the shape stands for its cell along (module doc)
     at: tuple[str, ...] = ()  # where a cell was timed: its edges' values along ``by_cell``
     parts: tuple[Part, ...] = ()  # (the part's shape, the config installed there, its ranges)
+    read: tuple[tuple[float, ...] | None, ...] = ()
 
     def line(self) -> str:
         shape = ", ".join(f"{k}={v}" for k, v in self.shape.items())
@@ -88,7 +82,7 @@ class ShapeReport:
             return f"{shape}: skipped (budget spent), the bundle's pick {dict(self.chosen)}"
         if not self.timed:
             return f"{shape}: one candidate, the bundle's pick {dict(self.chosen)}"
-        times = "; ".join(f"{dict(c)} {'failed' if t is None else f'{t:.1f} µs'}" for c, t in self.timed)
+        times = "; ".join(f"{dict(c)} {self._told(i, t)}" for i, (c, t) in enumerate(self.timed))
         own = self.timed[0][1]
         if len({_text(config) for _, config, _ in self.parts}) > 1:
             return f"{shape}: chose {told_by_part(self.parts)} in {self.seconds:.2f} s ({times})"
@@ -100,6 +94,13 @@ class ShapeReport:
             kept = f"kept the bundle's pick {dict(self.chosen)}, no candidate faster beyond the margin"
             return f"{shape}: {kept}, in {self.seconds:.2f} s ({times})"
         return f"{shape}: chose {dict(self.chosen)} in {self.seconds:.2f} s ({times})"
+
+    def _told(self, i: int, time: float | None) -> str:
+        """The ``i``-th config's time; over a cell, with its medians at the points (``at``)."""
+        if time is None:
+            return "failed"
+        at = self.read[i] if i < len(self.read) else None
+        return f"{time:.1f} µs" + (f" ({' / '.join(f'{t:.1f}' for t in at)})" if at and len(at) > 1 else "")
 
 
 @dataclass(frozen=True)
@@ -160,7 +161,10 @@ def confirm(
         charged.update(keys)
         parts = tuple((shape, installed(on_lines(read, w), margin), r) for shape, w, r in cell.parts)
         chosen = next((c for _, c, r in parts if holds(r, cell.shape)), parts[0][1])
-        reports.append(ShapeReport(cell.shape, timed, chosen, seconds, False, tuple(grid), at, parts))
+        read_at = tuple(None if t is None else tuple(t) for _, t in read)
+        reports.append(
+            ShapeReport(cell.shape, timed, chosen, seconds, False, tuple(grid), at, parts, read_at)
+        )
     picks = picks_of(static, reports)
     by_part = pick_grid(bundle, task_name, grid)
     return (bundle.with_confirmed(task_name, picks, by_cell=by_part) if picks else bundle), reports
@@ -343,56 +347,3 @@ def installed(timed: Sequence[tuple[T, float | None]], margin: float) -> T:
     if not ran or (own is not None and min(ran)[0] * (1.0 + margin) >= own):
         return timed[0][0]
     return timed[min(ran)[1]][0]
-
-
-def time_configs(
-    task: TuningTask,
-    static: dict[str, Any],
-    shape: dict[str, Any],
-    configs: Sequence[Mapping[str, Any]],
-    *,
-    device: str = "cpu",
-    mode: str = "eager",
-    settings: MeasureSpec = DEFAULT_SETTINGS,
-) -> list[float | None]:
-    """Each of ``configs`` timed at one shape (µs, the median over ``ROUNDS`` interleaved rounds) on
-    fresh inputs, through the task's own path and output check; None where a config fails to run, its
-    output is wrong, or its time could not be taken."""
-    inputs = task.build_inputs(static, shape, device)
-    reference = task.reference(static, shape, inputs)
-    how = (device, mode, settings)
-    samplers = [_sampler(task, static, shape, config, inputs, reference, how) for config in configs]
-    found = iter(_interleaved([s for s in samplers if s is not None], settings))
-    return [None if s is None else next(found) for s in samplers]
-
-
-def _sampler(
-    task: TuningTask,
-    static: dict[str, Any],
-    shape: dict[str, Any],
-    config: Mapping[str, Any],
-    inputs: Any,
-    reference: Any,
-    how: tuple[str, str, MeasureSpec],
-) -> Sampler | None:
-    """One candidate's sampler at the shape; None where it fails to run or its output is wrong."""
-    device, mode, settings = how
-    try:
-        fn = task.prepare(static, shape, task.complete_config(dict(config)), inputs)
-        _, ok = compare_outputs(fn(), reference, *task.tolerance(static))
-        return make_sampler(fn, device, mode, str(settings.l2), str(settings.timing)) if ok else None
-    except Exception:  # a candidate that cannot run here is left out, as tuning leaves it out
-        return None
-
-
-def _interleaved(samplers: list[Sampler], settings: MeasureSpec) -> list[float | None]:
-    """Each sampler's time (µs): the median over ``ROUNDS`` interleaved rounds, each round in a fresh
-    order, so that a slowdown while confirming falls on every candidate alike; None where a
-    candidate's time could not be taken."""
-    if not samplers:
-        return []
-    try:
-        per_round = round_times(interleave(samplers, ROUNDS, settings, seed=0), 0)
-    except Exception:  # a sampler that fails mid-way (or a time lost in the flush): none is trusted
-        return [None] * len(samplers)
-    return [statistics.median(times) for times in per_round]
