@@ -95,8 +95,11 @@ def confirm_cmd(
 
 
 def _changes(report: Any, bundle: api.Bundle, task: str, static: dict[str, Any]) -> bool:
-    """Whether confirming would run another config than the bundle's pick at ``report``'s shape."""
-    return dict(report.chosen or {}) != bundle.lookup(task, **{**static, **report.shape})
+    """Whether confirming would run another config than the bundle's pick at ``report``'s shape, or
+    in any part of its cell."""
+    return any(
+        dict(config) != bundle.lookup(task, **{**static, **shape}) for shape, config, _ in report.parts
+    )
 
 
 def _summary(done: api.Confirmed, changed: int, budget_s: float, every: bool) -> str:
