@@ -130,10 +130,10 @@ def lookups(rounds: int) -> list[tuple[str, float]]:
             kv_len=1500,
         )
 
-    def new_kv_len_each_call() -> float:
+    def new_kv_len_each_call(bundles: list[Any]) -> float:
         """A decode server's pattern: kv_len grows every step, so each call is a key never seen."""
         samples = []
-        for b in fresh:
+        for b in bundles:
             kv_lens = iter(range(1, calls + 1))
             started = time.perf_counter_ns()
             for _ in range(calls):
@@ -174,9 +174,28 @@ def lookups(rounds: int) -> list[tuple[str, float]]:
         ),
         (
             "lookup flash_decode, a new kv_len every call (first sight of each key, the rule evaluated)",
-            new_kv_len_each_call(),
+            new_kv_len_each_call(fresh),
+        ),
+        (
+            "the same with picks confirmed by part at 32 batch sizes (21 KV parts each, a pick in every one)",
+            new_kv_len_each_call([confirmed_by_part(b) for b in fresh]),
         ),
     ]
+
+
+def confirmed_by_part(bundle: Any) -> Any:
+    """``bundle`` with flash_decode picks confirmed by part (``tunectl.measure.parts``): every part of
+    every KV cell (cut to 2x, then in 4) at batch sizes 1-32, as a serving process's confirming may
+    leave it."""
+    from tunectl.core.buckets import cell_middle, refined, split_cells
+
+    parts = split_cells("ceil", refined("ceil", [1024, 2048, 4096, 8192, 16384, 32768]), 4)
+    picks = [
+        ({**FLASH, "batch": b, "q_len": 1, "kv_len": cell_middle("ceil", parts, p)}, {"backend": "fa4"})
+        for b in range(1, 33)
+        for p in parts
+    ]
+    return bundle.with_confirmed("flash_decode", picks, by_cell={"kv_len": parts})
 
 
 def big_table(num_entries: int) -> TaskTable:

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ def _tree(root: Path) -> dict[str, bytes]:
 def test_submit_export_lookup(ray_two_gpus: None, tiny_spec: Path, tmp_path: Path) -> None:
     runner = CliRunner()
     results, store = tmp_path / "results", tmp_path / "bundles"
+    tiny_spec.write_text(tiny_spec.read_text() + "[resources]\nbatch = 3\n")  # a point's 4 looks: 2 calls
     out = runner.invoke(app, ["submit", str(tiny_spec), "--results", str(results)])
     assert out.exit_code == 0, out.output
     assert "on 2 gpu worker(s)" in out.output
@@ -47,6 +49,8 @@ def test_submit_export_lookup(ray_two_gpus: None, tiny_spec: Path, tmp_path: Pat
         (r.phase, r.num_samples, r.measure_ms) for r in rows if r.num_samples < 3
     ]
     assert sum(r.is_default for r in measured) == 6  # the default measured at every point
+    calls = Counter((r.worker, r.started_at) for r in measured)  # a call's rows share its start
+    assert max(calls.values()) == 3, calls  # [resources] batch: at most 3 looks a call
     finals: dict[str, list[dict]] = {}
     for r in rows:
         if r.phase == "final":

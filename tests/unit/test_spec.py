@@ -49,6 +49,11 @@ def _error(text: str) -> SpecError:
             "resources.num_gpus",
             "int",
         ),
+        (
+            lambda s: s.replace("[measure]", "[resources]\nbatch = 0\n[measure]"),
+            "resources.batch",
+            "integer >= 1 and <= 64, not 0",
+        ),
         (lambda s: s + "\n[[oops\n", "toml", ""),
     ],
 )

@@ -162,11 +162,18 @@ class SelectSpec:
     margin: float = _bounded(DEFAULT_MARGIN, Rule.number(0, 1))
 
 
+#: a worker's calls at a point: its drift guard checks once a call (~6 ms on an H200, whatever the
+#: batch) and looks every 0.5 s across a batch, so a larger batch checks less often, not less closely
+DEFAULT_BATCH = 16
+
+
 @dataclass(frozen=True)
 class ResourceSpec:
     num_gpus: int | None = _bounded(None, Rule.integer(1))  # None: every GPU the cluster has
     accelerator_type: str | None = None
     prefetch: int = _bounded(2, Rule.integer(1, 64))  # work items in flight per worker
+    #: a point's looks of one kind sent to a worker in one call, at most (1: a look a call)
+    batch: int = _bounded(DEFAULT_BATCH, Rule.integer(1, 64))
 
 
 #: the spec's own tables, by the name a spec gives them

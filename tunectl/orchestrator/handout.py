@@ -27,7 +27,7 @@ from typing import Any
 
 from tunectl.core.plan import WorkItem, batch
 from tunectl.core.record import Record, Status
-from tunectl.core.spec import MeasureSpec
+from tunectl.core.spec import DEFAULT_BATCH, MeasureSpec
 from tunectl.orchestrator.blame import Blame, Verdict
 from tunectl.orchestrator.compile_schedule import BuildScheduler
 from tunectl.orchestrator.feed import Lane, LaneFeed
@@ -40,7 +40,7 @@ log = logging.getLogger("tunectl.run")
 @dataclass(frozen=True, kw_only=True)
 class DispatchOptions:
     prefetch: int = 2  # calls in flight per worker
-    batch: int = 8  # a point's looks of one kind sent to a worker in one call, at most (1: no batches)
+    batch: int = DEFAULT_BATCH  # a point's looks of one kind sent to a worker in one call, at most
     compile_ahead: bool = False
     poll_s: float = 0.25  # how often deadlines are checked while nothing completes
     stall_timeout_s: float = 900.0  # work left but no worker able to take it for this long: give up

@@ -306,6 +306,7 @@ def _measure(
     progress.start(info.run_id, info.num_planned - out.num_skipped_done, started.placement)
     dispatch_options = DispatchOptions(
         prefetch=job.resources.prefetch,
+        batch=job.resources.batch,
         compile_ahead=bool(options.compile_ahead),
         stall_timeout_s=options.stall_timeout_s,
     )
