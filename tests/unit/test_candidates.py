@@ -478,3 +478,24 @@ def test_a_candidate_replaces_the_entrys_config_only_beyond_the_margin(
     monkeypatch.setattr(side_by_side, "sampler_of", sampler)
     _, [report] = confirm(bundle, "decode_attention", STATIC, [{"batch": 3, "kv_len": 1500}], budget_s=60)
     assert report.chosen == [PICK, *OTHERS][chosen]
+
+
+def test_a_cell_left_out_along_two_dimensions_weighs_its_four_corners_as_a_plane() -> None:
+    """Each part of a cell left out along two dimensions reads the four corners' times weighed as a
+    plane: the product of its place between the edges along each (one-dimension cells, a line)."""
+    import itertools
+
+    from tunectl.measure.parts import Along, cell_parts, on_lines
+
+    kv, q = Along.of("ceil", [1024, 2048], 2048), Along.of("floor", [1, 16], 1)
+    corners = list(itertools.product(kv.edges, q.edges))  # (1024, 1), (1024, 16), (2048, 1), (2048, 16)
+    parts = cell_parts({"batch": 3}, ["kv_len", "q_len"], [kv, q], corners)
+    assert len(parts) == len(kv.parts) * len(q.parts) == 16
+    # a time that is a plane over the cell, read at each part's middle, is that plane's value there
+    plane = [10.0 + 0.01 * k + 2.0 * n for k, n in corners]
+    for shape, weights, ranges in parts:
+        [(_, at_middle)] = on_lines([({}, plane)], weights)
+        assert at_middle is not None and math.isclose(sum(weights), 1.0)
+        expected = 10.0 + 0.01 * shape["kv_len"] + 2.0 * shape["q_len"]
+        assert math.isclose(at_middle, expected, rel_tol=1e-9), (shape, at_middle, expected)
+        assert all(low <= shape[d] <= high for d, low, high in ranges)
