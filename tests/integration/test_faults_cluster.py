@@ -52,7 +52,7 @@ def test_a_node_removed_mid_run_moves_its_work_to_the_other_node(two_gpu_nodes: 
         n=(4, 8),
     )
     # Work enough that the node's worker still holds calls when it goes (a call carries a batch of up
-    # to 8 looks, so the first records come back 8 at a time).
+    # to 16 looks, so the first records come back 16 at a time).
     progress = RemoveANodeAfter(two_gpu_nodes, tmp_path / "results", after=4)
     out = submit(str(spec), tmp_path / "results", progress=progress)
 

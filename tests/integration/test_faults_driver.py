@@ -27,9 +27,11 @@ from tunectl.store.runs import list_runs, load_run, summarise_runs
 
 pytestmark = pytest.mark.slow
 
-#: 31 items of at least 150 ms each: the run outlasts the writer's first part (written after 2 s) by
-#: seconds, so a kill after the first rows lands mid-run however fast the guard lets items pass
+#: 31 items of at least 150 ms each, in calls of 4 (rows come back every ~0.6 s): the run outlasts the
+#: writer's first part (written after 2 s) by seconds, so a kill after the first rows lands mid-run
+#: however fast the guard lets items pass
 SLOW = '[[configs]]\nfault = "none"\nrun_ms = 150\nvariant = [' + ", ".join(map(str, range(30))) + "]\n"
+IN_CALLS_OF_4 = {"resources": "batch = 4"}
 
 
 @contextlib.contextmanager
@@ -84,7 +86,7 @@ def resume(results: Path, run_id: str) -> str:
 
 
 def test_a_driver_killed_mid_run_leaves_what_it_wrote_and_resume_finishes_the_run(tmp_path: Path) -> None:
-    spec, results = write_spec(tmp_path, SLOW), tmp_path / "results"
+    spec, results = write_spec(tmp_path, SLOW, **IN_CALLS_OF_4), tmp_path / "results"
     with driver("submit", str(spec), "--results", str(results)) as proc:
         run_id = wait_for_rows(results)
         proc.send_signal(signal.SIGKILL)
@@ -101,7 +103,7 @@ def test_a_driver_killed_mid_run_leaves_what_it_wrote_and_resume_finishes_the_ru
 
 
 def test_a_sigint_stops_the_driver_early_and_resume_finishes_the_run(tmp_path: Path) -> None:
-    spec, results = write_spec(tmp_path, SLOW), tmp_path / "results"
+    spec, results = write_spec(tmp_path, SLOW, **IN_CALLS_OF_4), tmp_path / "results"
     # As when the tests run as a background job: SIGINT ignored here, and by whatever starts from here
     # unless the harness gives the driver its SIGINT back.
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -125,7 +127,7 @@ def test_a_sigint_stops_the_driver_early_and_resume_finishes_the_run(tmp_path: P
 
 
 def test_cancel_stops_a_local_run_cleanly_and_resume_finishes_it(tmp_path: Path) -> None:
-    spec, results = write_spec(tmp_path, SLOW), tmp_path / "results"
+    spec, results = write_spec(tmp_path, SLOW, **IN_CALLS_OF_4), tmp_path / "results"
     with driver("submit", str(spec), "--results", str(results)) as proc:
         run_id = wait_for_rows(results)
         cancelled = CliRunner().invoke(app, ["cancel", run_id, "--results", str(results)])
@@ -217,7 +219,7 @@ class _InterruptedAt:
 def test_a_run_interrupted_at_its_third_record_keeps_its_pools_and_resume_completes_it(
     ray_two_gpus: None, tmp_path: Path
 ) -> None:
-    spec, results = write_spec(tmp_path, SLOW), tmp_path / "results"
+    spec, results = write_spec(tmp_path, SLOW, **IN_CALLS_OF_4), tmp_path / "results"
     with pytest.raises(RunStopped) as stopped:
         submit(str(spec), results, progress=_InterruptedAt(3))
     run_id = stopped.value.run_id

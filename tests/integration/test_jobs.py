@@ -30,6 +30,7 @@ from tunectl.store.runs import load_run
 pytestmark = pytest.mark.slow
 FAST = '[[configs]]\nfault = "none"\nrun_ms = 1\nvariant = [1, 2, 3]\n'
 SLOW = '[[configs]]\nfault = "none"\nrun_ms = 80\nvariant = [' + ", ".join(map(str, range(40))) + "]\n"
+IN_CALLS_OF_4 = {"resources": "batch = 4"}  # rows come back every ~0.3 s: a cancel lands mid-run
 
 
 @dataclass(frozen=True)
@@ -158,7 +159,7 @@ def test_a_job_runs_tunectl_submit_on_the_cluster_and_its_log_can_be_followed(
 
 
 def test_a_cancelled_job_stops_cleanly_and_a_resumed_job_finishes_the_run(head: Head, tmp_path: Path) -> None:
-    spec, results = write_spec(tmp_path, SLOW), tmp_path / "results"
+    spec, results = write_spec(tmp_path, SLOW, **IN_CALLS_OF_4), tmp_path / "results"
     code, out = tunectl(
         head, "submit", str(spec), "--job", "--address", head.dashboard, "--results", str(results)
     )
