@@ -222,16 +222,16 @@ class ItemRunner:
         config: dict[str, Any],
         items: tuple[WorkItem, WorkItem | None] | None = None,
     ) -> tuple[Built | None, Check]:
-        """The config's checked call at the current point (built once, ``tunectl.measure.built``) and
-        the check its record carries; (None, the failed check) where its output is wrong.
-        ``items``: the item it is built for and the one built after it (for ``prepare``)."""
+        """The config's checked call at the current point (built once, ``tunectl.measure.built``) and its
+        check; (None, the failed check) where its output is wrong. ``items``: for ``prepare``."""
         built = self._here.get(config_key)
         if built is not None:
             return built, built.checked.again()
+        inputs = self._here.inputs
         if items is not None:
-            fn, prepare_s = self.prepare(task, items[0], static, shape, config, then=items[1])
+            fn, prepare_s = self.prepare(task, items[0], static, shape, config, inputs, items[1])
         else:
-            fn, prepare_s = timed_prepare(task, static, shape, config, self._here.inputs)
+            fn, prepare_s = timed_prepare(task, static, shape, config, inputs)
         check = when_memory_frees(lambda: self._check(task, static, fn, prepare_s), self.device, self._room)
         if check.missed is not None:
             return None, check
@@ -364,12 +364,12 @@ class ItemRunner:
         static: dict[str, Any],
         shape: dict[str, Any],
         config: dict[str, Any],
+        inputs: Any,
         then: WorkItem | None = None,
     ) -> tuple[Callable[[], Any], float]:
-        """The item's kernel call and the seconds preparing it took: the hook a runner that prepares
-        items ahead overrides (``tunectl.orchestrator.pipeline``). Called once per config and point;
-        ``then`` is the item prepared after this one (the next member of a batch, or the lookahead)."""
-        return timed_prepare(task, static, shape, config, self._here.inputs)
+        """The item's kernel call on the point's ``inputs`` and the seconds it took to prepare: the hook a
+        runner preparing ahead overrides (``tunectl.orchestrator.pipeline``); ``then``: the next item."""
+        return timed_prepare(task, static, shape, config, inputs)
 
     def _synchronize(self) -> None:
         if self.device.startswith("cuda"):

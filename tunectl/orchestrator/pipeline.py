@@ -43,6 +43,7 @@ class CompileAheadRunner(ItemRunner):
         static: dict[str, Any],
         shape: dict[str, Any],
         config: dict[str, Any],
+        inputs: Any,
         then: WorkItem | None = None,
     ) -> tuple[Callable[[], Any], float]:
         future = self._ahead.pop(item.item_id, None)
@@ -51,14 +52,12 @@ class CompileAheadRunner(ItemRunner):
             if future is not None:
                 self.num_prepared_ahead += 1
                 return future.result()
-            return super().prepare(task, item, static, shape, config)
+            return super().prepare(task, item, static, shape, config, inputs)
         finally:
-            self._start_next(task, item, then)  # also when this item's preparation failed
+            self._start_next(task, item, then, inputs)  # also when this item's preparation failed
 
-    def _start_next(self, task: TuningTask, item: WorkItem, nxt: WorkItem | None) -> None:
+    def _start_next(self, task: TuningTask, item: WorkItem, nxt: WorkItem | None, inputs: Any) -> None:
         if nxt is None or nxt.item_id == item.item_id or nxt.point != item.point or nxt.task != item.task:
             return
-        inputs = self._here.inputs
         static, shape, config = dict(nxt.static), dict(nxt.shape), dict(nxt.config)
-
         self._ahead[nxt.item_id] = self._pool.submit(timed_prepare, task, static, shape, config, inputs)
