@@ -162,8 +162,8 @@ class SelectSpec:
     margin: float = _bounded(DEFAULT_MARGIN, Rule.number(0, 1))
 
 
-#: a worker's calls at a point: its drift guard checks once a call (~6 ms on an H200, whatever the
-#: batch) and looks every 0.5 s across a batch, so a larger batch checks less often, not less closely
+#: a point's looks of one kind in one call to a worker, at most: the drift guard checks once a call
+#: (~6 ms on an H200, whatever the batch) and looks every 0.5 s across a batch (docs/measurement.md)
 DEFAULT_BATCH = 16
 
 
