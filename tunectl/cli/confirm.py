@@ -17,7 +17,7 @@ ShapeOption = Annotated[
     typer.Option(
         "--shape",
         help="A shape dimension and its values, NAME=V1,V2,... (repeat per dimension); a dimension "
-        "left out is confirmed cell by cell, a pick there serving its cell.",
+        "left out is confirmed cell by cell, timed at each cell's edges, a pick serving each quarter of it.",
     ),
 ]
 StaticOption = Annotated[
@@ -58,7 +58,8 @@ def confirm_cmd(
     """Time each shape's candidates (export's short list per entry) and say which is fastest where.
 
     Give the batch sizes a serving process runs, and leave out the lengths it cannot know: each is
-    then confirmed at the edges of each of the bundle's cells along it, as start-up confirming does.
+    then confirmed at the edges of each of the bundle's cells along it, as start-up confirming does,
+    and each quarter of a cell gets the candidate fastest there on the line between its edge times.
 
     With --save, a confirmation cut short by --budget-s goes on where it stopped when the same
     command is run again (the summary says how many cells are left).
