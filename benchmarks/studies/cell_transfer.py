@@ -43,13 +43,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from holdout_json import holdout_of
 
 from tunectl import api
-from tunectl.core.buckets import make_bucketer, parts_of, split_cells
 from tunectl.core.keys import key_text, make_key
 from tunectl.core.record import Phase, Record, Status
 from tunectl.core.spec import DEFAULT_MARGIN
 from tunectl.decide.holdout import HeldOut
 from tunectl.measure.confirm import served_at
-from tunectl.measure.parts import PARTS
+from tunectl.measure.parts import Along
 from tunectl.store.results import read_results
 
 Place = tuple[str, int, int]  # static key, batch, KV length
@@ -170,9 +169,7 @@ def _where(low: int, high: int, kv_len: int) -> float:
     the cell's part that holds it (``tunectl.measure.parts``), 0 at ``low``, 1 at ``high``."""
     if high <= low:
         return 0.0
-    finer = split_cells("ceil", [low, high], PARTS)
-    part = make_bucketer("ceil", finer)(kv_len)
-    return next(where for p, where in parts_of("ceil", [low, high], finer, high) if p == part)
+    return next(where for _, where, lo, hi in Along.of("ceil", [low, high], high).parts if lo <= kv_len <= hi)
 
 
 def _installed(

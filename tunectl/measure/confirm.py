@@ -44,7 +44,7 @@ from typing import Any, TypeVar
 from tunectl.core.buckets import refined, split_cells
 from tunectl.core.files import canonical_json
 from tunectl.core.spec import CELL_SPAN, DEFAULT_MARGIN, MeasureSpec
-from tunectl.measure.parts import PARTS, Along, Part, cell_parts, holds, on_lines, told_by_part
+from tunectl.measure.parts import PARTS, Along, Part, Weighed, cell_parts, holds, on_lines, told_by_part
 from tunectl.measure.side_by_side import DEFAULT_SETTINGS, time_configs
 from tunectl.runtime import Bundle, Entry
 from tunectl.tasks.base import TuningTask
@@ -115,7 +115,7 @@ class _Cell:
     samples: tuple[dict[str, Any], ...]
     own: tuple[dict[str, Any], ...]
     listed: tuple[dict[str, Any], ...]  # lookup's answer at ``shape`` first, then the other candidates
-    parts: tuple[tuple[dict[str, Any], tuple[float, ...], tuple[tuple[str, int, int], ...]], ...]
+    parts: tuple[Weighed, ...]
 
 
 def confirm(

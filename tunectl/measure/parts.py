@@ -27,6 +27,9 @@ PARTS = 4
 #: a part of a cell: its shape (its middle along the dimensions left out), and its least and greatest
 #: value along each of them
 Part = tuple[Mapping[str, Any], Mapping[str, Any], tuple[tuple[str, int, int], ...]]
+#: a part of a cell before it is timed: its shape, each of the cell's readings' weight at its middle,
+#: and its ranges (``cell_parts``)
+Weighed = tuple[dict[str, Any], tuple[float, ...], tuple[tuple[str, int, int], ...]]
 
 
 @dataclass(frozen=True)
@@ -57,11 +60,11 @@ class Along:
 
 def cell_parts(
     given: Mapping[str, Any], dims: Sequence[str], combo: Sequence[Along], corners: Sequence[tuple[int, ...]]
-) -> tuple[tuple[dict[str, Any], tuple[float, ...], tuple[tuple[str, int, int], ...]], ...]:
+) -> tuple[Weighed, ...]:
     """A cell's parts (a cell of ``tunectl.measure.confirm``): every combination of its parts along
     each dimension, each one's shape, each reading's weight at its middle (the product of the weights
     along each: the line between two edges, a plane between four), and its ranges."""
-    out = []
+    out: list[Weighed] = []
     for pieces in itertools.product(*(a.parts for a in combo)):
         shape = {**given, **{d: piece[0] for d, piece in zip(dims, pieces, strict=True)}}
         weights = tuple(
