@@ -111,6 +111,7 @@ def lookups(rounds: int) -> list[tuple[str, float]]:
     with tempfile.TemporaryDirectory() as tmp:
         bundle = small_bundle(Path(tmp))
         fresh = [small_bundle(Path(tmp) / str(i)) for i in range(rounds)]
+        stepped = [small_bundle(Path(tmp) / f"s{i}") for i in range(rounds)]
     key = (*DECODE.values(), 4, 2048)
     table = {key: {"num_splits": 4}}
     torch_style = {**DECODE, "dtype": "torch.float32"}
@@ -139,6 +140,18 @@ def lookups(rounds: int) -> list[tuple[str, float]]:
             for _ in range(calls):
                 b.lookup("flash_decode", **FLASH, batch=3, kv_len=next(kv_lens), q_len=1)
             samples.append((time.perf_counter_ns() - started) / calls)
+        return statistics.median(samples)
+
+    def steps_of_layers(bundles: list[Any], layers: int = 32) -> float:
+        """A serving step as a model takes it: a new kv_len, then the same shape at every layer."""
+        samples = []
+        for b in bundles:
+            steps = calls // layers
+            started = time.perf_counter_ns()
+            for kv_len in range(1, steps + 1):
+                for _ in range(layers):
+                    b.lookup("flash_decode", **FLASH, batch=3, kv_len=kv_len, q_len=1)
+            samples.append((time.perf_counter_ns() - started) / (steps * layers))
         return statistics.median(samples)
 
     return [
@@ -179,6 +192,10 @@ def lookups(rounds: int) -> list[tuple[str, float]]:
         (
             "the same with picks confirmed by part at 32 batch sizes (21 KV parts each, a pick in every one)",
             new_kv_len_each_call([confirmed_by_part(b) for b in fresh]),
+        ),
+        (
+            "lookup flash_decode per call over decode steps of 32 layers (a new kv_len each step)",
+            steps_of_layers(stepped),
         ),
     ]
 

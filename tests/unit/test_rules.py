@@ -11,9 +11,12 @@ import json
 import math
 import random
 import statistics
+import tempfile
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from tests.conftest import TINY_STATIC
@@ -22,7 +25,9 @@ from tunectl.cli import app
 from tunectl.core.plan import WorkItem
 from tunectl.decide.rules import fit_rule
 from tunectl.formats.export import Choices, export_bundle
-from tunectl.runtime import BundleSchemaError, WaveRule, load_bundle
+from tunectl.runtime import BundleSchemaError, Entry, WaveRule, load_bundle
+from tunectl.runtime.rules import MAX_WAVES, launch
+from tunectl.store.bundle import TaskTable, build_files, publish_local
 
 PER_WAVE = 16
 STATIC = {"dtype": "float32", "num_q_heads": 4, "num_kv_heads": 2, "head_dim": 16, "page_size": 8}
@@ -103,6 +108,75 @@ def test_a_rule_counts_the_most_splits_that_fill_one_wave_where_splitting_pays()
     assert WaveRule.from_json(json.loads(json.dumps(rule.to_json()))) == rule
     older = {k: v for k, v in rule.to_json().items() if k != "per_work"}  # a bundle written before it
     assert WaveRule.from_json(older) == rule
+
+
+def _candidates(rule: WaveRule, across: int) -> list[int]:
+    fills = [min(rule.hi, max(rule.lo, int(w * rule.per_wave // across))) for w in range(1, MAX_WAVES + 1)]
+    return sorted({rule.lo, *fills, rule.hi})
+
+
+def _modelled_best(rule: WaveRule, across: int, along: int) -> int:
+    """The count the module doc describes, found by modelling every candidate in full."""
+    counts = _candidates(rule, across)
+    least = min(rule.predict_us(across, along, s) for s in counts)
+    return min(s for s in counts if rule.predict_us(across, along, s) <= least + 1e-9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    per_wave=st.sampled_from([16.0, 66.0, 78.0, 132.0]),
+    block=st.sampled_from([1, 16, 64, 128]),
+    bounds=st.sampled_from([(1, 16), (1, 64), (2, 32), (4, 4)]),
+    costs=st.tuples(*[st.sampled_from([0.0, 0.25, 1.5, 4.0]) for _ in range(2)]),
+    across=st.integers(1, 300),
+    along=st.integers(1, 40_000),
+)
+def test_a_rules_count_holds_over_the_span_it_gives(
+    per_wave: float, block: int, bounds: tuple[int, int], costs: tuple[float, float], across: int, along: int
+) -> None:
+    """``span``: the count, and the lengths around ``along`` over which it stays the count, each
+    checked against every candidate modelled in full (a serving process reuses it over the span):
+    every candidate launches alike over it, so it holds whatever the costs."""
+    rule = WaveRule("s", "batch", "kv_len", per_wave, block, *bounds, (2.0, 0.0078125, *costs))
+    count, first, last = rule.span(across, along)
+    assert first <= along <= last and count == rule.count(across, along)
+    launches = [launch(across, along, s, per_wave, block)[1:] for s in _candidates(rule, across)]
+    for x in {first, along, last, (first + last) // 2, *range(first, min(last, first + 64) + 1)}:
+        assert _modelled_best(rule, across, x) == count, x
+        assert [launch(across, x, s, per_wave, block)[1:] for s in _candidates(rule, across)] == launches
+
+
+def test_a_growing_length_is_answered_from_its_span_as_from_the_rule() -> None:
+    """A serving step's KV length grows by one and batches come and go: every answer is the rule's
+    own count at that shape, whatever was asked before."""
+    rule = WaveRule("num_splits", "batch", "kv_len", 16.0, 64, 1, 16, (2.0, 0.01, 0.5, 0.02))
+    entries = [
+        Entry.from_json(
+            {
+                "static": STATIC,
+                "shape": {"batch": b, "kv_len": 4096},
+                "config": {"x": b},
+                "rule": rule.to_json(),
+            }
+        )
+        for b in (4, 32)
+    ]
+    table = TaskTable(
+        "decode_attention",
+        tuple(STATIC),
+        {"batch": {"policy": "ceil", "points": [4, 32]}, "kv_len": {"policy": "ceil", "points": [4096]}},
+        tuple(entries),
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        files = build_files("waves", "1", [table], [], {})
+        loaded = load_bundle(publish_local(Path(tmp), "waves", "1", files), env_policy="off")
+    rng = random.Random(5)
+    batches = [rng.choice([1, 3, 5, 17, 30]) for _ in range(40)]
+    for step in range(1, 4000, 7):
+        for batch in batches[step % 40 : step % 40 + 3]:
+            got = loaded.lookup("decode_attention", **STATIC, batch=batch, kv_len=step)
+            want = {"x": 4 if batch <= 4 else 32, "num_splits": rule.count(batch, step)}
+            assert got == want, (batch, step)
 
 
 def test_a_fit_finds_the_wave_size_and_costs_of_a_wave_cliff_surface() -> None:

@@ -13,6 +13,9 @@ from tunectl.runtime.rules import WaveRule
 
 _MISSING = object()
 _Finder = Callable[[Mapping[str, Any]], Any]  # parameters -> what they find (None: a miss)
+_StaticOf = Callable[[Any, Mapping[str, Any]], Any]  # static values as given, parameters -> index
+_Resolver = Callable[[int, Sequence[Any]], Any]  # static index, shape values -> row
+_Confirmed = Callable[[int, Sequence[Any]], Any]  # static index, shape values -> confirmed config
 _MEMO_LIMIT = 1 << 14  # entries a memo holds before it starts afresh (keys drift: kv_len grows each step)
 _WINDOW = normaliser_for("window")
 
@@ -44,15 +47,6 @@ def _lenient_window(value: Any) -> Any:
     return tuple(map(_integral, value)) if isinstance(value, (tuple, list)) else _integral(value)
 
 
-def _lacks(get_all: Callable[[Mapping[str, Any]], Any], params: Mapping[str, Any]) -> bool:
-    """Whether ``params`` lack a parameter ``get_all`` takes."""
-    try:
-        get_all(params)
-    except KeyError:
-        return True
-    return False
-
-
 def finders(
     static_params: tuple[str, ...],
     dims: list[tuple[str, Any]],
@@ -64,11 +58,12 @@ def finders(
     """``find(params) -> row | None`` and ``lookup(params) -> config copy | None``, as closures.
 
     The hot path is one tuple of the raw parameter values and one hit in a memo of results by those
-    values (a serving step looks the same shape up once per layer). A new key resolves through
-    smaller memos (static values as given, then normalised, to the static key's index; each
-    dimension's value to its bucket) to one hit in the rows by (static index, buckets...); a row
-    whose entry is a rule then computes its config from the shape itself (``WaveRule.config``).
-    Remembering by value is sound because equal values always resolve alike: the table holds
+    values (a serving step looks the same shape up once per layer). A new key (a serving step's KV
+    length is new each step) takes the static key's index (a memo of static values as given, then
+    normalised), each dimension's bucket (a few integer operations) and one hit in the rows by
+    (static index, buckets...); a row whose entry is a rule then takes its count from the span of
+    lengths it last held over at that batch (``WaveRule.span``), evaluating the model only outside
+    it. Remembering by value is sound because equal values always resolve alike: the table holds
     normalised values and normalising is idempotent, the window's normaliser is given the int a 5.0
     or a True equals (tuning's own refuses them), buckets take equal values alike
     (``tunectl.core.buckets``), and a rule takes the int a value equals. Every memo is a dict,
@@ -76,25 +71,39 @@ def finders(
     before the buckets: picks a serving process confirmed at its own shapes.
     """
     names = tuple(name for name, _ in dims)
-    get_all = getter((*static_params, *names))
-    resolve = _resolver(static_id := static_finder(static_params, static_ids), dims, rows)
-    exact = _confirmed_finder(static_id, names, confirmed) if confirmed else None
+    get_all, n = getter((*static_params, *names)), len(static_params)
+    static_of, resolve = _static_index(static_params, static_ids), _resolver(dims, rows)
+    exact = _confirmed_finder(confirmed) if confirmed else None
     configs, rules = answers
     memo: dict[Any, Any] = {}
+    spans: dict[tuple[int, int], tuple[int, int, int]] = {}  # a rule's last span by (row, across)
 
     def find(params: Mapping[str, Any]) -> Any:
-        return None if _lacks(get_all, params) else resolve(params)
+        try:
+            key = get_all(params)
+        except KeyError:
+            return None
+        static = static_of(key[:n], params)
+        return None if static is None else resolve(static, key[n:])
 
-    def answer(params: Mapping[str, Any]) -> Any:
-        if exact is not None and (hit := exact(params)) is not None:
+    def answer(key: tuple[Any, ...], params: Mapping[str, Any]) -> Any:
+        static, values = static_of(key[:n], params), key[n:]
+        if static is None:
+            return None
+        if exact is not None and (hit := exact(static, values)) is not None:
             return hit
-        row = resolve(params)
+        row = resolve(static, values)
         if row is None:
             return None
         rule = rules[row]
         if rule is None:
             return configs[row]
-        return {**configs[row], rule.param: rule.count(int(params[rule.across]), int(params[rule.along]))}
+        across, along = int(params[rule.across]), int(params[rule.along])
+        span = spans.get((row, across))
+        if span is None or not span[1] <= along <= span[2]:  # kv_len grows a step at a time
+            span = rule.span(across, along)
+            _remember(spans, (row, across), span)
+        return {**configs[row], rule.param: span[0]}
 
     def lookup(params: Mapping[str, Any]) -> Any:  # the hot path
         try:
@@ -104,10 +113,10 @@ def finders(
         try:
             found = memo.get(key, _MISSING)
         except TypeError:  # an unhashable value: resolve it, remember nothing
-            found = answer(params)
+            found = answer(key, params)
         else:
             if found is _MISSING:
-                found = answer(params)
+                found = answer(key, params)
                 _remember(memo, key, found)
         return None if found is None else found.copy()
 
@@ -117,36 +126,30 @@ def finders(
 #: how a layer of confirmed picks matches a dimension: by exact value (None), or by the cell it falls
 #: in among these points, under the dimension's own policy
 Layer = tuple[tuple[int, ...] | None, ...]
-Keyer = Callable[[Sequence[Any]], tuple[Any, ...]]
+Keyer = Callable[[int, Sequence[Any]], tuple[Any, ...]]  # static index, shape values -> a table's key
 
 
 def layer_keyer(policies: Sequence[str], layer: Layer) -> Keyer:
-    """Shape values (in the table's dimension order) as a layer of confirmed picks keys them: a
-    dimension matched by cell as its bucket among the layer's points (None outside every cell), any
-    other as the int it equals."""
-    buckets = [
-        None if points is None else make_bucketer(policy, points)
-        for policy, points in zip(policies, layer, strict=True)
-    ]
-
-    def key(values: Sequence[Any]) -> tuple[Any, ...]:
-        return tuple(_integral(v) if b is None else b(v) for b, v in zip(buckets, values, strict=True))
-
-    return key
+    """``key(static, values)``: a static key's index and shape values (in the table's dimension
+    order) as a layer of confirmed picks keys them: a dimension matched by cell as its bucket among
+    the layer's points (None outside every cell), any other as the int it equals."""
+    return _keyer(
+        [
+            _integral if points is None else make_bucketer(policy, points)
+            for policy, points in zip(policies, layer, strict=True)
+        ]
+    )
 
 
-def _confirmed_finder(
-    static_id: _Finder, names: tuple[str, ...], layers: Sequence[tuple[Keyer, Mapping[Any, dict[str, Any]]]]
-) -> _Finder:
-    """``confirmed_at(params)``: the config confirmed at ``params``' static key and shape, or None;
-    ``layers`` (each: how it keys a shape, its picks by static index and key) asked in order."""
-    get_shape = getter(names)
+def _confirmed_finder(layers: Sequence[tuple[Keyer, Mapping[Any, dict[str, Any]]]]) -> _Confirmed:
+    """``confirmed_at(static, values)``: the config confirmed at a static key's index and a shape's
+    values (in the table's dimension order), or None; ``layers`` (each: how it keys a shape, its picks
+    by static index and key) asked in order."""
 
-    def confirmed_at(params: Mapping[str, Any]) -> Any:
-        static, values = static_id(params), get_shape(params)
+    def confirmed_at(static: int, values: Sequence[Any]) -> Any:
         try:
             for key, table in layers:
-                if (hit := table.get((static, *key(values)))) is not None:
+                if (hit := table.get(key(static, values))) is not None:
                     return hit
         except TypeError:  # an unhashable value: confirmed nowhere
             pass
@@ -156,14 +159,19 @@ def _confirmed_finder(
 
 
 def static_finder(static_params: tuple[str, ...], static_ids: dict[Any, int]) -> _Finder:
-    """``static_id(params)``: the index of the static key ``params`` hold, or None. Values as given
-    are remembered with the index they normalise to: a new value is normalised once."""
-    get_static = getter(static_params)
+    """``static_id(params)``: the index of the static key ``params`` hold, or None."""
+    get_static, static_of = getter(static_params), _static_index(static_params, static_ids)
+    return lambda params: static_of(get_static(params), params)
+
+
+def _static_index(static_params: tuple[str, ...], static_ids: dict[Any, int]) -> _StaticOf:
+    """``static_of(raw, params)``: the index of the static key whose values as given are ``raw``
+    (taken from ``params``), or None. Values as given are remembered with the index they normalise
+    to: a new value is normalised once."""
     lenient = [(n, _lenient_window if normaliser_for(n) is _WINDOW else None) for n in static_params]
     normalised: dict[Any, Any] = {}
 
-    def static_id(params: Mapping[str, Any]) -> Any:
-        raw: Any = get_static(params)
+    def static_of(raw: Any, params: Mapping[str, Any]) -> Any:
         try:
             found = static_ids.get(raw)
             if found is None:
@@ -181,31 +189,25 @@ def static_finder(static_params: tuple[str, ...], static_ids: dict[Any, int]) ->
             _remember(normalised, raw, found)
         return found
 
-    return static_id
+    return static_of
 
 
-def _resolver(static_id: _Finder, dims: list[tuple[str, Any]], rows: dict[tuple[Any, ...], int]) -> _Finder:
-    """``resolve(params)``: the row of (static index, each dimension's bucket), or None; each
-    dimension's buckets remembered by value."""
-    steps: list[tuple[str, dict[Any, Any], Any]] = [(name, {}, bucket) for name, bucket in dims]
+def _resolver(dims: list[tuple[str, Any]], rows: dict[tuple[Any, ...], int]) -> _Resolver:
+    """``resolve(static, values)``: the row of a static key's index and each dimension's bucket of
+    its value (in the table's order), or None (no row has a None bucket). A bucket is a few integer
+    operations (a bisection at most, ``tunectl.core.buckets``), cheaper than remembering it: a
+    serving step's KV length is new."""
+    key = _keyer([bucket for _, bucket in dims])
+    return lambda static, values: rows.get(key(static, values))
 
-    def resolve(params: Mapping[str, Any]) -> Any:
-        found = static_id(params)
-        if found is None:
-            return None
-        key = [found]
-        for name, points, bucket in steps:
-            value = params[name]
-            try:
-                point = points.get(value, _MISSING)
-                if point is _MISSING:
-                    point = bucket(value)
-                    _remember(points, value, point)
-            except TypeError:  # unhashable: not an integer, a miss
-                return None
-            if point is None:
-                return None
-            key.append(point)
-        return rows.get(tuple(key))
 
-    return resolve
+def _keyer(each: Sequence[Callable[[Any], Any]]) -> Keyer:
+    """``key(head, values)``: ``(head, each[0](values[0]), each[1](values[1]), ...)``, spelled out
+    for up to three dimensions (a decode table's): a serving step pays it for every new length."""
+    if len(each) == 2:
+        first, second = each
+        return lambda head, values: (head, first(values[0]), second(values[1]))
+    if len(each) == 3:
+        first, second, third = each
+        return lambda head, values: (head, first(values[0]), second(values[1]), third(values[2]))
+    return lambda head, values: (head, *[f(v) for f, v in zip(each, values, strict=True)])

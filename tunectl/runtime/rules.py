@@ -36,6 +36,7 @@ from typing import Any
 
 RULE_KINDS = ("waves",)
 MAX_WAVES = 8
+_NO_END = 1 << 62  # no candidate's launch has changed yet
 
 
 def launch(across: int, along: int, splits: int, per_wave: float, block: int) -> tuple[int, int, int]:
@@ -74,13 +75,20 @@ class WaveRule:
         return fixed + self.per_work * across * along + per_token * waves * chunk + merge
 
     def count(self, across: int, along: int) -> int:
-        """The split count for this shape (module doc); ``lo`` for a size below 1. Inlined: a serving
-        process evaluates it on every shape it has not seen before."""
+        """The split count for this shape (module doc); ``lo`` for a size below 1."""
+        return self.span(across, along)[0]
+
+    def span(self, across: int, along: int) -> tuple[int, int, int]:
+        """The split count for this shape, and the least and greatest ``along`` at this ``across``
+        over which it stays the count: every candidate's launch (its chunk and its splits with tokens)
+        is the same there, so is every modelled time. A serving process asks with a KV length that
+        grows by one each step: it evaluates the model once a span (``tunectl.runtime.finders``).
+        Inlined: it runs on every shape not seen before."""
         if across < 1 or along < 1:
-            return self.lo
+            return self.lo, along, along
         per_wave, block, lo, hi = self.per_wave, self.block, self.lo, self.hi
         _, per_token, per_split, per_partial = self.cost  # the fixed and work costs change no choice
-        best, best_us, last = lo, math.inf, 0
+        best, best_us, last, first, final = lo, math.inf, 0, 1, _NO_END
         for waves in range(MAX_WAVES + 2):  # lo; the most splits filling 1..MAX_WAVES waves; hi
             s = (
                 lo
@@ -95,6 +103,10 @@ class WaveRule:
             tokens = -(-along // s)
             chunk = -(-tokens // block) * block
             active = -(-along // chunk)
+            # this count's chunk holds over ((chunk - block) * s, chunk * s], its active over
+            # ((active - 1) * chunk, active * chunk]; active <= s, so the second ends first
+            first = max(first, (chunk - block) * s + 1, (active - 1) * chunk + 1)
+            final = min(final, active * chunk)
             us = per_token * math.ceil(across * active / per_wave) * chunk
             if s > 1:
                 us += per_split + per_partial * across * active
@@ -102,7 +114,7 @@ class WaveRule:
                 best, best_us = s, us
             if s == hi:
                 break
-        return best
+        return best, first, final
 
     def config(self, base: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
         """``base`` with the count for the shape in ``params``; a KeyError where a dimension is missing."""

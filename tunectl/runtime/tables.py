@@ -85,10 +85,10 @@ class _TaskIndex:
                 raise ValueError(f"task {self.name}: no static key of this bundle matches {dict(params)}")
             if lacking := [name for name in self.shape_params if name not in params]:
                 raise ValueError(f"task {self.name}: {dict(params)} lacks {', '.join(lacking)}")
-            shape = key([params[name] for name in self.shape_params])
-            if None in shape:
+            found = key(static, [params[name] for name in self.shape_params])
+            if None in found[1:]:
                 raise ValueError(f"task {self.name}: {dict(params)} is in none of the cells confirmed")
-            table[(static, *shape)] = dict(config)
+            table[found] = dict(config)
         index.find, index.lookup = finders(*self._parts, index.layers())
         return index
 
