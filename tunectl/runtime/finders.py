@@ -73,10 +73,8 @@ def finders(
     names = tuple(name for name, _ in dims)
     get_all, n = getter((*static_params, *names)), len(static_params)
     static_of, resolve = _static_index(static_params, static_ids), _resolver(dims, rows)
-    exact = _confirmed_finder(confirmed) if confirmed else None
-    configs, rules = answers
+    answer = _answerer(static_of, n, resolve, _confirmed_finder(confirmed) if confirmed else None, answers)
     memo: dict[Any, Any] = {}
-    spans: dict[tuple[int, int], tuple[int, int, int]] = {}  # a rule's last span by (row, across)
 
     def find(params: Mapping[str, Any]) -> Any:
         try:
@@ -85,6 +83,36 @@ def finders(
             return None
         static = static_of(key[:n], params)
         return None if static is None else resolve(static, key[n:])
+
+    def lookup(params: Mapping[str, Any]) -> Any:  # the hot path
+        try:
+            key = get_all(params)
+        except KeyError:
+            return None
+        try:
+            found = memo.get(key, _MISSING)
+        except TypeError:  # an unhashable value: resolve it, remember nothing
+            found = answer(key, params)
+        else:
+            if found is _MISSING:
+                found = answer(key, params)
+                _remember(memo, key, found)
+        return None if found is None else found.copy()
+
+    return find, lookup
+
+
+def _answerer(
+    static_of: _StaticOf,
+    n: int,
+    resolve: _Resolver,
+    exact: _Confirmed | None,
+    answers: tuple[list[Any], list[WaveRule | None]],
+) -> Callable[[tuple[Any, ...], Mapping[str, Any]], Any]:
+    """``answer(key, params)``: what a key not yet remembered finds (``finders``): a confirmed pick,
+    else its row's config, a rule row's with the count for the shape."""
+    configs, rules = answers
+    spans: dict[tuple[int, int], tuple[int, int, int]] = {}  # a rule's last span by (row, across)
 
     def answer(key: tuple[Any, ...], params: Mapping[str, Any]) -> Any:
         static, values = static_of(key[:n], params), key[n:]
@@ -105,22 +133,7 @@ def finders(
             _remember(spans, (row, across), span)
         return {**configs[row], rule.param: span[0]}
 
-    def lookup(params: Mapping[str, Any]) -> Any:  # the hot path
-        try:
-            key = get_all(params)
-        except KeyError:
-            return None
-        try:
-            found = memo.get(key, _MISSING)
-        except TypeError:  # an unhashable value: resolve it, remember nothing
-            found = answer(key, params)
-        else:
-            if found is _MISSING:
-                found = answer(key, params)
-                _remember(memo, key, found)
-        return None if found is None else found.copy()
-
-    return find, lookup
+    return answer
 
 
 #: how a layer of confirmed picks matches a dimension: by exact value (None), or by the cell it falls
