@@ -362,6 +362,18 @@ def test_the_command_times_the_candidates_and_counts_what_it_did(tmp_path: Path)
             "--cell-span: must be more than 1 (a factor)",
         ),
         (
+            ["--task", "decode_attention", "--shape", "batch=4,x"],
+            "--shape: batch=x: must give whole numbers of 1 or more",
+        ),
+        (
+            ["--task", "decode_attention", "--shape", "batch=0"],
+            "--shape: batch=0: must give whole numbers of 1 or more",
+        ),
+        (
+            ["--task", "decode_attention", "--shape", "batch=4", "--budget-s", "-1"],
+            "--budget-s: must be 0 seconds or more",
+        ),
+        (
             [
                 "--task",
                 "decode_attention",

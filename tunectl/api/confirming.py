@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -155,6 +156,12 @@ def _checked(
     """The static key ``options`` select for ``task``, once the options and shapes are checked."""
     if not options.cell_span > 1:
         raise OptionError("cell_span", options.cell_span, "must be more than 1 (a factor)")
+    if not 0 <= options.budget_s < math.inf:
+        raise OptionError("budget_s", options.budget_s, "must be 0 seconds or more")
+    if not 0 <= options.margin < math.inf:
+        raise OptionError("margin", options.margin, "must be 0 or more (a fraction: 0.02 is 2 %)")
+    if bad := [f"{d}={v}" for shape in shapes for d, v in shape.items() if type(v) is not int or v < 1]:
+        raise OptionError("shape", bad[0], f"{bad[0]}: must give whole numbers of 1 or more")
     if task not in bundle.tasks:
         raise OptionError("task", task, f"must be a task of the bundle ({', '.join(bundle.tasks) or 'none'})")
     dims = list(bundle.task_info(task)["shape_params"])
