@@ -307,3 +307,47 @@ def test_spec_names_and_bundle_names_follow_one_rule_in_one_wording(name: str) -
     as_bundle = refusal(lambda: check_name("name", name))
     assert (as_spec is None) == (as_bundle is None)
     assert as_spec is None or (NAME_RULE in as_spec and NAME_RULE in (as_bundle or ""))
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["submit", "--bogus", "x"], "error: No such option: --bogus (see tunectl submit --help)"),
+        (
+            ["submit", "--compile-workers", "abc", "spec.toml"],
+            "error: Invalid value for '--compile-workers': ",
+        ),
+        (["validate"], "error: Missing argument 'bundle'. (see tunectl validate --help)"),
+        (["bundle", "nope"], "error: No such command 'nope'. (see tunectl bundle --help)"),
+    ],
+)
+def test_a_mistyped_command_line_is_one_line_and_exit_2(
+    argv: list[str], said: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The console script says a command line the parser refuses as the commands say bad input."""
+    from tunectl.cli import main
+
+    monkeypatch.setattr("sys.argv", ["tunectl", *argv])
+    with pytest.raises(SystemExit) as stopped:
+        main()
+    out = capsys.readouterr()
+    assert stopped.value.code == 2 and out.out == ""
+    assert out.err.count("\n") == 1 and out.err.startswith(said), out.err
+
+
+def test_the_console_script_passes_a_commands_exit_code_and_shows_a_groups_help(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tunectl.cli import main
+
+    monkeypatch.setattr("sys.argv", ["tunectl", "bundle", "show", str(tmp_path / "none")])
+    with pytest.raises(SystemExit) as stopped:
+        main()
+    assert stopped.value.code == 2 and capsys.readouterr().err.startswith("error: no bundle at ")
+    monkeypatch.setattr("sys.argv", ["tunectl", "bundle"])
+    with pytest.raises(SystemExit) as stopped:
+        main()
+    assert stopped.value.code == 2 and "tunectl bundle [OPTIONS] COMMAND" in capsys.readouterr().out
+    monkeypatch.setattr("sys.argv", ["tunectl", "--help"])
+    main()  # help: exit 0, nothing raised
+    assert "Usage: tunectl" in capsys.readouterr().out

@@ -49,5 +49,31 @@ def _setup() -> None:
         logger.addHandler(_Warnings(logging.WARNING))
 
 
+#: the command-line parser's own errors, from wherever this typer keeps its click
+_USAGE_ERROR, _CLICK_ERROR = (
+    next(c for c in typer.BadParameter.__mro__ if c.__name__ == name)
+    for name in ("UsageError", "ClickException")
+)
+
+
 def main() -> None:
-    app()
+    """The console script: ``app``, with a mistyped command line said in one line (``error: ...``
+    and where the command's help is), as the commands say every other bad input, not in a box."""
+    try:
+        code = app(standalone_mode=False)
+    except _USAGE_ERROR as exc:  # an unknown option, a value of the wrong type, one missing
+        if type(exc).__name__ == "NoArgsIsHelpError":  # a command group named alone: its help
+            exc.show()
+        else:
+            ctx = getattr(exc, "ctx", None)
+            where = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+            typer.echo(f"error: {' '.join(exc.format_message().split())}{where}", err=True)
+        raise SystemExit(exc.exit_code) from None
+    except _CLICK_ERROR as exc:
+        exc.show()
+        raise SystemExit(exc.exit_code) from None
+    except typer.Abort:
+        typer.echo("Aborted!", err=True)
+        raise SystemExit(1) from None
+    if isinstance(code, int) and code:  # ``typer.Exit(code)``: its code
+        raise SystemExit(code)
