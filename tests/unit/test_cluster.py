@@ -78,3 +78,13 @@ def test_a_connect_timeout_that_is_not_seconds_is_refused(
     monkeypatch.setenv("TUNECTL_CONNECT_TIMEOUT_S", setting)
     with pytest.raises(UserError, match="TUNECTL_CONNECT_TIMEOUT_S must be a number of seconds"):
         connect_timeout_s()
+
+
+def test_a_cpu_worker_leaves_a_core_to_the_driver_and_ray_unless_the_spec_says() -> None:
+    from tunectl.core.spec import parse_spec
+    from tunectl.orchestrator.cluster import cpu_threads
+
+    assert [cpu_threads(n) for n in (1, 2, 16)] == [1, 1, 15]
+    spec = parse_spec(TINY_SPEC.replace("[measure]", "[resources]\ncpu_threads = 2\n[measure]"))
+    assert spec.resources.cpu_threads == 2 and cpu_threads(16, spec.resources.cpu_threads) == 2
+    assert parse_spec(TINY_SPEC).resources.cpu_threads is None

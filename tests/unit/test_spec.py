@@ -54,6 +54,11 @@ def _error(text: str) -> SpecError:
             "resources.batch",
             "integer >= 1 and <= 64, not 0",
         ),
+        (
+            lambda s: s.replace("[measure]", "[resources]\ncpu_threads = 0\n[measure]"),
+            "resources.cpu_threads",
+            "integer >= 1 and <= 1024, not 0",
+        ),
         (lambda s: s + "\n[[oops\n", "toml", ""),
     ],
 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import typer
 
@@ -49,11 +50,12 @@ def _setup() -> None:
         logger.addHandler(_Warnings(logging.WARNING))
 
 
-#: the command-line parser's own errors, from wherever this typer keeps its click
-_USAGE_ERROR, _CLICK_ERROR = (
-    next(c for c in typer.BadParameter.__mro__ if c.__name__ == name)
-    for name in ("UsageError", "ClickException")
-)
+def _parser_error(name: str) -> Any:
+    """One of the command-line parser's own error classes, from wherever this typer keeps its click."""
+    return next(c for c in typer.BadParameter.__mro__ if c.__name__ == name)
+
+
+_USAGE_ERROR, _CLICK_ERROR = _parser_error("UsageError"), _parser_error("ClickException")
 
 
 def main() -> None:

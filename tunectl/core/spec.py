@@ -174,6 +174,9 @@ class ResourceSpec:
     prefetch: int = _bounded(2, Rule.integer(1, 64))  # work items in flight per worker
     #: a point's looks of one kind sent to a worker in one call, at most (1: a look a call)
     batch: int = _bounded(DEFAULT_BATCH, Rule.integer(1, 64))
+    #: the threads a CPU worker times with (None: all its node's cores but one,
+    #: ``tunectl.orchestrator.cluster.cpu_threads``)
+    cpu_threads: int | None = _bounded(None, Rule.integer(1, 1024))
 
 
 #: the spec's own tables, by the name a spec gives them

@@ -54,6 +54,8 @@ class WorkerSetup:
     compile_ahead: bool = False
     #: the configs the run measures: a worker imports only their libraries before its first item
     uses: tuple[Any, ...] = ()
+    #: the threads a CPU worker times with, where the spec sets them (``cpu_threads``)
+    cpu_threads: int | None = None
 
     def runtime_env(self, **extra: str) -> dict[str, Any]:
         return {"env_vars": {**dict(self.env), **extra}}
@@ -233,6 +235,15 @@ def _gpu_pool(name: str, count: int, setup: WorkerSetup, timeout_s: float, label
     return pool
 
 
+def cpu_threads(cpus: int, asked: int | None = None) -> int:
+    """The threads a CPU worker times with on a node of ``cpus`` cores: ``asked`` (the spec's
+    ``[resources] cpu_threads``), else all but one. The worker holds the node's every core in Ray,
+    but the driver and Ray's own processes still run there: a kernel with a thread on every core
+    stalls each time one of them is descheduled (on two cores, the quickstart's finals read rounds
+    100 times their median at batch 1; on one thread, none: benchmarks/results/timing.md)."""
+    return asked if asked is not None else max(1, cpus - 1)
+
+
 def _cpu_pool(setup: WorkerSetup) -> Pool:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -247,7 +258,7 @@ def _cpu_pool(setup: WorkerSetup) -> Pool:
         pool.workers.append(
             _actor(TuneWorker)
             .options(num_cpus=cpus, scheduling_strategy=strategy, runtime_env=setup.runtime_env())
-            .remote(cpus, setup.compile_ahead, setup.warm_up, setup.uses)
+            .remote(cpu_threads(cpus, setup.cpu_threads), setup.compile_ahead, setup.warm_up, setup.uses)
         )
         pool.node_ids.add(node["NodeID"])
     if not pool.workers:

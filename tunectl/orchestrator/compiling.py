@@ -22,16 +22,20 @@ OnCompiles = Callable[[int, int, int], None]  # (built, total, building), told a
 
 
 def worker_setup(
-    compile: CompileOptions, task: str, compile_ahead: bool, uses: Sequence[Any] = ()
+    compile: CompileOptions,
+    task: str,
+    compile_ahead: bool,
+    uses: Sequence[Any] = (),
+    cpu_threads: int | None = None,
 ) -> WorkerSetup:
     """How the run's workers and compile processes start: the compile caches, the task warmed up for
-    the configs it ``uses`` (none given: all its libraries)."""
+    the configs it ``uses`` (none given: all its libraries), a CPU worker's threads."""
     from tunectl.orchestrator.worker import PROFILE_ENV
     from tunectl.tasks.compile import cache_env
 
     profile = {PROFILE_ENV: os.environ[PROFILE_ENV]} if os.environ.get(PROFILE_ENV) else {}
     env = tuple(sorted({**cache_env(compile.cache_root()), **profile}.items()))
-    return WorkerSetup(env=env, warm_up=(task,), compile_ahead=compile_ahead, uses=tuple(uses))
+    return WorkerSetup(env, (task,), compile_ahead, tuple(uses), cpu_threads)
 
 
 def start_builds(

@@ -331,7 +331,7 @@ def _start(
     names = list(info.pools) or choose_pools(job.resources.accelerator_type, job.resources.num_gpus)
     ahead = bool(options.compile_ahead)
     compile_options = options.compile_options or CompileOptions()
-    setup = worker_setup(compile_options, info.task, ahead, job.uses)
+    setup = worker_setup(compile_options, info.task, ahead, job.uses, job.resources.cpu_threads)
     placement = workers.start_pools(names, job.resources.num_gpus, setup)
     pools = workers.pools
     works = {p.name: job.work(p.name if len(pools) > 1 else None) for p in pools}
