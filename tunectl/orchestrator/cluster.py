@@ -240,7 +240,7 @@ def cpu_threads(cpus: int, asked: int | None = None) -> int:
     ``[resources] cpu_threads``), else all but one. The worker holds the node's every core in Ray,
     but the driver and Ray's own processes still run there: a kernel with a thread on every core
     stalls each time one of them is descheduled (on two cores, the quickstart's finals read rounds
-    100 times their median at batch 1; on one thread, none: benchmarks/results/timing.md)."""
+    up to 79 times their median; on one thread, none: benchmarks/results/cpu_threads.md)."""
     return asked if asked is not None else max(1, cpus - 1)
 
 
