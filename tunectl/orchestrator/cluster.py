@@ -239,8 +239,8 @@ def cpu_threads(cpus: int, asked: int | None = None) -> int:
     """The threads a CPU worker times with on a node of ``cpus`` cores: ``asked`` (the spec's
     ``[resources] cpu_threads``), else all but one. The worker holds the node's every core in Ray,
     but the driver and Ray's own processes still run there: a kernel with a thread on every core
-    stalls each time one of them is descheduled (on two cores, the quickstart's finals read rounds
-    up to 79 times their median; on one thread, none: benchmarks/results/cpu_threads.md)."""
+    stalls each time one of them is descheduled (on two cores, rounds of the quickstart's finals read
+    over 10 times their median; on one thread, none: benchmarks/results/cpu_threads.md)."""
     return asked if asked is not None else max(1, cpus - 1)
 
 
