@@ -5,8 +5,9 @@ this machine's local Ray instance with the worker timing on every core, then on 
     python benchmarks/costs/cpu_threads.py [--runs 2] [--spec configs/quickstart.toml] [--out F.json]
 
 Per run: the rows whose slowest sample (a finals row: its slowest round) read more than 10 times its
-median, the finals rows noisier than the spec's noise target and the noisiest, the winners' 95 %
-intervals (their width over the speedup, the median over points), the winners and the wall time.
+median, the rows' median noise, the finals rows noisier than the spec's noise target and the
+noisiest, the winners' 95 % intervals (their width over the speedup, the median over points), the
+winners and the wall time.
 The driver and Ray's own processes run on the same cores as the worker, as in the quickstart.
 """
 
@@ -65,6 +66,7 @@ def one_run(text: str, threads: int, where: Path) -> dict[str, Any]:
         "wall_s": round(wall, 1),
         "rows": len(rows),
         "rows_slowest_over_10x_median": sum(r.max_us > 10 * r.median_us for r in rows),
+        "rows_noise_median": round(statistics.median(r.rel_noise for r in rows), 3),
         "finals": len(finals),
         "finals_over_noise_target": sum(r.rel_noise > target for r in finals),
         "noisiest_final": round(max((r.rel_noise for r in finals), default=0.0), 3),
