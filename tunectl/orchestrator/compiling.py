@@ -35,7 +35,9 @@ def worker_setup(
 
     profile = {PROFILE_ENV: os.environ[PROFILE_ENV]} if os.environ.get(PROFILE_ENV) else {}
     env = tuple(sorted({**cache_env(compile.cache_root()), **profile}.items()))
-    return WorkerSetup(env, (task,), compile_ahead, tuple(uses), cpu_threads)
+    return WorkerSetup(
+        env=env, warm_up=(task,), compile_ahead=compile_ahead, uses=tuple(uses), cpu_threads=cpu_threads
+    )
 
 
 def start_builds(
