@@ -68,10 +68,11 @@ def test_the_console_shows_each_worker_or_the_sum_and_the_least_busy() -> None:
     assert lines[0].endswith("waiting for work 2.0 s, other 0.5 s") and lines[1].startswith("g1: 2.0 s")
     console = Console(record=True, width=400)
     startup = {"total_s": 17.7, "libraries": {"flash_attn.cute": 7.0, "flashinfer": 2.5}}
-    _print_worker_times(console, [g0, g1], {"g0": startup, "g1": {"total_s": 3.0, "libraries": {}}})
+    cpu = {"total_s": 3.0, "libraries": {}, "threads": 1}  # a CPU worker says what it times with
+    _print_worker_times(console, [g0, g1], {"g0": startup, "g1": cpu})
     g0_line, g1_line = console.export_text().splitlines()
     assert g0_line.startswith("g0: started in 17.7 s (kernel libraries 9.5 s), then 4.5 s from first item")
-    assert g1_line.startswith("g1: started in 3.0 s, then 2.0 s")
+    assert g1_line.startswith("g1: started in 3.0 s on 1 thread, then 2.0 s")
     many = [dataclasses.replace(g0, worker=f"c{i}") for i in range(5)] + [g1]
     lines = printed(many)
     assert len(lines) == 2 and lines[0].startswith("6 workers together: 24.5 s")

@@ -71,6 +71,8 @@ class TuneWorker:
         started = time.perf_counter()
         self.runner = runner_cls.for_process(bool(ray.get_gpu_ids()), num_threads)
         self.device = self.runner.device
+        if self.device == "cpu":
+            self.startup["threads"] = max(1, num_threads)  # what it times with (``cluster.cpu_threads``)
         self.compile_ahead = compile_ahead
         self.startup["device_s"] = time.perf_counter() - started
         libraries: dict[str, float] = {}

@@ -63,7 +63,9 @@ class WorkerTime:
         if startup and "total_s" in startup:
             libraries = sum(startup.get("libraries", {}).values())
             imports = f" (kernel libraries {libraries:.1f} s)" if libraries >= 0.05 else ""
-            began = f"started in {startup['total_s']:.1f} s{imports}, then "
+            threads = startup.get("threads")
+            on = f" on {threads} thread{'s' if threads != 1 else ''}" if threads else ""
+            began = f"started in {startup['total_s']:.1f} s{imports}{on}, then "
         return (
             f"{self.worker}: {began}{self.span_s:.1f} s from first item to last, the tuned kernels running "
             f"{100 * self.busy:.0f} % of it; "
