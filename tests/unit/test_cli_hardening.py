@@ -66,9 +66,11 @@ def test_dry_run_counts_per_static_key_and_estimates_from_earlier_runs(tmp_path:
 
     results = tmp_path / "results"
     writer = ResultsWriter(results)
-    for i in range(4):  # earlier measurements of the same task, 0.5 s each
-        rec = replace(_record("r1", f"i{i}", task="decode_attention"), started_at=100.0, finished_at=100.5)
-        writer.append(rec)
+    earlier = replace(_record("r1", "", task="decode_attention"), worker="w")
+    for i in range(4):  # earlier measurements of the same task, 0.5 s each, a call each
+        writer.append(replace(earlier, item_id=f"i{i}", started_at=100.0 + i, finished_at=100.5 + i))
+    for i in range(8):  # and one call measuring a batch of 8 looks in 4 s: 0.5 s each, not 4
+        writer.append(replace(earlier, item_id=f"b{i}", started_at=200.0, finished_at=200.5 + 0.5 * i))
     writer.close()
     out = CliRunner().invoke(app, ["submit", str(spec), "--dry-run", "--results", str(results)],
                              env={"COLUMNS": "300"})  # fmt: skip

@@ -54,8 +54,10 @@ def _earlier_records(spec: Spec, results: str | Path | None) -> list[Record]:
 
 
 def _durations(records: Iterable[Record]) -> tuple[float | None, float | None, int]:
-    """Median seconds of a measured item and of a comparison (its arms share one span)."""
-    items: list[float] = []
+    """Median seconds of a measured item and of a comparison (its arms share one span). A worker
+    measures a batch of a point's looks in one call, whose rows share its start (and worker): each of
+    them took its share of the call's span, not the whole of it."""
+    calls: dict[tuple[str, float], list[float]] = {}  # (worker, start) -> its measured rows' ends
     groups: dict[str, tuple[float, float]] = {}
     for record in records:
         if not record.started_at or not record.finished_at:
@@ -65,7 +67,8 @@ def _durations(records: Iterable[Record]) -> tuple[float | None, float | None, i
             lo, hi = groups.get(record.group_id, span)
             groups[record.group_id] = (min(lo, span[0]), max(hi, span[1]))
         elif record.phase is Phase.MEASURE:
-            items.append(span[1] - span[0])
+            calls.setdefault((record.worker, record.started_at), []).append(record.finished_at)
+    items = [(max(ends) - start) / len(ends) for (_, start), ends in calls.items() for _ in ends]
     item_s = statistics.median(items) if items else None
     comparison_s = statistics.median(hi - lo for lo, hi in groups.values()) if groups else None
     return item_s, comparison_s, len(items)
