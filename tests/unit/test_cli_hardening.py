@@ -20,6 +20,7 @@ from tests.unit.test_results import _record
 from tunectl.cli import app
 from tunectl.core.errors import UserError
 from tunectl.core.plan import CONFIRM_ABOVE_ITEMS, count_plan
+from tunectl.core.record import Phase
 from tunectl.core.spec import parse_spec
 from tunectl.runtime import BundleCorruptError, load_bundle
 from tunectl.store.bundle import LocalStore, build_files, list_bundles, promote, publish
@@ -67,14 +68,22 @@ def test_dry_run_counts_per_static_key_and_estimates_from_earlier_runs(tmp_path:
     results = tmp_path / "results"
     writer = ResultsWriter(results)
     earlier = replace(_record("r1", "", task="decode_attention"), worker="w")
-    for i in range(4):  # earlier measurements of the same task, 0.5 s each, a call each
-        writer.append(replace(earlier, item_id=f"i{i}", started_at=100.0 + i, finished_at=100.5 + i))
-    for i in range(8):  # and one call measuring a batch of 8 looks in 4 s: 0.5 s each, not 4
-        writer.append(replace(earlier, item_id=f"b{i}", started_at=200.0, finished_at=200.5 + 0.5 * i))
+
+    def look(item: str, config: int, at: float, took: float, **more: object) -> None:
+        writer.append(replace(earlier, item_id=item, config_key=f'{{"c":{config}}}', **more,  # type: ignore[arg-type]
+                              started_at=at, finished_at=at + took))  # fmt: skip
+
+    for i in range(4):  # earlier measurements of the same task (one config each), 0.5 s each, a call each
+        look(f"i{i}", i, 100.0 + i, 0.5)
+    for i in range(8):  # one call measuring a batch of 8 looks in 4 s: 0.5 s each, not 4
+        look(f"b{i}", 10 + i, 200.0, 0.5 * (i + 1))
+    for i in range(4):  # two items looked at twice each (a halving search's rungs): 0.5 s an item
+        look(f"s{i}", 20 + i // 2, 300.0 + i, 0.25, phase=Phase.SCREEN, rung=i % 2)
     writer.close()
     out = CliRunner().invoke(app, ["submit", str(spec), "--dry-run", "--results", str(results)],
                              env={"COLUMNS": "300"})  # fmt: skip
     assert "estimate: 24 s of measurement on one worker" in out.output, out.output  # 48 x 0.5 s
+    assert "from 16 earlier measurement(s)" in " ".join(out.output.split())
 
 
 def test_a_huge_grid_is_counted_lazily_and_needs_yes(tmp_path: Path) -> None:

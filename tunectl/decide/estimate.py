@@ -6,6 +6,7 @@ takes memory in proportion to its points, not its items.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -22,9 +23,9 @@ class DryRun:
 
     count: PlanCount
     num_comparisons: int  # finals: one per point (the default against up to ``finalists`` configs)
-    item_s: float | None  # median seconds per measured item in earlier runs; None without any
+    item_s: float | None  # seconds a planned item took in earlier runs (its looks); None without any
     comparison_s: float | None  # median seconds per finals comparison in earlier runs
-    num_earlier: int  # measured items the estimate rests on
+    num_earlier: int  # the earlier looks (measurements and screening looks) the estimate rests on
 
     @property
     def seconds(self) -> float | None:
@@ -54,10 +55,13 @@ def _earlier_records(spec: Spec, results: str | Path | None) -> list[Record]:
 
 
 def _durations(records: Iterable[Record]) -> tuple[float | None, float | None, int]:
-    """Median seconds of a measured item and of a comparison (its arms share one span). A worker
-    measures a batch of a point's looks in one call, whose rows share its start (and worker): each of
-    them took its share of the call's span, not the whole of it."""
-    calls: dict[tuple[str, float], list[float]] = {}  # (worker, start) -> its measured rows' ends
+    """Seconds a planned item took, and the median seconds of a comparison (its arms share one
+    span). An item's seconds are its looks' together (a successive-halving search looks at an item
+    once per rung it reaches; a grid, once), over the items looked at. A worker takes a batch of a
+    point's looks in one call, whose rows share its start (and worker): each took its share of the
+    call's span, not the whole of it."""
+    calls: dict[tuple[str, float], list[float]] = {}  # (worker, start) -> its looks' ends
+    items: set[tuple[str, str, str, str]] = set()
     groups: dict[str, tuple[float, float]] = {}
     for record in records:
         if not record.started_at or not record.finished_at:
@@ -66,9 +70,10 @@ def _durations(records: Iterable[Record]) -> tuple[float | None, float | None, i
         if record.phase is Phase.FINAL and record.group_id:
             lo, hi = groups.get(record.group_id, span)
             groups[record.group_id] = (min(lo, span[0]), max(hi, span[1]))
-        elif record.phase is Phase.MEASURE:
+        elif record.phase in (Phase.MEASURE, Phase.SCREEN):
             calls.setdefault((record.worker, record.started_at), []).append(record.finished_at)
-    items = [(max(ends) - start) / len(ends) for (_, start), ends in calls.items() for _ in ends]
-    item_s = statistics.median(items) if items else None
+            items.add((record.run_id, record.static_key, record.shape_key, record.config_key))
+    looks_s = math.fsum(max(ends) - start for (_, start), ends in calls.items())
+    item_s = looks_s / len(items) if items else None
     comparison_s = statistics.median(hi - lo for lo, hi in groups.values()) if groups else None
-    return item_s, comparison_s, len(items)
+    return item_s, comparison_s, sum(map(len, calls.values()))
