@@ -26,6 +26,8 @@ No GPU::
         --run 16=r20261204-031233-40eb19 --run 128=r20261204-030703-b25d80 --ends 4 \
         $(while read p s b r; do echo --holdout $p:$s=/tmp/holdout-results/bundles/h200-rules-p$p/2:$r; \
           done < <(cat /tmp/holdout-results/holdout-runs.txt /tmp/holdout-results/confirm-runs.txt))
+
+``--show-losses`` adds, on stderr, each held-out shape where the lines' choice loses more than 3 %.
 """
 
 from __future__ import annotations
@@ -113,6 +115,7 @@ def at_held_out(
     bundle: api.Bundle,
     task: str,
     ends_within: float,
+    told: list[str] | None = None,
 ) -> dict[str, list[float]]:
     """At each held-out shape whose batch the tuning run compared at KV lengths on either side (the
     nearest, at most ``ends_within`` apart), where the entry's own config was compared at both ends:
@@ -121,7 +124,8 @@ def at_held_out(
     the margin), of what it installs judging each candidate by its time on the line between its two
     ends, at the middle of the part of the cell that holds the shape's length (as confirming does
     now: ``tunectl.measure.parts``; the same margin), and of the list's best at the shape
-    itself (confirming at the exact shape, an upper bound)."""
+    itself (confirming at the exact shape, an upper bound). ``told``: where given, a line for each
+    shape where the lines' choice loses more than 3 %, with each candidate's times at the ends."""
     out: dict[str, list[float]] = {
         "the bundle's pick": [],
         "confirmed on the ends": [],
@@ -161,7 +165,34 @@ def at_held_out(
             for way, c in chosen.items():
                 out[way].append(ratio[c])
             out["the list's best"].append(min(listed_ratios))
+            lined = ratio[chosen["on the lines between the ends"]]
+            if told is not None and lined > 1.03:
+                told.append(_told(h, (low, high), own, scores, ratio, (lined, min(listed_ratios))))
     return out
+
+
+def _told(
+    h: HeldOut,
+    ends: tuple[int, int],
+    own: list[float | None],
+    scores: dict[str, list[float | None]],
+    ratio: dict[str, float],
+    lost: tuple[float, float],
+) -> str:
+    """A held-out shape the lines' choice lost at: the ends, each candidate's times there (µs; ``-``:
+    not compared there) and its time at the shape over the fastest."""
+
+    def times(t: list[float | None]) -> str:
+        return " / ".join("-" if x is None else f"{x:.1f}" for x in t)
+
+    shape, pick = dict(h.shape), key_text(h.pick)
+    lines = [
+        f"batch {shape['batch']} x kv_len {shape['kv_len']} (page {dict(h.static)['page_size']}, ends "
+        f"{ends[0]} and {ends[1]}): the lines' choice {lost[0]:.3f}, the list's best {lost[1]:.3f}",
+        f"  the entry's own {pick}: {times(own)} -> {ratio.get(pick, math.nan):.3f}",
+    ]
+    lines += [f"  {c}: {times(t)} -> {ratio.get(c, math.nan):.3f}" for c, t in scores.items()]
+    return "\n".join(lines)
 
 
 def _where(low: int, high: int, kv_len: int) -> float:
@@ -210,6 +241,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         default=[],
         help="PAGE:SEED=BUNDLE_DIR:RUN, scored with --ends (4 if unset)",
     )
+    parser.add_argument(
+        "--show-losses", action="store_true", help="on stderr: each held-out shape the lines' choice loses"
+    )
     args = parser.parse_args(argv)
     doc: dict[str, Any] = {}
     for spec in args.run:
@@ -224,7 +258,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             ratios: dict[str, list[float]] = {}
             for bundle_dir, held_run in mine:
                 held = holdout_of(args.results, bundle_dir, held_run, DEFAULT_MARGIN).shapes
-                found = at_held_out(at, held, api.read_bundle(bundle_dir), "flash_decode", args.ends or 4.0)
+                told: list[str] = []
+                bundle = api.read_bundle(bundle_dir)
+                found = at_held_out(at, held, bundle, "flash_decode", args.ends or 4.0, told)
+                for line in told if args.show_losses else []:
+                    print(line, file=sys.stderr)
                 for way, got in found.items():
                     ratios.setdefault(way, []).extend(got)
             doc[page]["held-out shapes"] = {k: figures(v, "shapes") for k, v in ratios.items()}
