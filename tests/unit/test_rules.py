@@ -147,7 +147,7 @@ def test_a_rules_count_holds_over_the_span_it_gives(
 
 
 def test_a_growing_length_is_answered_from_its_span_as_from_the_rule() -> None:
-    """A serving step's KV length grows by one and batches come and go: every answer is the rule's
+    """A serving step's KV length grows (here by 7 a step) and batches come and go: every answer is the rule's
     own count at that shape, whatever was asked before."""
     rule = WaveRule("num_splits", "batch", "kv_len", 16.0, 64, 1, 16, (2.0, 0.01, 0.5, 0.02))
     entries = [
