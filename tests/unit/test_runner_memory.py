@@ -18,6 +18,20 @@ from tunectl.measure.runner import ItemRunner
 from tunectl.tasks.registry import get_task
 
 SETTINGS = MeasureSpec(warmup=1, min_samples=3, max_samples=5, max_seconds=0.2)
+SOME_HELD_ELSEWHERE = "CUDA out of memory. Tried to allocate 2.00 GiB. Process 10511 has 42.76 GiB"
+
+
+def _torch_says(asked: str, free: str, ours: str) -> str:
+    """torch's allocator's report of a failed request on an 80 GB H100 (the form its message takes)."""
+    return (
+        f"CUDA out of memory. Tried to allocate {asked}. GPU 0 has a total capacity of 79.18 GiB of which"
+        f" {free} is free. Including non-PyTorch memory, this process has {ours} memory in use. Process"
+        " 5490 has 614.00 MiB memory in use. Of the allocated memory 36.42 GiB is allocated by PyTorch"
+    )
+
+
+#: the decode spec's SDPA config at batch 64 x 32768 on an H100: other processes held 2.43 GiB
+NEVER_FITS = _torch_says("16.00 GiB", "3.57 GiB", "73.18 GiB")
 
 
 class OutOfMemoryError(RuntimeError):
@@ -27,13 +41,16 @@ class OutOfMemoryError(RuntimeError):
 class ShortOfMemory:
     """The fault-injection task, whose inputs fail to allocate the first ``failures`` times."""
 
-    def __init__(self, failures: int, error: type[Exception] = OutOfMemoryError) -> None:
+    def __init__(
+        self, failures: int, error: type[Exception] = OutOfMemoryError, message: str = SOME_HELD_ELSEWHERE
+    ) -> None:
         self.inner, self.failures, self.error, self.calls = get_task("fault_injection"), failures, error, 0
+        self.message = message
 
     def build_inputs(self, static: Any, shape: Any, device: str) -> Any:
         self.calls += 1
         if self.calls <= self.failures:
-            raise self.error("CUDA out of memory. Tried to allocate 2.00 GiB. Process 10511 has 42.76 GiB")
+            raise self.error(self.message)
         return self.inner.build_inputs(static, shape, device)
 
     def __getattr__(self, name: str) -> Any:
@@ -148,3 +165,49 @@ def test_a_first_call_out_of_memory_lets_the_kept_points_go_and_the_config_is_ch
         assert record.status is Status.OK, record.message
     assert not failures and len(runner._points) == 1, "the other point let go, the one it is at kept"
     assert pauses == [], "having let something go, it tried again at once"
+
+
+def test_a_request_no_other_process_could_make_room_for_fails_now(monkeypatch: pytest.MonkeyPatch) -> None:
+    task = ShortOfMemory(failures=1000, message=NEVER_FITS)
+    record, pauses = _run(task, monkeypatch)
+    assert record.status is Status.ERROR and "Tried to allocate 16.00 GiB" in record.message
+    assert pauses == [] and task.calls == 1, "no wait: the others' 2.43 GiB and 3.57 GiB free are not 16"
+
+
+def test_a_request_others_could_make_room_for_is_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    task = ShortOfMemory(failures=2, message=_torch_says("16.00 GiB", "3.57 GiB", "40.00 MiB"))
+    record, pauses = _run(task, monkeypatch)
+    assert record.status is Status.OK and pauses == [0.25, 0.5] and task.calls == 3
+
+
+def test_a_request_beyond_others_lets_the_kept_points_go_and_tries_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pauses: list[float] = []
+    monkeypatch.setattr(runner_module.time, "sleep", pauses.append)
+    task = ShortOfMemory(failures=0, message=NEVER_FITS)
+    runner = ItemRunner("cpu")
+    runner._tasks["fault_injection"] = task  # type: ignore[assignment]
+    for n in (64, 128, 256):
+        if n == 256:
+            task.failures = task.calls + 1  # this point's inputs fail once, as no wait would mend
+        item = WorkItem(
+            f"d{n}", "fault_injection", make_key({}), make_key({"n": n}), make_key({"fault": "none"}), True
+        )
+        [record] = runner.run("r", item, SETTINGS)
+        assert record.status is Status.OK, record.message
+    assert len(runner._points) == 1 and pauses == [], "what it kept went, and it tried again at once"
+
+
+@pytest.mark.parametrize(
+    ("asked", "free", "ours", "hopeless"),
+    [
+        ("16.00 GiB", "3.57 GiB", "73.18 GiB", True),  # others 2.43 GiB
+        ("2.00 GiB", "3.57 GiB", "73.18 GiB", False),  # it was free: fragmentation, which waiting may mend
+        ("512.00 MiB", "100.00 MiB", "78.70 GiB", True),  # others ~0.38 GiB
+        ("512.00 MiB", "100.00 MiB", "70.00 GiB", False),  # others ~9 GiB
+    ],
+)
+def test_beyond_others_reads_torchs_report(asked: str, free: str, ours: str, hopeless: bool) -> None:
+    assert bool(memory.beyond_others(_torch_says(asked, free, ours))) is hopeless
+    assert memory.beyond_others(SOME_HELD_ELSEWHERE) == "", "a report it cannot read is waited for"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -23,7 +24,8 @@ def when_memory_frees(
     building beside this worker give theirs back after each build), wait and try again, for up to
     ``MEMORY_WAIT_S``; past that, raise as it does. ``make_room`` lets go of what this process keeps
     and could do without (the points it keeps built), before each try; where it let something go, the
-    next try comes at once."""
+    next try comes at once. Where the failed request is more than the device had free and every other
+    process holds together (``beyond_others``), no wait can make it fit: it raises at once."""
     waited, pause = 0.0, 0.25
     while True:
         try:
@@ -31,13 +33,17 @@ def when_memory_frees(
         except Exception as exc:
             if not out_of_memory(exc) or waited >= MEMORY_WAIT_S:
                 raise
-            log.warning(
-                "out of device memory on %s, waiting %.2f s: %s",
-                device,
-                pause,
-                (str(exc).splitlines() or [""])[0],
-            )
-        freed = make_room()
+            hopeless, freed = beyond_others(str(exc)), make_room()
+            if hopeless and not freed:
+                log.warning("out of device memory on %s, not waiting: %s", device, hopeless)
+                raise
+            if not freed:
+                log.warning(
+                    "out of device memory on %s, waiting %.2f s: %s",
+                    device,
+                    pause,
+                    (str(exc).splitlines() or [""])[0],
+                )
         release(device)  # outside the handler: the failed attempt's tensors are gone by now
         if freed:
             continue
@@ -55,3 +61,34 @@ def short_of_memory(device: str, share: float) -> bool:
     free, total = torch.cuda.mem_get_info(device)
     idle = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
     return bool(free + idle < share * total)
+
+
+_SIZE = r"([0-9.]+) (B|KiB|MiB|GiB|TiB)"
+_UNITS = {"B": 0, "KiB": 10, "MiB": 20, "GiB": 30, "TiB": 40}
+# torch's caching allocator says, of a failed request, its size, the device's capacity and free memory,
+# and what this process holds ("Including non-PyTorch memory, this process has ... in use").
+_REPORT = re.compile(
+    rf"Tried to allocate {_SIZE}\..*?total capacity of {_SIZE} of which {_SIZE} is free\."
+    rf".*?this process has {_SIZE} memory in use",
+    re.DOTALL,
+)
+
+
+def beyond_others(message: str) -> str:
+    """Why waiting for other processes cannot satisfy the failed request ``message`` reports: it asks
+    more than was free plus everything the other processes on the device hold (even were they all to
+    let go, it would not fit); empty where it could, or where the message does not say (another
+    allocator or version: then waiting is tried as before)."""
+    found = _REPORT.search(message)
+    if found is None:
+        return ""
+    values = found.groups()
+    asked, total, free, ours = (float(values[i]) * 2 ** _UNITS[values[i + 1]] for i in range(0, 8, 2))
+    others = max(0.0, total - free - ours)
+    if asked <= free + others:
+        return ""
+    gib = 2.0**30
+    return (
+        f"it asks {asked / gib:.2f} GiB where {free / gib:.2f} GiB is free and other processes hold"
+        f" {others / gib:.2f} GiB (this one {ours / gib:.2f} GiB)"
+    )
