@@ -211,3 +211,27 @@ def test_a_request_beyond_others_lets_the_kept_points_go_and_tries_again(
 def test_beyond_others_reads_torchs_report(asked: str, free: str, ours: str, hopeless: bool) -> None:
     assert bool(memory.beyond_others(_torch_says(asked, free, ours))) is hopeless
     assert memory.beyond_others(SOME_HELD_ELSEWHERE) == "", "a report it cannot read is waited for"
+
+
+def test_a_capture_beyond_others_lets_this_points_samplers_go_then_builds_them_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pauses: list[float] = []
+    monkeypatch.setattr(runner_module.time, "sleep", pauses.append)
+    real, failures, made = runner_module.make_sampler, [1], []
+
+    def short_once(*args: Any, **kwargs: Any) -> Any:
+        made.append(args[0])
+        if len(made) == 2 and failures and failures.pop():  # the second config's capture
+            raise OutOfMemoryError(NEVER_FITS)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(runner_module, "make_sampler", short_once)
+    runner = ItemRunner("cpu")
+    configs = [make_key({"fault": "none", "variant": v}) for v in (1, 2, 1)]
+    for n, config in enumerate(configs):
+        item = WorkItem(f"e{n}", "fault_injection", make_key({}), make_key({"n": 64}), config, False)
+        [record] = runner.run("r", item, SETTINGS)
+        assert record.status is Status.OK, record.message
+    assert not failures and pauses == [], "no other point was kept: this one's samplers went, at once"
+    assert len(made) == 4, "the first config's sampler, let go, was built again for its second look"

@@ -17,7 +17,8 @@ finals after one to a few other points (on an H200 run of the decode spec, most 
 dispatcher hands it its recent points first). So it keeps its last ``KEEP_POINTS`` points (``RecentPoints``),
 not only the current one, while the device keeps ``FREE_SHARE_MIN`` of its memory free or cached
 unallocated; the oldest go first, and all but the current one where a point's set-up, a config's
-first call or a capture runs out of device memory.
+first call or a capture runs out of device memory; where that is still short, the current point's
+samplers go too (``Point.let_samplers_go``), its inputs and checked calls kept.
 
 A sampler that has already run samples needs no warm-up; a fresh graph sampler was warmed by its
 capture (three calls on a side stream), so one sample settles the clocks.
@@ -80,6 +81,15 @@ class Point:
     def keep(self, config: Hashable, call: Callable[[], Any], checked: Check) -> Built:
         built = self.built[config] = Built(call, checked)
         return built
+
+    def let_samplers_go(self) -> bool:
+        """Drop every config's samplers here (their graphs hold device memory: a capture keeps what its
+        call allocates), each built again, and warmed again, when next timed; whether any went."""
+        holding = [built for built in self.built.values() if built.samplers]
+        for built in holding:
+            built.samplers.clear()
+            built.warm.clear()
+        return bool(holding)
 
 
 class RecentPoints:

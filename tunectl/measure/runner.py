@@ -190,8 +190,9 @@ class ItemRunner:
         return built.sampler(how, lambda: when_memory_frees(make, self.device, self._room))
 
     def _room(self) -> bool:
-        """Let go of the points this worker keeps besides the one it is at (a call ran out of memory)."""
-        return self._points.clear(but=self._point)
+        """A call ran out of memory: let go of what this worker keeps and can build again, a level a
+        time (whether anything went): the points besides the one it is at, else the samplers at it."""
+        return self._points.clear(but=self._point) or self._here.let_samplers_go()
 
     def _measured(self, item: WorkItem, timed: list[tuple[Sampler, MeasureSpec]]) -> list[Measured | Verdict]:
         """Each sampler measured, with the drift guard's reading (under one bracket when guarded).
