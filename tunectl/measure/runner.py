@@ -190,8 +190,7 @@ class ItemRunner:
         return built.sampler(how, lambda: when_memory_frees(make, self.device, self._room))
 
     def _room(self) -> bool:
-        """A call ran out of memory: let go of what this worker keeps and can build again, a level a
-        time (whether anything went): the points besides the one it is at, else the samplers at it."""
+        """Out of memory: let go of the points kept besides this one, else the samplers here (any went?)."""
         return self._points.clear(but=self._point) or self._here.let_samplers_go()
 
     def _measured(self, item: WorkItem, timed: list[tuple[Sampler, MeasureSpec]]) -> list[Measured | Verdict]:
