@@ -1,0 +1,79 @@
+"""How long a worker takes to answer a look whose kernel cannot fit in device memory.
+
+The decode spec's SDPA config that expands K and V over the query heads needs 16 GiB for each at
+batch 64 x 32768; on an 80 GB H100 beside the worker's own holdings it ran out of memory, and the
+worker waited up to 60 s for memory no other process held (throughput.md, sixteenth session). This
+script makes the same case in one process, with no Ray and no compile processes: a measuring runner
+on the GPU at that point, one config timed there first (its sampler kept), then the expanding SDPA
+config while this process holds memory so that only ``--leave-gib`` GiB are free (at 8 it cannot
+fit; at 24 it does on an H100). It prints, per look, the status, the seconds the look took and the
+first line of its message. From the project root, after ``pip install --no-deps -e .`` (the tasks
+are found by their entry points), under each tree to compare:
+
+    PYTHONPATH=OLD_TREE python benchmarks/gpu/memory_wait.py --leave-gib 8
+    PYTHONPATH=$PWD python benchmarks/gpu/memory_wait.py --leave-gib 8
+
+No staging needed (torch alone).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from tunectl.core.keys import make_key
+from tunectl.core.plan import WorkItem
+from tunectl.core.spec import MeasureSpec
+from tunectl.measure.runner import ItemRunner
+
+STATIC = {
+    "causal": True,
+    "dtype": "bfloat16",
+    "head_dim": 128,
+    "num_kv_heads": 8,
+    "num_q_heads": 32,
+    "page_size": 16,
+    "sinks": False,
+    "softcap": 0.0,
+    "window": (-1, -1),
+}
+SHAPE = {"batch": 64, "kv_len": 32768, "q_len": 1}
+FIRST = {"backend": "sdpa", "sdpa_backend": "cudnn", "sdpa_gqa": "native"}
+EXPANDING = {"backend": "sdpa", "sdpa_backend": "cudnn", "sdpa_gqa": "expand"}
+
+
+def look(runner: ItemRunner, name: str, config: dict[str, object]) -> dict[str, object]:
+    item = WorkItem(name, "flash_decode", make_key(STATIC), make_key(SHAPE), make_key(config), False)
+    started = time.perf_counter()
+    [record] = runner.run("memory-wait", item, MeasureSpec(max_seconds=0.5))
+    return {
+        "config": config,
+        "status": str(record.status.value),
+        "seconds": round(time.perf_counter() - started, 2),
+        "median_us": record.median_us,
+        "message": (record.message.splitlines() or [""])[0][:240],
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--leave-gib", type=float, default=24.0, help="memory left free after holding (GiB)")
+    args = p.parse_args()
+    import tunectl
+
+    runner = ItemRunner("cuda:0")
+    out = {"tree": tunectl.__file__, "device": torch.cuda.get_device_name(0), "looks": []}
+    out["looks"].append(look(runner, "first", FIRST))  # the point's inputs built, a sampler kept
+    free, _ = torch.cuda.mem_get_info()
+    hold = max(0, int(free - args.leave_gib * 2**30))
+    held = torch.empty(hold, dtype=torch.uint8, device="cuda:0")
+    out["held_gib"] = round(held.numel() / 2**30, 2)
+    out["looks"].append(look(runner, "expanding", EXPANDING))
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
