@@ -203,3 +203,49 @@ def test_the_count_says_how_many_configs_read_far_apart_between_their_looks(tmp_
         f"{len(slowed_looks)} of {len(looked)} configs looked at twice at a point read more than 5 % apart "
         "beyond their own noise, unflagged"
     ) in _flat(out.output)
+
+
+OOM = (
+    "OutOfMemoryError: CUDA out of memory. Tried to allocate 16.00 GiB. GPU 0 has a total capacity of"
+    " 79.18 GiB of which 3.57 GiB is free. Including non-PyTorch memory, this process has 73.18 GiB"
+)
+
+
+def _failing(row: Record) -> Record:
+    """Every non-final look of num_splits=2 with expand ran out of memory at batch 4; one timed out."""
+    if row.phase is Phase.FINAL or '"num_splits":2' not in row.config_key:
+        return row
+    if row.shape_key == SHAPE.format(4) and '"gqa":"expand"' in row.config_key:
+        return dataclasses.replace(row, status="error", message=OOM, median_us=None)
+    if row.shape_key == SHAPE.format(1) and '"gqa":"grouped"' in row.config_key:
+        return dataclasses.replace(row, status="timeout", message="ran past its deadline of 5.0 s")
+    return row
+
+
+def test_submit_names_the_measurements_that_failed_as_they_ran_by_kind(tmp_path: Path) -> None:
+    results = finished_run(tmp_path / "results", TINY_SPEC, _failing)
+    rows = read_results(results)
+    failed = [r for r in rows if r.status in ("error", "timeout")]
+    oom = sum(r.status == "error" for r in rows)
+    assert oom >= 1 and len(failed) > oom, "the simulated device failed both ways"
+    console = Console(record=True, width=400)
+    done = SubmitResult(RUN, None, 0, plan=plan(parse_spec(TINY_SPEC, "tiny.toml")))
+    _print_summary(console, done, results)
+    lines = [line.strip() for line in console.export_text().splitlines()]
+    lists = f"`tunectl failures --run {RUN} --results {results}`"
+    head = f"{len(failed)} measurement(s) failed as they ran; {lists}"
+    at = lines.index(next(line for line in lines if line.startswith(head)))
+    kinds = lines[at + 1 : at + 3]
+    by_count = sorted([(oom, "error"), (len(failed) - oom, "timeout")], key=lambda kind: (-kind[0], kind[1]))
+    assert [k.split(":")[0] for k in kinds] == [f"{n} {s}" for n, s in by_count], "commonest first"
+    error = next(k for k in kinds if " error: " in k)
+    assert "Tried to allocate 16.00 GiB" in error and error.endswith("batch=4 kv_len=64)")
+    assert "gqa=expand num_splits=2" in error and "…" in error, "a long message is cut"
+
+
+def test_submit_says_nothing_of_failures_where_none_ran(tmp_path: Path) -> None:
+    results = finished_run(tmp_path / "results", TINY_SPEC, _device)
+    console = Console(record=True, width=400)
+    done = SubmitResult(RUN, None, 0, plan=plan(parse_spec(TINY_SPEC, "tiny.toml")))
+    _print_summary(console, done, results)
+    assert "failed as they ran" not in console.export_text()

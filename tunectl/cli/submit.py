@@ -15,7 +15,7 @@ from tunectl import api
 from tunectl.api.types import WorkerTime
 from tunectl.cli._common import DEFAULT_RESULTS, ResultsOption, fail, library_errors, submit_again
 from tunectl.cli.progress import RunBar, run_events, stopped_message
-from tunectl.cli.quality import print_quality
+from tunectl.cli.quality import failure_lines, print_quality
 from tunectl.cli.render import compact, winners_table
 
 SpecArg = Annotated[
@@ -182,6 +182,8 @@ def _print_summary(console: Console, out: Any, results: Path) -> None:
             "regions, and `tunectl export bundle` chooses each probed cell's config over its region"
         )
     console.print(f"results: {results}")
+    for line in failure_lines(records, out.run_id, results):
+        console.print(line, style="yellow", markup=False, highlight=False)
     print_quality(console, quality, results)
     _print_worker_times(console, api.worker_times(records, since=time.time() - out.seconds), out.startups)
     if not winners:
