@@ -19,34 +19,34 @@ No staging needed (torch alone).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 
 import torch
 
-from tunectl.core.keys import make_key
-from tunectl.core.plan import WorkItem
-from tunectl.core.spec import MeasureSpec
+from tunectl.core.keys import key_dict, make_key
+from tunectl.core.plan import WorkItem, plan
+from tunectl.core.spec import MeasureSpec, load_spec
 from tunectl.measure.runner import ItemRunner
 
-STATIC = {
-    "causal": True,
-    "dtype": "bfloat16",
-    "head_dim": 128,
-    "num_kv_heads": 8,
-    "num_q_heads": 32,
-    "page_size": 16,
-    "sinks": False,
-    "softcap": 0.0,
-    "window": (-1, -1),
-}
-SHAPE = {"batch": 64, "kv_len": 32768, "q_len": 1}
+SPEC = "configs/h200/flash_decode.toml"
+POINT = {"page_size": 16, "batch": 64, "kv_len": 32768}  # the decode spec's point, page 16
 FIRST = {"backend": "sdpa", "sdpa_backend": "cudnn", "sdpa_gqa": "native"}
 EXPANDING = {"backend": "sdpa", "sdpa_backend": "cudnn", "sdpa_gqa": "expand"}
 
 
-def look(runner: ItemRunner, name: str, config: dict[str, object]) -> dict[str, object]:
-    item = WorkItem(name, "flash_decode", make_key(STATIC), make_key(SHAPE), make_key(config), False)
+def at_point() -> WorkItem:
+    """An item of the shipped decode spec at ``POINT`` (its static key and shape)."""
+    for item in plan(load_spec(SPEC)).work_items():
+        params = {**key_dict(item.static), **key_dict(item.shape)}
+        if all(params[name] == value for name, value in POINT.items()):
+            return item
+    raise SystemExit(f"{SPEC} plans no item at {POINT}")
+
+
+def look(runner: ItemRunner, item: WorkItem, name: str, config: dict[str, object]) -> dict[str, object]:
+    item = dataclasses.replace(item, item_id=name, config=make_key(config), is_default=False)
     started = time.perf_counter()
     [record] = runner.run("memory-wait", item, MeasureSpec(max_seconds=0.5))
     return {
@@ -64,14 +64,14 @@ def main() -> None:
     args = p.parse_args()
     import tunectl
 
-    runner = ItemRunner("cuda:0")
+    item, runner = at_point(), ItemRunner("cuda:0")
     out = {"tree": tunectl.__file__, "device": torch.cuda.get_device_name(0), "looks": []}
-    out["looks"].append(look(runner, "first", FIRST))  # the point's inputs built, a sampler kept
+    out["looks"].append(look(runner, item, "first", FIRST))  # the point's inputs built, a sampler kept
     free, _ = torch.cuda.mem_get_info()
     hold = max(0, int(free - args.leave_gib * 2**30))
     held = torch.empty(hold, dtype=torch.uint8, device="cuda:0")
     out["held_gib"] = round(held.numel() / 2**30, 2)
-    out["looks"].append(look(runner, "expanding", EXPANDING))
+    out["looks"].append(look(runner, item, "expanding", EXPANDING))
     print(json.dumps(out, indent=1))
 
 
