@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from tunectl.api.types import Dataset, Flag, Quality, Record, Status
+from tunectl.api.types import Dataset, Flag, Quality
 
 #: a flagged point's mark in a table's ``!`` column, and what it means
 MARKS = {
@@ -93,37 +93,3 @@ def damaged_lines(dataset: Dataset, results: Path) -> list[str]:
             f"that lost rows there are marked x; `tunectl doctor --results {results}` lists such files"
         )
     return lines
-
-
-#: how a measurement failed as it ran (a kernel that would not build, or that rejects its config, is
-#: told by the compile processes' line and ``tunectl logs``)
-FAILED_RUNNING = (Status.ERROR, Status.WRONG_RESULT, Status.CRASH, Status.TIMEOUT)
-
-
-def failure_lines(records: Iterable[Record], run_id: str, results: Path, most: int = 3) -> list[str]:
-    """The measurements of ``run_id`` that failed as they ran, in a line, then their ``most`` commonest
-    kinds (status and message; ties by status), each with how many and a config and shape it failed at."""
-    kinds: dict[tuple[str, str], list[Record]] = {}
-    for r in records:
-        if r.run_id == run_id and r.status in FAILED_RUNNING:
-            kinds.setdefault((str(r.status), _head(r.message)), []).append(r)
-    if not kinds:
-        return []
-    count = sum(len(rows) for rows in kinds.values())
-    lines = [
-        f"{count} measurement(s) failed as they ran; "
-        f"`tunectl failures --run {run_id} --results {results}` lists each:"
-    ]
-    commonest = sorted(kinds.items(), key=lambda kind: (-len(kind[1]), kind[0]))
-    for (status, head), rows in commonest[:most]:
-        at = " ".join(f"{k}={v}" for k, v in (*rows[0].config, *rows[0].shape))
-        lines.append(f"  {len(rows)} {status}: {head} (at {at})")
-    if len(commonest) > most:
-        lines.append(f"  and {len(commonest) - most} other kind(s)")
-    return lines
-
-
-def _head(message: str, width: int = 100) -> str:
-    """A message's first line, cut to ``width`` characters."""
-    first = next((line.strip() for line in message.splitlines() if line.strip()), "(no message)")
-    return first if len(first) <= width else first[: width - 1] + "…"

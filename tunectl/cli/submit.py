@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -12,10 +13,10 @@ from rich.console import Console
 from rich.table import Table
 
 from tunectl import api
-from tunectl.api.types import WorkerTime
+from tunectl.api.types import Record, Status, WorkerTime
 from tunectl.cli._common import DEFAULT_RESULTS, ResultsOption, fail, library_errors, submit_again
 from tunectl.cli.progress import RunBar, run_events, stopped_message
-from tunectl.cli.quality import failure_lines, print_quality
+from tunectl.cli.quality import print_quality
 from tunectl.cli.render import compact, winners_table
 
 SpecArg = Annotated[
@@ -182,7 +183,7 @@ def _print_summary(console: Console, out: Any, results: Path) -> None:
             "regions, and `tunectl export bundle` chooses each probed cell's config over its region"
         )
     console.print(f"results: {results}")
-    for line in failure_lines(records, out.run_id, results):
+    for line in _failure_lines(records, out.run_id, results):
         console.print(line, style="yellow", markup=False, highlight=False)
     print_quality(console, quality, results)
     _print_worker_times(console, api.worker_times(records, since=time.time() - out.seconds), out.startups)
@@ -279,3 +280,37 @@ def _submit_job(
     typer.echo(f"job {ref.submission_id}: {status}")
     if status != "SUCCEEDED":
         raise typer.Exit(1)
+
+
+#: how a measurement failed as it ran (a kernel that would not build, or that rejects its config, is
+#: told by the compile processes' line and ``tunectl logs``)
+FAILED_RUNNING = (Status.ERROR, Status.WRONG_RESULT, Status.CRASH, Status.TIMEOUT)
+
+
+def _failure_lines(records: Iterable[Record], run_id: str, results: Path, most: int = 3) -> list[str]:
+    """The measurements of ``run_id`` that failed as they ran, in a line, then their ``most`` commonest
+    kinds (status and message; ties by status), each with how many and a config and shape it failed at."""
+    kinds: dict[tuple[str, str], list[Record]] = {}
+    for r in records:
+        if r.run_id == run_id and r.status in FAILED_RUNNING:
+            kinds.setdefault((str(r.status), _head(r.message)), []).append(r)
+    if not kinds:
+        return []
+    count = sum(len(rows) for rows in kinds.values())
+    lines = [
+        f"{count} measurement(s) failed as they ran; "
+        f"`tunectl failures --run {run_id} --results {results}` lists each:"
+    ]
+    commonest = sorted(kinds.items(), key=lambda kind: (-len(kind[1]), kind[0]))
+    for (status, head), rows in commonest[:most]:
+        at = f"{compact(rows[0].config)} {compact(rows[0].shape)}"
+        lines.append(f"  {len(rows)} {status}: {head} (at {at})")
+    if len(commonest) > most:
+        lines.append(f"  and {len(commonest) - most} other kind(s)")
+    return lines
+
+
+def _head(message: str, width: int = 100) -> str:
+    """A message's first line, cut to ``width`` characters."""
+    first = next((line.strip() for line in message.splitlines() if line.strip()), "(no message)")
+    return first if len(first) <= width else first[: width - 1] + "…"
