@@ -10,6 +10,7 @@
 #   bash benchmarks/gpu/holdout_h200.sh restore     # the records (seeds 101-118) into $RES instead of building
 #   bash benchmarks/gpu/holdout_h200.sh confirm 128 # export with candidates, new seeds, confirmed picks scored
 #   bash benchmarks/gpu/holdout_h200.sh keep 128    # confirm once at CONFIRM_BATCHES sizes, every KV cell; save
+#   bash benchmarks/gpu/holdout_h200.sh pack NAME   # runs no restored archive holds, into $OUT/NAME.tar.gz
 # `confirm` exports the built run again with candidates (version VERSION, default 2), draws CONFIRM_SEEDS (default
 # 104 105 106, never used before), times every config there (`tunectl validate --holdout`), then confirms
 # the candidates on this GPU as a serving process would at start-up (at those shapes' batch sizes, every
@@ -118,6 +119,17 @@ case "${1:?step}" in
       tar xzOf "benchmarks/results/$a" holdout-results/confirm-runs.txt 2>/dev/null
     done | sort -u -k1,1n -k2,2n > "$RES/confirm-runs.txt"
     ls "$RES/_runs" | wc -l
+    ;;
+  pack)  # the runs in $RES that no archive of `restore` holds, with the lists and bundles: $OUT/$2.tar.gz
+    ls benchmarks/results/holdout_h200_*.tar.gz | xargs -n 1 tar tzf | sed -n 's|^holdout-results/_runs/\(.*\)\.json$|\1|p' \
+      | sort -u > /tmp/archived-runs.txt
+    new=$(ls "$RES/_runs" | sed -n 's/\.json$//p' | sort | comm -23 - /tmp/archived-runs.txt)
+    paths=()
+    for r in $new; do paths+=("_runs/$r.json" "_runs/$r.log" "task=flash_decode/run_id=$r"); done
+    (cd "$RES" && ls -d "${paths[@]}" confirm-runs.txt holdout-runs.txt bundles 2>/dev/null) \
+      | sed 's|^|holdout-results/|' > /tmp/pack-list.txt
+    tar czf "$OUT/${2:?name}.tar.gz" -C "$(dirname "$RES")" -T /tmp/pack-list.txt
+    echo "packed $(echo $new | wc -w) new run(s): $OUT/$2.tar.gz"
     ;;
   confirm)
     spec=$(spec_for "${page:?page}")
