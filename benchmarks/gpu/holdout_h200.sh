@@ -120,12 +120,15 @@ case "${1:?step}" in
     done | sort -u -k1,1n -k2,2n > "$RES/confirm-runs.txt"
     ls "$RES/_runs" | wc -l
     ;;
-  pack)  # the runs in $RES that no archive of `restore` holds, with the lists and bundles: $OUT/$2.tar.gz
-    ls benchmarks/results/holdout_h200_*.tar.gz | xargs -n 1 tar tzf | sed -n 's|^holdout-results/_runs/\(.*\)\.json$|\1|p' \
-      | sort -u > /tmp/archived-runs.txt
+  pack)  # what in $RES no archive of `restore` holds (runs, confirm-* folders), the lists, bundles: $OUT/$2.tar.gz
+    ls benchmarks/results/holdout_h200_*.tar.gz | xargs -n 1 tar tzf > /tmp/archived-paths.txt
+    sed -n 's|^holdout-results/_runs/\(.*\)\.json$|\1|p' /tmp/archived-paths.txt | sort -u > /tmp/archived-runs.txt
     new=$(ls "$RES/_runs" | sed -n 's/\.json$//p' | sort | comm -23 - /tmp/archived-runs.txt)
     paths=()
     for r in $new; do paths+=("_runs/$r.json" "_runs/$r.log" "task=flash_decode/run_id=$r"); done
+    for d in "$RES"/confirm-*/; do  # a session's confirming outputs, where no archive holds them yet
+      d=$(basename "$d"); grep -q "^holdout-results/$d/" /tmp/archived-paths.txt || paths+=("$d")
+    done
     (cd "$RES" && ls -d "${paths[@]}" confirm-runs.txt holdout-runs.txt bundles 2>/dev/null) \
       | sed 's|^|holdout-results/|' > /tmp/pack-list.txt
     tar czf "$OUT/${2:?name}.tar.gz" -C "$(dirname "$RES")" -T /tmp/pack-list.txt
