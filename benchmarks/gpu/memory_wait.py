@@ -14,6 +14,12 @@ are found by their entry points), under each tree to compare:
     PYTHONPATH=$PWD python benchmarks/gpu/memory_wait.py --leave-gib 8
 
 No staging needed (torch alone).
+
+``--others-for S``: another process holds the memory instead (a compile process keeping a point's
+inputs), and lets it go S seconds after the look begins; the look waits for it. The seconds the look
+took, less S, are what the wait cost beyond the memory's own release:
+
+    PYTHONPATH=OLD_TREE python benchmarks/gpu/memory_wait.py --leave-gib 8 --others-for 2
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import subprocess
+import sys
 import time
 
 import torch
@@ -34,6 +42,15 @@ SPEC = "configs/h200/flash_decode.toml"
 POINT = {"page_size": 16, "batch": 64, "kv_len": 32768}  # the decode spec's point, page 16
 FIRST = {"backend": "sdpa", "sdpa_backend": "cudnn", "sdpa_gqa": "native"}
 EXPANDING = {"backend": "sdpa", "sdpa_backend": "cudnn", "sdpa_gqa": "expand"}
+#: another process: holds argv[1] bytes on the GPU, says so, lets go argv[2] seconds after it reads a line
+HOLDER = """
+import sys, time, torch
+held = torch.empty(int(sys.argv[1]), dtype=torch.uint8, device="cuda:0")
+torch.cuda.synchronize()
+print("held", flush=True)
+sys.stdin.readline()
+time.sleep(float(sys.argv[2]))
+"""
 
 
 def at_point() -> WorkItem:
@@ -61,6 +78,7 @@ def look(runner: ItemRunner, item: WorkItem, name: str, config: dict[str, object
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--leave-gib", type=float, default=24.0, help="memory left free after holding (GiB)")
+    p.add_argument("--others-for", type=float, default=0.0, help="another process holds it for S seconds")
     args = p.parse_args()
     import tunectl
 
@@ -69,9 +87,25 @@ def main() -> None:
     out["looks"].append(look(runner, item, "first", FIRST))  # the point's inputs built, a sampler kept
     free, _ = torch.cuda.mem_get_info()
     hold = max(0, int(free - args.leave_gib * 2**30))
-    held = torch.empty(hold, dtype=torch.uint8, device="cuda:0")
-    out["held_gib"] = round(held.numel() / 2**30, 2)
+    out["held_gib"] = round(hold / 2**30, 2)
+    if not args.others_for:
+        held = torch.empty(hold, dtype=torch.uint8, device="cuda:0")  # noqa: F841  (held while it looks)
+        out["looks"].append(look(runner, item, "expanding", EXPANDING))
+        print(json.dumps(out, indent=1))
+        return
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(hold - 2**30), str(args.others_for)],  # its context: ~0.5 GiB
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdin is not None and holder.stdout is not None
+    holder.stdout.readline()
+    holder.stdin.write("go\n")
+    holder.stdin.flush()  # it lets go ``others_for`` seconds from now
+    out["others_for_s"] = args.others_for
     out["looks"].append(look(runner, item, "expanding", EXPANDING))
+    holder.wait()
     print(json.dumps(out, indent=1))
 
 
