@@ -237,39 +237,38 @@ def test_a_capture_beyond_others_lets_this_points_samplers_go_then_builds_them_a
     assert len(made) == 4, "the first config's sampler, let go, was built again for its second look"
 
 
-def test_a_wait_tries_again_as_soon_as_the_request_fits(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Compile processes give back a point's inputs when they move on: the wait reads the device's free
-    memory every ``POLL_S`` and tries again once the 16 GiB asked are free, not at its pause's end."""
+def _waiting(
+    monkeypatch: pytest.MonkeyPatch, free: Any, failures: list[Exception]
+) -> tuple[Any, list[float]]:
+    """A build that raises ``failures`` (the last first) and then succeeds, with the device's free memory
+    read from ``free()``; and the list the waits' sleeps go to, instead of being slept."""
     sleeps: list[float] = []
     monkeypatch.setattr(memory.time, "sleep", sleeps.append)
     monkeypatch.setattr(memory, "release", lambda device: None)
-    gib = 2**30
-    free = iter([3 * gib, 3 * gib, 3 * gib, 17 * gib])  # the others let go between the third and fourth read
-    reads: list[int] = []
-    monkeypatch.setattr(memory, "free_bytes", lambda device: reads.append(1) or next(free))
-    tries = [OutOfMemoryError(_torch_says("16.00 GiB", "3.00 GiB", "20.00 GiB"))]
+    monkeypatch.setattr(memory, "free_bytes", lambda device: free())
 
     def build() -> str:
-        if tries:
-            raise tries.pop()
+        if failures:
+            raise failures.pop()
         return "built"
 
+    return build, sleeps
+
+
+def test_a_wait_tries_again_as_soon_as_the_request_fits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compile processes give back a point's inputs when they move on: the wait reads the device's free
+    memory every ``POLL_S`` and tries again once the 16 GiB asked are free, not at its pause's end."""
+    gib, reads = 2**30, []
+    free = iter([3 * gib, 3 * gib, 3 * gib, 17 * gib])  # the others let go between the third and fourth read
+    failure = OutOfMemoryError(_torch_says("16.00 GiB", "3.00 GiB", "20.00 GiB"))
+    build, sleeps = _waiting(monkeypatch, lambda: reads.append(1) or next(free), [failure])
     assert memory.when_memory_frees(build, "cuda:0") == "built"
     assert sleeps == [memory.POLL_S] * 3 and len(reads) == 4, "tried again at the first read that fits"
 
 
 def test_a_wait_without_a_size_to_read_sleeps_its_whole_pause(monkeypatch: pytest.MonkeyPatch) -> None:
-    sleeps: list[float] = []
-    monkeypatch.setattr(memory.time, "sleep", sleeps.append)
-    monkeypatch.setattr(memory, "release", lambda device: None)
-    monkeypatch.setattr(memory, "free_bytes", lambda device: pytest.fail("nothing to compare it with"))
-    tries = [OutOfMemoryError(SOME_HELD_ELSEWHERE), OutOfMemoryError(SOME_HELD_ELSEWHERE)]
-
-    def build() -> str:
-        if tries:
-            raise tries.pop()
-        return "built"
-
+    failures: list[Exception] = [OutOfMemoryError(SOME_HELD_ELSEWHERE), OutOfMemoryError(SOME_HELD_ELSEWHERE)]
+    build, sleeps = _waiting(monkeypatch, lambda: pytest.fail("nothing to compare it with"), failures)
     assert memory.when_memory_frees(build, "cuda:0") == "built" and sleeps == [0.25, 0.5]
 
 
@@ -279,15 +278,9 @@ def test_a_request_that_fits_yet_fails_is_tried_no_more_often_than_before(
     """Free memory that reads enough while the request still fails (a fragmented device) is tried once a
     pause, never in a busy loop: the pauses still bound the tries and the wait."""
     monkeypatch.setattr(memory, "MEMORY_WAIT_S", 5.0)
-    monkeypatch.setattr(memory.time, "sleep", lambda s: None)
-    monkeypatch.setattr(memory, "release", lambda device: None)
-    monkeypatch.setattr(memory, "free_bytes", lambda device: 64 * 2**30)
-    calls: list[int] = []
-
-    def build() -> str:
-        calls.append(1)
-        raise OutOfMemoryError(_torch_says("16.00 GiB", "3.00 GiB", "20.00 GiB"))
-
+    failure = OutOfMemoryError(_torch_says("16.00 GiB", "3.00 GiB", "20.00 GiB"))
+    failures = [failure] * 100
+    build, sleeps = _waiting(monkeypatch, lambda: 64 * 2**30, failures)
     with pytest.raises(OutOfMemoryError):
         memory.when_memory_frees(build, "cuda:0")
-    assert len(calls) == 6, "0.25 + 0.5 + 1 + 2 + 4 s of pauses: five waits, six tries, as before"
+    assert len(failures) == 100 - 6 and sleeps == [], "five pauses (0.25 + 0.5 + 1 + 2 + 4 s): six tries"
