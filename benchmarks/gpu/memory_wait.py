@@ -94,7 +94,7 @@ def main() -> None:
         print(json.dumps(out, indent=1))
         return
     holder = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, str(hold - 2**30), str(args.others_for)],  # its context: ~0.5 GiB
+        [sys.executable, "-c", HOLDER, str(max(0, hold - 2**30)), str(args.others_for)],  # its context
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
