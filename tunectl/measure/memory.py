@@ -11,7 +11,7 @@ import logging
 import re
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from tunectl.tasks.compile import out_of_memory, release
 
@@ -40,11 +40,11 @@ def when_memory_frees(
         except Exception as exc:
             if not out_of_memory(exc) or waited >= MEMORY_WAIT_S:
                 raise
-            hopeless, freed = beyond_others(str(exc)), make_room()
+            report = _report(str(exc))
+            hopeless, freed = _beyond(report), make_room()
             if hopeless and not freed:
                 log.warning("out of device memory on %s, not waiting: %s", device, hopeless)
                 raise
-            asked = _report(str(exc))
             if not freed:
                 log.warning(
                     "out of device memory on %s, waiting up to %.2f s: %s",
@@ -55,7 +55,7 @@ def when_memory_frees(
         release(device)  # outside the handler: the failed attempt's tensors are gone by now
         if freed:
             continue
-        until_free(device, asked[0] if asked else None, pause)
+        until_free(device, report.asked if report else None, pause)
         waited, pause = waited + pause, min(2 * pause, 4.0)  # a try per pause at most, as many as before
 
 
@@ -107,26 +107,37 @@ def beyond_others(message: str) -> str:
     more than was free plus everything the other processes on the device hold (even were they all to
     let go, it would not fit); empty where it could, or where the message does not say (another
     allocator or version: then waiting is tried as before)."""
-    report = _report(message)
-    if report is None:
-        return ""
-    asked, total, free, ours = report
-    others = max(0.0, total - free - ours)
-    if asked <= free + others:
-        return ""
-    gib = 2.0**30
-    return (
-        f"it asks {asked / gib:.2f} GiB where {free / gib:.2f} GiB is free and other processes hold"
-        f" {others / gib:.2f} GiB (this one {ours / gib:.2f} GiB)"
-    )
+    return _beyond(_report(message))
 
 
-def _report(message: str) -> tuple[float, float, float, float] | None:
-    """From torch's report of a failed request: the bytes asked, the capacity, the free memory and what
-    this process holds; None where the message does not say (another allocator or version)."""
+class _Report(NamedTuple):
+    """torch's report of a failed request, in bytes: the size asked, the device's capacity, its free
+    memory, and what this process holds."""
+
+    asked: float
+    total: float
+    free: float
+    ours: float
+
+
+def _report(message: str) -> _Report | None:
+    """The report in ``message``; None where it does not say (another allocator or version)."""
     found = _REPORT.search(message)
     if found is None:
         return None
     values = found.groups()
-    asked, total, free, ours = (float(values[i]) * 2 ** _UNITS[values[i + 1]] for i in range(0, 8, 2))
-    return asked, total, free, ours
+    return _Report(*(float(values[i]) * 2 ** _UNITS[values[i + 1]] for i in range(0, 8, 2)))
+
+
+def _beyond(report: _Report | None) -> str:
+    """``beyond_others`` of a read report."""
+    if report is None:
+        return ""
+    others = max(0.0, report.total - report.free - report.ours)
+    if report.asked <= report.free + others:
+        return ""
+    gib = 2.0**30
+    return (
+        f"it asks {report.asked / gib:.2f} GiB where {report.free / gib:.2f} GiB is free and other"
+        f" processes hold {others / gib:.2f} GiB (this one {report.ours / gib:.2f} GiB)"
+    )
