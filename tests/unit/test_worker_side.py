@@ -39,21 +39,21 @@ def test_without_the_variable_nothing_is_profiled_or_written(
     assert profile.profile is None and not list(tmp_path.iterdir())
 
 
-def test_the_runs_workers_are_started_with_the_profile_folder(
+def test_the_runs_workers_are_started_with_the_profile_folder_and_allocator_settings(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from tunectl.orchestrator.compiling import worker_setup
+    from tunectl.orchestrator.compiling import ALLOC_CONF_ENV, worker_setup
     from tunectl.orchestrator.control import CompileOptions
     from tunectl.orchestrator.worker import PROFILE_ENV
 
     monkeypatch.setenv(PROFILE_ENV, str(tmp_path))
+    monkeypatch.setenv(ALLOC_CONF_ENV, "expandable_segments:True")
     env = dict(worker_setup(CompileOptions(), "quickstart_attention", False).runtime_env()["env_vars"])
-    assert env[PROFILE_ENV] == str(tmp_path)
+    assert env[PROFILE_ENV] == str(tmp_path) and env[ALLOC_CONF_ENV] == "expandable_segments:True"
     monkeypatch.delenv(PROFILE_ENV)
-    assert (
-        PROFILE_ENV
-        not in worker_setup(CompileOptions(), "quickstart_attention", False).runtime_env()["env_vars"]
-    )
+    monkeypatch.delenv(ALLOC_CONF_ENV)
+    env = dict(worker_setup(CompileOptions(), "quickstart_attention", False).runtime_env()["env_vars"])
+    assert PROFILE_ENV not in env and ALLOC_CONF_ENV not in env
 
 
 def test_the_journal_holds_the_latest_note_whole_after_longer_and_shorter_ones(tmp_path: Path) -> None:

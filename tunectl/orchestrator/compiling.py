@@ -20,6 +20,10 @@ log = logging.getLogger("tunectl.run")
 
 OnCompiles = Callable[[int, int, int], None]  # (built, total, building), told as the counts change
 
+#: torch's allocator settings: they change how every measured kernel's memory is mapped, so a run's
+#: workers take the driver's (on a joined cluster too, whose processes do not inherit its environment)
+ALLOC_CONF_ENV = "PYTORCH_CUDA_ALLOC_CONF"
+
 
 def worker_setup(
     compile: CompileOptions,
@@ -28,13 +32,14 @@ def worker_setup(
     uses: Sequence[Any] = (),
     cpu_threads: int | None = None,
 ) -> WorkerSetup:
-    """How the run's workers and compile processes start: the compile caches, the task warmed up for
-    the configs it ``uses`` (none given: all its libraries), a CPU worker's threads."""
+    """How the run's workers and compile processes start: the compile caches, the driver's profile
+    folder and allocator settings where set, the task warmed up for the configs it ``uses`` (none
+    given: all its libraries), a CPU worker's threads."""
     from tunectl.orchestrator.worker import PROFILE_ENV
     from tunectl.tasks.compile import cache_env
 
-    profile = {PROFILE_ENV: os.environ[PROFILE_ENV]} if os.environ.get(PROFILE_ENV) else {}
-    env = tuple(sorted({**cache_env(compile.cache_root()), **profile}.items()))
+    forwarded = {name: os.environ[name] for name in (PROFILE_ENV, ALLOC_CONF_ENV) if os.environ.get(name)}
+    env = tuple(sorted({**cache_env(compile.cache_root()), **forwarded}.items()))
     return WorkerSetup(
         env=env, warm_up=(task,), compile_ahead=compile_ahead, uses=tuple(uses), cpu_threads=cpu_threads
     )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import platform
 import socket
 from functools import cache
@@ -23,7 +24,8 @@ def _version(package: str) -> str | None:
 
 @cache
 def environment(device: str) -> dict[str, Any]:
-    """Device name, compute capability, SM count, driver, CUDA and library versions."""
+    """Device name, compute capability, SM count, driver, CUDA and library versions; torch's allocator
+    settings where set (``PYTORCH_CUDA_ALLOC_CONF``: they change how the kernels' memory is mapped)."""
     import torch
 
     env: dict[str, Any] = {
@@ -41,6 +43,8 @@ def environment(device: str) -> dict[str, Any]:
             cuda=torch.version.cuda,
             driver=_driver_version(),
         )
+        if os.environ.get("PYTORCH_CUDA_ALLOC_CONF"):
+            env["cuda_alloc_conf"] = os.environ["PYTORCH_CUDA_ALLOC_CONF"]
     else:
         env.update(device_kind="cpu", device_name=_cpu_name(), num_threads=torch.get_num_threads())
     return env
