@@ -8,7 +8,9 @@
 # "profile" is a warm run whose workers profile their calls (TUNECTL_PROFILE): $W/prof-ENGINE/*.pstats, read
 # by `python benchmarks/costs/item_cost.py --stats DIR` (its wall is not comparable: cProfile slows calls).
 # ENGINES="after" runs one engine only; SHARED_CACHE=1 gives both engines one compile cache (they build the
-# same kernels), so one cold run leaves both warm.
+# same kernels), so one cold run leaves both warm. TAG names the runs apart (res-ENGINE-CACHES$TAG), as for
+# runs under another allocator setting, which the workers take from this environment:
+#   TAG=-expandable PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True ENGINES=after bash ... . warm
 set -uo pipefail
 source /tmp/tunectl-site/env.sh
 # Entry points (tasks by name) come from an install; which tree's code runs is PYTHONPATH's choice.
@@ -23,16 +25,16 @@ for caches in "$@"; do
     root=$([ "$engine" = before ] && echo "$OLD" || echo "$NEW")
     cache="$W/cache-$([ -n "${SHARED_CACHE:-}" ] && echo shared || echo "$engine")"
     [ "$caches" = cold ] && rm -rf "$cache"
-    rm -rf "$W/res-$engine-$caches"
+    rm -rf "$W/res-$engine-$caches${TAG:-}"
     start=$(date +%s.%N)
     profile=$([ "$caches" = profile ] && echo "$W/prof-$engine" || echo "")
     (cd "$root" && TUNECTL_PROFILE="$profile" PYTHONPATH="$root:$PYTHONPATH" RAY_USAGE_STATS_ENABLED=0 COLUMNS=160 timeout -k 15 "${LIMIT:-420}" \
-      python -m tunectl submit configs/h200/flash_decode.toml --results "$W/res-$engine-$caches" \
-      --compile-cache "$cache" --yes > "$W/submit-$engine-$caches.log" 2>&1)
+      python -m tunectl submit configs/h200/flash_decode.toml --results "$W/res-$engine-$caches${TAG:-}" \
+      --compile-cache "$cache" --yes > "$W/submit-$engine-$caches${TAG:-}.log" 2>&1)
     rc=$?
-    python -c "import sys; print(round($(date +%s.%N) - $start, 1))" > "$W/wall-$engine-$caches.txt"
-    echo "$engine $caches: rc $rc, $(cat "$W/wall-$engine-$caches.txt") s; $(cd "$root" && python -c "import tunectl; print(tunectl.__file__)")"
-    grep -v '^[│┃┏┡└]' "$W/submit-$engine-$caches.log" | tail -n 4
+    python -c "import sys; print(round($(date +%s.%N) - $start, 1))" > "$W/wall-$engine-$caches${TAG:-}.txt"
+    echo "$engine $caches${TAG:-}: rc $rc, $(cat "$W/wall-$engine-$caches${TAG:-}.txt") s; $(cd "$root" && python -c "import tunectl; print(tunectl.__file__)")"
+    grep -v '^[│┃┏┡└]' "$W/submit-$engine-$caches${TAG:-}.log" | tail -n 4
     ray stop --force > /dev/null 2>&1
   done
 done
