@@ -21,12 +21,14 @@ SETTINGS = MeasureSpec(warmup=1, min_samples=3, max_samples=5, max_seconds=0.2)
 SOME_HELD_ELSEWHERE = "CUDA out of memory. Tried to allocate 2.00 GiB. Process 10511 has 42.76 GiB"
 
 
-def _torch_says(asked: str, free: str, ours: str) -> str:
-    """torch's allocator's report of a failed request on an 80 GB H100 (the form its message takes)."""
+def _torch_says(asked: str, free: str, ours: str, others: tuple[str, ...] = ("614.00 MiB",)) -> str:
+    """torch's allocator's report of a failed request on an 80 GB H100 (the form its message takes),
+    listing ``others``, the other processes' holdings."""
+    listed = "".join(f" Process {5490 + i} has {held} memory in use." for i, held in enumerate(others))
     return (
         f"CUDA out of memory. Tried to allocate {asked}. GPU 0 has a total capacity of 79.18 GiB of which"
-        f" {free} is free. Including non-PyTorch memory, this process has {ours} memory in use. Process"
-        " 5490 has 614.00 MiB memory in use. Of the allocated memory 36.42 GiB is allocated by PyTorch"
+        f" {free} is free. Including non-PyTorch memory, this process has {ours} memory in use.{listed}"
+        " Of the allocated memory 36.42 GiB is allocated by PyTorch"
     )
 
 
@@ -213,6 +215,17 @@ def test_beyond_others_reads_torchs_report(asked: str, free: str, ours: str, hop
     assert memory.beyond_others(SOME_HELD_ELSEWHERE) == "", "a report it cannot read is waited for"
 
 
+def test_the_other_processes_contexts_are_not_waited_for() -> None:
+    """On an H100, the worker holding 75.87 GiB asked 1 GiB with 0.88 free while four compile processes
+    held their contexts alone (614 MiB each): a minute's wait, twice, in one run. With one of them
+    holding a point's inputs, the request is waited for."""
+    contexts = ("614.00 MiB", "614.00 MiB", "612.00 MiB", "614.00 MiB")
+    why = memory.beyond_others(_torch_says("1024.00 MiB", "897.81 MiB", "75.87 GiB", contexts))
+    assert why.startswith("it asks 1.00 GiB where 0.88 GiB is free and 4 other processes, contexts included,")
+    building = ("614.00 MiB", "9.08 GiB", "612.00 MiB", "614.00 MiB")
+    assert memory.beyond_others(_torch_says("1024.00 MiB", "897.81 MiB", "67.40 GiB", building)) == ""
+
+
 def test_a_capture_beyond_others_lets_this_points_samplers_go_then_builds_them_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -257,13 +270,29 @@ def _waiting(
 
 def test_a_wait_tries_again_as_soon_as_the_request_fits(monkeypatch: pytest.MonkeyPatch) -> None:
     """Compile processes give back a point's inputs when they move on: the wait reads the device's free
-    memory every ``POLL_S`` and tries again once the 16 GiB asked are free, not at its pause's end."""
+    memory every ``POLL_S`` and tries again once the 13 GiB the request lacked have come free, not at its
+    pause's end."""
     gib, reads = 2**30, []
-    free = iter([3 * gib, 3 * gib, 3 * gib, 17 * gib])  # the others let go between the third and fourth read
+    free = iter([3 * gib, 3 * gib, 3 * gib, 3 * gib, 16 * gib])  # the others let go before the fifth read
     failure = OutOfMemoryError(_torch_says("16.00 GiB", "3.00 GiB", "20.00 GiB"))
     build, sleeps = _waiting(monkeypatch, lambda: reads.append(1) or next(free), [failure])
     assert memory.when_memory_frees(build, "cuda:0") == "built"
-    assert sleeps == [memory.POLL_S] * 3 and len(reads) == 4, "tried again at the first read that fits"
+    assert sleeps == [memory.POLL_S] * 3 and len(reads) == 5, "tried again at the first read that fits"
+
+
+def test_the_failed_attempts_own_tensors_coming_back_are_not_a_reason_to_try_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The expanding config builds K (16 GiB), then fails to get V with 13.26 GiB free; letting go of K
+    leaves 29.26 GiB free, more than asked, but only another process letting go makes V fit. On an
+    H100 a wait that took those 29.26 GiB for room tried 15 times in 2 s and gave up before the others
+    let go: each failed try must wait for more, and a wait ends by the seconds it really waited."""
+    monkeypatch.setattr(memory, "MEMORY_WAIT_S", 5.0)
+    failures = [OutOfMemoryError(_torch_says("16.00 GiB", "13.26 GiB", "29.12 GiB", ("36.78 GiB",)))] * 100
+    build, sleeps = _waiting(monkeypatch, lambda: 29.26 * 2**30, failures)
+    with pytest.raises(OutOfMemoryError):
+        memory.when_memory_frees(build, "cuda:0")
+    assert len(failures) == 100 - 6 and sum(sleeps) == pytest.approx(0.25 + 0.5 + 1 + 2 + 4)
 
 
 def test_a_wait_without_a_size_to_read_sleeps_its_whole_pause(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -272,15 +301,12 @@ def test_a_wait_without_a_size_to_read_sleeps_its_whole_pause(monkeypatch: pytes
     assert memory.when_memory_frees(build, "cuda:0") == "built" and sleeps == [0.25, 0.5]
 
 
-def test_a_request_that_fits_yet_fails_is_tried_no_more_often_than_before(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Free memory that reads enough while the request still fails (a fragmented device) is tried once a
-    pause, never in a busy loop: the pauses still bound the tries and the wait."""
+def test_a_request_that_failed_with_room_enough_sleeps_whole_pauses(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request that failed with more free than it asked (a fragmented device) lacked nothing that
+    another process could give: each wait is a whole pause, as before, never a busy loop."""
     monkeypatch.setattr(memory, "MEMORY_WAIT_S", 5.0)
-    failure = OutOfMemoryError(_torch_says("16.00 GiB", "3.00 GiB", "20.00 GiB"))
-    failures = [failure] * 100
-    build, sleeps = _waiting(monkeypatch, lambda: 64 * 2**30, failures)
+    failures = [OutOfMemoryError(_torch_says("2.00 GiB", "3.00 GiB", "20.00 GiB"))] * 100
+    build, sleeps = _waiting(monkeypatch, lambda: pytest.fail("nothing to wait for"), failures)
     with pytest.raises(OutOfMemoryError):
         memory.when_memory_frees(build, "cuda:0")
-    assert len(failures) == 100 - 6 and sleeps == [], "five pauses (0.25 + 0.5 + 1 + 2 + 4 s): six tries"
+    assert len(failures) == 100 - 6 and sleeps == [0.25, 0.5, 1, 2, 4], "six tries, five whole pauses"

@@ -2,8 +2,11 @@
 
 A wait for memory that other processes hold (compile processes keep a point's inputs while they build
 its kernels, 8 GiB at batch 64 x 32768) reads the device's free memory every ``POLL_S`` and tries
-again as soon as the failed request would fit, not at the end of its pause: on an H100 80GB, pauses of
-0.25 to 4 s held a look 7.75 s for memory the compile processes gave back within them."""
+again as soon as the device has gained what the failed request lacked, not at the end of its pause:
+on an H100 80GB, pauses of 0.25 to 4 s held a look 7.75 s for memory the compile processes gave back
+within them. What it lacked is counted from the free memory after the failed attempt let go of its
+own tensors (an expanding config builds K, 16 GiB, then fails to get V): those come back before the
+retry takes them again, so they are no sign that anyone else let go."""
 
 from __future__ import annotations
 
@@ -55,21 +58,24 @@ def when_memory_frees(
         release(device)  # outside the handler: the failed attempt's tensors are gone by now
         if freed:
             continue
-        until_free(device, report.asked if report else None, pause)
-        waited, pause = waited + pause, min(2 * pause, 4.0)  # a try per pause at most, as many as before
+        waited += until_free(device, report.asked - report.free if report else None, pause)
+        pause = min(2 * pause, 4.0)
 
 
-def until_free(device: str, asked: float | None, pause: float) -> None:
-    """Wait up to ``pause`` seconds, returning as soon as ``device`` has ``asked`` bytes free (read
-    every ``POLL_S``); the whole pause where the size or the device's free memory cannot be read."""
-    if asked is None or not device.startswith("cuda"):
+def until_free(device: str, lacked: float | None, pause: float) -> float:
+    """Wait up to ``pause`` seconds, returning as soon as ``device`` has ``lacked`` bytes more free than
+    it has now (read every ``POLL_S``); the seconds waited. The whole pause where nothing was lacked (the
+    request failed with that much free: fragmentation, which only time may mend) or where the size or
+    the device's free memory cannot be read."""
+    if lacked is None or lacked <= 0 or not device.startswith("cuda"):
         time.sleep(pause)
-        return
-    waited = 0.0
-    while waited < pause and free_bytes(device) < asked:
+        return pause
+    wanted, waited = free_bytes(device) + lacked, 0.0
+    while waited < pause and free_bytes(device) < wanted:
         step = min(POLL_S, pause - waited)
         time.sleep(step)
         waited += step
+    return waited
 
 
 def free_bytes(device: str) -> int:
@@ -100,24 +106,37 @@ _REPORT = re.compile(
     rf".*?this process has {_SIZE} memory in use",
     re.DOTALL,
 )
+# ... and, of each other process on the device, "Process 5749 has 9.08 GiB memory in use"
+_OTHER = re.compile(rf"Process \d+ has {_SIZE} memory in use")
 
 
 def beyond_others(message: str) -> str:
     """Why waiting for other processes cannot satisfy the failed request ``message`` reports: it asks
-    more than was free plus everything the other processes on the device hold (even were they all to
-    let go, it would not fit); empty where it could, or where the message does not say (another
-    allocator or version: then waiting is tried as before)."""
+    more than was free plus all that the other processes on the device could give back (even were they
+    all to let go, it would not fit); empty where it could, or where the message does not say (another
+    allocator or version: then waiting is tried as before). A process listed in the report keeps its
+    CUDA context and libraries while it lives (614 MiB a compile process on an H100): as much as the
+    least any of them holds, at most ``CONTEXT_BYTES``, is not counted as something it could give back."""
     return _beyond(_report(message))
+
+
+#: the most a process's CUDA context and libraries are taken to hold (``beyond_others``)
+CONTEXT_BYTES = 2.0**30
 
 
 class _Report(NamedTuple):
     """torch's report of a failed request, in bytes: the size asked, the device's capacity, its free
-    memory, and what this process holds."""
+    memory, what this process holds, and what each other process it lists holds."""
 
     asked: float
     total: float
     free: float
     ours: float
+    listed: tuple[float, ...] = ()
+
+
+def _bytes(value: str, unit: str) -> float:
+    return float(value) * 2 ** _UNITS[unit]
 
 
 def _report(message: str) -> _Report | None:
@@ -126,7 +145,8 @@ def _report(message: str) -> _Report | None:
     if found is None:
         return None
     values = found.groups()
-    return _Report(*(float(values[i]) * 2 ** _UNITS[values[i + 1]] for i in range(0, 8, 2)))
+    listed = tuple(_bytes(*sizes) for sizes in _OTHER.findall(message))
+    return _Report(*(_bytes(values[i], values[i + 1]) for i in range(0, 8, 2)), listed=listed)
 
 
 def _beyond(report: _Report | None) -> str:
@@ -134,10 +154,12 @@ def _beyond(report: _Report | None) -> str:
     if report is None:
         return ""
     others = max(0.0, report.total - report.free - report.ours)
-    if report.asked <= report.free + others:
+    kept = min([*report.listed, CONTEXT_BYTES]) * len(report.listed)
+    if report.asked <= report.free + max(0.0, others - kept):
         return ""
-    gib = 2.0**30
+    gib, n = 2.0**30, len(report.listed)
+    holders = f"{n} other process{'es' if n != 1 else ''}, contexts included," if n else "other processes"
     return (
-        f"it asks {report.asked / gib:.2f} GiB where {report.free / gib:.2f} GiB is free and other"
-        f" processes hold {others / gib:.2f} GiB (this one {report.ours / gib:.2f} GiB)"
+        f"it asks {report.asked / gib:.2f} GiB where {report.free / gib:.2f} GiB is free and {holders}"
+        f" hold {others / gib:.2f} GiB (this one {report.ours / gib:.2f} GiB)"
     )
