@@ -145,8 +145,9 @@ def _report(message: str) -> _Report | None:
     if found is None:
         return None
     values = found.groups()
+    asked, total, free, ours = (_bytes(values[i], values[i + 1]) for i in range(0, 8, 2))
     listed = tuple(_bytes(*sizes) for sizes in _OTHER.findall(message))
-    return _Report(*(_bytes(values[i], values[i + 1]) for i in range(0, 8, 2)), listed=listed)
+    return _Report(asked, total, free, ours, listed)
 
 
 def _beyond(report: _Report | None) -> str:
