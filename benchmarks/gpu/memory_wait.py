@@ -17,7 +17,10 @@ No staging needed (torch alone).
 
 ``--others-for S``: another process holds the memory instead (a compile process keeping a point's
 inputs), and lets it go S seconds after the look begins; the look waits for it. The seconds the look
-took, less S, are what the wait cost beyond the memory's own release:
+took, less S, are what the wait cost beyond the memory's own release. On an H100 the expanding config
+does not fit even then (its retry takes 65 GiB and asks 16 GiB more), so the look ends in an error in
+every tree, and its seconds say when each tree tried again and gave up (throughput.md, eighteenth
+session):
 
     PYTHONPATH=OLD_TREE python benchmarks/gpu/memory_wait.py --leave-gib 8 --others-for 2
 """
