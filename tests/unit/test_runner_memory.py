@@ -285,7 +285,7 @@ def test_the_failed_attempts_own_tensors_coming_back_are_not_a_reason_to_try_aga
 ) -> None:
     """The expanding config builds K (16 GiB), then fails to get V with 13.26 GiB free; letting go of K
     leaves 29.26 GiB free, more than asked, but only another process letting go makes V fit. On an
-    H100 a wait that took those 29.26 GiB for room tried 15 times in 2 s and gave up before the others
+    H100 a wait that took those 29.26 GiB for room tried 20 times in 2 s and gave up before the others
     let go: each failed try must wait for more, and a wait ends by the seconds it really waited."""
     monkeypatch.setattr(memory, "MEMORY_WAIT_S", 5.0)
     failures = [OutOfMemoryError(_torch_says("16.00 GiB", "13.26 GiB", "29.12 GiB", ("36.78 GiB",)))] * 100

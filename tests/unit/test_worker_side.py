@@ -42,9 +42,10 @@ def test_without_the_variable_nothing_is_profiled_or_written(
 def test_the_runs_workers_are_started_with_the_profile_folder_and_allocator_settings(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from tunectl.orchestrator.compiling import ALLOC_CONF_ENV, worker_setup
+    from tunectl.orchestrator.compiling import worker_setup
     from tunectl.orchestrator.control import CompileOptions
     from tunectl.orchestrator.worker import PROFILE_ENV
+    from tunectl.tasks.env import ALLOC_CONF_ENV
 
     monkeypatch.setenv(PROFILE_ENV, str(tmp_path))
     monkeypatch.setenv(ALLOC_CONF_ENV, "expandable_segments:True")

@@ -132,7 +132,7 @@ class _Report(NamedTuple):
     total: float
     free: float
     ours: float
-    listed: tuple[float, ...] = ()
+    listed: tuple[float, ...]
 
 
 def _bytes(value: str, unit: str) -> float:

@@ -20,10 +20,6 @@ log = logging.getLogger("tunectl.run")
 
 OnCompiles = Callable[[int, int, int], None]  # (built, total, building), told as the counts change
 
-#: torch's allocator settings: they change how every measured kernel's memory is mapped, so a run's
-#: workers take the driver's (on a joined cluster too, whose processes do not inherit its environment)
-ALLOC_CONF_ENV = "PYTORCH_CUDA_ALLOC_CONF"
-
 
 def worker_setup(
     compile: CompileOptions,
@@ -33,10 +29,12 @@ def worker_setup(
     cpu_threads: int | None = None,
 ) -> WorkerSetup:
     """How the run's workers and compile processes start: the compile caches, the driver's profile
-    folder and allocator settings where set, the task warmed up for the configs it ``uses`` (none
+    folder and allocator settings where set (on a joined cluster too, whose processes do not inherit
+    the driver's environment), the task warmed up for the configs it ``uses`` (none
     given: all its libraries), a CPU worker's threads."""
     from tunectl.orchestrator.worker import PROFILE_ENV
     from tunectl.tasks.compile import cache_env
+    from tunectl.tasks.env import ALLOC_CONF_ENV
 
     forwarded = {name: os.environ[name] for name in (PROFILE_ENV, ALLOC_CONF_ENV) if os.environ.get(name)}
     env = tuple(sorted({**cache_env(compile.cache_root()), **forwarded}.items()))

@@ -11,6 +11,9 @@ from typing import Any
 
 from tunectl.core.files import canonical_json
 
+#: torch's allocator settings: they change how every measured kernel's memory is mapped, so a run's
+#: processes take the driver's (``tunectl.orchestrator.compiling.worker_setup``) and rows record them
+ALLOC_CONF_ENV = "PYTORCH_CUDA_ALLOC_CONF"
 _KERNEL_PACKAGES = ("flash-attn", "flash-attn-4", "flash-attn-3", "sgl-kernel", "nvidia-cutlass-dsl")
 _PACKAGES = ("torch", "triton", *_KERNEL_PACKAGES, "flashinfer-python", "nvidia-cudnn-frontend", "tunectl")
 
@@ -25,7 +28,7 @@ def _version(package: str) -> str | None:
 @cache
 def environment(device: str) -> dict[str, Any]:
     """Device name, compute capability, SM count, driver, CUDA and library versions; torch's allocator
-    settings where set (``PYTORCH_CUDA_ALLOC_CONF``: they change how the kernels' memory is mapped)."""
+    settings where set (``ALLOC_CONF_ENV``)."""
     import torch
 
     env: dict[str, Any] = {
@@ -43,8 +46,8 @@ def environment(device: str) -> dict[str, Any]:
             cuda=torch.version.cuda,
             driver=_driver_version(),
         )
-        if os.environ.get("PYTORCH_CUDA_ALLOC_CONF"):
-            env["cuda_alloc_conf"] = os.environ["PYTORCH_CUDA_ALLOC_CONF"]
+        if os.environ.get(ALLOC_CONF_ENV):
+            env["cuda_alloc_conf"] = os.environ[ALLOC_CONF_ENV]
     else:
         env.update(device_kind="cpu", device_name=_cpu_name(), num_threads=torch.get_num_threads())
     return env
