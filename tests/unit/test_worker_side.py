@@ -109,3 +109,24 @@ def test_a_submitted_run_starts_its_workers_with_the_plans_configs() -> None:
         "flashinfer",
         "triton",
     }
+
+
+def test_a_gpu_rows_environment_records_the_allocator_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The device is faked (this machine has none); what the environment records of it is real."""
+    import types
+
+    import torch
+
+    from tunectl.tasks import env as env_module
+
+    props = types.SimpleNamespace(name="NVIDIA H100 80GB HBM3", major=9, minor=0, multi_processor_count=132)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
+    monkeypatch.setattr(env_module, "_driver_version", lambda: "580.159.04")
+    monkeypatch.setenv(env_module.ALLOC_CONF_ENV, "expandable_segments:True")
+    found = env_module.environment.__wrapped__("cuda:0")
+    assert (
+        found["device_name"] == "NVIDIA H100 80GB HBM3"
+        and found["cuda_alloc_conf"] == "expandable_segments:True"
+    )
+    monkeypatch.delenv(env_module.ALLOC_CONF_ENV)
+    assert "cuda_alloc_conf" not in env_module.environment.__wrapped__("cuda:0")
