@@ -51,6 +51,25 @@ def test_the_messages_of_all_kinds_are_counted_in_one_line_commonest_first() -> 
     assert summary_lines([], "w") == []
 
 
+def test_a_workers_waits_for_device_memory_are_summed_in_a_line_of_their_own() -> None:
+    """A worker's waits for memory fall under "other" in its line; the console says how long they took.
+    (An H100 run spent 154 s of its span so, waiting for memory other processes' contexts held.)"""
+    torch_says = "CUDA out of memory. Tried to allocate 1024.00 MiB. GPU 0 has a total capacity of 79.18 GiB"
+    waited = "out of device memory on cuda:0, waited {} s of up to {} s: " + torch_says
+    refused = "out of device memory on cuda:0, not waiting: it asks 16.00 GiB where"
+    notes = [
+        Note("tunectl.worker", waited.format("4.00", "4.00"), 15, "w"),
+        Note("tunectl.worker", waited.format("0.35", "4.00"), 1, "w"),
+        Note("tunectl.worker", refused, 1, "w"),
+        Note("tunectl.flex", "waited 4.00 s of up to 4.00 s", 3, "c1"),
+    ]
+    assert summary_lines(notes, "tunectl logs r1")[1:] == [
+        "out of device memory: 16 wait(s) for memory other processes held, 60.4 s in all; "
+        "1 request(s) failed at once, as no process could make room"
+    ]
+    assert len(summary_lines(notes[3:], "w")) == 1, "no line of its own without a worker's request"
+
+
 def test_a_workers_ready_line_says_where_its_start_up_went() -> None:
     from tunectl.orchestrator.slots import startup_text
 

@@ -295,6 +295,18 @@ def test_the_failed_attempts_own_tensors_coming_back_are_not_a_reason_to_try_aga
     assert len(failures) == 100 - 6 and sum(sleeps) == pytest.approx(0.25 + 0.5 + 1 + 2 + 4)
 
 
+def test_what_a_wait_logs_is_read_back_for_the_runs_console(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The console's line on memory (``tunectl.orchestrator.notes``) reads the lines a wait logs."""
+    lacked = OutOfMemoryError(_torch_says("16.00 GiB", "3.00 GiB", "20.00 GiB", ("9.06 GiB",)))
+    build, _ = _waiting(monkeypatch, lambda: 3 * 2**30, [OutOfMemoryError(NEVER_FITS), lacked, lacked])
+    with caplog.at_level("WARNING", logger="tunectl.worker"), pytest.raises(OutOfMemoryError):
+        memory.when_memory_frees(build, "cuda:0")
+    assert [memory.logged_wait(r.getMessage()) for r in caplog.records] == [0.25, 0.5, 0.0]
+    assert memory.logged_wait("out of device memory, or not") is None
+
+
 def test_a_wait_without_a_size_to_read_sleeps_its_whole_pause(monkeypatch: pytest.MonkeyPatch) -> None:
     failures: list[Exception] = [OutOfMemoryError(SOME_HELD_ELSEWHERE), OutOfMemoryError(SOME_HELD_ELSEWHERE)]
     build, sleeps = _waiting(monkeypatch, lambda: pytest.fail("nothing to compare it with"), failures)

@@ -25,6 +25,10 @@ T = TypeVar("T")
 MEMORY_WAIT_S = 60.0
 #: how often a wait reads the device's free memory (one driver call, microseconds)
 POLL_S = 0.05
+#: the lines a worker logs (``tunectl.worker``) of a request out of memory, read back by ``logged_wait``
+_WAITED = "out of device memory on %s, waited %.2f s of up to %.2f s: %s"
+_NOT_WAITING = "out of device memory on %s, not waiting: %s"
+_LOGGED = re.compile(r"out of device memory on \S+, (?:waited ([0-9.]+) s of up to [0-9.]+ s|not waiting): ")
 
 
 def when_memory_frees(
@@ -34,8 +38,9 @@ def when_memory_frees(
     building beside this worker give theirs back after each build), wait and try again, for up to
     ``MEMORY_WAIT_S``; past that, raise as it does. ``make_room`` lets go of what this process keeps
     and could do without (the points it keeps built), before each try; where it let something go, the
-    next try comes at once. Where the failed request is more than the device had free and every other
-    process holds together (``beyond_others``), no wait can make it fit: it raises at once."""
+    next try comes at once. Where the failed request is more than the device had free and all that the
+    other processes could give back (``beyond_others``), no wait can make it fit: it raises at once.
+    Each wait and each such failure is logged (``logged_wait`` reads the lines back)."""
     waited, pause = 0.0, 0.25
     while True:
         try:
@@ -43,23 +48,17 @@ def when_memory_frees(
         except Exception as exc:
             if not out_of_memory(exc) or waited >= MEMORY_WAIT_S:
                 raise
-            report = _report(str(exc))
+            report, said = _report(str(exc)), (str(exc).splitlines() or [""])[0]
             hopeless, freed = _beyond(report), make_room()
             if hopeless and not freed:
-                log.warning("out of device memory on %s, not waiting: %s", device, hopeless)
+                log.warning(_NOT_WAITING, device, hopeless)
                 raise
-            if not freed:
-                log.warning(
-                    "out of device memory on %s, waiting up to %.2f s: %s",
-                    device,
-                    pause,
-                    (str(exc).splitlines() or [""])[0],
-                )
         release(device)  # outside the handler: the failed attempt's tensors are gone by now
         if freed:
             continue
-        waited += until_free(device, report.asked - report.free if report else None, pause)
-        pause = min(2 * pause, 4.0)
+        took = until_free(device, report.asked - report.free if report else None, pause)
+        log.warning(_WAITED, device, took, pause, said)
+        waited, pause = waited + took, min(2 * pause, 4.0)
 
 
 def until_free(device: str, lacked: float | None, pause: float) -> float:
@@ -76,6 +75,16 @@ def until_free(device: str, lacked: float | None, pause: float) -> float:
         time.sleep(step)
         waited += step
     return waited
+
+
+def logged_wait(text: str) -> float | None:
+    """What ``text``, a line ``when_memory_frees`` logged, says: the seconds a wait for memory lasted,
+    0.0 for a request that failed at once (nothing any process could free would fit it); None for any
+    other text."""
+    found = _LOGGED.match(text)
+    if found is None:
+        return None
+    return float(found.group(1)) if found.group(1) else 0.0
 
 
 def free_bytes(device: str) -> int:

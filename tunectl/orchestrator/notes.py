@@ -164,7 +164,26 @@ def summary_lines(notes: Sequence[Note], where: str, most: int = 5) -> list[str]
         named.append(f"{len(kinds) - most} more kind(s)")
     total = sum(kinds.values())
     return [
-        f"{total:,} message(s) from worker and compile processes ({', '.join(named)}); `{where}` shows them"
+        f"{total:,} message(s) from worker and compile processes ({', '.join(named)}); `{where}` shows them",
+        *_memory_lines(notes),
+    ]
+
+
+def _memory_lines(notes: Sequence[Note]) -> list[str]:
+    """A line on the workers' requests out of device memory, where there were any: how often a worker
+    waited for memory other processes held, for how long in all (the worker's line counts those
+    seconds under "other"), and how many failed at once."""
+    from tunectl.measure.memory import logged_wait
+
+    waits = [(pause, n.count) for n in notes if (pause := logged_wait(n.text)) is not None]
+    if not waits:
+        return []
+    waited = [(seconds, count) for seconds, count in waits if seconds > 0]
+    tries, seconds = sum(c for _, c in waited), sum(s * c for s, c in waited)
+    refused = sum(c for s, c in waits if s == 0)
+    return [
+        f"out of device memory: {tries} wait(s) for memory other processes held, {seconds:.1f} s in all; "
+        f"{refused} request(s) failed at once, as no process could make room"
     ]
 
 

@@ -6,7 +6,9 @@ first, checked call), building a point's inputs (``setup_ms``), measuring (``mea
 drift guard's ``guard_ms``). The rows of one call (a batch of looks, a comparison's arms) share its
 start, so the call lasts until its last row's finish, and the span outside every call is the worker
 *waiting* for the driver's next item: on a cold compile cache, mostly for kernels still being built.
-What is left inside the calls (*other*) is the engine's own: samplers' builds, output checks, records.
+What is left inside the calls (*other*) is the engine's own: samplers' builds, output checks, records,
+and waits for device memory that other processes hold (the run's console sums those in a line of its
+own, ``tunectl.orchestrator.notes``).
 
 The *kernel* seconds are the measured kernels' own: each ok row's samples (``num_samples`` of
 ``calls_per_sample`` calls each, and ``warmup`` more where the caller knows its engine took them)
