@@ -60,14 +60,15 @@ def test_a_workers_waits_for_device_memory_are_summed_in_a_line_of_their_own() -
     notes = [
         Note("tunectl.worker", waited.format("4.00", "4.00"), 15, "w"),
         Note("tunectl.worker", waited.format("0.35", "4.00"), 1, "w"),
+        Note("tunectl.worker", waited.format("0.00", "0.50"), 2, "w"),  # the others let go at once
         Note("tunectl.worker", refused, 1, "w"),
         Note("tunectl.flex", "waited 4.00 s of up to 4.00 s", 3, "c1"),
     ]
     assert summary_lines(notes, "tunectl logs r1")[1:] == [
-        "out of device memory: 16 wait(s) for memory other processes held, 60.4 s in all; "
+        "out of device memory: 18 wait(s) for memory other processes held, 60.4 s in all; "
         "1 request(s) failed at once, as no process could make room"
     ]
-    assert len(summary_lines(notes[3:], "w")) == 1, "no line of its own without a worker's request"
+    assert len(summary_lines(notes[4:], "w")) == 1, "no line of its own without a worker's request"
 
 
 def test_a_workers_ready_line_says_where_its_start_up_went() -> None:

@@ -303,8 +303,9 @@ def test_what_a_wait_logs_is_read_back_for_the_runs_console(
     build, _ = _waiting(monkeypatch, lambda: 3 * 2**30, [OutOfMemoryError(NEVER_FITS), lacked, lacked])
     with caplog.at_level("WARNING", logger="tunectl.worker"), pytest.raises(OutOfMemoryError):
         memory.when_memory_frees(build, "cuda:0")
-    assert [memory.logged_wait(r.getMessage()) for r in caplog.records] == [0.25, 0.5, 0.0]
-    assert memory.logged_wait("out of device memory, or not") is None
+    said = [memory.logged(r.getMessage()) for r in caplog.records]
+    assert said == [memory.Logged(0.25, False), memory.Logged(0.5, False), memory.Logged(0.0, True)]
+    assert memory.logged("out of device memory, or not") is None
 
 
 def test_a_wait_without_a_size_to_read_sleeps_its_whole_pause(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -25,10 +25,12 @@ T = TypeVar("T")
 MEMORY_WAIT_S = 60.0
 #: how often a wait reads the device's free memory (one driver call, microseconds)
 POLL_S = 0.05
-#: the lines a worker logs (``tunectl.worker``) of a request out of memory, read back by ``logged_wait``
+#: the lines a worker logs (``tunectl.worker``) of a request out of memory, read back by ``logged``
 _WAITED = "out of device memory on %s, waited %.2f s of up to %.2f s: %s"
 _NOT_WAITING = "out of device memory on %s, not waiting: %s"
-_LOGGED = re.compile(r"out of device memory on \S+, (?:waited ([0-9.]+) s of up to [0-9.]+ s|not waiting): ")
+_LOGGED = re.compile(
+    r"out of device memory on \S+, (?:waited ([0-9.]+) s of up to [0-9.]+ s|(not waiting)): "
+)
 
 
 def when_memory_frees(
@@ -40,7 +42,7 @@ def when_memory_frees(
     and could do without (the points it keeps built), before each try; where it let something go, the
     next try comes at once. Where the failed request is more than the device had free and all that the
     other processes could give back (``beyond_others``), no wait can make it fit: it raises at once.
-    Each wait and each such failure is logged (``logged_wait`` reads the lines back)."""
+    Each wait and each such failure is logged (``logged`` reads the lines back)."""
     waited, pause = 0.0, 0.25
     while True:
         try:
@@ -77,14 +79,20 @@ def until_free(device: str, lacked: float | None, pause: float) -> float:
     return waited
 
 
-def logged_wait(text: str) -> float | None:
-    """What ``text``, a line ``when_memory_frees`` logged, says: the seconds a wait for memory lasted,
-    0.0 for a request that failed at once (nothing any process could free would fit it); None for any
-    other text."""
+class Logged(NamedTuple):
+    """What a line ``when_memory_frees`` logged says: the seconds a wait for memory lasted, or that the
+    request failed at once (nothing any process could free would fit it)."""
+
+    waited_s: float
+    refused: bool
+
+
+def logged(text: str) -> Logged | None:
+    """What ``text`` says, if ``when_memory_frees`` logged it; None for any other text."""
     found = _LOGGED.match(text)
     if found is None:
         return None
-    return float(found.group(1)) if found.group(1) else 0.0
+    return Logged(float(found.group(1) or 0.0), refused=found.group(2) is not None)
 
 
 def free_bytes(device: str) -> int:

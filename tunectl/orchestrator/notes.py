@@ -173,14 +173,14 @@ def _memory_lines(notes: Sequence[Note]) -> list[str]:
     """A line on the workers' requests out of device memory, where there were any: how often a worker
     waited for memory other processes held, for how long in all (the worker's line counts those
     seconds under "other"), and how many failed at once."""
-    from tunectl.measure.memory import logged_wait
+    from tunectl.measure.memory import logged
 
-    waits = [(pause, n.count) for n in notes if (pause := logged_wait(n.text)) is not None]
-    if not waits:
+    said = [(what, n.count) for n in notes if (what := logged(n.text)) is not None]
+    if not said:
         return []
-    waited = [(seconds, count) for seconds, count in waits if seconds > 0]
-    tries, seconds = sum(c for _, c in waited), sum(s * c for s, c in waited)
-    refused = sum(c for s, c in waits if s == 0)
+    tries = sum(count for what, count in said if not what.refused)
+    seconds = sum(what.waited_s * count for what, count in said)
+    refused = sum(count for what, count in said if what.refused)
     return [
         f"out of device memory: {tries} wait(s) for memory other processes held, {seconds:.1f} s in all; "
         f"{refused} request(s) failed at once, as no process could make room"
