@@ -85,6 +85,7 @@ from tunectl.api.runs import (
     submit,
     submit_job,
 )
+from tunectl.api.workers import workers_down, workers_list, workers_up
 from tunectl.core.plan import CONFIRM_ABOVE_ITEMS
 from tunectl.core.spec import CELL_SPAN, DEFAULT_MARGIN, Spec, load_spec
 from tunectl.decide.candidates import DEFAULT_CANDIDATES
@@ -162,4 +163,7 @@ __all__ = [
     "verify_bundle",
     "winners",
     "worker_times",
+    "workers_down",
+    "workers_list",
+    "workers_up",
 ]

@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from tunectl.cli import bundle, doctor, export, imports, probe, report, runs, submit, validate
+from tunectl.cli import bundle, doctor, export, imports, probe, report, runs, submit, validate, workers
 
 app = typer.Typer(
     help=(
@@ -34,6 +34,7 @@ app.command(name="probe")(probe.probe_cmd)
 app.add_typer(export.app, name="export")
 app.add_typer(bundle.app, name="bundle")
 app.add_typer(imports.app, name="import")
+app.add_typer(workers.app, name="workers")
 
 
 class _Warnings(logging.Handler):

@@ -56,6 +56,8 @@ class WorkerSetup:
     uses: tuple[Any, ...] = ()
     #: the threads a CPU worker times with, where the spec sets them (``cpu_threads``)
     cpu_threads: int | None = None
+    #: the driver's variables forwarded into ``env`` where it sets them (the others: unset)
+    forwarded: tuple[str, ...] = ()
 
     def runtime_env(self, **extra: str) -> dict[str, Any]:
         return {"env_vars": {**dict(self.env), **extra}}
@@ -63,12 +65,32 @@ class WorkerSetup:
 
 @dataclass
 class Pool:
-    """The workers on one kind of device (an accelerator type, or CPUs) and the group holding them."""
+    """The workers on one kind of device (an accelerator type, or CPUs) and the group holding them.
+    ``held_for``: the run that took this pool's resident workers (``tunectl.orchestrator.resident``):
+    it gives them back when it ends, never stops them."""
 
     name: str
     workers: list[Any] = field(default_factory=list)
     placement_group: Any = None
     node_ids: set[str] = field(default_factory=set)
+    held_for: str | None = None
+
+
+#: Resident workers (``tunectl.orchestrator.resident``) are named actors of this namespace, held by
+#: placement groups named alike: ``tunectl-resident-<pool>`` and ``tunectl-resident-<pool>-<index>``.
+NAMESPACE = "tunectl"
+RESIDENT_PREFIX = "tunectl-resident"
+
+
+def resident_name(pool: str, index: int | None = None) -> str:
+    return f"{RESIDENT_PREFIX}-{pool}" + ("" if index is None else f"-{index}")
+
+
+def _named(pool: str, index: int, resident: bool) -> dict[str, Any]:
+    """A worker's actor options: a resident one is named, and outlives the driver that started it."""
+    if not resident:
+        return {}
+    return {"name": resident_name(pool, index), "namespace": NAMESPACE, "lifetime": "detached"}
 
 
 def connect(
@@ -181,20 +203,22 @@ def start_pools(
     setup: WorkerSetup = WorkerSetup(),
     timeout_s: float = 120.0,
     label: str = "tunectl",
+    resident: bool = False,
 ) -> tuple[list[Pool], Placement]:
-    """Start the workers of each named pool. ``num_gpus`` caps the workers of each pool."""
+    """Start the workers of each named pool. ``num_gpus`` caps the workers of each pool. ``resident``:
+    named workers (and groups) that outlive this driver (``tunectl.orchestrator.resident``)."""
     inventory = gpu_inventory()
     pools: list[Pool] = []
     try:
         for name in names:
             if name == CPU_POOL:
-                pools.append(_cpu_pool(setup))
+                pools.append(_cpu_pool(setup, resident))
                 continue
             if name not in inventory:
                 have = ", ".join(sorted(inventory)) or "none"
                 raise UserError(f"the run is planned for {name} GPUs but the cluster has {have} now")
             count = inventory[name][0] if num_gpus is None else min(num_gpus, inventory[name][0])
-            pools.append(_gpu_pool(name, count, setup, timeout_s, label))
+            pools.append(_gpu_pool(name, count, setup, timeout_s, label, resident))
     except BaseException:
         stop_pools(pools)
         raise
@@ -203,14 +227,19 @@ def start_pools(
     return pools, Placement(kind, sum(len(p.workers) for p in pools), len(nodes), tuple(names))
 
 
-def _gpu_pool(name: str, count: int, setup: WorkerSetup, timeout_s: float, label: str) -> Pool:
+def _gpu_pool(
+    name: str, count: int, setup: WorkerSetup, timeout_s: float, label: str, resident: bool = False
+) -> Pool:
+    """``count`` workers on ``name`` GPUs, in a group named after ``label`` and the pool (a resident
+    pool's group has the pool's resident name, and outlives this driver too)."""
     from ray.util.placement_group import placement_group, placement_group_table
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     from tunectl.orchestrator.worker import TuneWorker
 
     extra = {} if name == UNTYPED_GPU else {f"{_ACCEL_PREFIX}{name}": 0.001}
-    pg = placement_group([{"GPU": 1, **extra}] * count, strategy="PACK", name=f"{label}-{name}")
+    group_name, lifetime = (resident_name(name), "detached") if resident else (f"{label}-{name}", None)
+    pg = placement_group([{"GPU": 1, **extra}] * count, strategy="PACK", name=group_name, lifetime=lifetime)
     pool = Pool(name, placement_group=pg)
     if not pg.wait(timeout_seconds=timeout_s):
         stop_pools([pool])
@@ -228,6 +257,7 @@ def _gpu_pool(name: str, count: int, setup: WorkerSetup, timeout_s: float, label
                 resources=extra,
                 scheduling_strategy=strategy,
                 runtime_env=setup.runtime_env(),
+                **_named(name, index, resident),
             )
             .remote(1, setup.compile_ahead, setup.warm_up, setup.uses)
         )
@@ -244,7 +274,7 @@ def cpu_threads(cpus: int, asked: int | None = None) -> int:
     return asked if asked is not None else max(1, cpus - 1)
 
 
-def _cpu_pool(setup: WorkerSetup) -> Pool:
+def _cpu_pool(setup: WorkerSetup, resident: bool = False) -> Pool:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from tunectl.orchestrator.worker import TuneWorker
@@ -257,7 +287,12 @@ def _cpu_pool(setup: WorkerSetup) -> Pool:
         strategy = NodeAffinitySchedulingStrategy(node_id=node["NodeID"], soft=False)
         pool.workers.append(
             _actor(TuneWorker)
-            .options(num_cpus=cpus, scheduling_strategy=strategy, runtime_env=setup.runtime_env())
+            .options(
+                num_cpus=cpus,
+                scheduling_strategy=strategy,
+                runtime_env=setup.runtime_env(),
+                **_named(CPU_POOL, len(pool.workers), resident),
+            )
             .remote(cpu_threads(cpus, setup.cpu_threads), setup.compile_ahead, setup.warm_up, setup.uses)
         )
         pool.node_ids.add(node["NodeID"])
@@ -321,14 +356,17 @@ def _actor(cls: type) -> Any:
 
 
 def stop_pools(pools: Sequence[Pool]) -> list[Note]:
-    """Kill every worker for good and give the reserved GPUs back; what the workers noted on the side
+    """Kill every worker for good and give the reserved GPUs back, except resident ones, which are
+    given back to the cluster (``Pool.held_for``); what the workers noted on the side
     (``tunectl.orchestrator.notes``). Never raises."""
     from ray.util.placement_group import remove_placement_group
 
     notes: list[Note] = []
     with contextlib.suppress(Exception):  # best effort: let idle workers tidy up their journals
-        notes = drained([w for pool in pools for w in pool.workers])
-    for pool in pools:
+        from tunectl.orchestrator.resident import release
+
+        notes = drained([w for pool in pools if not pool.held_for for w in pool.workers]) + release(pools)
+    for pool in (p for p in pools if not p.held_for):
         for worker in pool.workers:
             with contextlib.suppress(Exception):  # already gone: nothing to stop
                 ray.kill(worker, no_restart=True)

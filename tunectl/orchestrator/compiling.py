@@ -36,10 +36,16 @@ def worker_setup(
     from tunectl.tasks.compile import cache_env
     from tunectl.tasks.env import ALLOC_CONF_ENV
 
-    forwarded = {name: os.environ[name] for name in (PROFILE_ENV, ALLOC_CONF_ENV) if os.environ.get(name)}
+    names = (PROFILE_ENV, ALLOC_CONF_ENV)
+    forwarded = {name: os.environ[name] for name in names if os.environ.get(name)}
     env = tuple(sorted({**cache_env(compile.cache_root()), **forwarded}.items()))
     return WorkerSetup(
-        env=env, warm_up=(task,), compile_ahead=compile_ahead, uses=tuple(uses), cpu_threads=cpu_threads
+        env=env,
+        warm_up=(task,),
+        compile_ahead=compile_ahead,
+        uses=tuple(uses),
+        cpu_threads=cpu_threads,
+        forwarded=names,
     )
 
 

@@ -9,6 +9,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from tunectl.orchestrator import resident
 from tunectl.orchestrator.cluster import Placement, Pool, WorkerSetup, start_pools, stop_builders, stop_pools
 from tunectl.orchestrator.compile_schedule import BuildScheduler
 from tunectl.orchestrator.compiling import OnCompiles, start_builds
@@ -59,8 +60,11 @@ class Workers:
             raise RunStopped(info.run_id, self.run_file.info.state) from None
 
     def start_pools(self, names: Sequence[str], num_gpus: int | None, setup: WorkerSetup) -> Placement:
-        """The run's pools, one worker per GPU (or one on the CPU): where they were placed."""
-        started, placement = start_pools(names, num_gpus, setup, label=f"tunectl-{self.run_file.info.run_id}")
+        """The run's pools, one worker per GPU (or one on the CPU): where they were placed. On a
+        cluster, the resident workers where it has any (``tunectl.orchestrator.resident``)."""
+        run_id = self.run_file.info.run_id
+        taken = resident.take(names, num_gpus, setup, run_id)  # none on a local instance of its own
+        started, placement = taken or start_pools(names, num_gpus, setup, label=f"tunectl-{run_id}")
         self.pools += started
         return placement
 

@@ -22,7 +22,7 @@ import tempfile
 import time
 import warnings
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -187,12 +187,14 @@ def _memory_lines(notes: Sequence[Note]) -> list[str]:
     ]
 
 
-def drained(actors: Sequence[Any], timeout_s: float = 2.0) -> list[Note]:
-    """The notes of ``actors`` (workers, compile processes), from their ``close`` calls answered in
-    ``timeout_s``; those that do not answer keep theirs."""
+def drained(
+    actors: Sequence[Any], call: Callable[[Any], Any] | None = None, timeout_s: float = 2.0
+) -> list[Note]:
+    """The notes of ``actors`` (workers, compile processes), from their ``close`` calls (or ``call``'s)
+    answered in ``timeout_s``; those that do not answer keep theirs."""
     import ray
 
-    refs = [a.close.remote() for a in actors]
+    refs = [a.close.remote() if call is None else call(a) for a in actors]
     ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
     notes: list[Note] = []
     for ref in ready:

@@ -141,4 +141,9 @@ def startup_text(startup: dict[str, Any] | None) -> str:
     slowest = ", ".join(f"{m} {s:.1f}" for m, s in sorted(libraries.items(), key=lambda kv: -kv[1])[:4])
     parts = [f"{name} {startup.get(name + '_s', 0.0):.1f}" for name in ("process", "imports", "device")]
     parts.append(f"libraries {sum(libraries.values()):.1f}" + (f" ({slowest})" if slowest else ""))
-    return f"; start-up {startup.get('total_s', 0.0):.1f} s: {', '.join(parts)}"
+    text = f"; start-up {startup.get('total_s', 0.0):.1f} s: {', '.join(parts)}"
+    resident = startup.get("resident")
+    if resident:  # its start-up was paid before this run (``tunectl.orchestrator.resident``)
+        up = f"; resident, up {resident['up_s']:.0f} s, run {resident['runs']} on it"
+        text = f"{up}{text} (before its first run)"
+    return text

@@ -28,6 +28,7 @@ from tunectl.core.keys import key_text
 from tunectl.core.plan import WorkItem
 from tunectl.core.record import Record
 from tunectl.core.spec import MeasureSpec
+from tunectl.orchestrator.resident import Lease, differences, for_worker
 
 #: exit status of a worker that leaves on purpose because its CUDA context is unusable
 POISONED_EXIT_CODE = 70
@@ -81,6 +82,7 @@ class TuneWorker:
         self.startup["libraries"] = libraries
         self.startup["total_s"] = self.startup["process_s"] + time.perf_counter() - began
         self.profile = _CallProfile.from_env()
+        self.lease = Lease()  # which run holds this worker, where it is resident
 
     def describe(self) -> dict[str, Any]:
         """Where this worker runs, and its predecessor's last words (reported once)."""
@@ -96,7 +98,39 @@ class TuneWorker:
             "compile_ahead": self.compile_ahead,
             "last_words": words,
             "incarnation": self.incarnation,
+            "startup": {**self.startup, **self.lease.summary()},
+        }
+
+    def claim(
+        self, run_id: str, job: str, wants: dict[str, Any], take_from: str | None = None
+    ) -> dict[str, Any]:
+        """Take this resident worker for run ``run_id`` of driver job ``job``, where it was started as
+        the run wants and no other run holds it (one held by driver job ``take_from``, which is gone,
+        is taken over): what stood in the way, if anything, and where the worker runs
+        (``tunectl.orchestrator.resident``)."""
+        has = {"compile_ahead": self.compile_ahead, "threads": self.startup.get("threads")}
+        has["env"] = {name: os.environ.get(name) or None for name in wants.get("env", {})}
+        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1)
+        differs = differences(for_worker(wants, int(cpus)), has)
+        held_by = None if differs else self.lease.take(run_id, job, take_from)
+        return {"node_id": ray.get_runtime_context().get_node_id(), "differs": differs, "held_by": held_by}
+
+    def release(self, run_id: str) -> list[Any]:
+        """Give this resident worker back after run ``run_id`` (it keeps its process, its libraries and
+        what it built); what it noted on the side during the run."""
+        notes = self.close()
+        self.lease.give_back(run_id)
+        return notes
+
+    def status(self) -> dict[str, Any]:
+        """Where this worker runs, its start-up, and which run holds it (``tunectl workers list``)."""
+        return {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "device": self.device,
             "startup": self.startup,
+            **self.lease.summary(),
+            "run": self.lease.run_id,
         }
 
     def run(
@@ -117,6 +151,7 @@ class TuneWorker:
 
         if incarnation and incarnation != self.incarnation:
             return None
+        self.lease.hold(run_id)  # a process Ray restarted mid-run is still that run's
         preparing = self.runner.preparing() if self.compile_ahead else None  # type: ignore[attr-defined]
         if self.compile_ahead:
             self.runner.next_item = lookahead

@@ -68,6 +68,8 @@ class WorkerTime:
             threads = startup.get("threads")
             on = f" on {threads} thread{'s' if threads != 1 else ''}" if threads else ""
             began = f"started in {startup['total_s']:.1f} s{imports}{on}, then "
+            if startup.get("resident"):  # started before this run, by ``tunectl workers up``
+                began = f"resident (started in {startup['total_s']:.1f} s before its first run{on}), "
         return (
             f"{self.worker}: {began}{self.span_s:.1f} s from first item to last, the tuned kernels running "
             f"{100 * self.busy:.0f} % of it; "
