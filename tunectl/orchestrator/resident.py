@@ -67,7 +67,7 @@ class Lease:
     def hold(self, run_id: str) -> None:
         """A call of ``run_id`` arrived: it holds the worker if nobody does (a process that Ray
         restarted mid-run has forgotten its holder)."""
-        if self.run_id is None and self.runs:
+        if self.run_id is None:
             self.run_id = run_id
 
     def give_back(self, run_id: str) -> None:
