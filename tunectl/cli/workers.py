@@ -14,11 +14,12 @@ from tunectl.cli.submit import CompileAheadOption, CompileCacheOption
 
 app = typer.Typer(
     help=(
-        "Resident workers: one per GPU of a cluster, started once and kept between runs.\n\n"
+        "Resident workers: one per GPU of a cluster (`ray start --head` makes one of this machine), "
+        "started once and kept between runs; `tunectl submit SPEC --address auto` then measures on them "
+        "without waiting for their start-up.\n\n"
         "Example:\n\b\n"
-        "    ray start --head\n"
         "    tunectl workers up configs/h200/flash_decode.toml --address auto\n"
-        "    tunectl submit configs/h200/flash_decode.toml --address auto\n"
+        "    tunectl workers list --address auto\n"
         "    tunectl workers down --address auto"
     ),
     no_args_is_help=True,
