@@ -156,3 +156,14 @@ def test_a_batch_is_timed_in_chunks_not_a_wait_per_sample(monkeypatch: pytest.Mo
     records = _ok(ItemRunner("cpu").run("r", batch(members), fixed))
     assert [r.num_samples for r in records] == [12, 12]
     assert sum(chunks) == 24 and len(chunks) <= 4, "a first sample for the pace, then one chunk each"
+
+
+def test_a_runner_that_let_go_builds_its_points_again(counted: dict[str, Counted]) -> None:
+    """What a resident worker does between runs: the next run finds no point kept (their memory is
+    the next run's), and measures as a new worker would."""
+    runner = ItemRunner("cpu")
+    _visit(runner, (64, 128))
+    runner.let_go()
+    again = _visit(runner, (64, 128))
+    assert counted["samplers"].calls == 4 and counted["prepares"].calls == 4, "each point built again"
+    assert all(r.setup_ms and r.setup_ms > 0 for r in again), "its inputs too"

@@ -34,6 +34,7 @@ from tunectl.measure.rounds import NotMeasurable, arm_stats, racing_for, round_t
 from tunectl.measure.stacks import layer_inputs, stack_of, thrash_only
 from tunectl.measure.timing import make_sampler, timing_of
 from tunectl.tasks.base import InvalidConfig, TuningTask, compare_outputs
+from tunectl.tasks.compile import release, synchronize
 from tunectl.tasks.env import env_json, environment
 from tunectl.tasks.registry import get_task
 
@@ -280,7 +281,7 @@ class ItemRunner:
             def build() -> tuple[Any, Any]:
                 inputs = task.build_inputs(static, shape, self.device)
                 reference = task.reference(static, shape, inputs)
-                self._synchronize()
+                synchronize(self.device)
                 return inputs, reference
 
             built = when_memory_frees(build, self.device, self._room)
@@ -294,7 +295,7 @@ class ItemRunner:
         """Run ``fn`` once against the point's reference."""
         t0 = time.perf_counter()
         out = fn()
-        self._synchronize()
+        synchronize(self.device)
         compile_ms = (prepare_s + time.perf_counter() - t0) * 1e3
         atol, rtol = task.tolerance(static)
         err, ok = compare_outputs(out, self._here.reference, atol, rtol)
@@ -371,18 +372,17 @@ class ItemRunner:
         runner preparing ahead overrides (``tunectl.orchestrator.pipeline``); ``then``: the next item."""
         return timed_prepare(task, static, shape, config, inputs)
 
-    def _synchronize(self) -> None:
-        if self.device.startswith("cuda"):
-            import torch
-
-            torch.cuda.synchronize(self.device)
+    def let_go(self) -> None:
+        """Drop the points kept (inputs, samplers, built kernels' calls) and give their device memory
+        back: a resident worker starts each run holding no more than a new one would."""
+        self._point, self._here = None, Point()
+        self._points.clear()
+        release(self.device)
 
     def _check_context(self) -> None:
         """After a failure on CUDA, a sticky error (illegal address) makes every later call fail."""
-        if not self.device.startswith("cuda"):
-            return
         try:
-            self._synchronize()
+            synchronize(self.device)
         except Exception as exc:
             raise CudaContextPoisoned(str(exc)) from exc
 

@@ -116,9 +116,11 @@ class TuneWorker:
         return {"node_id": ray.get_runtime_context().get_node_id(), "differs": differs, "held_by": held_by}
 
     def release(self, run_id: str) -> list[Any]:
-        """Give this resident worker back after run ``run_id`` (it keeps its process, its libraries and
-        what it built); what it noted on the side during the run."""
+        """Give this resident worker back after run ``run_id``: it keeps its process, its libraries and
+        the kernels it loaded, not the points it built (their memory would be short to the next run);
+        what it noted on the side during the run."""
         notes = self.close()
+        self.runner.let_go()
         self.lease.give_back(run_id)
         return notes
 
