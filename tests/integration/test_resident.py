@@ -50,6 +50,7 @@ def test_runs_measure_on_the_resident_workers_and_give_them_back(
     for runs in (1, 2):
         out = submit(str(spec), tmp_path / "results", options=RunOptions(compile_ahead=False))
         rows = assert_one_row_per_item(tmp_path / "results", out.run_id, planned_ids(spec))
+        assert out.placement is not None and out.placement.resident and out.placement.num_workers == 2
         assert {int(r.worker.rsplit(":", 1)[1]) for r in rows} <= set(pids(started)), "a worker of its own"
         now = api.workers_list(cluster)["GPU"]
         assert [s["resident"]["runs"] for s in now] == [runs, runs] and not any(s["run"] for s in now)
@@ -60,6 +61,7 @@ def test_runs_measure_on_the_resident_workers_and_give_them_back(
     assert api.workers_down(cluster) == 2 and api.workers_list(cluster) == {}
     out = submit(str(spec), tmp_path / "after", options=RunOptions(compile_ahead=False))  # GPUs given back
     assert load_run(tmp_path / "after", out.run_id).state == "finished"
+    assert out.placement is not None and not out.placement.resident
 
 
 def test_a_run_started_otherwise_is_refused_and_holds_nothing(cluster: api.Cluster, tmp_path: Path) -> None:

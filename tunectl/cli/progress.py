@@ -41,7 +41,8 @@ class RunBar:
         pools = placement.pools
         once = f", once per accelerator type: {', '.join(pools)}" if len(pools) > 1 else ""
         self.console.print(
-            f"run [bold]{run_id}[/]: ~{total} measurements on {placement.num_workers} {placement.kind} "
+            f"run [bold]{run_id}[/]: ~{total} measurements on {placement.num_workers}"
+            f"{' resident' if placement.resident else ''} {placement.kind} "
             f"worker(s) across {placement.num_nodes} node(s){once}"
         )
         self.bar.start()

@@ -42,6 +42,7 @@ class Placement:
     num_workers: int
     num_nodes: int
     pools: tuple[str, ...] = ()
+    resident: bool = False  # the cluster's resident workers (``tunectl.orchestrator.resident``)
 
 
 @dataclass(frozen=True)

@@ -155,7 +155,7 @@ def take(
         raise
     kind = "cpu" if list(names) == [CPU_POOL] else "gpu"
     nodes = set().union(*(p.node_ids for p in pools))
-    return pools, Placement(kind, sum(len(p.workers) for p in pools), len(nodes), tuple(names))
+    return pools, Placement(kind, sum(len(p.workers) for p in pools), len(nodes), tuple(names), resident=True)
 
 
 def _claim(pool: Pool, asked: dict[str, Any], job: str) -> set[str]:
