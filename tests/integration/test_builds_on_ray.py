@@ -116,3 +116,32 @@ def test_a_comparison_goes_on_without_the_arms_whose_kernel_failed_to_build(
     }
     timed = [r for r in rows if r.status == "ok"]
     assert all(r.median_us and r.median_us > 0 for r in timed), "the arms that built were compared"
+
+
+def test_a_kernel_its_compiler_rejected_is_not_built_again_by_a_later_run(
+    tmp_path: Path, ray_two_gpus: None
+) -> None:
+    """The compile processes of the first run remember it under the cache; those of the second, and a
+    worker building for itself, say so at once (``tunectl.measure.build_memory``)."""
+    from tests.integration.test_faults import assert_one_row_per_item, planned_ids, write_spec
+    from tunectl.orchestrator.submit import submit
+
+    configs = (
+        '[[configs]]\ncompile_ms = 300\ncompile_fault = "reject"\n[[configs]]\ncompile_ms = 50\nvariant = 3\n'
+    )
+    spec = write_spec(tmp_path, configs, n=(4, 8))
+    cache = str(tmp_path / "cache")
+    said: dict[str, set[tuple[str, str]]] = {}
+    for name, workers in (("first", 2), ("second", 2), ("workers alone", 0)):
+        options = RunOptions(compile_options=CompileOptions(workers, cache))
+        out = submit(str(spec), tmp_path / name, options=options)
+        rows = assert_one_row_per_item(tmp_path / name, out.run_id, planned_ids(spec))
+        rejected = [r for r in rows if json.loads(r.config_key).get("compile_fault")]
+        said[name] = {(r.status, r.message.split(":", 1)[0]) for r in rejected}
+        assert {r.status for r in rows if r not in rejected} == {"ok"}
+    assert said["first"] == {("compile_error", "CompilationError")}
+    assert said["second"] == {("compile_error", "RememberedFailure")}
+    assert said["workers alone"] == {("error", "RememberedFailure")}
+    assert builds_logged(Path(cache)) == Counter({k: 1 for k in builds_logged(Path(cache))}), (
+        "built once each"
+    )

@@ -21,6 +21,7 @@ from typing import Any
 from tunectl.core.plan import WorkItem
 from tunectl.core.record import Record, Status
 from tunectl.core.spec import MeasureSpec
+from tunectl.measure.build_memory import remembered
 from tunectl.measure.built import FREE_SHARE_MIN, Built, Point, RecentPoints, with_warmup
 from tunectl.measure.drift import MAX_WAIT_S, DriftGuard
 from tunectl.measure.failures import clip, failure_message
@@ -66,9 +67,9 @@ class ItemRunner:
         #: the item this worker gets after the current call, where the dispatcher says (its lookahead)
         self.next_item: WorkItem | None = None
         #: told which arm of a comparison is being checked (its index), and None once all are timed
-        self.on_arm: Callable[[int | None], None] = _nothing
+        self.on_arm: Callable[[int | None], None] = lambda _: None
         #: told which member of a plain item or a batch is being checked or timed (its item id)
-        self.on_member: Callable[[str], None] = _nothing
+        self.on_member: Callable[[str], None] = lambda _: None
 
     @classmethod
     def for_process(cls, gpu_assigned: bool, num_threads: int) -> ItemRunner:
@@ -229,11 +230,14 @@ class ItemRunner:
         if built is not None:
             return built, built.checked.again()
         inputs = self._here.inputs
-        if items is not None:
-            fn, prepare_s = self.prepare(task, items[0], static, shape, config, inputs, items[1])
-        else:
-            fn, prepare_s = timed_prepare(task, static, shape, config, inputs)
-        check = when_memory_frees(lambda: self._check(task, static, fn, prepare_s), self.device, self._room)
+        with remembered(task, static, shape, config, self.device):  # a kernel its compiler rejects
+            if items is not None:
+                fn, prepare_s = self.prepare(task, items[0], static, shape, config, inputs, items[1])
+            else:
+                fn, prepare_s = timed_prepare(task, static, shape, config, inputs)
+            check = when_memory_frees(
+                lambda: self._check(task, static, fn, prepare_s), self.device, self._room
+            )
         if check.missed is not None:
             return None, check
         return self._here.keep(config_key, fn, check), check
@@ -394,7 +398,3 @@ def timed_prepare(
     t0 = time.perf_counter()
     fn = task.prepare(static, shape, config, inputs)
     return fn, time.perf_counter() - t0
-
-
-def _nothing(*_: Any) -> None:
-    return None

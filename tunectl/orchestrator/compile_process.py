@@ -68,6 +68,7 @@ class Builder:
     def build(self, key: str, item: WorkItem, arm: Key) -> BuildResult:
         """Compile the kernel of config ``arm`` (the item's, or one of its arms') at ``item``'s point."""
         from tunectl.core.registry import get_task
+        from tunectl.measure.build_memory import remembered
         from tunectl.measure.failures import clip, failure_message
         from tunectl.tasks import compile as build_api
         from tunectl.tasks.base import InvalidConfig
@@ -83,7 +84,8 @@ class Builder:
         # then the items find out for themselves (their workers compile what is left).
         own_point = task.build_shape(static, shape, config) == shape
         try:
-            seconds = build_api.build(task, static, shape, config, self.device, inputs_for)
+            with remembered(task, static, shape, config, self.device, remember=own_point):
+                seconds = build_api.build(task, static, shape, config, self.device, inputs_for)
         except InvalidConfig as exc:
             return BuildResult(key, "invalid" if own_point else "ok", 0.0, clip(str(exc)), host)
         except Exception as exc:

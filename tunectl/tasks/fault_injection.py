@@ -24,8 +24,9 @@ is what the config says it is. Config parameters (all optional; the default conf
   it behaves as a JIT with an on-disk cache: the first compile of a kernel writes an artifact there,
   and a later ``prepare`` of the same kernel (the same compile key: ``compile_ms``, ``variant``,
   ``compile_fault``, whatever the shape) only loads it, in ``LOAD_MS``
-- ``compile_fault``: ``raise``, ``exit`` or ``hang``: the compiler fails, dies or hangs whenever it
-  really compiles (not when it loads a cached artifact)
+- ``compile_fault``: ``raise``, ``reject``, ``exit`` or ``hang``: the compiler fails, rejects the
+  kernel (a ``CompilationError``, which a run remembers: ``tunectl.measure.build_memory``), dies or
+  hangs whenever it really compiles (not when it loads a cached artifact)
 - ``run_ms``: milliseconds each call sleeps (a kernel of fixed cost)
 - ``variant``: any integer, to make many distinct configs of equal cost
 - ``token``: a string naming one test's markers for ``exit_once``
@@ -48,7 +49,7 @@ from tunectl.tasks.base import InvalidConfig, Params, Task
 from tunectl.tasks.compile import cache_dir, key_of
 
 FAULTS = ("none", "raise", "invalid", "wrong", "nan", "hang", "exit", "exit_once", "warn", "print")
-COMPILE_FAULTS = ("raise", "exit", "hang")
+COMPILE_FAULTS = ("raise", "reject", "exit", "hang")
 LOAD_MS = 1.0  # loading a cached artifact
 WARNING = "injected: a kernel library's warning on a first call"  # what fault "warn" says
 PRINTED = "injected: a compiler's own log line"  # what fault "print" writes, three times
@@ -183,10 +184,16 @@ def _faulty_call(fault: str, config: Params, shape: Params, x: Any, run_s: float
     return x if out is None else out
 
 
+class CompilationError(Exception):
+    """The stand-in compiler rejecting a kernel, named as Triton's own error is."""
+
+
 def _misbehave(fault: str, config: Params, shape: Params) -> Any:
     """Raise, hang or exit as ``fault`` says; return None for faults that only change the output."""
     if fault == "raise":
         raise RuntimeError("injected failure: this config raises")
+    if fault == "reject":
+        raise CompilationError("injected: the compiler rejects this kernel")
     if fault == "invalid":
         raise InvalidConfig("injected: this config is not supported here")
     if fault == "hang":

@@ -1,0 +1,99 @@
+"""Builds that a compiler rejected, remembered, so that no later run builds them again.
+
+A kernel whose compiler rejects it (Triton's ``CompilationError``, or Inductor's error around one:
+the shipped decode spec's three FlexAttention configs at batch 64 x 32768, on every run) fails the
+same way each time it is built with the same libraries for the same device, and each try costs
+seconds of a compiler's time (13-16 s of a measuring worker's span in all, where it builds its own
+kernels: benchmarks/results/throughput.md, nineteenth session). Such a failure is written under the
+run's compile cache (``<root>/tunectl/failed/``), named by the task's compile key and what compiled
+it (Python, the packages' versions, the device and its CUDA and driver, the build switches passed on
+to every process): a later build of that kernel, in any process using that cache, fails at once
+with the remembered message. Failures of memory, of time or of a process are never remembered, nor
+anything where no compile cache is set (a serving process). Remove the folder to build them again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from tunectl.core.files import atomic_write, canonical_json
+from tunectl.measure.failures import failure_message
+from tunectl.tasks.base import TuningTask
+from tunectl.tasks.compile import PASSED_ON, cache_dir, compile_key
+from tunectl.tasks.env import environment
+
+#: the compilers' own errors, by type name (an exception's, or one in its chain)
+COMPILER_ERRORS = frozenset({"CompilationError", "InductorError", "BackendCompilerFailed"})
+FOLDER = "failed"
+#: what a kernel's build depends on besides its compile key (``tunectl.tasks.env.environment``)
+_BUILT_WITH = ("python", "packages", "device_name", "compute_capability", "cuda", "driver")
+
+
+class RememberedFailure(RuntimeError):
+    """A kernel the compiler rejected before, with these libraries on this device: not built again."""
+
+
+def compiler_rejected(exc: BaseException) -> bool:
+    """Whether ``exc`` is a compiler's own error (``COMPILER_ERRORS``), not one of memory."""
+    chain = list(_chain(exc))
+    if any(type(e).__name__ == "OutOfMemoryError" or "out of memory" in str(e).lower() for e in chain):
+        return False
+    return any(type(e).__name__ in COMPILER_ERRORS for e in chain)
+
+
+def _chain(exc: BaseException | None) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def failure_path(
+    task: TuningTask,
+    static: Mapping[str, Any],
+    shape: Mapping[str, Any],
+    config: Mapping[str, Any],
+    device: str,
+) -> Path | None:
+    """Where a rejected build of this item's kernel is remembered; None where nothing is (no compile
+    cache set, or no kernel to build)."""
+    root = cache_dir()
+    key = None if root is None else compile_key(task, static, shape, config)
+    if root is None or key is None:
+        return None
+    env = environment(device)
+    switches = {name: os.environ.get(name) for name in PASSED_ON}
+    built_with = canonical_json({"key": key, "switches": switches, **{k: env.get(k) for k in _BUILT_WITH}})
+    return root / FOLDER / f"{hashlib.sha256(built_with.encode()).hexdigest()[:32]}.txt"
+
+
+@contextlib.contextmanager
+def remembered(
+    task: TuningTask,
+    static: Mapping[str, Any],
+    shape: Mapping[str, Any],
+    config: Mapping[str, Any],
+    device: str,
+    remember: bool = True,
+) -> Iterator[None]:
+    """Around building (and first running) an item's kernel: ``RememberedFailure`` at once where a
+    build of it was rejected before; a rejection inside remembered (where ``remember``), then raised."""
+    path = failure_path(task, static, shape, config, device)
+    if path is not None and path.is_file():
+        said = path.read_text(errors="replace")
+        raise RememberedFailure(
+            f"rejected by its compiler in an earlier build (remove {path} to build it again): {said}"
+        )
+    try:
+        yield
+    except Exception as exc:
+        if remember and path is not None and compiler_rejected(exc):
+            with contextlib.suppress(OSError):  # unremembered, it is only built again next time
+                atomic_write(path, failure_message(exc).encode(), make_parents=True)
+        raise
