@@ -92,3 +92,11 @@ def test_workers_need_a_cluster_that_outlives_the_command(
     out = CliRunner().invoke(app, ["workers", *[str(spec) if c == "SPEC" else c for c in command]])
     assert out.exit_code == 2 and out.output.startswith("error: resident workers need a cluster")
     assert len(out.output.strip().splitlines()) == 1
+
+
+def test_another_compile_cache_is_said_as_its_root() -> None:
+    from tunectl.tasks.compile import cache_env
+
+    asked = wants(WorkerSetup(env=tuple(cache_env("/c/mine").items())), "H200")
+    has = {"compile_ahead": False, "env": cache_env("/c/theirs")}
+    assert differences(asked, has) == "the compile cache '/c/theirs' (this run: '/c/mine')"

@@ -64,7 +64,8 @@ class RunBar:
         self.bar.update(self.compile_id, completed=built, total=total, description=description)
 
     def stop(self) -> None:
-        self.bar.stop()
+        if self.task_id is not None:  # a run refused before it started drew nothing: nothing to end
+            self.bar.stop()
 
 
 class _ConsoleLog(logging.Handler):

@@ -21,6 +21,7 @@ import contextlib
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import PurePath
 from typing import Any
 
 import ray
@@ -38,6 +39,7 @@ from tunectl.orchestrator.cluster import (
     start_pools,
 )
 from tunectl.orchestrator.notes import Note
+from tunectl.tasks.compile import CACHE_ENV, PASSED_ON, cache_env
 
 #: how long a run waits for resident workers to answer its claim (one Ray is restarting comes back
 #: after its start-up)
@@ -85,11 +87,21 @@ def differences(wants: Mapping[str, Any], has: Mapping[str, Any]) -> str | None:
     lines = [
         f"{k} {has.get(k)!r} (this run: {v!r})" for k, v in wants.items() if k != "env" and has.get(k) != v
     ]
-    env = has.get("env", {})
-    lines += [
-        f"{n}={env.get(n)!r} (this run: {v!r})" for n, v in wants.get("env", {}).items() if env.get(n) != v
-    ]
+    env, wanted = has.get("env", {}), wants.get("env", {})
+    differ = [n for n, v in wanted.items() if env.get(n) != v]
+    caches = set(cache_env("")) - set(PASSED_ON)  # one compile cache's variables: said as its root
+    if CACHE_ENV in differ:
+        lines.append(
+            f"the compile cache {_root(env.get(CACHE_ENV))!r} (this run: {_root(wanted[CACHE_ENV])!r})"
+        )
+        differ = [n for n in differ if n not in caches]
+    lines += [f"{n}={env.get(n)!r} (this run: {wanted[n]!r})" for n in differ]
     return "; ".join(lines) or None
+
+
+def _root(cache: str | None) -> str | None:
+    """The compile cache root a process's ``TUNECTL_COMPILE_CACHE`` lies in (``cache_env``)."""
+    return None if cache is None else str(PurePath(cache).parent)
 
 
 def wants(setup: WorkerSetup, pool: str) -> dict[str, Any]:
