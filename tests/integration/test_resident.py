@@ -13,11 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import local_cluster
 from tests.integration.test_faults import assert_one_row_per_item, by_fault, planned_ids, write_spec
 from tunectl import api
 from tunectl.core.errors import UserError
 from tunectl.orchestrator import resident
 from tunectl.orchestrator.submit import RunOptions, submit
+from tunectl.store.results import read_results
 from tunectl.store.runs import load_run
 
 pytestmark = pytest.mark.slow
@@ -50,7 +52,7 @@ def test_runs_measure_on_the_resident_workers_and_give_them_back(
     for runs in (1, 2):
         out = submit(str(spec), tmp_path / "results", options=RunOptions(compile_ahead=False))
         rows = assert_one_row_per_item(tmp_path / "results", out.run_id, planned_ids(spec))
-        assert out.placement is not None and out.placement.resident and out.placement.num_workers == 2
+        assert out.placement is not None and out.placement.num_resident == out.placement.num_workers == 2
         assert {int(r.worker.rsplit(":", 1)[1]) for r in rows} <= set(pids(started)), "a worker of its own"
         now = api.workers_list(cluster)["GPU"]
         assert [s["resident"]["runs"] for s in now] == [runs, runs] and not any(s["run"] for s in now)
@@ -61,7 +63,7 @@ def test_runs_measure_on_the_resident_workers_and_give_them_back(
     assert api.workers_down(cluster) == 2 and api.workers_list(cluster) == {}
     out = submit(str(spec), tmp_path / "after", options=RunOptions(compile_ahead=False))  # GPUs given back
     assert load_run(tmp_path / "after", out.run_id).state == "finished"
-    assert out.placement is not None and not out.placement.resident
+    assert out.placement is not None and out.placement.num_resident == 0
 
 
 def test_a_run_started_otherwise_is_refused_and_holds_nothing(cluster: api.Cluster, tmp_path: Path) -> None:
@@ -85,12 +87,12 @@ def test_a_live_run_keeps_them_and_a_dead_drivers_run_is_taken_over(
     api.workers_up(api.load_spec(spec), cluster)
     setup = WorkerSetup()
     taken = resident.take(["GPU"], None, setup, "run-a")
-    assert taken is not None
+    assert [p.name for p in taken] == ["GPU"]
     with pytest.raises(UserError, match="measuring run run-a of another driver"):
         resident.take(["GPU"], None, setup, "run-b")
     with pytest.raises(UserError, match="run-a"):
         api.workers_down(cluster)
-    resident.release(taken[0])
+    resident.release(taken)
 
     # A driver that takes them and dies without a word: its job ends, so the next run takes over.
     script = (
@@ -98,7 +100,7 @@ def test_a_live_run_keeps_them_and_a_dead_drivers_run_is_taken_over(
         f"ray.init(address={cluster.address!r}, logging_level='ERROR')\n"
         "from tunectl.orchestrator import resident\n"
         "from tunectl.orchestrator.cluster import WorkerSetup\n"
-        "assert resident.take(['GPU'], None, WorkerSetup(), 'run-dead') is not None\n"
+        "assert resident.take(['GPU'], None, WorkerSetup(), 'run-dead')\n"
         "ray.shutdown()\n"
         "os._exit(0)\n"
     )
@@ -106,8 +108,8 @@ def test_a_live_run_keeps_them_and_a_dead_drivers_run_is_taken_over(
     subprocess.run([sys.executable, "-c", script], check=True, env=env, timeout=120)
     assert {s["run"] for s in api.workers_list(cluster)["GPU"]} == {"run-dead"}
     taken = resident.take(["GPU"], None, setup, f"run-{secrets.token_hex(2)}")
-    assert taken is not None
-    resident.release(taken[0])
+    assert [p.name for p in taken] == ["GPU"]
+    resident.release(taken)
 
 
 def test_a_resident_worker_that_dies_in_a_run_comes_back_resident(
@@ -122,3 +124,29 @@ def test_a_resident_worker_that_dies_in_a_run_comes_back_resident(
     after = api.workers_list(cluster)["GPU"]
     assert len(after) == 2 and not any(s["run"] for s in after), "given back, the restarted one too"
     assert pids({"GPU": after}) != before, "the process it killed was started again, under its name"
+
+
+def test_a_pool_without_resident_workers_gets_its_own_beside_them(tmp_path: Path) -> None:
+    """On a cluster of two GPU kinds with resident workers on one, a run for both measures on those
+    and starts its own on the other; one for the other kind alone starts its own, and leaves them."""
+    import ray
+
+    a100 = {"num_cpus": 1, "num_gpus": 1, "resources": {"accelerator_type:A100": 1}}
+    h100 = {"num_cpus": 1, "num_gpus": 1, "resources": {"accelerator_type:H100": 1}}
+    with local_cluster(a100, h100):
+        here = api.Cluster(address=ray.get_runtime_context().gcs_address)
+        only_a100 = write_spec(tmp_path, FAST, resources='accelerator_type = "A100"')
+        api.workers_up(api.load_spec(only_a100), here)
+        try:
+            both = write_spec(tmp_path, FAST)
+            out = submit(str(both), tmp_path / "both", options=RunOptions(compile_ahead=False))
+            assert out.placement is not None and out.placement.pools == ("A100", "H100")
+            assert (out.placement.num_workers, out.placement.num_resident) == (2, 1)
+            rows = read_results(tmp_path / "both", run_ids=[out.run_id])
+            assert len(rows) == 2 * len(planned_ids(both)) and {r.status for r in rows} == {"ok"}
+            h100_only = write_spec(tmp_path, FAST, resources='accelerator_type = "H100"')
+            out = submit(str(h100_only), tmp_path / "h100", options=RunOptions(compile_ahead=False))
+            assert out.placement is not None and out.placement.num_resident == 0
+            assert [s["run"] for s in api.workers_list(here)["A100"]] == [None], "left as they were"
+        finally:
+            resident.down(force=True)

@@ -41,9 +41,8 @@ class RunBar:
         pools = placement.pools
         once = f", once per accelerator type: {', '.join(pools)}" if len(pools) > 1 else ""
         self.console.print(
-            f"run [bold]{run_id}[/]: ~{total} measurements on {placement.num_workers}"
-            f"{' resident' if placement.resident else ''} {placement.kind} "
-            f"worker(s) across {placement.num_nodes} node(s){once}"
+            f"run [bold]{run_id}[/]: ~{total} measurements on {placement.num_workers} {placement.kind} "
+            f"worker(s){_resident(placement)} across {placement.num_nodes} node(s){once}"
         )
         self.bar.start()
         self.task_id = self.bar.add_task("measuring", total=total, failed=0)
@@ -129,3 +128,11 @@ def stopped_message(exc: KeyboardInterrupt, results: Path) -> str:
         f"run {run_id} stopped ({getattr(exc, 'state', 'interrupted')}); what was measured is kept. "
         f"Finish it with `tunectl submit --resume {run_id} --results {results}`"
     )
+
+
+def _resident(placement: Any) -> str:
+    """Which of a run's workers the cluster kept between runs (``tunectl workers up``)."""
+    count = getattr(placement, "num_resident", 0)
+    if not count:
+        return ""
+    return " (resident)" if count == placement.num_workers else f" ({count} resident)"

@@ -42,7 +42,7 @@ class Placement:
     num_workers: int
     num_nodes: int
     pools: tuple[str, ...] = ()
-    resident: bool = False  # the cluster's resident workers (``tunectl.orchestrator.resident``)
+    num_resident: int = 0  # of the workers, the cluster's resident ones (``tunectl.orchestrator.resident``)
 
 
 @dataclass(frozen=True)
@@ -223,9 +223,16 @@ def start_pools(
     except BaseException:
         stop_pools(pools)
         raise
-    kind = "cpu" if list(names) == [CPU_POOL] else "gpu"
+    return pools, placement_of(pools)
+
+
+def placement_of(pools: Sequence[Pool]) -> Placement:
+    """Where ``pools`` are, in numbers (resident ones counted apart)."""
+    names = tuple(p.name for p in pools)
+    kind = "cpu" if names == (CPU_POOL,) else "gpu"
     nodes = set().union(*(p.node_ids for p in pools))
-    return pools, Placement(kind, sum(len(p.workers) for p in pools), len(nodes), tuple(names))
+    resident = sum(len(p.workers) for p in pools if p.held_for)
+    return Placement(kind, sum(len(p.workers) for p in pools), len(nodes), names, resident)
 
 
 def _gpu_pool(

@@ -10,7 +10,15 @@ from pathlib import Path
 from typing import Any
 
 from tunectl.orchestrator import resident
-from tunectl.orchestrator.cluster import Placement, Pool, WorkerSetup, start_pools, stop_builders, stop_pools
+from tunectl.orchestrator.cluster import (
+    Placement,
+    Pool,
+    WorkerSetup,
+    placement_of,
+    start_pools,
+    stop_builders,
+    stop_pools,
+)
 from tunectl.orchestrator.compile_schedule import BuildScheduler
 from tunectl.orchestrator.compiling import OnCompiles, start_builds
 from tunectl.orchestrator.control import CompileOptions, RunCancelled, RunStopped, cancel_requested
@@ -63,10 +71,12 @@ class Workers:
         """The run's pools, one worker per GPU (or one on the CPU): where they were placed. On a
         cluster, the resident workers where it has any (``tunectl.orchestrator.resident``)."""
         run_id = self.run_file.info.run_id
-        taken = resident.take(names, num_gpus, setup, run_id)  # none on a local instance of its own
-        started, placement = taken or start_pools(names, num_gpus, setup, label=f"tunectl-{run_id}")
-        self.pools += started
-        return placement
+        self.pools += resident.take(names, num_gpus, setup, run_id)  # none on a local instance of its own
+        rest = [n for n in names if n not in {p.name for p in self.pools}]
+        if rest:
+            self.pools += start_pools(rest, num_gpus, setup, label=f"tunectl-{run_id}")[0]
+        self.pools.sort(key=lambda p: list(names).index(p.name))
+        return placement_of(self.pools)
 
     def start_builds(
         self,

@@ -31,7 +31,6 @@ from tunectl.orchestrator.cluster import (
     CPU_POOL,
     NAMESPACE,
     RESIDENT_PREFIX,
-    Placement,
     Pool,
     WorkerSetup,
     cpu_threads,
@@ -140,34 +139,20 @@ def listed() -> dict[str, list[Any]]:
     }
 
 
-def take(
-    names: Sequence[str], num_gpus: int | None, setup: WorkerSetup, run_id: str
-) -> tuple[list[Pool], Placement] | None:
-    """The resident pools of ``names`` held for run ``run_id`` (at most ``num_gpus`` workers each),
-    with where they are; None where the cluster has no resident workers. ``UserError`` where they are
-    not this run's to take (module doc); then nothing is held."""
+def take(names: Sequence[str], num_gpus: int | None, setup: WorkerSetup, run_id: str) -> list[Pool]:
+    """The pools of ``names`` that have resident workers, held for run ``run_id`` (at most
+    ``num_gpus`` workers each; the run starts its own for the other pools). ``UserError`` where they
+    are not this run's to take (module doc); then nothing is held."""
     found = listed()
-    if not found:
-        return None
-    missing = [n for n in names if n not in found]
-    if missing:
-        raise UserError(
-            f"the cluster's resident workers are on {', '.join(sorted(found))}, not on {', '.join(missing)} "
-            f"that this run is planned for; {_DOWN}"
-        )
-    job = ray.get_runtime_context().get_job_id()
-    pools = [
-        Pool(n, workers=found[n][: num_gpus or None], held_for=run_id, placement_group=None) for n in names
-    ]
+    job = ray.get_runtime_context().get_job_id() if found else ""
+    pools = [Pool(n, workers=found[n][: num_gpus or None], held_for=run_id) for n in names if n in found]
     try:
         for pool in pools:
             pool.node_ids = _claim(pool, wants(setup, pool.name), job)
     except BaseException:
         release(pools)
         raise
-    kind = "cpu" if list(names) == [CPU_POOL] else "gpu"
-    nodes = set().union(*(p.node_ids for p in pools))
-    return pools, Placement(kind, sum(len(p.workers) for p in pools), len(nodes), tuple(names), resident=True)
+    return pools
 
 
 def _claim(pool: Pool, asked: dict[str, Any], job: str) -> set[str]:
