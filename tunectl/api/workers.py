@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from tunectl.api.options import Cluster
@@ -55,9 +54,9 @@ def workers_down(cluster: Cluster, force: bool = False) -> int:
 
 
 def _join(cluster: Cluster) -> None:
-    from tunectl.orchestrator.cluster import connect
+    from tunectl.orchestrator.cluster import cluster_address, connect
 
-    if not (cluster.address or os.environ.get("RAY_ADDRESS")):
+    if not cluster_address(cluster.address):
         raise UserError(
             "resident workers need a cluster that outlives this command: start one (`ray start --head`) "
             "and give its --address (auto: the one on this machine)"

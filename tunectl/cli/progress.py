@@ -132,7 +132,7 @@ def stopped_message(exc: KeyboardInterrupt, results: Path) -> str:
 
 def _resident(placement: Any) -> str:
     """Which of a run's workers the cluster kept between runs (``tunectl workers up``)."""
-    count = getattr(placement, "num_resident", 0)
+    count = placement.num_resident
     if not count:
         return ""
     return " (resident)" if count == placement.num_workers else f" ({count} resident)"

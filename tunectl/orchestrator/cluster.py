@@ -111,14 +111,15 @@ def connect(
     if ray.is_initialized():
         return False
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
-    joining = bool(address) or bool(os.environ.get("RAY_ADDRESS"))
+    joined = cluster_address(address)
+    joining = bool(joined)
     kwargs: dict[str, Any] = {"logging_level": logging.ERROR, "log_to_driver": True}
     if joining:
         if num_gpus is not None or num_cpus is not None:
             raise UserError("--num-gpus applies to a local instance only, not when joining a cluster")
         if address:
             kwargs["address"] = address
-        check_ray(address or os.environ.get("RAY_ADDRESS", ""), timeout_s or connect_timeout_s())
+        check_ray(joined, timeout_s or connect_timeout_s())
     else:
         counts = {"num_gpus": num_gpus, "num_cpus": num_cpus}
         kwargs.update(address="local", include_dashboard=False)
@@ -126,7 +127,7 @@ def connect(
     try:
         _init_with_retries(kwargs)
     except (ConnectionError, ValueError, RuntimeError, TimeoutError) as exc:
-        target = address or os.environ.get("RAY_ADDRESS") or "a local Ray instance"
+        target = joined or "a local Ray instance"
         lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
         detail = " ".join(lines)[:300] or type(exc).__name__
         hint = _AUTH_HINT if joining and os.environ.get("RAY_AUTH_MODE", "").lower() != "token" else ""
@@ -134,6 +135,11 @@ def connect(
     if not joining:
         _watch_local_instance()
     return True
+
+
+def cluster_address(address: str | None) -> str:
+    """The cluster a driver joins: ``address``, else ``RAY_ADDRESS``; "" for none (a local instance)."""
+    return address or os.environ.get("RAY_ADDRESS", "")
 
 
 def _watch_local_instance() -> None:

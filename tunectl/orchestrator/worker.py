@@ -110,10 +110,10 @@ class TuneWorker:
         (``tunectl.orchestrator.resident``)."""
         has = {"compile_ahead": self.compile_ahead, "threads": self.startup.get("threads")}
         has["env"] = {name: os.environ.get(name) or None for name in wants.get("env", {})}
-        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1)
-        differs = differences(for_worker(wants, int(cpus)), has)
+        ctx = ray.get_runtime_context()
+        differs = differences(for_worker(wants, int(ctx.get_assigned_resources().get("CPU", 1))), has)
         held_by = None if differs else self.lease.take(run_id, job, take_from)
-        return {"node_id": ray.get_runtime_context().get_node_id(), "differs": differs, "held_by": held_by}
+        return {"node_id": ctx.get_node_id(), "differs": differs, "held_by": held_by}
 
     def release(self, run_id: str) -> list[Any]:
         """Give this resident worker back after run ``run_id``: it keeps its process, its libraries and
