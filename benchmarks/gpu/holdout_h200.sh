@@ -16,7 +16,8 @@
 # the candidates on this GPU as a serving process would at start-up (at those shapes' batch sizes, every
 # KV cell of the bundle at its edges, cells cut to CELL_SPAN at most, default 2) and scores what the
 # confirmed bundle answers at the held-out shapes against that run's oracle, and times confirming at
-# CONFIRM_BATCHES (default 32) batch sizes over every KV cell: $OUT/confirm-pP.json; then confirms at the
+# CONFIRM_BATCHES (default 32; 0: not timed) batch sizes over every KV cell: $OUT/confirm-pP.json
+# (confirm-pP-spanS.json under another CELL_SPAN); then confirms at the
 # held-out shapes themselves, KV lengths included, which no serving process can (an upper bound):
 # $OUT/confirm-exact-pP.json (benchmarks/studies/confirm_holdout.py). BUDGET: the seconds confirming may
 # take per held-out run (default 120), BATCH_BUDGET at the CONFIRM_BATCHES sizes (default none);
@@ -113,7 +114,7 @@ case "${1:?step}" in
   restore)
     archives=(holdout_h200_2026-12-04.tar.gz holdout_h200_2026-12-04b.tar.gz holdout_h200_2026-12-04c.tar.gz
       holdout_h200_2026-12-04d.tar.gz holdout_h200_2026-12-04e.tar.gz holdout_h200_2026-12-05.tar.gz
-      holdout_h200_2026-12-05b.tar.gz holdout_h200_2026-12-05c.tar.gz)
+      holdout_h200_2026-12-05b.tar.gz holdout_h200_2026-12-05c.tar.gz holdout_h200_2026-12-05d.tar.gz)
     for a in "${archives[@]}"; do tar xzf "benchmarks/results/$a" -C "$(dirname "$RES")"; done
     for a in "${archives[@]}"; do  # each archive holds the list as it stood: their lines together
       tar xzOf "benchmarks/results/$a" holdout-results/confirm-runs.txt 2>/dev/null
@@ -157,8 +158,10 @@ case "${1:?step}" in
     [ "${DRAW_ONLY:-0}" = 1 ] && exit 0
     # as a serving process can: at the held-out batch sizes, every KV cell at its edges (the lengths
     # to come are unknown at start-up); then at the held-out shapes themselves, the upper bound
-    python benchmarks/studies/confirm_holdout.py --results "$RES" "${args[@]}" --json "$OUT/confirm-p$page.json" \
-      --time-batches "${CONFIRM_BATCHES:-32}" --cell-span "${CELL_SPAN:-2}" --budget-s "${BUDGET:-120}" \
+    span=${CELL_SPAN:-2}  # another span's scores go beside the default's: confirm-pP-spanS.json
+    out="$OUT/confirm-p$page$([ "$span" = 2 ] || echo "-span$span").json"
+    python benchmarks/studies/confirm_holdout.py --results "$RES" "${args[@]}" --json "$out" \
+      --time-batches "${CONFIRM_BATCHES:-32}" --cell-span "$span" --budget-s "${BUDGET:-120}" \
       --batch-budget-s "${BATCH_BUDGET:-1e9}"
     [ "${EXACT:-1}" = 1 ] || exit 0
     python benchmarks/studies/confirm_holdout.py --results "$RES" "${args[@]}" --by-cell '' \
