@@ -112,6 +112,33 @@ def test_a_live_run_keeps_them_and_a_dead_drivers_run_is_taken_over(
     resident.release(taken)
 
 
+def test_a_run_starts_no_compile_process_for_kernels_its_resident_workers_built(
+    cluster: api.Cluster, tmp_path: Path
+) -> None:
+    """Resident workers tell each run which of its kernels their node's cache settles: built by them
+    in an earlier run, or rejected by the compiler and remembered. Where that is every kernel the run
+    needs, it starts no compile process (nor waits for one)."""
+    import json
+
+    from tests.integration.test_builds_on_ray import builds_logged
+
+    configs = '[[configs]]\nfault = "none"\ncompile_ms = 200\nvariant = [0, 1, 2]\n'
+    spec = write_spec(tmp_path, configs + '[[configs]]\ncompile_ms = 50\ncompile_fault = "reject"\n')
+    cache = tmp_path / "cache"
+    api.workers_up(api.load_spec(spec), cluster, api.CompileOptions(cache=str(cache)))
+    options = RunOptions(compile_ahead=False, compile_options=api.CompileOptions(2, str(cache)))
+    processes, statuses = [], []
+    for name in ("first", "second"):
+        out = submit(str(spec), tmp_path / name, options=options)
+        rows = assert_one_row_per_item(tmp_path / name, out.run_id, planned_ids(spec))
+        statuses.append({r.status for r in rows})
+        meta = json.loads((tmp_path / name / "_runs" / f"{out.run_id}.json").read_text())["compile"]
+        processes.append(meta["compile_processes"])
+    assert processes == [2, 0], "the second run's kernels were all settled by the first"
+    assert statuses == [{"ok", "compile_error"}, {"ok", "error"}], "rejected, then remembered"
+    assert sorted(builds_logged(cache).values()) == [1, 1, 1], "each kernel compiled once, in the first run"
+
+
 def test_a_resident_worker_that_dies_in_a_run_comes_back_resident(
     cluster: api.Cluster, tmp_path: Path
 ) -> None:

@@ -97,3 +97,28 @@ def test_a_worker_does_not_build_again_what_a_worker_saw_rejected(
     assert first.status is Status.ERROR and "CompilationError: injected" in first.message
     assert again.status is Status.ERROR and "rejected by its compiler in an earlier build" in again.message
     assert compiler.calls == 1, "the second worker did not compile it"
+
+
+def test_the_cache_settles_the_kernels_built_here_and_those_rejected_before(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a resident worker tells a run (``settled``): of the run's compile keys, those it built
+    without an error and those whose rejection the cache remembers; not one that failed otherwise,
+    nor one never built."""
+    from tunectl.tasks.compile import compile_key
+
+    monkeypatch.setattr(build_memory, "_BUILT", set())
+    task, shape = get_task("fault_injection"), {"n": 4}
+    built, failing, unseen = ({"compile_ms": 1, "variant": v} for v in (7, 8, 9))
+    failing["fault"] = "raise"
+    keys = [compile_key(task, {}, shape, c) for c in (built, REJECTED, failing, unseen)]
+    assert len(set(keys)) == 4
+    with remembered(task, {}, shape, built, "cpu"):
+        task.prepare({}, shape, built, task.build_inputs({}, shape, "cpu"))
+    with pytest.raises(fault_injection.CompilationError), remembered(task, {}, shape, REJECTED, "cpu"):
+        task.prepare({}, shape, REJECTED, task.build_inputs({}, shape, "cpu"))
+    with pytest.raises(RuntimeError), remembered(task, {}, shape, failing, "cpu"):
+        raise RuntimeError("injected failure: not the compiler's")
+    assert build_memory.settled(keys, "cpu") == keys[:2]
+    monkeypatch.delenv(CACHE_ENV)
+    assert build_memory.settled(keys, "cpu") == keys[:1], "no compile cache: no rejection to read"

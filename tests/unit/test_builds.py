@@ -338,3 +338,24 @@ def test_a_compile_process_with_nothing_left_to_build_is_told_to_let_its_point_g
     scheduler.pump()
     scheduler.on_ready(Actor.build.refs[1])
     assert len(Actor.build.refs) == 2 and len(Actor.idle.refs) == 2, "built again, idle again"
+
+
+def test_kernels_resident_workers_built_in_earlier_runs_are_not_built_again_nor_waited_for() -> None:
+    """A resident worker tells the run which kernels it built into its node's cache before
+    (``Pool.settled``): on that node (or anywhere, with a shared cache) they are built from the start,
+    so its items are ready at once and no compile process is handed them."""
+    from tunectl.orchestrator.cluster import Pool
+    from tunectl.orchestrator.compiling import settled_before
+
+    items = [item(4, 0), item(4, 1)]
+    kept = next(iter(compile_keys(items[0])))
+    pools = [Pool("GPU", node_ids={"node-a"}, settled={"node-a": {kept}}), Pool("CPU", node_ids={"node-b"})]
+    known = settled_before(pools)
+    assert known == {"node-a": {kept}, SHARED: {kept}}
+    book = BuildBook(compile_keys, ("node-a", "node-b"), known)
+    book.add(items)
+    assert book.rank(items[0], "node-a") == READY, "built there in an earlier run"
+    assert book.rank(items[0], "node-b") == WAIT, "another node's cache does not have it"
+    job = book.next_job("node-a")
+    assert job is not None and job[1] is items[1] and book.next_job("node-a") is None
+    assert book.counts() == (1, 4, 1), "one kept, one being built, two pending on node-b"

@@ -10,6 +10,11 @@ it (Python, the packages' versions, the device and its CUDA and driver, the buil
 to every process): a later build of that kernel, in any process using that cache, fails at once
 with the remembered message. Failures of memory, of time or of a process are never remembered, nor
 anything where no compile cache is set (a serving process). Remove the folder to build them again.
+
+A process also keeps in mind the kernels it built without an error. Those and the remembered
+rejections are what ``settled`` finds settled by the cache: a resident worker asked by the next run
+(``TuneWorker.settled``) says which of its kernels need no compile process, so the run neither waits
+for one to build them nor, where that is all it needs, starts one (``tunectl.orchestrator.compiling``).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +37,8 @@ COMPILER_ERRORS = frozenset({"CompilationError", "InductorError", "BackendCompil
 FOLDER = "failed"
 #: what a kernel's build depends on besides its compile key (``tunectl.tasks.env.environment``)
 _BUILT_WITH = ("python", "packages", "device_name", "compute_capability", "cuda", "driver")
+#: the compile keys this process built (or loaded) without an error (``settled``)
+_BUILT: set[str] = set()
 
 
 class RememberedFailure(RuntimeError):
@@ -63,8 +70,23 @@ def failure_path(
 ) -> Path | None:
     """Where a rejected build of this item's kernel is remembered; None where nothing is (no compile
     cache set, or no kernel to build)."""
+    return _path_of(_key_of(task, static, shape, config), device)
+
+
+def settled(keys: Iterable[str], device: str) -> list[str]:
+    """Those of ``keys`` (compile keys) whose build the compile cache settles for this process: built
+    (or loaded) here without an error, or a rejection remembered (module doc)."""
+    return [k for k in keys if k in _BUILT or ((path := _path_of(k, device)) is not None and path.is_file())]
+
+
+def _key_of(
+    task: TuningTask, static: Mapping[str, Any], shape: Mapping[str, Any], config: Mapping[str, Any]
+) -> str | None:
+    return None if cache_dir() is None else compile_key(task, static, shape, config)
+
+
+def _path_of(key: str | None, device: str) -> Path | None:
     root = cache_dir()
-    key = None if root is None else compile_key(task, static, shape, config)
     if root is None or key is None:
         return None
     env = environment(device)
@@ -84,7 +106,8 @@ def remembered(
 ) -> Iterator[None]:
     """Around building (and first running) an item's kernel: ``RememberedFailure`` at once where a
     build of it was rejected before; a rejection inside remembered (where ``remember``), then raised."""
-    path = failure_path(task, static, shape, config, device)
+    key = _key_of(task, static, shape, config)
+    path = _path_of(key, device)
     if path is not None and path.is_file():
         said = path.read_text(errors="replace")
         raise RememberedFailure(
@@ -97,3 +120,5 @@ def remembered(
             with contextlib.suppress(OSError):  # unremembered, it is only built again next time
                 atomic_write(path, failure_message(exc).encode(), make_parents=True)
         raise
+    if key is not None:
+        _BUILT.add(key)

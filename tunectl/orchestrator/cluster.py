@@ -68,13 +68,15 @@ class WorkerSetup:
 class Pool:
     """The workers on one kind of device (an accelerator type, or CPUs) and the group holding them.
     ``held_for``: the run that took this pool's resident workers (``tunectl.orchestrator.resident``):
-    it gives them back when it ends, never stops them."""
+    it gives them back when it ends, never stops them; ``settled``: per node, the run's compile keys whose
+    build they found settled by the node's compile cache (``resident.ask_settled``)."""
 
     name: str
     workers: list[Any] = field(default_factory=list)
     placement_group: Any = None
     node_ids: set[str] = field(default_factory=set)
     held_for: str | None = None
+    settled: dict[str, set[str]] = field(default_factory=dict)
 
 
 #: Resident workers (``tunectl.orchestrator.resident``) are named actors of this namespace, held by

@@ -2,10 +2,10 @@
 
 Each item's compile key (``tunectl.tasks.compile``) names the kernel it needs. The ``BuildBook`` keeps, per
 *scope* (a node, or the whole cluster when the compile cache is shared), every key in the order the
-dispatcher will want it, and whether it is pending, being built, built, failed, or claimed by a
-worker that compiles it itself. The ``BuildScheduler`` keeps the node's compile processes
-(``tunectl.orchestrator.compile_process``) busy with the next pending keys and turns their answers
-into the book.
+dispatcher will want it, and whether it is pending, being built, built (or settled by the cache for a
+resident worker in an earlier run: ``known``), failed, or claimed by a worker that compiles it itself. The
+``BuildScheduler`` keeps the node's compile processes (``tunectl.orchestrator.compile_process``) busy
+with the next pending keys and turns their answers into the book.
 
 What the dispatcher does with it: a worker prefers items whose kernels are built on its node (load
 balance first: an idle worker still takes an unbuilt item and compiles it itself, and the builders
@@ -60,6 +60,7 @@ class BuildBook:
 
     key_fn: KeyFn
     scopes: Sequence[str]
+    known: dict[str, set[str]] = field(default_factory=dict)  # scope -> keys settled there before the run
     keys: dict[str, dict[str, _Key]] = field(default_factory=dict)  # scope -> key -> state
     item_keys: dict[str, list[str]] = field(default_factory=dict)
     waiting: dict[str, int] = field(default_factory=dict)  # key -> queued items that need it
@@ -207,8 +208,9 @@ class BuildBook:
             keys = self.item_keys[item.item_id] = list(kernels)
             for key, config in kernels.items():
                 self.position.setdefault(key, len(self.position))
-                for book in self.keys.values():
-                    book.setdefault(key, _Key(item, config))
+                for scope, book in self.keys.items():
+                    state = "built" if key in self.known.get(scope, ()) else "pending"
+                    book.setdefault(key, _Key(item, config, state))
         return keys
 
 
@@ -237,8 +239,7 @@ class BuildScheduler:
         timeout_s: float,
         on_change: Callable[[BuildBook], None] | None = None,
     ) -> None:
-        """``builders``: (actor, node id) pairs. Without a shared cache, node k of M builds every M-th
-        kernel first (``BuildBook.next_job``)."""
+        """``builders``: (actor, node id) pairs; node k of M builds every M-th kernel first (``next_job``)."""
         self.book, self.timeout_s, self.on_change = book, timeout_s, on_change
         nodes = sorted({node for _, node in builders})
         shared = list(book.scopes) == [SHARED]

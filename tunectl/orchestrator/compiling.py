@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from tunectl.orchestrator import resident
 from tunectl.orchestrator.cluster import CPU_POOL, Pool, WorkerSetup, start_builders
 from tunectl.orchestrator.compile_schedule import SHARED, BuildBook, BuildScheduler, KeyFn, key_function
 from tunectl.orchestrator.control import CompileOptions
@@ -59,21 +60,31 @@ def start_builds(
     on_compiles: OnCompiles,
 ) -> tuple[RunInfo, list[tuple[Any, str]], BuildScheduler | None]:
     """Compile processes, as (actor, node id), where the lanes' first items have kernels to build
-    ahead (the caller stops them); the run's metadata saying so, and the scheduler that hands them
+    ahead (the caller stops them), none where the resident workers' caches settle every one of them
+    on every node (``settled_before``: a kernel a later item needs is then built by its worker, as
+    without compile processes); the run's metadata saying so, and the scheduler that hands them
     builds (None without any)."""
     key_fn = key_function()
-    needed = any(key_fn(item) for lane in lanes for item in lane.items)
-    builders = _builders(pools, options, setup) if needed else []
+    wanted = {key for lane in lanes for item in lane.items for key in key_fn(item)}
+    resident.ask_settled(pools, sorted(wanted))
+    known = settled_before(pools)
+    nodes = [known.get(n, set()) for n in set().union(*(p.node_ids for p in pools))]
+    everywhere = known[SHARED] if options.shared else set.intersection(*nodes) if nodes else set()
+    builders = _builders(pools, options, setup) if wanted - everywhere else []
     info = dataclasses.replace(info, compile=_compile_meta(options, setup, builders))
-    return info, builders, _scheduler(options, builders, on_compiles, key_fn)
+    return info, builders, _scheduler(options, builders, on_compiles, key_fn, known)
 
 
 def note_builds(info: RunInfo, builds: BuildScheduler, results: Path) -> None:
     """What the compile processes built, in the run's metadata and its log (each failure in the log
-    alone; the console has their count by status)."""
-    built, total, _ = builds.book.counts()
+    alone; the console has their count by status). A kernel settled before the run (``settled_before``)
+    is counted apart, as ``kept``."""
+    book = builds.book
+    kept = sum(key in book.known.get(scope, ()) for scope, keys in book.keys.items() for key in keys)
+    built, total = book.counts()[0] - kept, book.counts()[1]
     info.compile.update(
         built=built,
+        kept=kept,
         keys=total,
         build_seconds=round(builds.book.seconds, 3),
         per_kernel_seconds=builds.book.build_seconds,
@@ -81,11 +92,12 @@ def note_builds(info: RunInfo, builds: BuildScheduler, results: Path) -> None:
     failed = builds.book.failures()
     not_built = ", ".join(f"{n} {status}" for status, n in sorted(failed.items()))
     log.info(
-        "run %s: compile processes built %d of %d kernel(s) in %.1f s of compile time%s",
+        "run %s: compile processes built %d of %d kernel(s) in %.1f s of compile time%s%s",
         info.run_id,
         built,
         total,
         builds.book.seconds,
+        f" ({kept} settled in earlier runs)" if kept else "",
         f" (not built: {not_built}; `tunectl logs {info.run_id}{results_option(results)}` says why)"
         if failed
         else "",
@@ -103,13 +115,28 @@ def _builders(pools: Sequence[Pool], compile: CompileOptions, setup: WorkerSetup
     return start_builders(nodes, compile.workers_per_node, setup)
 
 
+def settled_before(pools: Sequence[Pool]) -> dict[str, set[str]]:
+    """Per node, and for a shared cache (``SHARED``) on any, the kernels whose build resident workers
+    found settled by their node's compile cache (``Pool.settled``)."""
+    out: dict[str, set[str]] = {SHARED: set()}
+    for pool in pools:
+        for node, keys in pool.settled.items():
+            out.setdefault(node, set()).update(keys)
+            out[SHARED].update(keys)
+    return out
+
+
 def _scheduler(
-    compile: CompileOptions, builders: list[tuple[Any, str]], on_compiles: OnCompiles, key_fn: KeyFn
+    compile: CompileOptions,
+    builders: list[tuple[Any, str]],
+    on_compiles: OnCompiles,
+    key_fn: KeyFn,
+    known: dict[str, set[str]],
 ) -> BuildScheduler | None:
     if not builders:
         return None
     scopes = [SHARED] if compile.shared else sorted({node for _, node in builders})
-    book = BuildBook(key_fn, scopes)
+    book = BuildBook(key_fn, scopes, known)
     return BuildScheduler(book, builders, compile.timeout_s, on_change=lambda b: on_compiles(*b.counts()))
 
 

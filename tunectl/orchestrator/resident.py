@@ -148,16 +148,16 @@ def take(names: Sequence[str], num_gpus: int | None, setup: WorkerSetup, run_id:
     pools = [Pool(n, workers=found[n][: num_gpus or None], held_for=run_id) for n in names if n in found]
     try:
         for pool in pools:
-            pool.node_ids = _claim(pool, wants(setup, pool.name), job)
+            _claim(pool, wants(setup, pool.name), job)
     except BaseException:
         release(pools)
         raise
     return pools
 
 
-def _claim(pool: Pool, asked: dict[str, Any], job: str) -> set[str]:
+def _claim(pool: Pool, asked: dict[str, Any], job: str) -> None:
     """Hold each of ``pool``'s workers for its run, taking over from a holder whose driver is gone;
-    the nodes they run on."""
+    the nodes they run on into ``pool``."""
     run = pool.held_for or ""
     answers = _answers([w.claim.remote(run, job, asked) for w in pool.workers])
     for index, answer in enumerate(answers):
@@ -175,10 +175,18 @@ def _claim(pool: Pool, asked: dict[str, Any], job: str) -> set[str]:
                 f"the cluster's resident {pool.name} workers are measuring run {holder['run']} of another "
                 f"driver; wait for it to end, or cancel it (`tunectl cancel {holder['run']}`)"
             )
-    return {a["node_id"] for a in answers}
+    pool.node_ids = {a["node_id"] for a in answers}
 
 
-def _answers(refs: list[Any]) -> list[dict[str, Any]]:
+def ask_settled(pools: Sequence[Pool], keys: Sequence[str]) -> None:
+    """Which of ``keys`` (compile keys) the compile cache of each resident worker's node settles
+    (``TuneWorker.settled``), into ``Pool.settled``: kernels no compile process need build."""
+    for pool in (p for p in pools if p.held_for and keys):
+        for node, found in _answers([w.settled.remote(list(keys)) for w in pool.workers]):
+            pool.settled.setdefault(node, set()).update(found)
+
+
+def _answers(refs: list[Any]) -> list[Any]:
     ready, _ = ray.wait(refs, num_returns=len(refs), timeout=CLAIM_TIMEOUT_S)
     if len(ready) < len(refs):
         raise UserError(
