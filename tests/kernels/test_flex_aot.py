@@ -412,3 +412,33 @@ def test_a_compile_process_builds_a_package_for_more_shapes_of_one_kernel_than_d
     ]
     assert all(path is not None and path.is_file() for path in built), "no shape fell back for want of room"
     assert raised >= BUILDER_RECOMPILE_LIMIT
+
+
+def test_both_ways_compile_with_no_setting_timed_on_the_device(
+    cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A package is compiled, and a process without packages compiles, under ``pinned_options``:
+    Inductor times no launch setting on the device, so a config names one set of kernels in every
+    process and cache; a package built under other settings is not the one looked for."""
+    seen: list[dict[str, Any]] = []
+    real_standalone, real_compile = torch._inductor.standalone_compile, torch.compile
+
+    def standalone(*args: Any, **kwargs: Any) -> Any:
+        config = torch._inductor.config
+        seen.append({"triton.autotune_pointwise": config.triton.autotune_pointwise})
+        if hasattr(config, "deterministic"):
+            seen[-1]["deterministic"] = config.deterministic
+        return real_standalone(*args, **kwargs)
+
+    def compile_(*args: Any, **kwargs: Any) -> Any:
+        seen.append(dict(kwargs.get("options") or {}))
+        return real_compile(*args, **kwargs)
+
+    monkeypatch.setattr(torch._inductor, "standalone_compile", standalone)
+    monkeypatch.setattr(torch, "compile", compile_)
+    pinned = _flex_packages.pinned_options()
+    assert pinned["triton.autotune_pointwise"] is False
+    build(FlexPrefill(aot=True), STATIC, SHAPE, {"BLOCK_M": 32, "BLOCK_N": 32}, "cpu")
+    run(FlexPrefill(aot=False), {"BLOCK_M": 32, "BLOCK_N": 64})
+    assert [s for s in seen if s] == [pinned, pinned], "the package's compile, then the compiled way's"
+    assert ",".join(f"{k}={v}" for k, v in sorted(pinned.items())) in _flex_packages.aot_target("cpu")

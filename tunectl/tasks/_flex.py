@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from tunectl.core.params import Rule
+from tunectl.tasks import _flex_packages
 from tunectl.tasks._flex_packages import (
     Unusable,
     aot_package,
@@ -113,12 +114,13 @@ def compiled_module(module: Any, point: object) -> Any:
     only ``flex_attention``, with the pool's views and the block mask outside the graph, left the same
     attention kernel but another one beside it: on an H200 at batch 1-2, one of 8-32 times the
     programs (4.4-6.4 µs against 1.6-1.9), the call 4-25 % slower than the package's
-    (``benchmarks/gpu/flex_paths.py``)."""
+    (``benchmarks/gpu/flex_paths.py``). Compiled as packages are, no setting timed on the device
+    (``pinned_options``)."""
     import torch
 
     _enter(point)
     raise_recompile_limits()
-    return torch.compile(module, dynamic=False, fullgraph=True)
+    return torch.compile(module, dynamic=False, fullgraph=True, options=_flex_packages.pinned_options())
 
 
 def _enter(point: object) -> None:

@@ -18,6 +18,15 @@ by its builder, and must give, bit for bit, what its kernel gave when it was bui
 packages, the first format, died of a segmentation fault in ``aoti_load_package`` on an H200 with torch
 2.11.0+cu130, for any package.) A package that is missing, damaged, fails to load or was built for
 another kernel leaves the worker on the torch.compile path, whose output the harness checks as ever.
+
+Both ways compile under ``pinned_options``: Inductor picks no kernel's launch settings by timing it on
+the device. By default the first call of a compiled FlexAttention decode call times each candidate
+setting of the kernels around the attention one (the reduction that merges the KV splits, the
+pointwise ones) and keeps the fastest in the Inductor cache; timed beside a measuring worker, the
+pick varied from cache to cache: on one H100 the same flex config read 14-19 % apart at batch 1-4
+between two compile caches, where Triton configs, which no such pick touches, read within 7 %
+(benchmarks/results/throughput.md, twentieth session). Pinned, a config names one set of kernels in
+every process and cache: the one a run measured is the one a confirming or serving process compiles.
 """
 
 from __future__ import annotations
@@ -40,15 +49,29 @@ from tunectl.tasks.compile import cache_dir
 log = logging.getLogger("tunectl.flex")
 
 
+def pinned_options() -> dict[str, Any]:
+    """The Inductor settings a FlexAttention call is compiled under (module doc): its reductions'
+    settings chosen by Inductor's deterministic rule where the installed torch has it, its pointwise
+    kernels' by their heuristic, none timed on the device."""
+    from torch._inductor import config
+
+    options: dict[str, Any] = {"triton.autotune_pointwise": False}
+    if hasattr(config, "deterministic"):
+        options["deterministic"] = True
+    return options
+
+
 def aot_target(device: str) -> str:
     """What a package is built for besides its kernel: torch's version, the device kind and, for a
-    GPU, its architecture (a package runs on the GPUs of the architecture it was built for)."""
+    GPU, its architecture (a package runs on the GPUs of the architecture it was built for), and the
+    settings it is compiled under (``pinned_options``; packages built before them are not loaded)."""
     import torch
 
+    pinned = ",".join(f"{k}={v}" for k, v in sorted(pinned_options().items()))
     if device.startswith("cuda"):
         major, minor = torch.cuda.get_device_capability(device)
-        return f"torch {torch.__version__} cuda {torch.version.cuda} sm_{major}{minor}"
-    return f"torch {torch.__version__} {torch.device(device).type}"
+        return f"torch {torch.__version__} cuda {torch.version.cuda} sm_{major}{minor} {pinned}"
+    return f"torch {torch.__version__} {torch.device(device).type} {pinned}"
 
 
 def aot_package(task: str, key: str, device: str) -> Path | None:
@@ -83,9 +106,10 @@ def build_package(
 
     def compile_graph(graph: Any, example_inputs: list[Any]) -> Any:
         order[:] = [_position(positions, x) for x in example_inputs]
-        artifact = torch._inductor.standalone_compile(
-            graph, example_inputs, dynamic_shapes="from_example_inputs"
-        )
+        with torch._inductor.config.patch(pinned_options()):
+            artifact = torch._inductor.standalone_compile(
+                graph, example_inputs, dynamic_shapes="from_example_inputs"
+            )
         artifact.save(path=str(tmp), format="binary")
         return artifact
 
