@@ -102,23 +102,27 @@ def test_a_worker_does_not_build_again_what_a_worker_saw_rejected(
 def test_the_cache_settles_the_kernels_built_here_and_those_rejected_before(
     cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """What a resident worker tells a run (``settled``): of the run's compile keys, those it built
-    without an error and those whose rejection the cache remembers; not one that failed otherwise,
-    nor one never built."""
+    """What a resident worker tells a run (``settled_here``): the compile keys of its builds that
+    did not fail, and of the rejections remembered for its libraries and device (by any process on
+    the cache); not a build that failed otherwise, nor a remembered file another device's would be."""
     from tunectl.tasks.compile import compile_key
 
     monkeypatch.setattr(build_memory, "_BUILT", set())
     task, shape = get_task("fault_injection"), {"n": 4}
-    built, failing, unseen = ({"compile_ms": 1, "variant": v} for v in (7, 8, 9))
-    failing["fault"] = "raise"
-    keys = [compile_key(task, {}, shape, c) for c in (built, REJECTED, failing, unseen)]
-    assert len(set(keys)) == 4
+    built, failing = {"compile_ms": 1, "variant": 7}, {"compile_ms": 1, "variant": 8}
     with remembered(task, {}, shape, built, "cpu"):
         task.prepare({}, shape, built, task.build_inputs({}, shape, "cpu"))
     with pytest.raises(fault_injection.CompilationError), remembered(task, {}, shape, REJECTED, "cpu"):
         task.prepare({}, shape, REJECTED, task.build_inputs({}, shape, "cpu"))
     with pytest.raises(RuntimeError), remembered(task, {}, shape, failing, "cpu"):
         raise RuntimeError("injected failure: not the compiler's")
-    assert build_memory.settled(keys, "cpu") == keys[:2]
-    monkeypatch.delenv(CACHE_ENV)
-    assert build_memory.settled(keys, "cpu") == keys[:1], "no compile cache: no rejection to read"
+    rejected = failure_path(task, {}, shape, REJECTED, "cpu")
+    assert rejected is not None
+    (rejected.parent / "elsewhere.txt").write_text(rejected.read_text())  # named for another device
+    keys = [compile_key(task, {}, shape, c) for c in (built, REJECTED)]
+    assert build_memory.settled_here("cpu") == sorted(keys)
+    with (
+        pytest.raises(RememberedFailure, match=r"earlier build \(remove .*\): CompilationError"),
+        remembered(task, {}, shape, REJECTED, "cpu"),
+    ):
+        pass  # the message as written, without the line that names the kernel

@@ -11,10 +11,11 @@ to every process): a later build of that kernel, in any process using that cache
 with the remembered message. Failures of memory, of time or of a process are never remembered, nor
 anything where no compile cache is set (a serving process). Remove the folder to build them again.
 
-A process also keeps in mind the kernels it built without an error. Those and the remembered
-rejections are what ``settled`` finds settled by the cache: a resident worker asked by the next run
-(``TuneWorker.settled``) says which of its kernels need no compile process, so the run neither waits
-for one to build them nor, where that is all it needs, starts one (``tunectl.orchestrator.compiling``).
+A process also keeps in mind the kernels it built without an error. Those and the rejections
+remembered for it (a file names its kernel on its first line) are what the cache settles for it
+(``settled_here``): a resident worker asked by the next run (``TuneWorker.settled``) names the
+kernels that need no compile process, so the run neither waits for one to build them nor, where
+they are all its first items need, starts one (``tunectl.orchestrator.compiling``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,8 +38,10 @@ COMPILER_ERRORS = frozenset({"CompilationError", "InductorError", "BackendCompil
 FOLDER = "failed"
 #: what a kernel's build depends on besides its compile key (``tunectl.tasks.env.environment``)
 _BUILT_WITH = ("python", "packages", "device_name", "compute_capability", "cuda", "driver")
-#: the compile keys this process built (or loaded) without an error (``settled``)
+#: the compile keys this process built (or loaded) without an error (``settled_here``)
 _BUILT: set[str] = set()
+#: how a remembered rejection's first line names its kernel
+_KEY_LINE = "kernel: "
 
 
 class RememberedFailure(RuntimeError):
@@ -73,10 +76,18 @@ def failure_path(
     return _path_of(_key_of(task, static, shape, config), device)
 
 
-def settled(keys: Iterable[str], device: str) -> list[str]:
-    """Those of ``keys`` (compile keys) whose build the compile cache settles for this process: built
-    (or loaded) here without an error, or a rejection remembered (module doc)."""
-    return [k for k in keys if k in _BUILT or ((path := _path_of(k, device)) is not None and path.is_file())]
+def settled_here(device: str) -> list[str]:
+    """The compile keys whose build the compile cache settles for this process (module doc): built
+    (or loaded) here without an error, or rejected and remembered for this process's libraries and
+    ``device`` (a remembered file counts where its name is the one its key gives here)."""
+    found = set(_BUILT)
+    root = cache_dir()
+    for path in (root / FOLDER).glob("*.txt") if root is not None else ():
+        with contextlib.suppress(OSError):
+            first = path.read_text(errors="replace").split("\n", 1)[0]
+            if first.startswith(_KEY_LINE) and _path_of(first[len(_KEY_LINE) :], device) == path:
+                found.add(first[len(_KEY_LINE) :])
+    return sorted(found)
 
 
 def _key_of(
@@ -109,7 +120,7 @@ def remembered(
     key = _key_of(task, static, shape, config)
     path = _path_of(key, device)
     if path is not None and path.is_file():
-        said = path.read_text(errors="replace")
+        said = path.read_text(errors="replace").removeprefix(f"{_KEY_LINE}{key}\n")
         raise RememberedFailure(
             f"rejected by its compiler in an earlier build (remove {path} to build it again): {said}"
         )
@@ -118,7 +129,7 @@ def remembered(
     except Exception as exc:
         if remember and path is not None and compiler_rejected(exc):
             with contextlib.suppress(OSError):  # unremembered, it is only built again next time
-                atomic_write(path, failure_message(exc).encode(), make_parents=True)
+                atomic_write(path, f"{_KEY_LINE}{key}\n{failure_message(exc)}".encode(), make_parents=True)
         raise
     if key is not None:
         _BUILT.add(key)

@@ -68,8 +68,8 @@ class WorkerSetup:
 class Pool:
     """The workers on one kind of device (an accelerator type, or CPUs) and the group holding them.
     ``held_for``: the run that took this pool's resident workers (``tunectl.orchestrator.resident``):
-    it gives them back when it ends, never stops them; ``settled``: per node, the run's compile keys whose
-    build they found settled by the node's compile cache (``resident.ask_settled``)."""
+    it gives them back when it ends, never stops them; ``settled``: per node, the compile keys whose build
+    the node's compile cache settles for them (``resident.ask_settled``)."""
 
     name: str
     workers: list[Any] = field(default_factory=list)

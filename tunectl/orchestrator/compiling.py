@@ -66,7 +66,7 @@ def start_builds(
     builds (None without any)."""
     key_fn = key_function()
     wanted = {key for lane in lanes for item in lane.items for key in key_fn(item)}
-    resident.ask_settled(pools, sorted(wanted))
+    resident.ask_settled(pools)
     known = settled_before(pools)
     nodes = [known.get(n, set()) for n in set().union(*(p.node_ids for p in pools))]
     everywhere = known[SHARED] if options.shared else set.intersection(*nodes) if nodes else set()

@@ -178,11 +178,11 @@ def _claim(pool: Pool, asked: dict[str, Any], job: str) -> None:
     pool.node_ids = {a["node_id"] for a in answers}
 
 
-def ask_settled(pools: Sequence[Pool], keys: Sequence[str]) -> None:
-    """Which of ``keys`` (compile keys) the compile cache of each resident worker's node settles
-    (``TuneWorker.settled``), into ``Pool.settled``: kernels no compile process need build."""
-    for pool in (p for p in pools if p.held_for and keys):
-        for node, found in _answers([w.settled.remote(list(keys)) for w in pool.workers]):
+def ask_settled(pools: Sequence[Pool]) -> None:
+    """The kernels (compile keys) whose build the compile cache of each resident worker's node
+    settles for it (``TuneWorker.settled``), into ``Pool.settled``: none for a compile process."""
+    for pool in (p for p in pools if p.held_for):
+        for node, found in _answers([w.settled.remote() for w in pool.workers]):
             pool.settled.setdefault(node, set()).update(found)
 
 

@@ -115,12 +115,12 @@ class TuneWorker:
         held_by = None if differs else self.lease.take(run_id, job, take_from)
         return {"node_id": ctx.get_node_id(), "differs": differs, "held_by": held_by}
 
-    def settled(self, keys: list[str]) -> tuple[str, list[str]]:
-        """This worker's node, and those of ``keys`` (compile keys) whose build its compile cache
-        settles (``tunectl.measure.build_memory.settled``): a resident worker asked by a run."""
-        from tunectl.measure.build_memory import settled
+    def settled(self) -> tuple[str, list[str]]:
+        """This worker's node, and the compile keys whose build its compile cache settles for it
+        (``tunectl.measure.build_memory.settled_here``): a resident worker asked by a run."""
+        from tunectl.measure.build_memory import settled_here
 
-        return ray.get_runtime_context().get_node_id(), settled(keys, self.device)
+        return ray.get_runtime_context().get_node_id(), settled_here(self.device)
 
     def release(self, run_id: str) -> list[Any]:
         """Give this resident worker back after run ``run_id``: it keeps its process, its libraries and
