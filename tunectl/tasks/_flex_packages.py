@@ -21,12 +21,12 @@ another kernel leaves the worker on the torch.compile path, whose output the har
 
 Both ways compile under ``pinned_options``: Inductor picks no kernel's launch settings by timing it on
 the device. By default the first call of a compiled FlexAttention decode call times each candidate
-setting of the kernels around the attention one (the reduction that merges the KV splits, the
-pointwise ones) and keeps the fastest in the Inductor cache; timed beside a measuring worker, the
-pick varied from cache to cache: on one H100 the same flex config read 14-19 % apart at batch 1-4
-between two compile caches, where Triton configs, which no such pick touches, read within 7 %
-(benchmarks/results/throughput.md, twentieth session). Pinned, a config names one set of kernels in
-every process and cache: the one a run measured is the one a confirming or serving process compiles.
+block size of the reductions around the attention kernel and keeps the fastest in the Inductor
+cache, a pick made beside whatever else runs on the GPU: on one H100, two fresh caches ran those
+reductions with other grids and blocks for each of 9 decode (point, config) pairs, and the same two
+pinned ran the same kernels (``benchmarks/gpu/flex_caches.py``; benchmarks/results/throughput.md,
+twentieth session). Pinned, a config names one set of kernels in every process and cache: the one a
+run measured is the one a confirming or serving process compiles.
 """
 
 from __future__ import annotations
