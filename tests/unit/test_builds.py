@@ -359,3 +359,36 @@ def test_kernels_resident_workers_built_in_earlier_runs_are_not_built_again_nor_
     job = book.next_job("node-a")
     assert job is not None and job[1] is items[1] and book.next_job("node-a") is None
     assert book.counts() == (1, 4, 1), "one kept, one being built, two pending on node-b"
+
+
+def test_a_run_starts_compile_processes_unless_its_first_kernels_are_settled_on_every_node(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``start_builds``: none where every kernel of the lanes' first items is settled for the
+    resident workers of every node the run measures on (anywhere, with a shared cache)."""
+    from tunectl.orchestrator import compiling
+    from tunectl.orchestrator.cluster import Pool, WorkerSetup
+    from tunectl.orchestrator.control import CompileOptions
+    from tunectl.orchestrator.feed import Lane
+    from tunectl.store.runs import RunInfo
+
+    items = [item(4, 0), item(4, 1)]
+    keys = {key for i in items for key in compile_keys(i)}
+    started: list[int] = []
+    monkeypatch.setattr(compiling.resident, "ask_settled", lambda pools: None)
+    monkeypatch.setattr(compiling, "_builders", lambda pools, options, setup: started.append(1) or [])
+    info = RunInfo("r", "n", "fault_injection", "s.toml", "", "running", 2, 0.0, 0.0)
+    lanes = [Lane("GPU", (), None, tuple(items))]  # type: ignore[arg-type]
+
+    def builds(settled: dict[str, set[str]], shared: bool = False) -> bool:
+        started.clear()
+        pools = [Pool("GPU", node_ids=set(settled), held_for="r", settled=settled)]
+        options = CompileOptions(2, "/tmp/c", shared)
+        setup = WorkerSetup()
+        compiling.start_builds(lanes, pools, info=info, options=options, setup=setup, on_compiles=print)
+        return bool(started)
+
+    assert not builds({"a": keys}), "all settled on its one node: no compile process"
+    assert builds({"a": keys - {min(keys)}}), "one kernel not settled"
+    assert builds({"a": keys, "b": set()}), "another node's cache has none of them"
+    assert not builds({"a": keys, "b": set()}, shared=True), "one cache for the cluster"
