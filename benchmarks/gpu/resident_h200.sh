@@ -31,6 +31,9 @@ for i in $(seq 1 "$RUNS"); do
   seconds_since "$start" > "$W/wall-after-resident$i${TAG:-}.txt"
   echo "after resident$i${TAG:-}: rc $rc, $(cat "$W/wall-after-resident$i${TAG:-}.txt") s"
   grep -v '^[│┃┏┡└]' "$W/submit-after-resident$i${TAG:-}.log" | tail -n 4
+  # how many compile processes it started, and the kernels its workers' cache settled (kept)
+  cat "$W/res-after-resident$i${TAG:-}"/_runs/*.json 2>/dev/null | python -c "import json, sys
+c = json.load(sys.stdin).get('compile', {}); print({k: c.get(k) for k in ('compile_processes', 'built', 'kept', 'keys')})"
 done
 python -m tunectl workers list --address auto
 python -m tunectl workers down --address auto
