@@ -85,8 +85,9 @@ def settled_here(device: str) -> list[str]:
     for path in (root / FOLDER).glob("*.txt") if root is not None else ():
         with contextlib.suppress(OSError):
             first = path.read_text(errors="replace").split("\n", 1)[0]
-            if first.startswith(_KEY_LINE) and _path_of(first[len(_KEY_LINE) :], device) == path:
-                found.add(first[len(_KEY_LINE) :])
+            key = first.removeprefix(_KEY_LINE)
+            if key != first and _path_of(key, device) == path:
+                found.add(key)
     return sorted(found)
 
 

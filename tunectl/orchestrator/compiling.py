@@ -81,7 +81,8 @@ def note_builds(info: RunInfo, builds: BuildScheduler, results: Path) -> None:
     is counted apart, as ``kept``."""
     book = builds.book
     kept = sum(key in book.known.get(scope, ()) for scope, keys in book.keys.items() for key in keys)
-    built, total = book.counts()[0] - kept, book.counts()[1]
+    built, total, _ = book.counts()
+    built -= kept
     info.compile.update(
         built=built,
         kept=kept,
