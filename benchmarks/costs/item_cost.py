@@ -51,7 +51,7 @@ PARTS = (
     ("  guard, all its own work (levels, checks, waits)", "tunectl/measure/drift.py", "_timed"),
     ("  guard waits", "tunectl/measure/drift.py", "_came_back"),
     ("sampling (harness collect)", "tunectl/measure/harness.py", "collect"),
-    ("device state reads", "tunectl/measure/nvml.py", "read_state"),
+    ("device state reads (where not on their own thread)", "tunectl/measure/nvml.py", "read_state"),
     ("  of which NVML init", "pynvml.py", "nvmlInit"),
     ("  of which power", "pynvml.py", "nvmlDeviceGetPowerUsage"),
     ("  of which violation counters", "pynvml.py", "nvmlDeviceGetViolationStatus"),

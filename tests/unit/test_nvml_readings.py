@@ -3,6 +3,8 @@ tests/gpu/test_gpu_harness.py)."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from tunectl.measure import nvml, timing
@@ -45,6 +47,25 @@ def test_nothing_read_means_nothing_recorded() -> None:
     assert nvml.state_around(None, None) is None
     assert nvml.is_throttled(_state(None, None), _state(None, None)) is None
     assert nvml.read_state("cpu") is None
+
+
+def test_a_reading_is_taken_on_a_thread_of_its_own_while_the_caller_measures(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    measuring = threading.Event()
+    seen: dict[str, object] = {}
+
+    def slow_read(device: str) -> GpuState:  # NVML waiting for the driver
+        seen["thread"] = threading.current_thread() is not threading.main_thread()
+        seen["while_measuring"] = measuring.wait(timeout=5)
+        return _state(violation_ns=7)
+
+    monkeypatch.setattr(nvml, "read_state", slow_read)
+    reading = nvml.read_during("cuda:0")
+    measuring.set()  # the caller's samples, timed while the reading is under way
+    assert reading.result(timeout=5) == _state(violation_ns=7)
+    assert seen == {"thread": True, "while_measuring": True}
+    assert nvml.read_during("cpu").result(timeout=0) is None
 
 
 def test_graph_replay_needs_cuda_and_modes_are_checked() -> None:

@@ -27,7 +27,7 @@ from tunectl.measure.drift import MAX_WAIT_S, DriftGuard
 from tunectl.measure.failures import clip, failure_message
 from tunectl.measure.harness import Sampler, announced, calls_per_sample, interleave, measure, scaled
 from tunectl.measure.memory import short_of_memory, when_memory_frees
-from tunectl.measure.nvml import read_state, state_around
+from tunectl.measure.nvml import read_during, read_state, state_around
 from tunectl.measure.outcome import CRASHED_ARM, NO_BASELINE, Check, Measured, Outcome, Timed, Verdict
 from tunectl.measure.records import CallContext, measured, members_of
 from tunectl.measure.reference import MakeReference, reference_sampler
@@ -162,11 +162,12 @@ class ItemRunner:
                 outcomes[mine:] = [Outcome(failure=self._failed(exc))]
         outcomes[0] = dataclasses.replace(outcomes[0], setup_ms=setup_ms)  # the point's set-up, paid once
         before = self._state_before()
+        during = read_during(self.device)  # taken while the samples run (``tunectl.measure.nvml``)
         named = [
             (announced(s, functools.partial(self.on_member, members[i].item_id)), st) for i, s, st in timed
         ]
         found = self._measured(item, named)
-        self._state = (time.perf_counter(), read_state(self.device))
+        self._state = (time.perf_counter(), during.result())
         device = state_around(before, self._state[1])
         for (i, sampler, _), got in zip(timed, found, strict=True):
             outcome = dataclasses.replace(outcomes[i], device=device)
@@ -246,8 +247,7 @@ class ItemRunner:
         return mode == "graph" and self.device.startswith("cuda")
 
     def _state_before(self) -> Any:
-        """The device's state before a measurement: the reading after the last one where that is
-        recent (items follow each other within milliseconds), so NVML is read once per item."""
+        """The device's state before a measurement: the reading during the last one where that is recent."""
         taken, state = self._state
         if time.perf_counter() - taken <= STATE_REUSE_S:
             return state
