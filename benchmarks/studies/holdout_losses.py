@@ -6,8 +6,9 @@
         [--runs /tmp/holdout-results/confirm-runs.txt] [--json benchmarks/results/holdout.json --key KEY]
 
 (after ``bash benchmarks/gpu/holdout_h200.sh restore``). ``--confirm PAGE=FILE``: what ``confirm_holdout.py``
-wrote for a page (``holdout_h200.sh confirm``): per seed and held-out shape, the config confirming
-installed there and each candidate's reading at the cell's edges. ``--runs``: the bundle and holdout
+wrote for a page (``holdout_h200.sh confirm``): per seed, batch size and KV cell, each candidate's
+reading at the cell's edges, from which the cell's one pick (the rule that reproduces the recorded
+"one per cell" figures) is taken again. ``--runs``: the bundle and holdout
 run of each (page, seed), as ``holdout_h200.sh`` lists them. Runs on CPU; no measuring.
 
 Each held-out shape's loss, confirmed / oracle (the held-out run's fastest config), is the product of
@@ -46,7 +47,7 @@ from tunectl.measure.confirm import installed
 from tunectl.store.stores import read_bundle
 
 LOSS = 1.03  # a shape loses past 3 %, as the target counts it
-_LINE = re.compile(r"^seed (\d+): (.*?) \(for its kv_len cell, timed at (.*?)\): (\w+).*?(\{[^{}]*\})(.*)$")
+_LINE = re.compile(r"^seed (\d+): (.*?) \(for its kv_len cell, timed at (.*?)\): \w+.*?(\{[^{}]*\})(.*)$")
 _READING = re.compile(r"(\{[^{}]*\}) (failed|[\d.]+ µs)")
 
 
@@ -82,7 +83,7 @@ def confirmed_cells(path: Path, page: str) -> dict[tuple[int, int], list[Cell]]:
         found = _LINE.match(line)
         if found is None:
             continue
-        seed, shape_text, timed_at, _, config, rest = found.groups()
+        seed, shape_text, timed_at, config, rest = found.groups()
         batch = int(dict(p.split("=") for p in shape_text.split(", "))["batch"])
         edges = tuple(int(e) for e in re.findall(r"kv_len=(\d+)", timed_at))
         timed = tuple(
