@@ -21,6 +21,7 @@ its NVML handle by UUID, then by PCI bus id.
 
 from __future__ import annotations
 
+import functools
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +31,6 @@ THROTTLE_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80  # SwPowerCap, HwSlowdown, SwTher
 _PERF_POLICIES = (0, 1)  # NVML_PERF_POLICY_POWER, NVML_PERF_POLICY_THERMAL
 
 _handles: dict[str, Any] = {}
-_reader: list[ThreadPoolExecutor] = []  # the thread ``read_during`` reads on, made at its first use
 
 
 @dataclass(frozen=True)
@@ -85,9 +85,13 @@ def read_during(device: str) -> Future[GpuState | None]:
         done: Future[GpuState | None] = Future()
         done.set_result(None)
         return done
-    if not _reader:
-        _reader.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="tunectl-nvml"))
-    return _reader[0].submit(read_state, device)
+    return _reader().submit(read_state, device)
+
+
+@functools.cache
+def _reader() -> ThreadPoolExecutor:
+    """The thread ``read_during`` reads on, made at its first use."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="tunectl-nvml")
 
 
 def state_around(before: GpuState | None, after: GpuState | None) -> DeviceState | None:
