@@ -9,6 +9,10 @@
 # word; each call's wall is appended to $W/walls-CACHES.txt, and the results are packed into $OUT.
 # ARGS adds options to the submit (e.g. ARGS="--compile-workers 7"). SKIP_DOMINATED sets the spec's
 # [search] skip_dominated (0: every first look taken, as before looks not taken; use another W for it).
+# RESIDENT=1: a Ray head on this host and `tunectl workers up` for the spec first (its wall timed apart,
+# in $W/wall-workers-up-CACHES.txt), the submit joining it, then `workers down`: the build's wall without
+# the worker's start-up, as a cluster with resident workers runs it (e.g. RESIDENT=1 W=/tmp/accurate-r
+# after `build cold` into that W, or with ARGS="--compile-workers 0" on a warm cache).
 # Then, on any machine (no GPU), the bundles of both runs and of the recorded three-step runs, scored at
 # the recorded held-out seeds 1-7 (holdout_h200.md), from the archives:
 #   ARCHIVE=benchmarks/results/accurate_h200_2026-12-04.tar.gz bash benchmarks/gpu/accurate_h200.sh score
@@ -17,7 +21,7 @@ set -uo pipefail
 [ "${1:-}" = score ] || python -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "editable install failed"
 W=${W:-/tmp/accurate}
 OUT=${OUT:-/tmp/accurate-out}
-SPEC=benchmarks/gpu/accurate_p128.toml
+SPEC=${SPEC:-benchmarks/gpu/accurate_p128.toml}  # another spec: a quick rehearsal of the steps (e.g. the CPU quickstart)
 mkdir -p "$W" "$OUT"
 if [ -n "${SKIP_DOMINATED:-}" ]; then
   sed "s/^strategy = \"halving\"$/&\nskip_dominated = $SKIP_DOMINATED/" "$SPEC" > "$W/accurate_p128.toml"
@@ -40,14 +44,27 @@ case "${1:?step}" in
       [ "$caches" = cold ] && rm -rf "$W/cache"
       args=("$SPEC")
     fi
+    address=()
+    if [ -n "${RESIDENT:-}" ]; then
+      command -v ray > /dev/null || ray() { python -c 'import sys; from ray.scripts.scripts import main; sys.argv[0] = "ray"; main()' "$@"; }
+      ray start --head --include-dashboard=false > "$W/ray-start-$caches.log" 2>&1 || { tail -n 5 "$W/ray-start-$caches.log"; exit 1; }
+      up=$(date +%s.%N)
+      RAY_USAGE_STATS_ENABLED=0 tunectl workers up "$SPEC" --address auto --compile-cache "$W/cache" > "$W/workers-up-$caches.log" 2>&1
+      echo "workers up: rc $?, $(python -c "print(round($(date +%s.%N) - $up, 1))") s" | tee -a "$W/wall-workers-up-$caches.txt"
+      address=(--address auto)
+    fi
     start=$(date +%s.%N)
     # --foreground: the limit's SIGTERM goes to tunectl alone, which stops its run (cancelled) and Ray in
     # seconds; sent to the whole process group it also stops Ray's own processes under the driver,
     # whose shutdown then waits on them for longer than the 15 s before the SIGKILL.
     RAY_USAGE_STATS_ENABLED=0 COLUMNS=160 timeout --foreground -k 15 "${LIMIT:-540}" tunectl submit "${args[@]}" ${ARGS:-} \
-      --results "$res" --compile-cache "$W/cache" --yes > "$W/submit-$caches.log" 2>&1
+      --results "$res" --compile-cache "$W/cache" --yes "${address[@]}" > "$W/submit-$caches.log" 2>&1
     rc=$?
     wall=$(python -c "print(round($(date +%s.%N) - $start, 1))")
+    if [ -n "${RESIDENT:-}" ]; then
+      tunectl workers down --address auto --force > /dev/null 2>&1
+      ray stop --force > /dev/null 2>&1
+    fi
     echo "${args[*]}: rc $rc, $wall s" | tee -a "$W/walls-$caches.txt"
     [ $rc -eq 124 ] || [ $rc -eq 137 ] && { echo "stopped at the limit: run this step again to resume"; ray stop --force > /dev/null 2>&1; }
     n=$(ls "$W"/console-"$caches"-*.txt 2>/dev/null | wc -l)
