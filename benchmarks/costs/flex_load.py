@@ -6,7 +6,7 @@ One prefill point and its option sets (on CUDA: configs/h200/flex_prefill.toml's
 document-causal, batch 2 x 4096, and that spec's configs; on the CPU: a small point and a few sets).
 Three fresh processes share one compile cache, as a run's compile processes and workers do:
 
-1. build: per config, the package (``FlexPrefill.build``) and the torch.compile kernel (prepared and
+1. build: per config, the package (``FlexPrefill.build_ahead``) and the torch.compile kernel (prepared and
    called once, with packages off), each timed: a cold compile each;
 2. load, packages on; 3. load, packages off (``TUNECTL_FLEX_AOT=0``): per config, prepare and first
    call (what a worker's ``compile_ms`` counts), the output's max error against the reference, and
@@ -139,7 +139,7 @@ def build(device: str) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"config": config}
         t0 = time.perf_counter()
         try:
-            packages.build(static, shape, config, device)
+            packages.build_ahead(static, shape, config, device, inputs)
             path = _flex_packages.aot_package(
                 packages.name, packages.compile_key(static, shape, config), device
             )
