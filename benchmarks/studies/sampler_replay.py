@@ -26,28 +26,28 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tunectl.core.keys import key_from_text
-from tunectl.decide.select import task_selectable
+from tunectl.core.record import Record
 from tunectl.store.results import read_results
-from tunectl.store.runs import load_run
+from tunectl.store.runs import load_run, run_facts
 
-Configs = Mapping[str, Mapping[str, Any]]  # config key text -> its grid row
+Configs = Mapping[str, Record]  # config key text -> its grid row
 
 
 def candidates(results: str, run_id: str) -> dict[tuple[str, str], Configs]:
     """Per (static, shape) point of the run: the default's and the selectable configs' rows."""
-    task = load_run(results, run_id).task
-    points: dict[tuple[str, str], dict[str, Mapping[str, Any]]] = {}
+    facts = run_facts(load_run(results, run_id))
+    points: dict[tuple[str, str], dict[str, Record]] = {}
     for r in read_results(results, run_ids=[run_id]):
-        static = key_from_text(r["static_key"])
-        if r["phase"] == "measure" and (
-            r["is_default"] or task_selectable(task, static, key_from_text(r["config_key"]))
+        static = key_from_text(r.static_key)
+        if r.phase == "measure" and (
+            r.is_default or facts is None or facts.selectable(static, key_from_text(r.config_key))
         ):
-            points.setdefault((r["static_key"], r["shape_key"]), {})[r["config_key"]] = r
+            points.setdefault((r.static_key, r.shape_key), {})[r.config_key] = r
     return points
 
 
-def _time(row: Mapping[str, Any]) -> float:
-    return float(row["median_us"]) if row["status"] == "ok" else math.inf
+def _time(row: Record) -> float:
+    return float(row.median_us) if row.status == "ok" and row.median_us is not None else math.inf
 
 
 def search_point(configs: Configs, sampler: Any, budget: float) -> tuple[str, int]:
@@ -55,7 +55,7 @@ def search_point(configs: Configs, sampler: Any, budget: float) -> tuple[str, in
     import optuna
 
     names = sorted(configs)
-    default = next(c for c in names if configs[c]["is_default"])
+    default = next(c for c in names if configs[c].is_default)
     space = {"config": optuna.distributions.CategoricalDistribution(names)}
     wanted = min(len(names), max(1, math.ceil(budget * len(names))))
     study = optuna.create_study(sampler=sampler)
