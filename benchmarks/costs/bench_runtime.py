@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 from tunectl.runtime import Entry, WaveRule, load_bundle  # noqa: E402
 from tunectl.store.bundle import TaskTable, build_files, publish_local  # noqa: E402
 
+WINDOW = (-1, -1)  # flash_decode's: no sliding window
 DECODE = {"dtype": "float32", "num_q_heads": 8, "num_kv_heads": 2, "head_dim": 64, "page_size": 16}
 FLASH = {
     "causal": True,
@@ -38,7 +39,7 @@ FLASH = {
     "page_size": 16,
     "sinks": False,
     "softcap": 0.0,
-    "window": (-1, -1),
+    "window": WINDOW,
 }
 
 
@@ -79,7 +80,7 @@ def small_bundle(root: Path) -> Any:
     points = list(
         itertools.product((1, 2, 4, 8, 16, 32, 64, 128, 256), (1024, 2048, 4096, 8192, 16384, 32768), (1,))
     )
-    static = {**FLASH, "window": list(FLASH["window"])}
+    static = {**FLASH, "window": list(WINDOW)}
     flash = TaskTable(
         "flash_decode",
         tuple(FLASH),
@@ -222,7 +223,7 @@ def big_table(num_entries: int) -> TaskTable:
     statics = [
         {**DECODE, "num_q_heads": 8 * (1 + i % 10), "head_dim": 64 * (1 + i // 10)} for i in range(100)
     ]
-    entries = []
+    entries: list[Entry] = []
     for i, (static, b, kv) in enumerate(itertools.product(statics, batches, kv_lens)):
         if len(entries) == num_entries:
             break

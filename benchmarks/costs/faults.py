@@ -32,6 +32,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 STOPS = ("kill", "kill", "kill", "interrupt", "cancel")  # SIGKILL most often: it leaves the most behind
@@ -91,32 +92,37 @@ def unfinished_run(results: Path) -> str | None:
     return runs[-1].info.run_id if runs else None
 
 
-def in_finals(results: Path, run_id: str | None) -> bool:
-    """Whether the run had started its finals when it was stopped (a final row is on disk)."""
+def query_rows(query: str) -> list[tuple[Any, ...]]:
+    """The rows of a DuckDB select (a relation: only a statement that is no query gives None)."""
     import duckdb
 
+    relation = duckdb.sql(query)
+    assert relation is not None
+    return relation.fetchall()
+
+
+def in_finals(results: Path, run_id: str | None) -> bool:
+    """Whether the run had started its finals when it was stopped (a final row is on disk)."""
     if run_id is None or not list(results.glob(f"task=*/run_id={run_id}/*.parquet")):
         return False
     glob = str(results / "task=*" / f"run_id={run_id}" / "*.parquet")
     query = f"select count(*) from read_parquet('{glob}', hive_partitioning=true) where phase = 'final'"
-    [(n,)] = duckdb.sql(query).fetchall()
+    [(n,)] = query_rows(query)
     return bool(n)
 
 
 def check_run(results: Path, run_id: str, spec: Path) -> tuple[int, int, int]:
     """(rows, lost, duplicated) of a finished run, from the raw parts."""
-    import duckdb
-
     from tunectl.core.plan import plan
     from tunectl.core.spec import load_spec
     from tunectl.decide.search import Search
     from tunectl.store.results import read_results
 
     glob = str(results / "task=*" / f"run_id={run_id}" / "*.parquet")
-    [(rows, distinct)] = duckdb.sql(
+    [(rows, distinct)] = query_rows(
         f"select count(*), count(distinct item_id) from read_parquet('{glob}', hive_partitioning=true)"
-    ).fetchall()
-    ids = {r[0] for r in duckdb.sql(f"select distinct item_id from read_parquet('{glob}')").fetchall()}
+    )
+    ids = {r[0] for r in query_rows(f"select distinct item_id from read_parquet('{glob}')")}
     work = plan(load_spec(spec))
     missing_measure = sum(1 for item in work.work_items() if item.item_id not in ids)
     search = Search(work)

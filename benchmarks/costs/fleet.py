@@ -71,7 +71,8 @@ def run_figures(results: Path, warmup: int) -> dict[str, Any]:
     (info,) = list_runs(results)
     records = read_results(results, run_ids=[info.run_id])
     rows = [r.to_row() for r in records]
-    busy, split = {}, defaultdict(float)
+    busy: dict[str, float] = {}
+    split: defaultdict[str, float] = defaultdict(float)
     for worker in worker_times(records, warmup=warmup):
         busy[worker.worker] = round(worker.busy, 3)
         for part, seconds in time_parts(worker).items():
@@ -316,19 +317,19 @@ def agreement_table(first: Path, test: Path, again: Path, names: tuple[str, str]
     within = total = 0
     ratios = []
     for key, idle in sorted(rows[0].items()):
-        busy, again = rows[1].get(key), rows[2].get(key)
-        if busy is None or again is None:
+        busy, rerun = rows[1].get(key), rows[2].get(key)
+        if busy is None or rerun is None:
             continue
-        base = (idle["median_us"] + again["median_us"]) / 2
+        base = (idle["median_us"] + rerun["median_us"]) / 2
         ratio = busy["median_us"] / base
-        spread = abs(idle["median_us"] - again["median_us"]) / base  # idle against idle: drift
-        noise = max(idle["rel_noise"], busy["rel_noise"], again["rel_noise"], spread)
+        spread = abs(idle["median_us"] - rerun["median_us"]) / base  # idle against idle: drift
+        noise = max(idle["rel_noise"], busy["rel_noise"], rerun["rel_noise"], spread)
         ok = abs(ratio - 1) <= 2 * noise
         within += ok
         total += 1
         ratios.append(ratio)
         lines.append(f"| {key[0]} | {key[1]} | {idle['median_us']:.1f} | {busy['median_us']:.1f} | "
-                     f"{again['median_us']:.1f} | {ratio:.3f} | {idle['rel_noise']:.1%}, "
+                     f"{rerun['median_us']:.1f} | {ratio:.3f} | {idle['rel_noise']:.1%}, "
                      f"{busy['rel_noise']:.1%} | {'yes' if ok else 'no'} |")  # fmt: skip
     import statistics
 

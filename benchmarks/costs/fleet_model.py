@@ -101,8 +101,8 @@ def simulate_now(items: list[Item], kernels: dict[str, float], gpus: int, nodes:
         ready = built_at[scope]
         pick, start = None, math.inf
         for pos, idx in enumerate(pending[:window]):
-            kernel = items[idx].kernel
-            at = 0.0 if kernel is None else ready.get(kernel, math.inf)
+            needs = items[idx].kernel
+            at = 0.0 if needs is None else ready.get(needs, math.inf)
             if at <= t:
                 pick, start = pos, t
                 break

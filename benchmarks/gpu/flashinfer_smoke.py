@@ -49,14 +49,14 @@ def main() -> int:
     os.environ.update(cache_env(args.cache))  # before flashinfer is imported: it reads them then
     import torch
 
-    from tunectl.core.spec import MeasureSpec
+    from tunectl.core.spec import L2, MeasureMode, MeasureSpec
     from tunectl.tasks.flash_decode import FlashDecode
 
     if not torch.cuda.is_available():
         print("error: needs a CUDA device", file=sys.stderr)
         return 2
     settings = MeasureSpec(warmup=3, min_samples=10, max_samples=400, noise_target=0.01,
-                           max_seconds=args.max_seconds, l2="cold", mode="graph")  # fmt: skip
+                           max_seconds=args.max_seconds, l2=L2.COLD, mode=MeasureMode.GRAPH)  # fmt: skip
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, {_versions()}, cache {args.cache}")
     print(f"{'page':>4} {'batch x kv_len':>14}  {'config':<42} {'median_us':>9} {'p20-p80':>15} "
           f"{'n':>4} {'roof':>6} {'max_abs_err':>11} {'first_s':>7}  status")  # fmt: skip

@@ -33,6 +33,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 
 import torch
 
@@ -65,7 +66,7 @@ def at_point() -> WorkItem:
     raise SystemExit(f"{SPEC} plans no item at {POINT}")
 
 
-def look(runner: ItemRunner, item: WorkItem, name: str, config: dict[str, object]) -> dict[str, object]:
+def look(runner: ItemRunner, item: WorkItem, name: str, config: Mapping[str, object]) -> dict[str, object]:
     item = dataclasses.replace(item, item_id=name, config=make_key(config), is_default=False)
     started = time.perf_counter()
     [record] = runner.run("memory-wait", item, MeasureSpec(max_seconds=0.5))
@@ -86,14 +87,19 @@ def main() -> None:
     import tunectl
 
     item, runner = at_point(), ItemRunner("cuda:0")
-    out = {"tree": tunectl.__file__, "device": torch.cuda.get_device_name(0), "looks": []}
-    out["looks"].append(look(runner, item, "first", FIRST))  # the point's inputs built, a sampler kept
+    looks: list[dict[str, object]] = []
+    out: dict[str, object] = {
+        "tree": tunectl.__file__,
+        "device": torch.cuda.get_device_name(0),
+        "looks": looks,
+    }
+    looks.append(look(runner, item, "first", FIRST))  # the point's inputs built, a sampler kept
     free, _ = torch.cuda.mem_get_info()
     hold = max(0, int(free - args.leave_gib * 2**30))
     out["held_gib"] = round(hold / 2**30, 2)
     if not args.others_for:
         held = torch.empty(hold, dtype=torch.uint8, device="cuda:0")  # noqa: F841  (held while it looks)
-        out["looks"].append(look(runner, item, "expanding", EXPANDING))
+        looks.append(look(runner, item, "expanding", EXPANDING))
         print(json.dumps(out, indent=1))
         return
     holder = subprocess.Popen(
@@ -107,7 +113,7 @@ def main() -> None:
     holder.stdin.write("go\n")
     holder.stdin.flush()  # it lets go ``others_for`` seconds from now
     out["others_for_s"] = args.others_for
-    out["looks"].append(look(runner, item, "expanding", EXPANDING))
+    looks.append(look(runner, item, "expanding", EXPANDING))
     holder.wait()
     print(json.dumps(out, indent=1))
 

@@ -92,7 +92,7 @@ def spread(children: list[dict[str, Any]]) -> dict[str, Any]:
     configs = children[0]["configs"]
     table: dict[str, Any] = {}
     for shape in children[0]["shapes"]:
-        rows = {}
+        rows: dict[str, dict[str, Any] | None] = {}
         for j, config in enumerate(configs):
             per_process = [[run[j] for run in c["shapes"][shape] if run[j] is not None] for c in children]
             per_process = [times for times in per_process if times]
@@ -132,8 +132,9 @@ def main() -> None:
             part = Path(tmp) / f"{n}.json"
             subprocess.run([sys.executable, __file__, *sys.argv[1:], "--child", str(part)], check=True)
             children.append(json.loads(part.read_text()))
-    figures = {"argv": sys.argv[1:], "spread": spread(children)}
-    for shape, rows in figures["spread"].items():
+    table = spread(children)
+    figures = {"argv": sys.argv[1:], "spread": table}
+    for shape, rows in table.items():
         for config, row in rows.items():
             if row is not None:
                 print(
@@ -143,7 +144,7 @@ def main() -> None:
     if args.out:
         args.out.write_text(json.dumps(figures, indent=1) + "\n")
     worst = max(
-        (r["across_processes"] for rows in figures["spread"].values() for r in rows.values() if r),
+        (r["across_processes"] for rows in table.values() for r in rows.values() if r),
         default=math.nan,
     )
     print(f"largest spread across processes: x{worst}")

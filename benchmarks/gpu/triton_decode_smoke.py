@@ -23,7 +23,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tunectl.core.record import Timing
-from tunectl.core.spec import MeasureSpec, load_spec
+from tunectl.core.spec import L2, MeasureMode, MeasureSpec, load_spec
 from tunectl.measure.harness import measure
 from tunectl.measure.timing import make_sampler
 from tunectl.tasks import _adapters_triton
@@ -49,7 +49,13 @@ CONFIGS: list[dict[str, Any]] = [
     {**T, "num_kv_splits": 32, "num_stages": 3},
 ]
 SETTINGS = MeasureSpec(
-    warmup=3, min_samples=10, max_samples=300, noise_target=0.01, max_seconds=0.25, l2="cold", mode="graph"
+    warmup=3,
+    min_samples=10,
+    max_samples=300,
+    noise_target=0.01,
+    max_seconds=0.25,
+    l2=L2.COLD,
+    mode=MeasureMode.GRAPH,
 )
 
 

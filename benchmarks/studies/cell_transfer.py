@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from holdout_json import holdout_of
 
 from tunectl import api
-from tunectl.core.keys import key_text, make_key
+from tunectl.core.keys import Value, key_text, make_key
 from tunectl.core.record import Phase, Record, Status
 from tunectl.core.spec import DEFAULT_MARGIN
 from tunectl.decide.holdout import HeldOut
@@ -136,12 +136,13 @@ def at_held_out(
         static, shape = dict(h.static), dict(h.shape)
         listed = bundle.candidates(task, **static, **shape)
         entry = bundle.entry(task, **static, **shape)
-        kvs = sorted(k for s, b, k in at if s == key_text(h.static) and b == shape["batch"])
-        low = max((k for k in kvs if k <= shape["kv_len"]), default=None)
-        high = min((k for k in kvs if k >= shape["kv_len"]), default=None)
+        batch, kv_len = _size(shape["batch"]), _size(shape["kv_len"])
+        kvs = sorted(k for s, b, k in at if s == key_text(h.static) and b == batch)
+        low = max((k for k in kvs if k <= kv_len), default=None)
+        high = min((k for k in kvs if k >= kv_len), default=None)
         if entry is None or len(listed) < 2 or low is None or high is None or high > ends_within * low:
             continue
-        ends = [at[(key_text(h.static), shape["batch"], k)] for k in (low, high)]
+        ends = [at[(key_text(h.static), batch, k)] for k in (low, high)]
         own = [
             end.get(key_text(make_key(served_at(entry, listed[0], {**shape, "kv_len": k}))))
             for end, k in zip(ends, (low, high), strict=True)
@@ -150,14 +151,12 @@ def at_held_out(
         ratio = {key_text(k): v for k, v in h.losses.items()}
         if None in own or key_text(h.pick) not in ratio:
             continue
-        f = _where(low, high, shape["kv_len"])
+        f = _where(low, high, kv_len)
         chosen = {
             "confirmed on the ends": _installed(
                 scores, own, key_text(h.pick), lambda t: math.sqrt(t[0] * t[1])
             ),
-            "on the lines between the ends": _installed(
-                scores, own, key_text(h.pick), lambda t, f=f: t[0] + (t[1] - t[0]) * f
-            ),
+            "on the lines between the ends": _installed(scores, own, key_text(h.pick), _on_the_line(f)),
         }
         listed_ratios = [ratio[t] for t in (key_text(make_key(c)) for c in listed) if t in ratio]
         if all(c in ratio for c in chosen.values()) and listed_ratios:
@@ -195,12 +194,29 @@ def _told(
     return "\n".join(lines)
 
 
+def _size(value: Value) -> int:
+    """A size in a key (a batch, a KV length): a whole number."""
+    assert isinstance(value, int), value
+    return value
+
+
 def _where(low: int, high: int, kv_len: int) -> float:
     """Where confirming reads the lines between ``low`` and ``high`` for ``kv_len``: at the middle of
     the cell's part that holds it (``tunectl.measure.parts``), 0 at ``low``, 1 at ``high``."""
     if high <= low:
         return 0.0
     return next(where for _, where, lo, hi in Along.of("ceil", [low, high], high).parts if lo <= kv_len <= hi)
+
+
+def _on_the_line(f: float) -> Callable[[list[float]], float]:
+    """A candidate's time on the line between its times at the two ends, at ``f`` (0: the low end)."""
+    return lambda t: t[0] + (t[1] - t[0]) * f
+
+
+def _all_known(times: list[float | None]) -> list[float] | None:
+    """``times`` where none is missing (None where one is)."""
+    known = [float(x) for x in times if x is not None]
+    return known if len(known) == len(times) else None
 
 
 def _installed(
@@ -212,9 +228,11 @@ def _installed(
     """The candidate confirming installs where ``judge`` reads each one's times at the two ends (the
     entry's own there: ``own``): the least, where it beats the entry's own by the margin; else
     ``pick``."""
-    known = {c: judge([float(x) for x in t]) for c, t in scores.items() if None not in t}
+    known = {c: judge(times) for c, t in scores.items() if (times := _all_known(t)) is not None}
     best = min(known, key=known.__getitem__, default=None)
-    mine = judge([float(x) for x in own])
+    own_times = _all_known(own)
+    assert own_times is not None  # the caller skips shapes where the entry's own was not compared
+    mine = judge(own_times)
     return best if best is not None and known[best] * (1 + DEFAULT_MARGIN) < mine else pick
 
 

@@ -274,10 +274,13 @@ def prefill_section(rows: list[dict[str, Any]], winners: list[Winner]) -> list[s
         group = points[(key_text(w.static), key_text(w.shape))]
         failed = sum(r["status"] != "ok" for r in group.values())
         tflops = flops(static, shape) / (w.median_us * 1e-6) / 1e12
-        mask = static["mask"] + (
-            f" ({static['num_docs']} docs)" if static["mask"] == "document_causal" else ""
-        )
-        mask += f" (window {static['window'][0]})" if static["mask"] == "sliding_window" else ""
+        kind = static["mask"]
+        assert isinstance(kind, str), kind
+        mask = kind + (f" ({static['num_docs']} docs)" if kind == "document_causal" else "")
+        if kind == "sliding_window":
+            window = static["window"]
+            assert isinstance(window, tuple), window  # (left, right)
+            mask += f" (window {window[0]})"
         default = f"{w.default_median_us:.1f}" if w.default_median_us else "—"
         speedup = f"{w.speedup:.2f}x" if w.speedup else "—"
         lines.append(

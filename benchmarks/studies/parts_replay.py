@@ -51,7 +51,7 @@ def cells_of(lines: Sequence[str]) -> dict[tuple[int, int, int, int], dict[str, 
         cells[(int(m[1]), int(m[2]), int(m[3]), int(m[4]))] = {
             "edges": [(ast.literal_eval(c), float(a), float(b)) for c, a, b in _CANDIDATE.findall(timed)],
             "parts": [(ast.literal_eval(c), int(x), int(y)) for c, x, y in _PART.findall(decided)],
-            "chose": ast.literal_eval(_CHOSE.match(decided)[1]) if _CHOSE.match(decided) else None,
+            "chose": ast.literal_eval(chose[1]) if (chose := _CHOSE.match(decided)) else None,
         }
     return cells
 

@@ -33,7 +33,7 @@ from tunectl.store.runs import load_run, run_facts
 Configs = Mapping[str, Record]  # config key text -> its grid row
 
 
-def candidates(results: str, run_id: str) -> dict[tuple[str, str], Configs]:
+def candidates(results: str, run_id: str) -> dict[tuple[str, str], dict[str, Record]]:
     """Per (static, shape) point of the run: the default's and the selectable configs' rows."""
     facts = run_facts(load_run(results, run_id))
     points: dict[tuple[str, str], dict[str, Record]] = {}
@@ -56,7 +56,9 @@ def search_point(configs: Configs, sampler: Any, budget: float) -> tuple[str, in
 
     names = sorted(configs)
     default = next(c for c in names if configs[c].is_default)
-    space = {"config": optuna.distributions.CategoricalDistribution(names)}
+    space: dict[str, optuna.distributions.BaseDistribution] = {
+        "config": optuna.distributions.CategoricalDistribution(names)
+    }
     wanted = min(len(names), max(1, math.ceil(budget * len(names))))
     study = optuna.create_study(sampler=sampler)
     study.enqueue_trial({"config": default})

@@ -45,7 +45,7 @@ from holdout_json import figures
 
 from tunectl.core.keys import Key, key_from_text, key_text
 from tunectl.core.record import Phase, Record
-from tunectl.core.spec import SearchSpec
+from tunectl.core.spec import SearchSpec, Strategy
 from tunectl.decide.holdout import Standing
 from tunectl.decide.points import Measured
 from tunectl.decide.search import best_looks, finals_arms
@@ -64,7 +64,8 @@ RUNS = {
     "C-cold": ("throughput_h200_2026-12-04.tar.gz", "tp/res-after-cold"),
     "C-warm": ("throughput_h200_2026-12-04.tar.gz", "tp/res-after-warm"),
 }
-SEARCH = SearchSpec(strategy="halving")  # the decode spec's [search]: halving, the other settings default
+#: the decode spec's [search]: halving, the other settings default
+SEARCH = SearchSpec(strategy=Strategy.HALVING)
 Point = tuple[str, str]  # (static key text, shape key text)
 
 
@@ -104,7 +105,7 @@ def disagreement(runs: dict[str, Run]) -> dict[str, Any]:
             if other is None or other == won:
                 continue
             finals = runs[b].finals.get(point, {})
-            if won in finals and finals[won].median_us <= finals[other].median_us * 1.01:
+            if won in finals and _median(finals[won]) <= _median(finals[other]) * 1.01:
                 why["within 1 % in b's finals"] += 1
             elif won in finals:
                 why["in b's finals, more than 1 % behind"] += 1
@@ -112,8 +113,8 @@ def disagreement(runs: dict[str, Run]) -> dict[str, Any]:
                 why["cut by b's screening"] += 1
                 rungs = runs[b].rungs[point]
                 cut = max(r for r, m in rungs.items() if key_from_text(won) in m)
-                looks = [x.median_us for x in rungs[cut].values() if x.ok and x.median_us]
-                behind.append(rungs[cut][key_from_text(won)].median_us / min(looks))
+                looks = [_median(x) for x in rungs[cut].values() if x.ok and x.median_us]
+                behind.append(_median(rungs[cut][key_from_text(won)]) / min(looks))
     bands = Counter("under 2 %" if g < 1.02 else "2-5 %" if g < 1.05 else "over 5 %" for g in behind)
     return {"pairs": dict(why), "cut_reading_behind_the_fastest": dict(bands)}
 
@@ -130,7 +131,7 @@ def looks_off(runs: dict[str, Run], limit: float = 0.05) -> dict[str, Any]:
                     if final is None or not look.ok or not look.median_us:
                         continue
                     n += 1
-                    if abs(look.median_us / final.median_us - 1.0) > limit:
+                    if abs(look.median_us / _median(final) - 1.0) > limit:
                         off, flagged = off + 1, flagged + bool(look.drift)
         out[f"rung {rung}"] = {"looks": n, "over 5 % off": off, "flagged": flagged}
     return out
@@ -147,12 +148,11 @@ def finals_apart(runs: dict[str, Run]) -> dict[str, Any]:
             fa, fb = runs[a].finals[point], runs[b].finals[point]
             band = _band(point)
             for one, two in itertools.combinations(sorted(fa.keys() & fb.keys()), 2):
-                ra, rb = fa[one].median_us / fa[two].median_us, fb[one].median_us / fb[two].median_us
+                ra = _median(fa[one]) / _median(fa[two])
+                rb = _median(fb[one]) / _median(fb[two])
                 moved[band].append(abs(math.log(ra / rb)))
-                moved[_time_band(min(fa[one].median_us, fa[two].median_us))].append(abs(math.log(ra / rb)))
-            widths += [
-                (r.speedup_hi - r.speedup_lo) / r.speedup for r in (*fa.values(), *fb.values()) if _ci(r)
-            ]
+                moved[_time_band(min(_median(fa[one]), _median(fa[two])))].append(abs(math.log(ra / rb)))
+            widths += [w for r in (*fa.values(), *fb.values()) if (w := _ci_width(r)) is not None]
     out: dict[str, Any] = {
         band: {"pairs": len(v), "median": round(statistics.median(v), 4), "p90": round(_p90(v), 4)}
         for band, v in sorted(moved.items())
@@ -172,8 +172,8 @@ def floor(runs: dict[str, Run]) -> dict[str, Any]:
             for point, won in runs[a].winners.items():
                 finals = runs[b].finals.get(point, {})
                 if won in finals:
-                    fastest = min(r.median_us for r in finals.values())
-                    scores[_band(point)].append(finals[won].median_us / fastest)
+                    fastest = min(_median(r) for r in finals.values())
+                    scores[_band(point)].append(_median(finals[won]) / fastest)
         scores["all"] = [x for v in list(scores.values()) for x in v]
         out[label] = {band: figures(Standing(band, tuple(v))) for band, v in sorted(scores.items())}
     return out
@@ -190,8 +190,17 @@ def _time_band(us: float) -> str:
     return next((name for edge, name in edges if us < edge), "over 1 ms")
 
 
-def _ci(r: Record) -> bool:
-    return bool(r.speedup and r.speedup_lo and r.speedup_hi and not r.is_default)
+def _median(r: Record) -> float:
+    """The median of a record kept as measured (a final with one, a screening look read where ok)."""
+    assert r.median_us is not None
+    return r.median_us
+
+
+def _ci_width(r: Record) -> float | None:
+    """A final's speedup interval, its width over the speedup (None: a default arm, or none recorded)."""
+    if r.speedup and r.speedup_lo and r.speedup_hi and not r.is_default:
+        return (r.speedup_hi - r.speedup_lo) / r.speedup
+    return None
 
 
 def _p90(values: list[float]) -> float:

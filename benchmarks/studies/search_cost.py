@@ -194,7 +194,10 @@ def main() -> None:
     print(f"{info.name} ({args.run}): {len(truth)} points, {sum(len(v) for v in truth.values())} configs\n")
     print(HEADER)
     if args.mode == "replay":
-        variants = [("grid", {"strategy": "grid"}), ("halving eta=3 min_budget=0.1", {"strategy": "halving"})]
+        variants: list[tuple[str, dict[str, Any]]] = [
+            ("grid", {"strategy": "grid"}),
+            ("halving eta=3 min_budget=0.1", {"strategy": "halving"}),
+        ]
         variants += [
             ("halving eta=4 min_budget=1/16", {"strategy": "halving", "eta": 4, "min_budget": 1 / 16})
         ]

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from holdout_json import figures, holdout_of
 
 from tunectl import api
-from tunectl.core.keys import Key, key_text, make_key
+from tunectl.core.keys import Key, Value, key_text, make_key
 from tunectl.core.record import Phase
 from tunectl.core.spec import DEFAULT_MARGIN
 from tunectl.decide.holdout import HeldOut, Standing
@@ -55,6 +55,12 @@ UNSPLIT = (
     make_key({"backend": "flashinfer", "disable_split_kv": True, "use_tensor_cores": True}),
 )
 SPLITS = ("flex", "flashinfer", "triton")
+
+
+def _size(value: Value) -> int:
+    """A size in a key (a batch, a KV length, a head or split count): a whole number."""
+    assert isinstance(value, int), value
+    return value
 
 
 def fill(batch: int, heads: int) -> tuple[int, float]:
@@ -79,7 +85,7 @@ def tails(held: Sequence[HeldOut], heads: int) -> list[tuple[Key, float, float]]
     at two waves or more."""
     out = []
     for h in held:
-        waves, f = fill(int(dict(h.shape)["batch"]), heads)
+        waves, f = fill(_size(dict(h.shape)["batch"]), heads)
         split = [v for c, v in h.losses.items() if splits(c)]
         for unsplit in UNSPLIT:
             if waves >= 2 and unsplit in h.losses and split:
@@ -108,7 +114,7 @@ def guard(heads: int, below: float) -> Choose:
     """The list's first splitting config where flash-attn-4's default would run a part-filled wave."""
 
     def choose(h: HeldOut, entry: Entry, listed: list[Key]) -> Key | None:
-        waves, f = fill(int(dict(h.shape)["batch"]), heads)
+        waves, f = fill(_size(dict(h.shape)["batch"]), heads)
         if h.pick == UNSPLIT[0] and waves >= 2 and f < below:
             return next((c for c in listed if splits(c) and c in h.losses), None)
         return None
@@ -128,7 +134,7 @@ def readings(results: Path, run_id: str) -> Readings:
             for r in arms:
                 if r.status == "ok" and r.mean_us:
                     shape = dict(r.shape)
-                    at = out.setdefault((r.static, int(shape["batch"]), int(shape["kv_len"])), {})
+                    at = out.setdefault((r.static, _size(shape["batch"]), _size(shape["kv_len"])), {})
                     at.setdefault(r.config_key, r.mean_us)
     return out
 
@@ -147,13 +153,14 @@ def at_point_by_waves(read: Readings, heads: int) -> Choose:
 
     def units(config: Key, batch: int) -> float:
         c = dict(config)
-        count = {"fa4": c.get("num_splits", 1), "triton": c.get("num_kv_splits", 0)}.get(c.get("backend"), 0)
-        return fill(batch * int(count), heads)[1] if count else 1.0
+        counts: dict[Value, Value] = {"fa4": c.get("num_splits", 1), "triton": c.get("num_kv_splits", 0)}
+        count = counts.get(c.get("backend"), 0)
+        return fill(batch * _size(count), heads)[1] if count else 1.0
 
     def choose(h: HeldOut, entry: Entry, listed: list[Key]) -> Key | None:
         shape = dict(entry.shape)
-        at = read.get((entry.static, int(shape["batch"]), int(shape["kv_len"])), {})
-        tuned, held = int(shape["batch"]), int(dict(h.shape)["batch"])
+        at = read.get((entry.static, _size(shape["batch"]), _size(shape["kv_len"])), {})
+        tuned, held = _size(shape["batch"]), _size(dict(h.shape)["batch"])
         scores = {
             c: at[key_text(c)] * units(c, tuned) / units(c, held)
             for c in listed
@@ -170,7 +177,7 @@ def on_kv_edges(read: Readings) -> Choose:
 
     def choose(h: HeldOut, entry: Entry, listed: list[Key]) -> Key | None:
         shape = dict(entry.shape)
-        batch, kv = int(shape["batch"]), int(shape["kv_len"])
+        batch, kv = _size(shape["batch"]), _size(shape["kv_len"])
         below = [k for (st, b, k) in read if st == entry.static and b == batch and k < kv]
         edges = [
             read.get((entry.static, batch, kv), {}),
@@ -206,7 +213,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             if page == args.page and int(low) <= int(seed) <= int(high or low):
                 runs[int(seed)] = run
     bundle = api.read_bundle(args.bundle)
-    heads = int(dict(next(iter(bundle.entries(args.task))).static)["num_kv_heads"])
+    heads = _size(dict(next(iter(bundle.entries(args.task))).static)["num_kv_heads"])
     held = [
         h for run in runs.values() for h in holdout_of(args.results, args.bundle, run, DEFAULT_MARGIN).shapes
     ]
@@ -225,11 +232,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         "guarded": {f"fill < {b:g}": replayed(held, bundle, args.task, guard(heads, b)) for b in args.fill},
     }
     if args.run:
-        read = readings(args.results, args.run)
+        tuned = readings(args.results, args.run)
         doc["chosen at the entry's point, scaled by waves"] = replayed(
-            held, bundle, args.task, at_point_by_waves(read, heads)
+            held, bundle, args.task, at_point_by_waves(tuned, heads)
         )
-        doc["chosen on the entry's two KV edges"] = replayed(held, bundle, args.task, on_kv_edges(read))
+        doc["chosen on the entry's two KV edges"] = replayed(held, bundle, args.task, on_kv_edges(tuned))
     print(json.dumps(doc, indent=1))
 
 
