@@ -10,10 +10,10 @@ The fleet is played as the dispatcher plays it (``tunectl/orchestrator/dispatch.
 the lane's queue (its ``WorkQueue``) topped up by ``draw`` to a look-ahead of 16 items per worker
 before each item is handed out, two calls in flight per worker, a worker staying on its point while
 the point has items, and each finished item's records fed back through ``follow_up``. The records are
-made as the tests make them (``answer``, as ``tests/unit/test_refine.py``'s: the cost model's true time,
-so the winners change over the grid and refinement, finals and probes really happen). A worker's items
-finish in virtual time by their length (a screening look its budget, a comparison its rounds times
-its arms), so records come back interleaved as a fleet's do.
+the ones the tests fabricate (``tests/unit/test_refine.py``'s ``answer``, of the tree measured: the
+cost model's true time, so the winners change over the grid and refinement, finals and probes really
+happen). A worker's items finish in virtual time by their length (a screening look its budget, a
+comparison its rounds times its arms), so records come back interleaved as a fleet's do.
 
 Timed: the work's calls as the dispatcher and ``submit`` make them (``draw``, ``follow_up``, and
 ``estimate`` and ``missing`` at the start and the end). Not timed: the fake fleet, the queue and the
@@ -36,7 +36,6 @@ whose every record walks the grid takes tens of minutes over this one.
 from __future__ import annotations
 
 import argparse
-import functools
 import hashlib
 import heapq
 import itertools
@@ -49,13 +48,11 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # tunectl is imported where it runs: from the tree ``--tree`` names
-    from tunectl.core.keys import Key
     from tunectl.core.plan import WorkItem
     from tunectl.core.record import Record
-    from tunectl.core.registry import PlannedTask
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKERS = (1, 8, 32, 128)
@@ -96,70 +93,13 @@ def build_work() -> Any:
     from tunectl.tasks.cost_model import CostModel
 
     spec, task = parse_spec(SPEC, "driver.toml"), CostModel()
-    # CostModel is a PlannedTask; mypy infers its parameter names as fixed-length tuples, which the
-    # protocol's ``tuple[str, ...]`` attributes do not take
-    made = plan(spec, cast("PlannedTask", task))
+    made = plan(spec, task)
 
     def check(static: Any, shape: Any) -> str | None:
         return task.check_point(dict(static), dict(shape))
 
     found = Search(made, spec.search, None)
     return probed(refined(found, made, check), found, made, check, None)
-
-
-def answer(item: WorkItem) -> list[Record]:
-    """The records a device returns for ``item``: the cost model's true time with 1 % noise; per arm for
-    a comparison."""
-    from tunectl.core.keys import key_text
-    from tunectl.core.record import Record, Status
-    from tunectl.tasks.cost_model import cost_ms
-
-    def time_us(config: Key) -> float:
-        return cost_ms(dict(config), dict(item.shape)) * 1e3
-
-    record = functools.partial(
-        Record,
-        run_id="r",
-        task=item.task,
-        static_key=key_text(item.static),
-        shape_key=key_text(item.shape),
-        status=Status.OK,
-        rel_noise=0.01,
-        phase=item.phase,
-        rung=item.rung,
-    )
-    if not item.arms:
-        t = time_us(item.config)
-        return [
-            record(
-                item_id=item.item_id,
-                config_key=key_text(item.config),
-                is_default=item.is_default,
-                median_us=t,
-                p20_us=t * 0.99,
-                p80_us=t * 1.01,
-            )
-        ]
-    base = time_us(item.arms[0])
-    out = []
-    for i, (arm, rid) in enumerate(zip(item.arms, item.record_ids(), strict=True)):
-        t = time_us(arm)
-        out.append(
-            record(
-                item_id=rid,
-                config_key=key_text(arm),
-                is_default=i == 0,
-                median_us=t,
-                p20_us=t * 0.99,
-                p80_us=t * 1.01,
-                group_id=item.item_id,
-                rounds=item.rounds,
-                speedup=base / t,
-                speedup_lo=base / t * 0.99,
-                speedup_hi=base / t * 1.01,
-            )
-        )
-    return out
 
 
 def length(item: Any) -> float:
@@ -237,8 +177,7 @@ class Fleet:
         worker = self.workers[index]
         while worker.calls < PREFETCH:
             self.top_up()
-            # ``pop`` asks a set only whether it holds a point: ``Busy`` answers that from the counts
-            item = self.queue.pop(worker.point, cast("set[Any]", Busy(self.on, worker.point)))
+            item = self.queue.pop(worker.point, Busy(self.on, worker.point))
             if item is None:
                 return
             self.on[worker.point] -= 1
@@ -292,6 +231,7 @@ class Fleet:
 def measure(tree: Path, workers: int, limit_s: float | None) -> dict[str, Any]:
     """One fleet of ``workers`` over the work of the tunectl in ``tree`` (already first on the path)."""
     import tunectl
+    from tests.unit.test_refine import answer
 
     if not Path(tunectl.__file__).resolve().is_relative_to(tree.resolve()):
         raise SystemExit(f"tunectl came from {tunectl.__file__}, not {tree}")
@@ -331,7 +271,7 @@ def main() -> None:
         RESULTS.write_text(json.dumps(result, indent=2) + "\n")
         print(f"before {result['before']:,.0f} items/s, after {result['after']:,.0f} items/s -> {RESULTS}")
         return
-    sys.path.insert(0, str(args.tree))  # the tree's tunectl
+    sys.path[:0] = [str(args.tree), str(ROOT)]  # the tree's tunectl; the tests' record helper from here
     for n in args.workers:
         print(json.dumps(measure(args.tree, n, args.limit_s)), flush=True)
 

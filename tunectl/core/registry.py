@@ -27,10 +27,18 @@ class PlannedTask(Protocol):
     """What planning and spec validation ask of a task (``tunectl.tasks.base.Task`` gives the defaults)."""
 
     name: str
-    static_params: tuple[str, ...]
-    shape_params: tuple[str, ...]
-    config_params: tuple[str, ...]
     param_rules: ClassVar[Mapping[str, Rule]]
+
+    # read-only: a task's own tuples (``("batch", "kv_len")``) are narrower types, which a protocol's
+    # settable attribute would refuse
+    @property
+    def static_params(self) -> tuple[str, ...]: ...
+
+    @property
+    def shape_params(self) -> tuple[str, ...]: ...
+
+    @property
+    def config_params(self) -> tuple[str, ...]: ...
 
     def default_config(self, static: Params) -> dict[str, Any]: ...
 

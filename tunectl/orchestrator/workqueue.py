@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from typing import Any
 
 from tunectl.core.keys import key_text
@@ -53,7 +53,7 @@ class WorkQueue:
     def pop(
         self,
         point: Any,
-        busy: set[Any],
+        busy: Container[Any],
         rank: Callable[[WorkItem], int] | None = None,
         recent: Sequence[Any] = (),
     ) -> WorkItem | None:
