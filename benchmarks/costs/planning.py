@@ -32,10 +32,7 @@ import sys
 import time
 import types
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
-
-if TYPE_CHECKING:
-    from tunectl.core.registry import PlannedTask
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 SIZES = (10**4, 10**5, 10**6, 10**7)
@@ -99,9 +96,7 @@ def measure(num_items: int, old_rev: str | None) -> dict[str, Any]:
         from tunectl.core.plan import plan
         from tunectl.decide.search import Search
 
-        # CostModel is a PlannedTask; mypy infers its parameter names as fixed-length tuples, which the
-        # protocol's ``tuple[str, ...]`` attributes do not take
-        made = plan(spec, cast("PlannedTask", task))
+        made = plan(spec, task)
         planned = made.num_items
         search = Search(made, spec.search)
         search.start(())
