@@ -6,7 +6,7 @@ in proportion to what it hands out. Counted here, not timed: how often a point's
 out, an item is named and an item is checked for its records, in each call the dispatcher makes
 (``draw``, ``follow_up``; ``missing`` and ``estimate`` at the end), over a whole run of a grid of 50
 points and one of 400 (two static keys each, successive halving, finals, refinement and probes), the
-dispatcher played as in tests/test_refine.py.
+dispatcher played as in tests/unit/test_refine.py.
 
 The worst call is compared, not the average over the run: a walk over a static key's points or its
 probes on every record costs in proportion to the grid, but only in the stretches it is made in
