@@ -336,6 +336,18 @@ def newest_rows(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return [dict(r) for r in rows if r["run_id"] == newest[(r["static_key"], r["shape_key"])]]
 
 
+def newest_winners(results: Path, rows: Iterable[Mapping[str, Any]]) -> list[Winner]:
+    """Each point's winner in its newest run (the run whose rows ``newest_rows`` kept), chosen from that
+    run's records alone: a winner chosen over every run may rest on a config the newest did not time."""
+    newest = {(r["static_key"], r["shape_key"]): r["run_id"] for r in rows}
+    return [
+        w
+        for run in sorted(set(newest.values()))
+        for w in winners_in(results, [run])
+        if newest.get((key_text(w.static), key_text(w.shape))) == run
+    ]
+
+
 def before_section(results: Path, before: str, after: list[Winner]) -> list[str]:
     """The winner's geometric-mean speedup over flash-attn-4's default, ``before`` run against now, at
     the points both measured."""
@@ -395,7 +407,7 @@ def before_section(results: Path, before: str, after: list[Winner]) -> list[str]
 def render(results: Path, before: str | None = None) -> str:
     all_rows = [r.to_row() for r in read_results(results)]
     rows = newest_rows(all_rows)
-    winners = winners_in(results)
+    winners = newest_winners(results, rows)
     out = ["# H200 attention tuning", ""]
     out += environment_section(rows)
     out += [NOTES]
