@@ -18,8 +18,8 @@ import pytest
 from tests.decode_keys import flash_static
 from tunectl.core.keys import key_text, make_key
 from tunectl.core.plan import comparison
-from tunectl.core.record import Phase
-from tunectl.core.spec import MeasureSpec
+from tunectl.core.record import Phase, Timing
+from tunectl.core.spec import L2, MeasureMode, MeasureSpec
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -29,7 +29,7 @@ SHAPE = {"batch": 14, "kv_len": 1452, "q_len": 1}
 # the spec's measurement (configs/h200/flash_decode.toml): graphs, a cold L2, the difference method
 SETTINGS = MeasureSpec(
     warmup=3, min_samples=10, max_samples=400, noise_target=0.01, max_seconds=0.25,
-    l2="cold", mode="graph", timing="difference",
+    l2=L2.COLD, mode=MeasureMode.GRAPH, timing=Timing.DIFFERENCE,
 )  # fmt: skip
 TORCH_ARMS: list[dict[str, Any]] = [
     {"backend": "sdpa"},

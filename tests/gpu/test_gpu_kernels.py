@@ -13,7 +13,7 @@ import pytest
 
 from tunectl.core.keys import make_key
 from tunectl.core.plan import WorkItem, item_id
-from tunectl.core.spec import MeasureSpec
+from tunectl.core.spec import L2, MeasureMode, MeasureSpec
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -38,7 +38,13 @@ PREFILL = {
     "mask": "causal",
 }
 SETTINGS = MeasureSpec(
-    warmup=2, min_samples=10, max_samples=200, noise_target=0.02, max_seconds=0.2, l2="cold", mode="auto"
+    warmup=2,
+    min_samples=10,
+    max_samples=200,
+    noise_target=0.02,
+    max_seconds=0.2,
+    l2=L2.COLD,
+    mode=MeasureMode.AUTO,
 )
 # (config, statuses it may end in on an H200 with the staged packages)
 DECODE_CASES: list[tuple[dict[str, Any], tuple[str, ...]]] = [
@@ -124,7 +130,10 @@ def test_the_triton_decode_kernel_matches_the_reference_at_several_shapes(page_s
     runner = ItemRunner("cuda:0")
     static = {**DECODE, "page_size": page_size}
     shapes = [(1, 32768, 1), (4, 8192, 1), (16, 1000, 1), (3, 4097, 4)]
-    configs = [{"backend": "triton"}, {"backend": "triton", "num_kv_splits": 32, "BLOCK_N": 32}]
+    configs: list[dict[str, Any]] = [
+        {"backend": "triton"},
+        {"backend": "triton", "num_kv_splits": 32, "BLOCK_N": 32},
+    ]
     for batch, kv_len, q_len in shapes:
         for config in configs:
             shape = {"batch": batch, "kv_len": kv_len, "q_len": q_len}

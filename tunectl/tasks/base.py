@@ -23,12 +23,20 @@ class InvalidConfig(Exception):
 @runtime_checkable
 class TuningTask(Protocol):
     name: str
-    #: names of the parameters that select a kernel variant or a table (dtype, heads, ...)
-    static_params: tuple[str, ...]
-    #: names of the dynamic dimensions (batch, kv_len, ...)
-    shape_params: tuple[str, ...]
-    #: names a config may set; a config may set a subset (e.g. only its backend's options)
-    config_params: tuple[str, ...]
+
+    # the parameter names are read-only: a task's own tuples (``("batch", "kv_len")``) are narrower
+    # types, which a protocol's settable attribute would refuse
+    @property
+    def static_params(self) -> tuple[str, ...]:
+        """Names of the parameters that select a kernel variant or a table (dtype, heads, ...)."""
+
+    @property
+    def shape_params(self) -> tuple[str, ...]:
+        """Names of the dynamic dimensions (batch, kv_len, ...)."""
+
+    @property
+    def config_params(self) -> tuple[str, ...]:
+        """Names a config may set; a config may set a subset (e.g. only its backend's options)."""
 
     #: how serving runs the kernel, what ``measure.mode = "auto"`` times: ``eager`` or ``graph``
     serving_mode: str
