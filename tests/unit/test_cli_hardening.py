@@ -119,6 +119,13 @@ def test_runs_winners_and_failures_speak_json(tmp_path: Path) -> None:
     assert "1 failed of 2 measurement(s)" in listed.output
 
 
+def test_failures_with_none_failed_print_the_count_without_an_empty_table(tmp_path: Path) -> None:
+    root = _results_with_a_run(tmp_path)  # both rows ok
+    listed = run("failures", "--results", str(root))
+    assert listed.exit_code == 0, listed.output
+    assert " ".join(listed.output.split()) == f"0 failed of 2 measurement(s) in {root}", listed.output
+
+
 def test_run_ids_stay_whole_at_80_columns(tmp_path: Path) -> None:
     root = _results_with_a_run(tmp_path, status="error")
     for command in ("runs", "failures"):

@@ -188,16 +188,17 @@ def failures_cmd(
         row_of = (r.to_row() for r in failed)
         typer.echo(canonical_json([{k: row[k] for k in _FAILURE_FIELDS} for row in row_of], indent=2))
         return
-    table = Table(title=f"failed measurements in {results}", title_justify="left")
-    table.add_column("run", no_wrap=True, min_width=max((len(r.run_id) for r in failed), default=3))
-    for col in ("status", "shape", "config", "message"):
-        table.add_column(col, overflow="fold")
-    for r in failed:
-        message = r.message.strip().splitlines()[0][:300] if r.message.strip() else ""
-        table.add_row(r.run_id, str(r.status), compact(r.shape), compact(r.config), message)
     console = Console()
-    console.print(table)
-    console.print(f"{len(failed)} failed of {len(records)} measurement(s)")
+    if failed:  # an empty table says nothing the count below does not
+        table = Table(title=f"failed measurements in {results}", title_justify="left")
+        table.add_column("run", no_wrap=True, min_width=max(len(r.run_id) for r in failed))
+        for col in ("status", "shape", "config", "message"):
+            table.add_column(col, overflow="fold")
+        for r in failed:
+            message = r.message.strip().splitlines()[0][:300] if r.message.strip() else ""
+            table.add_row(r.run_id, str(r.status), compact(r.shape), compact(r.config), message)
+        console.print(table)
+    console.print(f"{len(failed)} failed of {len(records)} measurement(s) in {results}")
 
 
 #: what ``failures --json`` says of each failed measurement
