@@ -37,9 +37,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from drift_demo import LOAD
-from flex_paths import (
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.gpu.drift_demo import LOAD
+from benchmarks.gpu.flex_paths import (
     SPEC,
     config_label,
     decode_static,

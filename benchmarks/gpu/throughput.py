@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "costs"))  # fleet.py
 
 #: warm-up samples a row's sampler took before its samples: the old engine warmed every measurement
 #: (the spec's 3); the new one warms a fresh graph sampler once and a reused one not at all, so 0 is
@@ -31,8 +30,7 @@ WARMUP = {"before": 3, "after": 0}
 
 def figures(results: Path, warmup: int) -> dict[str, Any]:
     """A run's wall span, GPU busy share, screening item cost and the guard's share of measuring."""
-    from fleet import run_figures
-
+    from benchmarks.costs.fleet import run_figures
     from tunectl.report.worker_time import worker_times
     from tunectl.store.results import read_results
 

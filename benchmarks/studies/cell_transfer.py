@@ -41,9 +41,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from holdout_json import holdout_of
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.studies.holdout_json import holdout_of
 from tunectl import api
 from tunectl.core.keys import Value, key_text, make_key
 from tunectl.core.record import Phase, Record, Status

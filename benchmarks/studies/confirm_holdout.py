@@ -30,9 +30,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from holdout_json import figures, holdout_of, pooled
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.studies.holdout_json import figures, holdout_of, pooled
 from tunectl import api
 from tunectl.core.keys import make_key
 from tunectl.core.spec import DEFAULT_MARGIN

@@ -27,9 +27,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from holdout_json import figures, holdout_of
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.studies.holdout_json import figures, holdout_of
 from tunectl.core.keys import Key, make_key
 from tunectl.core.spec import DEFAULT_MARGIN
 from tunectl.decide.holdout import Standing

@@ -22,13 +22,15 @@ import ast
 import json
 import re
 import statistics
+import sys
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from h200_archive import require
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from benchmarks.studies.h200_archive import require
 from tunectl.core.keys import key_text, make_key
 from tunectl.store.results import read_results
 

@@ -31,9 +31,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from table_bound import copy_run
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.studies.table_bound import copy_run
 from tunectl import api
 from tunectl.core.keys import Key
 from tunectl.core.record import Phase, Record

@@ -44,8 +44,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from h200_archive import require
-
+from benchmarks.studies.h200_archive import require
 from tunectl.core.keys import Key
 from tunectl.core.record import Phase, Record, latest
 from tunectl.core.shapes import line_brackets

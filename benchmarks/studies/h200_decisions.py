@@ -17,11 +17,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-import search_cost
-
+from benchmarks.studies import search_cost
 from tunectl.core.keys import key_text
 from tunectl.core.spec import parse_spec
 from tunectl.decide.select import Winner

@@ -14,13 +14,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from h200_archive import require
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from benchmarks.studies.h200_archive import require
 from tunectl.core.keys import key_dict, key_from_text, key_text, make_key
 from tunectl.decide.select import Winner
 from tunectl.formats.export import winners_in

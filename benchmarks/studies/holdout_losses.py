@@ -38,9 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from holdout_json import holdout_of
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.studies.holdout_json import holdout_of
 from tunectl.core.keys import Key, make_key
 from tunectl.core.spec import DEFAULT_MARGIN
 from tunectl.measure.confirm import installed

@@ -31,15 +31,18 @@ import dataclasses
 import functools
 import math
 import statistics
+import sys
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
-from h200_archive import RESULTS, require
 from typer.testing import CliRunner
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import tunectl.decide.probes as probes
 import tunectl.formats.task_tables as task_tables
+from benchmarks.studies.h200_archive import RESULTS, require
 from benchmarks.studies.holdout_table import holdout_of
 from tunectl.cli import app
 from tunectl.core.keys import Key, key_dict, make_key, value_order

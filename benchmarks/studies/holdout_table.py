@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from h200_archive import require
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from benchmarks.studies.h200_archive import require
 from tunectl.api.checks import measured_shapes
 from tunectl.core.keys import Key, key_dict, key_text
 from tunectl.core.record import Phase, Record

@@ -23,14 +23,16 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from h200_archive import require
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from benchmarks.studies.h200_archive import require
 from tunectl.core.buckets import make_bucketer
 from tunectl.core.keys import Value, key_dict, key_from_text, key_text
 from tunectl.core.record import Record

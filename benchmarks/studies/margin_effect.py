@@ -11,12 +11,14 @@ and in all, how many entries change config, and which:
 from __future__ import annotations
 
 import argparse
+import sys
 import tarfile
 import tempfile
 from pathlib import Path
 
-from h200_archive import ARCHIVE, require
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from benchmarks.studies.h200_archive import ARCHIVE, require
 from tunectl.core.keys import Key, key_text
 from tunectl.core.record import SELECTED_PHASES
 from tunectl.decide.select import Winner

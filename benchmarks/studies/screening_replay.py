@@ -34,6 +34,7 @@ import itertools
 import json
 import math
 import statistics
+import sys
 import tarfile
 import tempfile
 from collections import Counter, defaultdict
@@ -41,8 +42,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from holdout_json import figures
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from benchmarks.studies.holdout_json import figures
 from tunectl.core.keys import Key, key_from_text, key_text
 from tunectl.core.record import Phase, Record
 from tunectl.core.spec import SearchSpec, Strategy

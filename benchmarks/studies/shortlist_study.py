@@ -41,11 +41,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from fill_study import enclosing, run_data
-from h200_archive import require
-
+from benchmarks.studies.fill_study import enclosing, run_data
+from benchmarks.studies.h200_archive import require
 from tunectl.core.keys import Key, make_key
 from tunectl.core.record import Phase, Record
 from tunectl.core.spec import DEFAULT_MARGIN

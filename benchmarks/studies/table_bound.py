@@ -41,9 +41,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from holdout_json import holdout_of
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.studies.holdout_json import holdout_of
 from tunectl import api
 from tunectl.core.keys import Key, make_key
 from tunectl.core.plan import full_config

@@ -35,9 +35,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from holdout_json import figures, holdout_of
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks.studies.holdout_json import figures, holdout_of
 from tunectl import api
 from tunectl.core.keys import Key, Value, key_text, make_key
 from tunectl.core.record import Phase

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "studies"))
-import confirm_transfer
+from benchmarks.studies import confirm_transfer
 
 
 def test_each_timed_candidate_is_read_from_its_shape_line_and_summarised_by_batch_range() -> None:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
+from benchmarks.studies import holdout_json
 from tests.finished_run import answer, finished_run
 from tests.unit.test_rules import _spec, wave_time
 from tunectl.api.checks import measured_shapes
@@ -19,9 +19,6 @@ from tunectl.formats.export import export_bundle
 from tunectl.store.results import ResultsWriter
 from tunectl.store.runs import RunInfo, save_run
 from tunectl.store.stores import read_bundle
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "studies"))
-import holdout_json
 
 SPEC = (
     _spec(probes=2)

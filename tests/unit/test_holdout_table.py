@@ -4,14 +4,10 @@ bundle's pick was timed at."""
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
+from benchmarks.studies import holdout_table
 from tunectl.core.keys import make_key
 from tunectl.decide.holdout import HeldOut, Holdout
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "studies"))
-import holdout_table
 
 STATIC = make_key({"page_size": 16})
 PICK = make_key({"num_splits": 4})

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "gpu"))
-import throughput
+from benchmarks.gpu import throughput
 
 
 def _row(worker: str, phase: str, start: float, finish: float) -> dict[str, object]:
