@@ -2,8 +2,8 @@
 
 ``read_state(device)`` takes one reading (None on CPU, or where NVML is missing or refuses);
 ``read_during(device)`` takes it on a thread of its own while the caller goes on to time the samples,
-so the reading costs the worker nothing: on an H100, one read of the two violation counters took
-~1.7 ms of a ~12 ms screening look, while the worker only waited for the GPU. ``state_around(before,
+so the worker does not wait for it: on an H100 the screening look fell by 0.2-0.4 ms (10.0 -> 9.8 and
+11.0 -> 10.6 ms, old and new side by side; benchmarks/results/throughput.md). ``state_around(before,
 after)`` turns the readings taken around a measurement into what its record keeps (``DeviceState``: the
 SM clock, temperature, power, whether it was throttled, and the throttle reasons' bit mask). Clock and
 power are the reading's taken while the samples run, at the GPU's working clock; temperature is the
