@@ -16,6 +16,7 @@ from tunectl.measure import build_memory
 from tunectl.measure.build_memory import RememberedFailure, compiler_rejected, failure_path, remembered
 from tunectl.measure.runner import ItemRunner
 from tunectl.tasks import fault_injection
+from tunectl.tasks.base import InvalidConfig
 from tunectl.tasks.compile import CACHE_ENV
 from tunectl.tasks.registry import get_task
 
@@ -103,23 +104,27 @@ def test_the_cache_settles_the_kernels_built_here_and_those_rejected_before(
     cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """What a resident worker tells a run (``settled_here``): the compile keys of its builds that
-    did not fail, and of the rejections remembered for its libraries and device (by any process on
-    the cache); not a build that failed otherwise, nor a remembered file another device's would be."""
+    did not fail or that the kernel refused as invalid at their point, and of the rejections
+    remembered for its libraries and device (by any process on the cache); not a build that failed
+    otherwise, nor a remembered file another device's would be."""
     from tunectl.tasks.compile import compile_key
 
-    monkeypatch.setattr(build_memory, "_BUILT", set())
+    monkeypatch.setattr(build_memory, "_SETTLED", set())
     task, shape = get_task("fault_injection"), {"n": 4}
     built, failing = {"compile_ms": 1, "variant": 7}, {"compile_ms": 1, "variant": 8}
+    refused = {"compile_ms": 1, "variant": 9}
     with remembered(task, {}, shape, built, "cpu"):
         task.prepare({}, shape, built, task.build_inputs({}, shape, "cpu"))
     with pytest.raises(fault_injection.CompilationError), remembered(task, {}, shape, REJECTED, "cpu"):
         task.prepare({}, shape, REJECTED, task.build_inputs({}, shape, "cpu"))
     with pytest.raises(RuntimeError), remembered(task, {}, shape, failing, "cpu"):
         raise RuntimeError("injected failure: not the compiler's")
+    with pytest.raises(InvalidConfig), remembered(task, {}, shape, refused, "cpu"):
+        raise InvalidConfig("the kernel's own check refuses this point")  # as flash-attn-4's split-KV on SM90
     rejected = failure_path(task, {}, shape, REJECTED, "cpu")
     assert rejected is not None
     (rejected.parent / "elsewhere.txt").write_text(rejected.read_text())  # named for another device
-    keys = [compile_key(task, {}, shape, c) for c in (built, REJECTED)]
+    keys = [compile_key(task, {}, shape, c) for c in (built, REJECTED, refused)]
     assert build_memory.settled_here("cpu") == sorted(keys)
     with (
         pytest.raises(RememberedFailure, match=r"earlier build \(remove .*\): CompilationError"),

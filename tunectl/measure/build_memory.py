@@ -11,8 +11,10 @@ to every process): a later build of that kernel, in any process using that cache
 with the remembered message. Failures of memory, of time or of a process are never remembered, nor
 anything where no compile cache is set (a serving process). Remove the folder to build them again.
 
-A process also keeps in mind the kernels it built without an error. Those and the rejections
-remembered for it (a file names its kernel on its first line) are what the cache settles for it
+A process also keeps in mind the kernels it built without an error, and those the kernel's own checks
+refused at their point (``InvalidConfig``: flash-attn-4's split-KV on SM90, the same every time with the
+same libraries and device). Those and the rejections remembered for it (a file names its kernel on its
+first line) are what the cache settles for it
 (``settled_here``): a resident worker asked by the next run (``TuneWorker.settled``) names the
 kernels that need no compile process, so the run neither waits for one to build them nor, where
 they are all its first items need, starts one (``tunectl.orchestrator.compiling``).
@@ -29,7 +31,7 @@ from typing import Any
 
 from tunectl.core.files import atomic_write, canonical_json
 from tunectl.measure.failures import failure_message
-from tunectl.tasks.base import TuningTask
+from tunectl.tasks.base import InvalidConfig, TuningTask
 from tunectl.tasks.compile import PASSED_ON, cache_dir, compile_key
 from tunectl.tasks.env import environment
 
@@ -38,8 +40,8 @@ COMPILER_ERRORS = frozenset({"CompilationError", "InductorError", "BackendCompil
 FOLDER = "failed"
 #: what a kernel's build depends on besides its compile key (``tunectl.tasks.env.environment``)
 _BUILT_WITH = ("python", "packages", "device_name", "compute_capability", "cuda", "driver")
-#: the compile keys this process built (or loaded) without an error (``settled_here``)
-_BUILT: set[str] = set()
+#: the compile keys this process built (or loaded) without an error, or found invalid (``settled_here``)
+_SETTLED: set[str] = set()
 #: how a remembered rejection's first line names its kernel
 _KEY_LINE = "kernel: "
 
@@ -78,9 +80,9 @@ def failure_path(
 
 def settled_here(device: str) -> list[str]:
     """The compile keys whose build the compile cache settles for this process (module doc): built
-    (or loaded) here without an error, or rejected and remembered for this process's libraries and
-    ``device`` (a remembered file counts where its name is the one its key gives here)."""
-    found = set(_BUILT)
+    (or loaded) here without an error or found invalid, or rejected and remembered for this process's
+    libraries and ``device`` (a remembered file counts where its name is the one its key gives here)."""
+    found = set(_SETTLED)
     root = cache_dir()
     for path in (root / FOLDER).glob("*.txt") if root is not None else ():
         with contextlib.suppress(OSError):
@@ -127,10 +129,14 @@ def remembered(
         )
     try:
         yield
+    except InvalidConfig:
+        if key is not None:
+            _SETTLED.add(key)  # refused by the kernel's own checks: nothing here to build again
+        raise
     except Exception as exc:
         if remember and path is not None and compiler_rejected(exc):
             with contextlib.suppress(OSError):  # unremembered, it is only built again next time
                 atomic_write(path, f"{_KEY_LINE}{key}\n{failure_message(exc)}".encode(), make_parents=True)
         raise
     if key is not None:
-        _BUILT.add(key)
+        _SETTLED.add(key)
