@@ -69,6 +69,17 @@ def test_a_shift_beyond_noise_is_one_that_leaves_both_bands_by_more_than_3_perce
     assert not moved(noisy, summarise([103.5, 115.0, 126.5] * 4))
 
 
+def test_a_reading_far_from_the_level_moved_however_noisy_it_was() -> None:
+    """A check that straddled the start of a burst (a few quiet samples, most of them 2.5 times slow):
+    its band reaches back to the level and its noise is wide, and neither excuses a median 2.5 times
+    the level's (an H100 under the drift demo's load read one so, unflagged)."""
+    level = summarise([100.0, 99.5, 100.5] * 4)
+    straddled = summarise([99.0, 99.5, 100.0, 249.0, 250.0, 251.0, 252.0, 253.0])
+    assert straddled.p20_us <= level.median_us and straddled.rel_noise > 0.25
+    assert moved(level, straddled)
+    assert moved(level, summarise([60.0, 61.0, 100.0, 62.0, 59.0]))  # far faster, too
+
+
 def test_the_guard_catches_an_injected_slowdown_and_the_remeasure_corrects_it() -> None:
     device = SlowingDevice()
     guard = DriftGuard(device.reference, action="remeasure", settings=SETTINGS, sleep=device.sleep)
