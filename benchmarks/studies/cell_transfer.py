@@ -42,9 +42,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks.studies.holdout_json import holdout_of
+from benchmarks.studies.holdout_json import holdout_of, size_of
 from tunectl import api
-from tunectl.core.keys import Value, key_text, make_key
+from tunectl.core.keys import key_text, make_key
 from tunectl.core.record import Phase, Record, Status
 from tunectl.core.spec import DEFAULT_MARGIN
 from tunectl.decide.holdout import HeldOut
@@ -135,7 +135,7 @@ def at_held_out(
         static, shape = dict(h.static), dict(h.shape)
         listed = bundle.candidates(task, **static, **shape)
         entry = bundle.entry(task, **static, **shape)
-        batch, kv_len = _size(shape["batch"]), _size(shape["kv_len"])
+        batch, kv_len = size_of(shape["batch"]), size_of(shape["kv_len"])
         kvs = sorted(k for s, b, k in at if s == key_text(h.static) and b == batch)
         low = max((k for k in kvs if k <= kv_len), default=None)
         high = min((k for k in kvs if k >= kv_len), default=None)
@@ -191,12 +191,6 @@ def _told(
     ]
     lines += [f"  {c}: {times(t)} -> {ratio.get(c, math.nan):.3f}" for c, t in scores.items()]
     return "\n".join(lines)
-
-
-def _size(value: Value) -> int:
-    """A size in a key (a batch, a KV length): a whole number."""
-    assert isinstance(value, int), value
-    return value
 
 
 def _where(low: int, high: int, kv_len: int) -> float:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from tunectl.api.checks import measured_shapes
+from tunectl.core.keys import Value
 from tunectl.core.record import Phase
 from tunectl.core.registry import get_task
 from tunectl.core.spec import DEFAULT_MARGIN, parse_spec
@@ -55,6 +56,12 @@ def _measured(results: Path, bundle_dir: str, task: str) -> frozenset[Any]:
     """The shapes a bundle was measured at (``measured_shapes``), read once per bundle: every seed's
     run of a page asks for the same bundle's, and its source runs are the largest records here."""
     return frozenset(measured_shapes(results, read_bundle(bundle_dir), task))
+
+
+def size_of(value: Value) -> int:
+    """A size in a key (a batch, a KV length, a head or split count): a whole number."""
+    assert isinstance(value, int), value
+    return value
 
 
 def figures(st: Standing) -> dict[str, Any]:

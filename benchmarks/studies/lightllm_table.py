@@ -33,8 +33,9 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.studies.h200_archive import require
+from benchmarks.studies.holdout_json import size_of
 from tunectl.core.buckets import make_bucketer
-from tunectl.core.keys import Value, key_dict, key_from_text, key_text
+from tunectl.core.keys import key_dict, key_from_text, key_text
 from tunectl.core.record import Record
 from tunectl.formats.export import facts_of, winners_in
 from tunectl.store.results import read_results
@@ -50,12 +51,6 @@ class Shape:
     batch: int
     kv_len: int
     q_len: int
-
-
-def _size(value: Value) -> int:
-    """A shape dimension's value in a key: a whole number."""
-    assert isinstance(value, int), value
-    return value
 
 
 def is_lightllm(config: Mapping[str, Any]) -> bool:
@@ -84,7 +79,7 @@ def times_by_shape(records: Iterable[Record]) -> dict[Shape, tuple[Times, dict[C
         if not r.ok or r.median_us is None or r.phase.value not in _FIDELITY:
             continue
         s = key_dict(r.shape)
-        shape = Shape(r.static_key, _size(s["batch"]), _size(s["kv_len"]), _size(s.get("q_len", 1)))
+        shape = Shape(r.static_key, size_of(s["batch"]), size_of(s["kv_len"]), size_of(s.get("q_len", 1)))
         times, configs = out[shape]
         fidelity = (_FIDELITY[r.phase.value], r.num_samples or 0)
         if fidelity > rank.get((shape, r.config_key), (-1, -1)):
@@ -188,7 +183,7 @@ def render(results: Path, grid_runs: list[str], holdout_runs: list[str]) -> str:
     for w in winners_in(results, grid_runs, task="flash_decode"):
         s = key_dict(w.shape)
         published[
-            Shape(key_text(w.static), _size(s["batch"]), _size(s["kv_len"]), _size(s.get("q_len", 1)))
+            Shape(key_text(w.static), size_of(s["batch"]), size_of(s["kv_len"]), size_of(s.get("q_len", 1)))
         ] = key_text(w.config)
     at_grid = choices_at_grid(grid, published)
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks.studies.holdout_json import figures, holdout_of
+from benchmarks.studies.holdout_json import figures, holdout_of, size_of
 from tunectl import api
 from tunectl.core.keys import Key, Value, key_text, make_key
 from tunectl.core.record import Phase
@@ -54,12 +54,6 @@ UNSPLIT = (
     make_key({"backend": "flashinfer", "disable_split_kv": True, "use_tensor_cores": True}),
 )
 SPLITS = ("flex", "flashinfer", "triton")
-
-
-def _size(value: Value) -> int:
-    """A size in a key (a batch, a KV length, a head or split count): a whole number."""
-    assert isinstance(value, int), value
-    return value
 
 
 def fill(batch: int, heads: int) -> tuple[int, float]:
@@ -84,7 +78,7 @@ def tails(held: Sequence[HeldOut], heads: int) -> list[tuple[Key, float, float]]
     at two waves or more."""
     out = []
     for h in held:
-        waves, f = fill(_size(dict(h.shape)["batch"]), heads)
+        waves, f = fill(size_of(dict(h.shape)["batch"]), heads)
         split = [v for c, v in h.losses.items() if splits(c)]
         for unsplit in UNSPLIT:
             if waves >= 2 and unsplit in h.losses and split:
@@ -113,7 +107,7 @@ def guard(heads: int, below: float) -> Choose:
     """The list's first splitting config where flash-attn-4's default would run a part-filled wave."""
 
     def choose(h: HeldOut, entry: Entry, listed: list[Key]) -> Key | None:
-        waves, f = fill(_size(dict(h.shape)["batch"]), heads)
+        waves, f = fill(size_of(dict(h.shape)["batch"]), heads)
         if h.pick == UNSPLIT[0] and waves >= 2 and f < below:
             return next((c for c in listed if splits(c) and c in h.losses), None)
         return None
@@ -133,7 +127,7 @@ def readings(results: Path, run_id: str) -> Readings:
             for r in arms:
                 if r.status == "ok" and r.mean_us:
                     shape = dict(r.shape)
-                    at = out.setdefault((r.static, _size(shape["batch"]), _size(shape["kv_len"])), {})
+                    at = out.setdefault((r.static, size_of(shape["batch"]), size_of(shape["kv_len"])), {})
                     at.setdefault(r.config_key, r.mean_us)
     return out
 
@@ -154,12 +148,12 @@ def at_point_by_waves(read: Readings, heads: int) -> Choose:
         c = dict(config)
         counts: dict[Value, Value] = {"fa4": c.get("num_splits", 1), "triton": c.get("num_kv_splits", 0)}
         count = counts.get(c.get("backend"), 0)
-        return fill(batch * _size(count), heads)[1] if count else 1.0
+        return fill(batch * size_of(count), heads)[1] if count else 1.0
 
     def choose(h: HeldOut, entry: Entry, listed: list[Key]) -> Key | None:
         shape = dict(entry.shape)
-        at = read.get((entry.static, _size(shape["batch"]), _size(shape["kv_len"])), {})
-        tuned, held = _size(shape["batch"]), _size(dict(h.shape)["batch"])
+        at = read.get((entry.static, size_of(shape["batch"]), size_of(shape["kv_len"])), {})
+        tuned, held = size_of(shape["batch"]), size_of(dict(h.shape)["batch"])
         scores = {
             c: at[key_text(c)] * units(c, tuned) / units(c, held)
             for c in listed
@@ -176,7 +170,7 @@ def on_kv_edges(read: Readings) -> Choose:
 
     def choose(h: HeldOut, entry: Entry, listed: list[Key]) -> Key | None:
         shape = dict(entry.shape)
-        batch, kv = _size(shape["batch"]), _size(shape["kv_len"])
+        batch, kv = size_of(shape["batch"]), size_of(shape["kv_len"])
         below = [k for (st, b, k) in read if st == entry.static and b == batch and k < kv]
         edges = [
             read.get((entry.static, batch, kv), {}),
@@ -212,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             if page == args.page and int(low) <= int(seed) <= int(high or low):
                 runs[int(seed)] = run
     bundle = api.read_bundle(args.bundle)
-    heads = _size(dict(next(iter(bundle.entries(args.task))).static)["num_kv_heads"])
+    heads = size_of(dict(next(iter(bundle.entries(args.task))).static)["num_kv_heads"])
     held = [
         h for run in runs.values() for h in holdout_of(args.results, args.bundle, run, DEFAULT_MARGIN).shapes
     ]
