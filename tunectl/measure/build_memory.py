@@ -14,10 +14,10 @@ anything where no compile cache is set (a serving process). Remove the folder to
 A process also keeps in mind the kernels it built without an error, and those the kernel's own checks
 refused at their point (``InvalidConfig``: flash-attn-4's split-KV on SM90, the same every time with the
 same libraries and device). Those and the rejections remembered for it (a file names its kernel on its
-first line) are what the cache settles for it
-(``settled_here``): a resident worker asked by the next run (``TuneWorker.settled``) names the
-kernels that need no compile process, so the run neither waits for one to build them nor, where
-they are all its first items need, starts one (``tunectl.orchestrator.compiling``).
+first line) are what the cache settles for it (``settled_here``): a resident worker asked by the next
+run (``TuneWorker.settled``) names the kernels that need no compile process, so the run neither waits
+for one to build them nor, where they are all its first items need, starts one
+(``tunectl.orchestrator.compiling``).
 """
 
 from __future__ import annotations
